@@ -1,1 +1,1 @@
-//! tt-worker: the reference model engine (see issue: GGUF Llama, TP=1/TP=2).
+//! tt-worker

@@ -1,0 +1,372 @@
+//! The typed shape of the config file. Every field has a default where a
+//! sensible one exists, so a minimal file is short; `example.toml` shows them
+//! all.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// The whole config file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Daemon-level settings.
+    #[serde(default)]
+    pub daemon: DaemonConfig,
+    /// Where the hardware and its tools are.
+    #[serde(default)]
+    pub hardware: HardwareConfig,
+    /// How cards are reset and proven back.
+    #[serde(default)]
+    pub reset: ResetConfig,
+    /// The models to serve, by name. Empty is valid: the daemon then manages
+    /// and reports every discovered card and can reset them.
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelConfig>,
+}
+
+/// Daemon-level settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DaemonConfig {
+    /// Address of the public inference gRPC port (also serves
+    /// grpc.health.v1 and reflection). Loopback by default.
+    pub listen: String,
+    /// Path of the control socket that ttctl talks to.
+    pub control_socket: PathBuf,
+    /// Octal permission bits of the control socket, e.g. "0660".
+    pub control_socket_mode: String,
+    /// Group that owns the control socket (members may use ttctl). None keeps
+    /// the daemon's group.
+    pub control_socket_group: Option<String>,
+    /// Persistent state (clean-shutdown record, fake hardware for demos).
+    pub state_dir: PathBuf,
+    /// Root of the tensor caches: `<cache_dir>/<model>/<variant>/`.
+    pub cache_dir: PathBuf,
+    /// One lock file per card lives here, shared with ttctl and external
+    /// scripts that borrow cards.
+    pub lock_dir: PathBuf,
+    /// `plain` (journald-friendly lines) or `json`.
+    pub log_format: LogFormat,
+    /// When the daemon tells systemd it is ready: once `all` slots are ready
+    /// or once `any` is.
+    pub ready_when: ReadyWhen,
+    /// How often the daemon pings the systemd watchdog and re-reads card
+    /// heartbeats, in milliseconds.
+    pub tick_ms: u64,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            listen: "127.0.0.1:50051".into(),
+            control_socket: "/run/tt-serving/control.sock".into(),
+            control_socket_mode: "0660".into(),
+            control_socket_group: None,
+            state_dir: "/var/lib/tt-serving".into(),
+            cache_dir: "/var/cache/tt-serving".into(),
+            lock_dir: "/run/lock/tenstorrent".into(),
+            log_format: LogFormat::Plain,
+            ready_when: ReadyWhen::All,
+            tick_ms: 1000,
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Which slots must be ready before the daemon reports READY=1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReadyWhen {
+    /// Every slot.
+    All,
+    /// At least one slot.
+    Any,
+}
+
+/// Where the hardware lives. Tests point these at a fake root.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HardwareConfig {
+    /// Holds `tenstorrent/N` device nodes.
+    pub dev_root: PathBuf,
+    /// Holds `class/tenstorrent`, `bus/pci/devices` and `module/tenstorrent`.
+    pub sys_root: PathBuf,
+    /// Holds `driver/tenstorrent/N/pids`.
+    pub proc_root: PathBuf,
+    /// The tt-smi executable (a path, or a name looked up in PATH).
+    pub tt_smi: PathBuf,
+}
+
+impl Default for HardwareConfig {
+    fn default() -> Self {
+        HardwareConfig {
+            dev_root: "/dev".into(),
+            sys_root: "/sys".into(),
+            proc_root: "/proc".into(),
+            tt_smi: "tt-smi".into(),
+        }
+    }
+}
+
+/// When the daemon resets cards at startup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResetPolicy {
+    /// Reset every managed card at every start.
+    Always,
+    /// Reset only when the previous run did not record a clean shutdown.
+    IfUnclean,
+    /// Never reset at startup (resets after worker crashes still happen).
+    Never,
+}
+
+/// How cards are reset and proven back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResetConfig {
+    /// Startup reset policy.
+    pub policy: ResetPolicy,
+    /// Deadline for one `tt-smi -r` run, in seconds.
+    pub tt_smi_timeout_secs: u64,
+    /// How long a card may take to reappear with readable sysfs after
+    /// tt-smi returns, in seconds.
+    pub come_back_timeout_secs: u64,
+    /// The heartbeat must advance across this interval, in milliseconds.
+    pub heartbeat_interval_ms: u64,
+    /// Optional site probe (argv) run after the card is back, with
+    /// TT_VISIBLE_DEVICES set to the card BDFs; must exit 0. For example a
+    /// mesh-open check.
+    pub probe_command: Vec<String>,
+    /// Deadline for the probe command, in seconds.
+    pub probe_timeout_secs: u64,
+    /// Reset attempts before a card is quarantined.
+    pub attempts: u32,
+    /// First backoff between attempts, in milliseconds; doubles each time.
+    pub backoff_ms: u64,
+}
+
+impl Default for ResetConfig {
+    fn default() -> Self {
+        ResetConfig {
+            policy: ResetPolicy::IfUnclean,
+            tt_smi_timeout_secs: 120,
+            come_back_timeout_secs: 60,
+            heartbeat_interval_ms: 500,
+            probe_command: Vec::new(),
+            probe_timeout_secs: 120,
+            attempts: 3,
+            backoff_ms: 2000,
+        }
+    }
+}
+
+/// A card named in the config: a PCI address (stable) or a device index
+/// (convenient, resolved to a BDF at startup because indices can change
+/// across resets).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CardRef {
+    /// `/dev/tenstorrent/N` index.
+    Index(u32),
+    /// PCI address, e.g. `0000:01:00.0`.
+    Bdf(String),
+}
+
+impl std::fmt::Display for CardRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CardRef::Index(i) => write!(f, "{i}"),
+            CardRef::Bdf(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+/// One model and where it runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Tensor parallelism: 1 (one card) or 2 (two cabled cards as a 1x2 mesh).
+    pub tp: u32,
+    /// The cards of a single replica, in rank order. Use `replicas` instead
+    /// for several.
+    #[serde(default)]
+    pub cards: Vec<CardRef>,
+    /// Several replicas, each a list of `tp` cards. Exclusive with `cards`.
+    #[serde(default)]
+    pub replicas: Vec<Vec<CardRef>>,
+    /// The checkpoint the worker loads (passed as TT_WORKER_MODEL).
+    pub checkpoint: PathBuf,
+    /// Worker command (argv). Empty means the `tt-worker` installed next to
+    /// tt-servingd.
+    #[serde(default)]
+    pub worker: Vec<String>,
+    /// MESH_DEVICE for the worker; default `P150` for TP=1 and `P300` for
+    /// TP=2.
+    #[serde(default)]
+    pub mesh_device: Option<String>,
+    /// The engine's feature flags, passed as environment variables.
+    #[serde(default)]
+    pub flags: BTreeMap<String, String>,
+    /// Names of flags that change the tensor cache files (a new variant).
+    #[serde(default)]
+    pub cache_flags: Vec<String>,
+    /// Extra environment for every start.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Extra environment for cold starts only (e.g.
+    /// TT_TRANSFORMERS_FORCE_MODEL_LOAD=1 for tt-metal engines).
+    #[serde(default)]
+    pub cold_env: BTreeMap<String, String>,
+    /// Extra environment for warm starts only.
+    #[serde(default)]
+    pub warm_env: BTreeMap<String, String>,
+    /// The fail-closed banner rule.
+    #[serde(default)]
+    pub banners: BannerConfig,
+    /// How readiness is proven.
+    #[serde(default)]
+    pub readiness: ReadinessConfig,
+    /// Restart policy and watchdogs.
+    #[serde(default)]
+    pub restart: RestartConfig,
+    /// Requests waiting for a slot beyond this get RESOURCE_EXHAUSTED.
+    #[serde(default = "default_max_queue")]
+    pub max_queue: u32,
+    /// How long in-flight requests may run when the slot drains, in seconds.
+    #[serde(default = "default_drain_timeout_secs")]
+    pub drain_timeout_secs: u64,
+}
+
+fn default_max_queue() -> u32 {
+    64
+}
+
+fn default_drain_timeout_secs() -> u64 {
+    30
+}
+
+impl ModelConfig {
+    /// The card sets of every replica (from `cards` or `replicas`).
+    pub fn card_sets(&self) -> Vec<Vec<CardRef>> {
+        if self.replicas.is_empty() {
+            vec![self.cards.clone()]
+        } else {
+            self.replicas.clone()
+        }
+    }
+
+    /// MESH_DEVICE for this model's workers.
+    pub fn mesh_device(&self) -> String {
+        match &self.mesh_device {
+            Some(m) => m.clone(),
+            None if self.tp == 2 => "P300".into(),
+            None => "P150".into(),
+        }
+    }
+}
+
+/// Which banners must (and must not) appear.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BannerConfig {
+    /// Flags covered by the rule: glob patterns over flag names (`*` matches
+    /// any run of characters), e.g. `["QWEN*"]`. Empty means every flag.
+    pub patterns: Vec<String>,
+    /// `truthy`: every covered flag set to a truthy value must print
+    /// `<FLAG> engaged`. `both`: also, no covered flag set to a falsy value may
+    /// print it (for A/B control arms). `off`: no check.
+    pub mode: BannerMode,
+}
+
+impl Default for BannerConfig {
+    fn default() -> Self {
+        BannerConfig {
+            patterns: Vec::new(),
+            mode: BannerMode::Truthy,
+        }
+    }
+}
+
+/// How strict the banner rule is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BannerMode {
+    /// Truthy flags must show their banner.
+    Truthy,
+    /// Truthy flags must, falsy flags must not.
+    Both,
+    /// No banner check.
+    Off,
+}
+
+/// How a slot proves it is ready.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReadinessConfig {
+    /// From worker start to Ready, in seconds (cold builds take long).
+    pub deadline_secs: u64,
+    /// Prompt of the readiness ping.
+    pub ping_prompt: String,
+    /// Tokens generated greedily by the ping.
+    pub ping_max_tokens: u32,
+    /// If set, the ping's output must contain this text.
+    pub expect: Option<String>,
+}
+
+impl Default for ReadinessConfig {
+    fn default() -> Self {
+        ReadinessConfig {
+            deadline_secs: 1800,
+            ping_prompt: "The capital of France is".into(),
+            ping_max_tokens: 4,
+            expect: None,
+        }
+    }
+}
+
+/// Restart policy and watchdogs for a model's workers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RestartConfig {
+    /// Attempts within `window_secs` before the slot stays Failed until
+    /// `ttctl slot restart`.
+    pub max_attempts: u32,
+    /// The window for counting attempts, in seconds.
+    pub window_secs: u64,
+    /// First backoff, in milliseconds; doubles per attempt.
+    pub backoff_ms: u64,
+    /// Longest backoff, in milliseconds.
+    pub backoff_max_ms: u64,
+    /// With requests active and no decode progress for this long, in
+    /// seconds, the worker is declared hung and killed.
+    pub stall_timeout_secs: u64,
+    /// Worker resident memory limit in MiB; over it the worker is drained
+    /// and restarted before the kernel's OOM killer acts. None: no limit.
+    pub rss_limit_mib: Option<u64>,
+    /// Grace period between SIGTERM and SIGKILL when stopping, in seconds.
+    pub stop_timeout_secs: u64,
+}
+
+impl Default for RestartConfig {
+    fn default() -> Self {
+        RestartConfig {
+            max_attempts: 5,
+            window_secs: 600,
+            backoff_ms: 1000,
+            backoff_max_ms: 60_000,
+            stall_timeout_secs: 120,
+            rss_limit_mib: None,
+            stop_timeout_secs: 20,
+        }
+    }
+}

@@ -1,0 +1,281 @@
+use super::*;
+
+fn problems_of(text: &str) -> Vec<Problem> {
+    match parse(text) {
+        Ok(_) => panic!("config was accepted but should have been rejected:\n{text}"),
+        Err(p) => p,
+    }
+}
+
+/// Asserts that some problem is reported at `key` and its message contains
+/// `needle`.
+fn assert_rejected(text: &str, key: &str, needle: &str) {
+    let problems = problems_of(text);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.key == key && p.message.contains(needle)),
+        "expected a problem at `{key}` mentioning `{needle}`, got:\n{}",
+        problems
+            .iter()
+            .map(|p| p.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+const ONE_MODEL: &str = r#"
+[models.qwen]
+tp = 1
+cards = ["0000:01:00.0"]
+checkpoint = "/m/q.gguf"
+"#;
+
+#[test]
+fn example_config_is_valid_and_complete() {
+    let config = parse(EXAMPLE_CONFIG).expect("example config must pass check-config");
+    assert_eq!(config.models.len(), 1);
+    let model = &config.models["smollm2"];
+    assert_eq!(model.tp, 2);
+    assert_eq!(model.readiness.expect.as_deref(), Some("Paris"));
+    assert_eq!(config.daemon.control_socket_group.as_deref(), Some("tenstorrent"));
+}
+
+#[test]
+fn empty_config_is_valid_with_defaults() {
+    let config = parse("").expect("an empty config manages every card");
+    assert!(config.models.is_empty());
+    assert_eq!(config.hardware.dev_root, std::path::PathBuf::from("/dev"));
+    assert_eq!(config.reset.policy, ResetPolicy::IfUnclean);
+    assert_eq!(config.daemon.listen, "127.0.0.1:50051");
+}
+
+#[test]
+fn minimal_model_gets_defaults() {
+    let config = parse(ONE_MODEL).unwrap();
+    let m = &config.models["qwen"];
+    assert_eq!(m.mesh_device(), "P150");
+    assert_eq!(m.card_sets(), vec![vec![CardRef::Bdf("0000:01:00.0".into())]]);
+}
+
+#[test]
+fn tp2_with_one_card_names_key_and_cards() {
+    assert_rejected(
+        r#"
+[models.qwen]
+tp = 2
+cards = ["0000:01:00.0"]
+checkpoint = "/m/q.gguf"
+"#,
+        "models.qwen.cards",
+        "TP=2 needs exactly 2 cards, got 1 ([0000:01:00.0])",
+    );
+}
+
+#[test]
+fn tp_other_than_one_or_two_is_rejected() {
+    assert_rejected(
+        &ONE_MODEL.replace("tp = 1", "tp = 4"),
+        "models.qwen.tp",
+        "TP must be 1",
+    );
+}
+
+#[test]
+fn card_in_two_models_is_rejected() {
+    let text = format!(
+        "{ONE_MODEL}\n[models.other]\ntp = 1\ncards = [\"01:00.0\"]\ncheckpoint = \"/m/o.gguf\"\n"
+    );
+    assert_rejected(
+        &text,
+        "models.qwen.cards[0]",
+        "already used by models.other.cards[0]",
+    );
+}
+
+#[test]
+fn card_twice_in_one_model_is_rejected() {
+    assert_rejected(
+        r#"
+[models.qwen]
+tp = 2
+cards = [0, 0]
+checkpoint = "/m/q.gguf"
+"#,
+        "models.qwen.cards[1]",
+        "card index 0 is already used",
+    );
+}
+
+#[test]
+fn malformed_bdf_is_rejected() {
+    assert_rejected(
+        &ONE_MODEL.replace("0000:01:00.0", "01-00-0"),
+        "models.qwen.cards[0]",
+        "not a PCI address",
+    );
+}
+
+#[test]
+fn missing_cards_is_rejected() {
+    assert_rejected(
+        "[models.qwen]\ntp = 1\ncheckpoint = \"/m/q.gguf\"\n",
+        "models.qwen.cards",
+        "no cards given",
+    );
+}
+
+#[test]
+fn cards_and_replicas_together_are_rejected() {
+    assert_rejected(
+        &format!("{ONE_MODEL}replicas = [[\"0000:02:00.0\"]]\n"),
+        "models.qwen.replicas",
+        "not both",
+    );
+}
+
+#[test]
+fn replica_with_wrong_card_count_names_the_replica() {
+    assert_rejected(
+        r#"
+[models.qwen]
+tp = 2
+replicas = [["0000:01:00.0", "0000:02:00.0"], ["0000:03:00.0"]]
+checkpoint = "/m/q.gguf"
+"#,
+        "models.qwen.replicas[1]",
+        "TP=2 needs exactly 2 cards, got 1",
+    );
+}
+
+#[test]
+fn duplicate_model_names_are_rejected() {
+    let problems = problems_of(&format!("{ONE_MODEL}{ONE_MODEL}"));
+    assert!(
+        problems[0].key.starts_with("line ") && problems[0].message.contains("duplicate"),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn invalid_flag_name_is_rejected() {
+    assert_rejected(
+        &format!("{ONE_MODEL}flags = {{ \"1BAD-FLAG\" = \"1\" }}\n"),
+        "models.qwen.flags.1BAD-FLAG",
+        "not a valid environment variable name",
+    );
+}
+
+#[test]
+fn reserved_env_name_is_rejected() {
+    assert_rejected(
+        &format!("{ONE_MODEL}env = {{ TT_VISIBLE_DEVICES = \"x\" }}\n"),
+        "models.qwen.env.TT_VISIBLE_DEVICES",
+        "set by the daemon",
+    );
+}
+
+#[test]
+fn zero_timeout_is_rejected() {
+    assert_rejected(
+        &format!("{ONE_MODEL}[models.qwen.readiness]\ndeadline_secs = 0\n"),
+        "models.qwen.readiness.deadline_secs",
+        "out of range",
+    );
+}
+
+#[test]
+fn absurd_timeout_is_rejected() {
+    assert_rejected(
+        "[reset]\ntt_smi_timeout_secs = 999999\n",
+        "reset.tt_smi_timeout_secs",
+        "out of range",
+    );
+}
+
+#[test]
+fn unknown_field_is_named() {
+    assert_rejected(
+        &ONE_MODEL.replace("tp = 1", "tp = 1\ntpp = 2"),
+        "models.qwen.tpp",
+        "unknown field",
+    );
+}
+
+#[test]
+fn unknown_section_is_named() {
+    assert_rejected("[deamon]\nlisten = \"x\"\n", "deamon", "unknown section");
+}
+
+#[test]
+fn wrong_type_names_the_key() {
+    assert_rejected(
+        "[reset]\nattempts = \"three\"\n",
+        "reset.attempts",
+        "invalid type",
+    );
+}
+
+#[test]
+fn bad_listen_address_is_rejected() {
+    assert_rejected(
+        "[daemon]\nlisten = \"localhost\"\n",
+        "daemon.listen",
+        "not an IP address and port",
+    );
+}
+
+#[test]
+fn world_writable_control_socket_is_rejected() {
+    assert_rejected(
+        "[daemon]\ncontrol_socket_mode = \"0666\"\n",
+        "daemon.control_socket_mode",
+        "world-write",
+    );
+}
+
+#[test]
+fn relative_paths_are_rejected() {
+    assert_rejected(
+        "[hardware]\nsys_root = \"sys\"\n",
+        "hardware.sys_root",
+        "relative path",
+    );
+}
+
+#[test]
+fn bad_policy_value_is_named() {
+    assert_rejected(
+        "[reset]\npolicy = \"sometimes\"\n",
+        "reset.policy",
+        "unknown variant",
+    );
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let problems = problems_of(
+        r#"
+[daemon]
+listen = "nowhere"
+[models.a]
+tp = 3
+cards = ["0000:01:00.0"]
+checkpoint = "/m/a.gguf"
+[models.a.restart]
+max_attempts = 0
+"#,
+    );
+    let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+    assert!(keys.contains(&"daemon.listen"), "{keys:?}");
+    assert!(keys.contains(&"models.a.tp"), "{keys:?}");
+    assert!(keys.contains(&"models.a.restart.max_attempts"), "{keys:?}");
+}
+
+#[test]
+fn bdf_normalisation() {
+    assert_eq!(parse_bdf("01:00.0").as_deref(), Some("0000:01:00.0"));
+    assert_eq!(parse_bdf("0000:0A:00.1").as_deref(), Some("0000:0a:00.1"));
+    assert_eq!(parse_bdf("0000:01:00.8"), None);
+    assert_eq!(parse_bdf("/dev/tenstorrent/0"), None);
+}

@@ -1,0 +1,467 @@
+//! Turning TOML text into a [`Config`] and checking the rules that span
+//! fields. Every check pushes a [`Problem`] and goes on, so one run of
+//! `check-config` shows everything that needs fixing.
+
+use super::schema::*;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// One thing wrong with a config, located by its key path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Dotted key path, e.g. `models.qwen.cards`; `<file>` for syntax errors.
+    pub key: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+fn problem(key: impl Into<String>, message: impl Into<String>) -> Problem {
+    Problem {
+        key: key.into(),
+        message: message.into(),
+    }
+}
+
+/// Environment variables the daemon sets for every worker; a model may not
+/// override them through flags or env tables.
+pub const RESERVED_ENV: &[&str] = &[
+    "TT_VISIBLE_DEVICES",
+    "MESH_DEVICE",
+    "TT_WORKER_SOCKET",
+    "TT_WORKER_MODEL",
+    "TT_WORKER_TP",
+    "TT_CACHE_DIR",
+    "TT_CACHE_MODE",
+];
+
+const SECTIONS: &[&str] = &["daemon", "hardware", "reset", "models"];
+
+/// Deserialize section by section so a type error in one section does not
+/// hide the others, and so each error carries its key path.
+pub(super) fn deserialize(text: &str) -> Result<Config, Vec<Problem>> {
+    let table: toml::Table = toml::from_str(text).map_err(|e| vec![syntax_problem(text, &e)])?;
+    let mut problems = Vec::new();
+    let mut config = Config::default();
+    for (key, value) in &table {
+        match key.as_str() {
+            "daemon" => section(key, value, &mut problems, &mut config.daemon),
+            "hardware" => section(key, value, &mut problems, &mut config.hardware),
+            "reset" => section(key, value, &mut problems, &mut config.reset),
+            "models" => match value.as_table() {
+                Some(models) => {
+                    for (name, model) in models {
+                        let key = format!("models.{name}");
+                        if let Some(parsed) = typed::<ModelConfig>(&key, model, &mut problems) {
+                            config.models.insert(name.clone(), parsed);
+                        }
+                    }
+                }
+                None => problems.push(problem(
+                    "models",
+                    "must be a table of model tables, e.g. [models.qwen]",
+                )),
+            },
+            other => problems.push(problem(
+                other,
+                format!(
+                    "unknown section; expected one of {}",
+                    SECTIONS.join(", ")
+                ),
+            )),
+        }
+    }
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(problems)
+    }
+}
+
+fn section<T: serde::de::DeserializeOwned>(
+    key: &str,
+    value: &toml::Value,
+    problems: &mut Vec<Problem>,
+    slot: &mut T,
+) {
+    if let Some(parsed) = typed(key, value, problems) {
+        *slot = parsed;
+    }
+}
+
+fn typed<T: serde::de::DeserializeOwned>(
+    key: &str,
+    value: &toml::Value,
+    problems: &mut Vec<Problem>,
+) -> Option<T> {
+    match serde_path_to_error::deserialize::<_, T>(value.clone()) {
+        Ok(v) => Some(v),
+        Err(err) => {
+            let mut path = key.to_string();
+            let inner = err.path().to_string();
+            if inner != "." && !inner.is_empty() {
+                path = format!("{path}.{inner}");
+            }
+            let message = err.inner().to_string();
+            // An unknown field is reported at its parent; name the field itself.
+            if let Some(field) = message
+                .strip_prefix("unknown field `")
+                .and_then(|rest| rest.split('`').next())
+            {
+                if !path.ends_with(&format!(".{field}")) {
+                    path = format!("{path}.{field}");
+                }
+            }
+            problems.push(problem(path, message.trim().to_string()));
+            None
+        }
+    }
+}
+
+fn syntax_problem(text: &str, err: &toml::de::Error) -> Problem {
+    let location = match err.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let col = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+            format!("line {line}, column {col}")
+        }
+        None => "<file>".to_string(),
+    };
+    problem(
+        location,
+        format!("not valid TOML: {}", err.message().trim()),
+    )
+}
+
+/// Normalise a PCI address: lower case, domain added when missing.
+/// Returns None when `s` is not a BDF.
+pub fn parse_bdf(s: &str) -> Option<String> {
+    let s = s.trim().to_ascii_lowercase();
+    let full = if s.matches(':').count() == 1 {
+        format!("0000:{s}")
+    } else {
+        s
+    };
+    let (domain, rest) = full.split_once(':')?;
+    let (bus, rest) = rest.split_once(':')?;
+    let (device, function) = rest.split_once('.')?;
+    let hex = |p: &str, n: usize| p.len() == n && p.chars().all(|c| c.is_ascii_hexdigit());
+    let function_ok = function.len() == 1 && matches!(function.as_bytes()[0], b'0'..=b'7');
+    (hex(domain, 4) && hex(bus, 2) && hex(device, 2) && function_ok).then_some(full)
+}
+
+fn is_env_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn is_model_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    s.len() <= 64
+        && matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// Check a range; zero and absurd values are both configuration mistakes.
+fn range(
+    problems: &mut Vec<Problem>,
+    key: &str,
+    value: u64,
+    min: u64,
+    max: u64,
+    unit: &str,
+) {
+    if value < min || value > max {
+        problems.push(problem(
+            key,
+            format!("{value} {unit} is out of range; use a value from {min} to {max} {unit}"),
+        ));
+    }
+}
+
+fn absolute(problems: &mut Vec<Problem>, key: &str, path: &Path) {
+    if !path.is_absolute() {
+        problems.push(problem(
+            key,
+            format!(
+                "`{}` is a relative path; use an absolute path so the daemon does not depend on its working directory",
+                path.display()
+            ),
+        ));
+    }
+}
+
+/// Every cross-field rule.
+pub(super) fn check(config: &Config) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    check_daemon(&config.daemon, &mut problems);
+    check_hardware(&config.hardware, &mut problems);
+    check_reset(&config.reset, &mut problems);
+    // Which model key first claimed each card, to report cards used twice.
+    let mut claimed: BTreeMap<String, String> = BTreeMap::new();
+    for (name, model) in &config.models {
+        check_model(name, model, &mut claimed, &mut problems);
+    }
+    problems
+}
+
+fn check_daemon(d: &DaemonConfig, problems: &mut Vec<Problem>) {
+    if d.listen.parse::<SocketAddr>().is_err() {
+        problems.push(problem(
+            "daemon.listen",
+            format!(
+                "`{}` is not an IP address and port; use e.g. \"127.0.0.1:50051\" (loopback) or \"0.0.0.0:50051\"",
+                d.listen
+            ),
+        ));
+    }
+    match u32::from_str_radix(d.control_socket_mode.trim_start_matches("0o"), 8) {
+        Ok(mode) if mode > 0o777 => problems.push(problem(
+            "daemon.control_socket_mode",
+            format!("`{}` has bits beyond 0777; use e.g. \"0660\"", d.control_socket_mode),
+        )),
+        Ok(mode) if mode & 0o002 != 0 => problems.push(problem(
+            "daemon.control_socket_mode",
+            format!(
+                "`{}` lets every local user reset cards; drop the world-write bit, e.g. \"0660\"",
+                d.control_socket_mode
+            ),
+        )),
+        Ok(mode) if mode & 0o600 != 0o600 => problems.push(problem(
+            "daemon.control_socket_mode",
+            format!(
+                "`{}` denies the owner read/write, so nobody could use the socket; use e.g. \"0660\"",
+                d.control_socket_mode
+            ),
+        )),
+        Ok(_) => {}
+        Err(_) => problems.push(problem(
+            "daemon.control_socket_mode",
+            format!("`{}` is not an octal mode; use e.g. \"0660\"", d.control_socket_mode),
+        )),
+    }
+    if let Some(group) = &d.control_socket_group {
+        let valid = !group.is_empty()
+            && group
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !valid {
+            problems.push(problem(
+                "daemon.control_socket_group",
+                format!("`{group}` is not a valid group name, e.g. \"tenstorrent\""),
+            ));
+        }
+    }
+    absolute(problems, "daemon.control_socket", &d.control_socket);
+    absolute(problems, "daemon.state_dir", &d.state_dir);
+    absolute(problems, "daemon.cache_dir", &d.cache_dir);
+    absolute(problems, "daemon.lock_dir", &d.lock_dir);
+    range(problems, "daemon.tick_ms", d.tick_ms, 50, 60_000, "ms");
+}
+
+fn check_hardware(h: &HardwareConfig, problems: &mut Vec<Problem>) {
+    absolute(problems, "hardware.dev_root", &h.dev_root);
+    absolute(problems, "hardware.sys_root", &h.sys_root);
+    absolute(problems, "hardware.proc_root", &h.proc_root);
+    if h.tt_smi.as_os_str().is_empty() {
+        problems.push(problem(
+            "hardware.tt_smi",
+            "is empty; give the tt-smi executable, e.g. \"tt-smi\" or \"/run/current-system/sw/bin/tt-smi\"",
+        ));
+    }
+}
+
+fn check_reset(r: &ResetConfig, problems: &mut Vec<Problem>) {
+    range(problems, "reset.tt_smi_timeout_secs", r.tt_smi_timeout_secs, 1, 3600, "s");
+    range(problems, "reset.come_back_timeout_secs", r.come_back_timeout_secs, 1, 3600, "s");
+    range(problems, "reset.heartbeat_interval_ms", r.heartbeat_interval_ms, 10, 60_000, "ms");
+    range(problems, "reset.probe_timeout_secs", r.probe_timeout_secs, 1, 3600, "s");
+    range(problems, "reset.attempts", r.attempts.into(), 1, 100, "attempts");
+    range(problems, "reset.backoff_ms", r.backoff_ms, 0, 600_000, "ms");
+    if r.probe_command.first().is_some_and(|c| c.is_empty()) {
+        problems.push(problem(
+            "reset.probe_command",
+            "the program (first element) is empty; give a command like [\"/usr/local/bin/mesh-check\"] or leave the list empty",
+        ));
+    }
+}
+
+fn check_model(
+    name: &str,
+    m: &ModelConfig,
+    claimed: &mut BTreeMap<String, String>,
+    problems: &mut Vec<Problem>,
+) {
+    let key = |field: &str| format!("models.{name}.{field}");
+    if !is_model_name(name) {
+        problems.push(problem(
+            format!("models.{name}"),
+            "model names may use letters, digits, '-', '_' and '.', start with a letter or digit, and be at most 64 characters (they name slots and cache directories)",
+        ));
+    }
+    if m.tp != 1 && m.tp != 2 {
+        problems.push(problem(
+            key("tp"),
+            format!("TP must be 1 (one card) or 2 (two cabled cards), got {}", m.tp),
+        ));
+    }
+    match (m.cards.is_empty(), m.replicas.is_empty()) {
+        (true, true) => problems.push(problem(
+            key("cards"),
+            format!(
+                "no cards given; list the {} card(s) of this model, e.g. cards = [\"0000:01:00.0\"{}]",
+                m.tp,
+                if m.tp == 2 { ", \"0000:02:00.0\"" } else { "" }
+            ),
+        )),
+        (false, false) => problems.push(problem(
+            key("replicas"),
+            "give either `cards` (one replica) or `replicas` (several), not both",
+        )),
+        (false, true) => check_card_set(&key("cards"), m.tp, &m.cards, claimed, problems),
+        (true, false) => {
+            for (i, set) in m.replicas.iter().enumerate() {
+                check_card_set(&format!("{}[{i}]", key("replicas")), m.tp, set, claimed, problems);
+            }
+        }
+    }
+    if m.checkpoint.as_os_str().is_empty() {
+        problems.push(problem(
+            key("checkpoint"),
+            "is empty; give the path of the model's checkpoint, e.g. \"/var/lib/models/model.gguf\"",
+        ));
+    }
+    if m.worker.first().is_some_and(|c| c.is_empty()) {
+        problems.push(problem(
+            key("worker"),
+            "the program (first element) is empty; give a command like [\"tt-worker\"] or leave the list empty for the default",
+        ));
+    }
+    if m.mesh_device.as_deref().is_some_and(|s| s.trim().is_empty()) {
+        problems.push(problem(
+            key("mesh_device"),
+            "is empty; remove it for the default (P150 for TP=1, P300 for TP=2) or name a mesh",
+        ));
+    }
+    for (table, vars) in [("flags", &m.flags), ("env", &m.env), ("cold_env", &m.cold_env), ("warm_env", &m.warm_env)] {
+        for var in vars.keys() {
+            check_env_name(&format!("{}.{var}", key(table)), var, problems);
+        }
+    }
+    for (i, flag) in m.cache_flags.iter().enumerate() {
+        if !is_env_name(flag) {
+            problems.push(problem(
+                format!("{}[{i}]", key("cache_flags")),
+                format!("`{flag}` is not a valid environment variable name (letters, digits, '_'; not starting with a digit)"),
+            ));
+        }
+    }
+    for (i, pattern) in m.banners.patterns.iter().enumerate() {
+        let valid = !pattern.is_empty()
+            && pattern.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '*');
+        if !valid {
+            problems.push(problem(
+                format!("{}[{i}]", key("banners.patterns")),
+                format!("`{pattern}` is not a flag-name pattern; use letters, digits, '_' and '*', e.g. \"QWEN*\""),
+            ));
+        }
+    }
+    let r = &m.readiness;
+    range(problems, &key("readiness.deadline_secs"), r.deadline_secs, 1, 86_400, "s");
+    range(problems, &key("readiness.ping_max_tokens"), r.ping_max_tokens.into(), 1, 256, "tokens");
+    if r.ping_prompt.trim().is_empty() {
+        problems.push(problem(
+            key("readiness.ping_prompt"),
+            "is empty; the readiness ping needs a prompt, e.g. \"The capital of France is\"",
+        ));
+    }
+    let s = &m.restart;
+    range(problems, &key("restart.max_attempts"), s.max_attempts.into(), 1, 1000, "attempts");
+    range(problems, &key("restart.window_secs"), s.window_secs, 1, 7 * 86_400, "s");
+    range(problems, &key("restart.backoff_ms"), s.backoff_ms, 1, 3_600_000, "ms");
+    range(problems, &key("restart.backoff_max_ms"), s.backoff_max_ms, 1, 3_600_000, "ms");
+    if s.backoff_max_ms < s.backoff_ms {
+        problems.push(problem(
+            key("restart.backoff_max_ms"),
+            format!(
+                "{} ms is below restart.backoff_ms ({} ms); raise it or lower backoff_ms",
+                s.backoff_max_ms, s.backoff_ms
+            ),
+        ));
+    }
+    range(problems, &key("restart.stall_timeout_secs"), s.stall_timeout_secs, 1, 86_400, "s");
+    range(problems, &key("restart.stop_timeout_secs"), s.stop_timeout_secs, 1, 3600, "s");
+    if let Some(rss) = s.rss_limit_mib {
+        range(problems, &key("restart.rss_limit_mib"), rss, 64, 16 * 1024 * 1024, "MiB");
+    }
+    range(problems, &key("max_queue"), m.max_queue.into(), 1, 100_000, "requests");
+    range(problems, &key("drain_timeout_secs"), m.drain_timeout_secs, 1, 3600, "s");
+}
+
+fn check_env_name(key: &str, var: &str, problems: &mut Vec<Problem>) {
+    if !is_env_name(var) {
+        problems.push(problem(
+            key,
+            format!("`{var}` is not a valid environment variable name (letters, digits, '_'; not starting with a digit)"),
+        ));
+    } else if RESERVED_ENV.contains(&var) {
+        problems.push(problem(
+            key,
+            format!("`{var}` is set by the daemon for every worker; remove it from the model's config"),
+        ));
+    }
+}
+
+fn check_card_set(
+    key: &str,
+    tp: u32,
+    cards: &[CardRef],
+    claimed: &mut BTreeMap<String, String>,
+    problems: &mut Vec<Problem>,
+) {
+    if (tp == 1 || tp == 2) && cards.len() != tp as usize {
+        let listed: Vec<String> = cards.iter().map(|c| c.to_string()).collect();
+        problems.push(problem(
+            key,
+            format!(
+                "TP={tp} needs exactly {tp} card{}, got {} ([{}])",
+                if tp == 1 { "" } else { "s" },
+                cards.len(),
+                listed.join(", ")
+            ),
+        ));
+    }
+    for (i, card) in cards.iter().enumerate() {
+        let here = format!("{key}[{i}]");
+        let id = match card {
+            CardRef::Index(n) => format!("index {n}"),
+            CardRef::Bdf(s) => match parse_bdf(s) {
+                Some(bdf) => bdf,
+                None => {
+                    problems.push(problem(
+                        &here,
+                        format!("`{s}` is not a PCI address like \"0000:01:00.0\" nor a device index like 0"),
+                    ));
+                    continue;
+                }
+            },
+        };
+        if let Some(first) = claimed.get(&id) {
+            problems.push(problem(
+                &here,
+                format!("card {id} is already used by {first}; a card can belong to one slot only"),
+            ));
+        } else {
+            claimed.insert(id, here);
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! Where every file of a fake root lives, and how cards appear and vanish.
+//!
+//! The paths mirror the real tenstorrent kernel driver (tt-kmd) on a
+//! Blackhole host, so the daemon runs the same discovery code against a fake
+//! root as against `/dev` + `/sys` + `/proc`:
+//!
+//! ```text
+//! dev/tenstorrent/<i>                                    char device (a plain file here)
+//! sys/devices/pci0000:00/<BDF>/                          the PCI function; survives resets
+//! sys/devices/pci0000:00/<BDF>/hwmon/hwmon<k>/           telemetry, name = blackhole
+//! sys/devices/pci0000:00/<BDF>/tenstorrent/tenstorrent!<i>/   class dir: tt_* attributes, device -> ../..
+//! sys/bus/pci/devices/<BDF>           -> ../../../devices/pci0000:00/<BDF>
+//! sys/class/tenstorrent/tenstorrent!<i> -> ../../devices/pci0000:00/<BDF>/tenstorrent/tenstorrent!<i>
+//! sys/module/tenstorrent/version                         driver version
+//! proc/driver/tenstorrent/<i>/pids                       pids holding the device, one a line
+//! ```
+//!
+//! Every value a reader may see is written to a temporary name and renamed
+//! into place, and a returning card's class dir is built aside and renamed in
+//! whole, so a concurrent reader sees either the old state or the new one,
+//! never half a file.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{FakeHwError, Result};
+use crate::state::CardInfo;
+
+/// The PCI host bridge directory all fake cards hang under.
+const PCI_HOST: &str = "pci0000:00";
+/// Tenstorrent's PCI vendor id.
+const PCI_VENDOR: &str = "0x1e52";
+/// Blackhole's PCI device id.
+const PCI_DEVICE_BLACKHOLE: &str = "0xb140";
+/// Version written to `sys/module/tenstorrent/version`.
+pub(crate) const DRIVER_VERSION: &str = "2.4.1";
+/// Heartbeat a card starts at after a reset: low, so tests can see the restart.
+pub(crate) const HEARTBEAT_AFTER_RESET: u64 = 1;
+/// Firmware bundle version reported by every fake card.
+pub(crate) const FW_BUNDLE_VER: &str = "19.11.0.0";
+/// M3 (DM app) firmware version reported by every fake card.
+pub(crate) const M3APP_FW_VER: &str = "5.18.0.0";
+/// AI clock in MHz.
+pub(crate) const AICLK_MHZ: u32 = 1350;
+/// AXI clock in MHz.
+pub(crate) const AXICLK_MHZ: u32 = 900;
+/// ARC clock in MHz.
+pub(crate) const ARCCLK_MHZ: u32 = 800;
+/// The first hwmon number used; deliberately not 0 so code that assumes
+/// `hwmon<card index>` fails against the fake as it would on a real host,
+/// where other devices own the low hwmon numbers.
+const FIRST_HWMON: usize = 3;
+
+/// The PCI address given at creation to the card with index `index`:
+/// bus `index + 1`, device 0, function 0.
+pub fn bdf(index: usize) -> String {
+    format!("0000:{:02x}:00.0", index + 1)
+}
+
+/// The hwmon number of the card created at `index`.
+pub(crate) fn hwmon_number(index: usize) -> usize {
+    FIRST_HWMON + index
+}
+
+/// All the paths of one fake root. Cheap to build; holds only the root.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    /// The fake root, absolute.
+    root: PathBuf,
+}
+
+impl Layout {
+    pub(crate) fn new(root: &Path) -> Self {
+        Layout {
+            root: root.to_path_buf(),
+        }
+    }
+
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub(crate) fn dev_root(&self) -> PathBuf {
+        self.root.join("dev")
+    }
+
+    pub(crate) fn dev_dir(&self) -> PathBuf {
+        self.dev_root().join("tenstorrent")
+    }
+
+    pub(crate) fn dev_node(&self, index: u32) -> PathBuf {
+        self.dev_dir().join(index.to_string())
+    }
+
+    pub(crate) fn sys_root(&self) -> PathBuf {
+        self.root.join("sys")
+    }
+
+    pub(crate) fn pci_dir(&self, bdf: &str) -> PathBuf {
+        self.sys_root().join("devices").join(PCI_HOST).join(bdf)
+    }
+
+    pub(crate) fn bus_link(&self, bdf: &str) -> PathBuf {
+        self.sys_root().join("bus/pci/devices").join(bdf)
+    }
+
+    fn class_parent(&self, bdf: &str) -> PathBuf {
+        self.pci_dir(bdf).join("tenstorrent")
+    }
+
+    pub(crate) fn class_dir(&self, bdf: &str, index: u32) -> PathBuf {
+        self.class_parent(bdf).join(class_name(index))
+    }
+
+    pub(crate) fn class_root(&self) -> PathBuf {
+        self.sys_root().join("class/tenstorrent")
+    }
+
+    pub(crate) fn class_link(&self, index: u32) -> PathBuf {
+        self.class_root().join(class_name(index))
+    }
+
+    pub(crate) fn module_dir(&self) -> PathBuf {
+        self.sys_root().join("module/tenstorrent")
+    }
+
+    pub(crate) fn hwmon_dir(&self, bdf: &str, hwmon: usize) -> PathBuf {
+        self.pci_dir(bdf).join("hwmon").join(format!("hwmon{hwmon}"))
+    }
+
+    pub(crate) fn proc_root(&self) -> PathBuf {
+        self.root.join("proc")
+    }
+
+    pub(crate) fn proc_dir(&self, index: u32) -> PathBuf {
+        self.proc_root()
+            .join("driver/tenstorrent")
+            .join(index.to_string())
+    }
+
+    pub(crate) fn pids_file(&self, index: u32) -> PathBuf {
+        self.proc_dir(index).join("pids")
+    }
+
+    pub(crate) fn tt_smi(&self) -> PathBuf {
+        self.root.join("bin/tt-smi")
+    }
+
+    pub(crate) fn state_dir(&self) -> PathBuf {
+        self.root.join("fakehw")
+    }
+
+    pub(crate) fn cards_file(&self) -> PathBuf {
+        self.state_dir().join("cards.json")
+    }
+
+    pub(crate) fn faults_file(&self) -> PathBuf {
+        self.state_dir().join("faults.json")
+    }
+
+    pub(crate) fn pending_file(&self) -> PathBuf {
+        self.state_dir().join("pending.json")
+    }
+
+    pub(crate) fn lock_file(&self) -> PathBuf {
+        self.state_dir().join("lock")
+    }
+
+    pub(crate) fn smi_log(&self) -> PathBuf {
+        self.state_dir().join("tt-smi.log")
+    }
+
+    /// The top-level entries `create` makes; `--force` removes exactly these.
+    pub(crate) fn top_level(&self) -> [PathBuf; 5] {
+        [
+            self.dev_root(),
+            self.sys_root(),
+            self.proc_root(),
+            self.root.join("bin"),
+            self.state_dir(),
+        ]
+    }
+}
+
+/// `tenstorrent!<i>`, the class device name tt-kmd registers.
+pub(crate) fn class_name(index: u32) -> String {
+    format!("tenstorrent!{index}")
+}
+
+/// Lays out the static part of a fresh root: directories, the driver
+/// module, each card's PCI dir, bus link and hwmon, and the tt-smi script.
+/// Cards themselves are made present by [`materialize_card`].
+pub(crate) fn create_static(layout: &Layout, cards: &[CardInfo], fakehw_bin: &Path) -> Result<()> {
+    for dir in [
+        layout.dev_dir(),
+        layout.class_root(),
+        layout.sys_root().join("bus/pci/devices"),
+        layout.module_dir(),
+        layout.proc_root().join("driver/tenstorrent"),
+        layout.root().join("bin"),
+        layout.state_dir(),
+    ] {
+        create_dir_all(&dir)?;
+    }
+    write_file(
+        &layout.module_dir().join("version"),
+        &format!("{DRIVER_VERSION}\n"),
+    )?;
+
+    for card in cards {
+        let pci = layout.pci_dir(&card.bdf);
+        create_dir_all(&layout.class_parent(&card.bdf))?;
+        for (name, value) in [
+            ("vendor", PCI_VENDOR.to_string()),
+            ("device", PCI_DEVICE_BLACKHOLE.to_string()),
+            ("class", "0x120000".to_string()),
+            ("current_link_speed", "32.0 GT/s PCIe".to_string()),
+            ("current_link_width", "16".to_string()),
+            ("max_link_speed", "32.0 GT/s PCIe".to_string()),
+            ("max_link_width", "16".to_string()),
+            ("numa_node", "0".to_string()),
+        ] {
+            write_file(&pci.join(name), &format!("{value}\n"))?;
+        }
+        let link = layout.bus_link(&card.bdf);
+        let target = PathBuf::from("../../../devices")
+            .join(PCI_HOST)
+            .join(&card.bdf);
+        symlink(&target, &link).map_err(|e| FakeHwError::io("creating symlink", &link, e))?;
+        write_hwmon(layout, card)?;
+    }
+    write_tt_smi_script(layout, fakehw_bin)
+}
+
+/// Writes `bin/tt-smi`, a shell script that re-enters this binary's `smi`
+/// command with the root filled in, so the daemon can be pointed at it
+/// exactly as at the real tool.
+pub(crate) fn write_tt_smi_script(layout: &Layout, fakehw_bin: &Path) -> Result<()> {
+    let script = format!(
+        "#!/bin/sh\n# Fake tt-smi for the fake hardware root {root}; written by tt-fakehw create.\n\
+         exec {bin} smi --root {root} \"$@\"\n",
+        bin = sh_quote(&fakehw_bin.to_string_lossy()),
+        root = sh_quote(&layout.root().to_string_lossy()),
+    );
+    let path = layout.tt_smi();
+    write_atomic(&path, script.as_bytes())?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
+        .map_err(|e| FakeHwError::io("making executable", &path, e))
+}
+
+/// Quotes `s` for a POSIX shell: single quotes, with embedded ones spliced.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// Writes the hwmon directory of `card` (values and labels).
+pub(crate) fn write_hwmon(layout: &Layout, card: &CardInfo) -> Result<()> {
+    let dir = layout.hwmon_dir(&card.bdf, card.hwmon);
+    create_dir_all(&dir)?;
+    let offset = u64::from(card.created_index);
+    let files = [
+        ("name", "blackhole".to_string()),
+        ("temp1_input", (45_000 + 500 * offset).to_string()),
+        ("temp1_label", "asic_temp".to_string()),
+        ("in0_input", (770 + 5 * offset).to_string()),
+        ("in0_label", "vcore".to_string()),
+        ("curr1_input", (58_000 + 250 * offset).to_string()),
+        ("curr1_label", "current".to_string()),
+        ("power1_input", (55_000_000 + 250_000 * offset).to_string()),
+        ("power1_label", "power".to_string()),
+        ("fan1_input", (2_300 + 10 * offset).to_string()),
+        ("fan1_label", "fan_rpm".to_string()),
+    ];
+    for (name, value) in files {
+        write_atomic(&dir.join(name), format!("{value}\n").as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Makes `card` present at `index`: class dir with its attributes (built
+/// aside, renamed in whole), the class link, the proc entry, and last the
+/// device node — so whoever sees the node can already read sysfs.
+pub(crate) fn materialize_card(
+    layout: &Layout,
+    card: &CardInfo,
+    index: u32,
+    heartbeat: u64,
+) -> Result<()> {
+    let parent = layout.class_parent(&card.bdf);
+    let building = parent.join(format!(".{}.building", class_name(index)));
+    remove_dir_all_if_exists(&building)?;
+    // Plain create_dir (not _all): if the root was removed under us we must
+    // fail rather than resurrect half a tree inside a deleted temp dir.
+    fs::create_dir(&building).map_err(|e| FakeHwError::io("creating", &building, e))?;
+    for (name, value) in class_attributes(card, heartbeat) {
+        write_file(&building.join(name), &format!("{value}\n"))?;
+    }
+    let device_link = building.join("device");
+    symlink("../..", &device_link)
+        .map_err(|e| FakeHwError::io("creating symlink", &device_link, e))?;
+    let class_dir = layout.class_dir(&card.bdf, index);
+    remove_dir_all_if_exists(&class_dir)?;
+    fs::rename(&building, &class_dir).map_err(|e| FakeHwError::io("renaming into", &class_dir, e))?;
+
+    let class_target = PathBuf::from("../../devices")
+        .join(PCI_HOST)
+        .join(&card.bdf)
+        .join("tenstorrent")
+        .join(class_name(index));
+    symlink_atomic(&class_target, &layout.class_link(index))?;
+
+    write_hwmon(layout, card)?;
+
+    let proc_dir = layout.proc_dir(index);
+    match fs::create_dir(&proc_dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(FakeHwError::io("creating", &proc_dir, e)),
+    }
+    write_atomic(&layout.pids_file(index), b"")?;
+
+    write_atomic(&layout.dev_node(index), b"")
+}
+
+/// The class-dir attributes of `card` with the given heartbeat, in the
+/// order tt-kmd creates them.
+fn class_attributes(card: &CardInfo, heartbeat: u64) -> Vec<(&'static str, String)> {
+    vec![
+        ("tt_card_type", "p150a".to_string()),
+        ("tt_serial", card.serial.clone()),
+        ("tt_aiclk", AICLK_MHZ.to_string()),
+        ("tt_axiclk", AXICLK_MHZ.to_string()),
+        ("tt_arcclk", ARCCLK_MHZ.to_string()),
+        ("tt_fw_bundle_ver", FW_BUNDLE_VER.to_string()),
+        ("tt_m3app_fw_ver", M3APP_FW_VER.to_string()),
+        ("tt_asic_id", card.asic_id.clone()),
+        ("tt_heartbeat", heartbeat.to_string()),
+        ("tt_therm_trip_count", "0".to_string()),
+    ]
+}
+
+/// Makes the card at `index` vanish the way a reset does: the device node
+/// first (new opens fail), then the class link and class dir (sysfs reads
+/// fail), then the proc entry. The PCI dir and hwmon stay, as the PCI
+/// function itself stays on the bus during a link reset.
+pub(crate) fn vanish_card(layout: &Layout, bdf: &str, index: u32) -> Result<()> {
+    remove_file_if_exists(&layout.dev_node(index))?;
+    remove_file_if_exists(&layout.class_link(index))?;
+    remove_dir_all_if_exists(&layout.class_dir(bdf, index))?;
+    remove_dir_all_if_exists(&layout.proc_dir(index))
+}
+
+/// Reads a sysfs-style attribute: the file's text without the trailing newline.
+pub(crate) fn read_attr(path: &Path) -> Result<String> {
+    fs::read_to_string(path)
+        .map(|s| s.trim_end_matches('\n').to_string())
+        .map_err(|e| FakeHwError::io("reading", path, e))
+}
+
+fn create_dir_all(dir: &Path) -> Result<()> {
+    fs::create_dir_all(dir).map_err(|e| FakeHwError::io("creating", dir, e))
+}
+
+fn write_file(path: &Path, contents: &str) -> Result<()> {
+    fs::write(path, contents).map_err(|e| FakeHwError::io("writing", path, e))
+}
+
+/// Distinguishes temporary names of concurrent writers within one process.
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A temporary sibling of `path`: same directory (so rename is atomic),
+/// hidden, and unique per process and call.
+fn tmp_sibling(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    path.with_file_name(format!(".{name}.tmp-{}-{n}", std::process::id()))
+}
+
+/// Writes `contents` to `path` so that readers see the old or the new
+/// contents, never a mix: write a temporary sibling, then rename it over.
+pub(crate) fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
+    let tmp = tmp_sibling(path);
+    if let Err(e) = fs::write(&tmp, contents) {
+        let _ = fs::remove_file(&tmp);
+        return Err(FakeHwError::io("writing", &tmp, e));
+    }
+    fs::rename(&tmp, path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        FakeHwError::io("renaming into", path, e)
+    })
+}
+
+/// Points the symlink `link` at `target`, replacing any old link atomically.
+fn symlink_atomic(target: &Path, link: &Path) -> Result<()> {
+    let tmp = tmp_sibling(link);
+    symlink(target, &tmp).map_err(|e| FakeHwError::io("creating symlink", &tmp, e))?;
+    fs::rename(&tmp, link).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        FakeHwError::io("renaming into", link, e)
+    })
+}
+
+pub(crate) fn remove_file_if_exists(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(FakeHwError::io("removing", path, e)),
+    }
+}
+
+pub(crate) fn remove_dir_all_if_exists(path: &Path) -> Result<()> {
+    match fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(FakeHwError::io("removing", path, e)),
+    }
+}
