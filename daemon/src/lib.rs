@@ -2,4 +2,21 @@
 //!
 //! Layout:
 //! - [`config`]: the TOML file, parsed strictly and validated as a whole.
+//! - [`cards`]: discovery under `dev_root`/`sys_root`/`proc_root`, per-card
+//!   locks, reset with proof, and [`cards::CardManager`], the one owner of
+//!   card state.
+//! - [`slots`]: the slot lifecycle (one model instance on its cards).
+//! - [`api`]: the gRPC services: Control on the local socket, Inference,
+//!   health and reflection on the public port.
+//! - [`daemon`]: startup order, the tick loop, signals and clean shutdown.
+//! - [`notify`]: systemd notifications; [`shutdown`]: the shutdown signal.
+//! - [`ctl`]: `ttctl`, the operator's client.
+
+pub mod api;
+pub mod cards;
 pub mod config;
+pub mod ctl;
+pub mod daemon;
+pub mod notify;
+pub mod shutdown;
+pub mod slots;

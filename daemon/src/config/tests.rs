@@ -38,7 +38,10 @@ fn example_config_is_valid_and_complete() {
     let model = &config.models["smollm2"];
     assert_eq!(model.tp, 2);
     assert_eq!(model.readiness.expect.as_deref(), Some("Paris"));
-    assert_eq!(config.daemon.control_socket_group.as_deref(), Some("tenstorrent"));
+    assert_eq!(
+        config.daemon.control_socket_group.as_deref(),
+        Some("tenstorrent")
+    );
 }
 
 #[test]
@@ -55,7 +58,10 @@ fn minimal_model_gets_defaults() {
     let config = parse(ONE_MODEL).unwrap();
     let m = &config.models["qwen"];
     assert_eq!(m.mesh_device(), "P150");
-    assert_eq!(m.card_sets(), vec![vec![CardRef::Bdf("0000:01:00.0".into())]]);
+    assert_eq!(
+        m.card_sets(),
+        vec![vec![CardRef::Bdf("0000:01:00.0".into())]]
+    );
 }
 
 #[test]

@@ -71,10 +71,7 @@ pub(super) fn deserialize(text: &str) -> Result<Config, Vec<Problem>> {
             },
             other => problems.push(problem(
                 other,
-                format!(
-                    "unknown section; expected one of {}",
-                    SECTIONS.join(", ")
-                ),
+                format!("unknown section; expected one of {}", SECTIONS.join(", ")),
             )),
         }
     }
@@ -172,14 +169,7 @@ fn is_model_name(s: &str) -> bool {
 }
 
 /// Check a range; zero and absurd values are both configuration mistakes.
-fn range(
-    problems: &mut Vec<Problem>,
-    key: &str,
-    value: u64,
-    min: u64,
-    max: u64,
-    unit: &str,
-) {
+fn range(problems: &mut Vec<Problem>, key: &str, value: u64, min: u64, max: u64, unit: &str) {
     if value < min || value > max {
         problems.push(problem(
             key,
@@ -281,11 +271,46 @@ fn check_hardware(h: &HardwareConfig, problems: &mut Vec<Problem>) {
 }
 
 fn check_reset(r: &ResetConfig, problems: &mut Vec<Problem>) {
-    range(problems, "reset.tt_smi_timeout_secs", r.tt_smi_timeout_secs, 1, 3600, "s");
-    range(problems, "reset.come_back_timeout_secs", r.come_back_timeout_secs, 1, 3600, "s");
-    range(problems, "reset.heartbeat_interval_ms", r.heartbeat_interval_ms, 10, 60_000, "ms");
-    range(problems, "reset.probe_timeout_secs", r.probe_timeout_secs, 1, 3600, "s");
-    range(problems, "reset.attempts", r.attempts.into(), 1, 100, "attempts");
+    range(
+        problems,
+        "reset.tt_smi_timeout_secs",
+        r.tt_smi_timeout_secs,
+        1,
+        3600,
+        "s",
+    );
+    range(
+        problems,
+        "reset.come_back_timeout_secs",
+        r.come_back_timeout_secs,
+        1,
+        3600,
+        "s",
+    );
+    range(
+        problems,
+        "reset.heartbeat_interval_ms",
+        r.heartbeat_interval_ms,
+        10,
+        60_000,
+        "ms",
+    );
+    range(
+        problems,
+        "reset.probe_timeout_secs",
+        r.probe_timeout_secs,
+        1,
+        3600,
+        "s",
+    );
+    range(
+        problems,
+        "reset.attempts",
+        r.attempts.into(),
+        1,
+        100,
+        "attempts",
+    );
     range(problems, "reset.backoff_ms", r.backoff_ms, 0, 600_000, "ms");
     if r.probe_command.first().is_some_and(|c| c.is_empty()) {
         problems.push(problem(
@@ -311,7 +336,10 @@ fn check_model(
     if m.tp != 1 && m.tp != 2 {
         problems.push(problem(
             key("tp"),
-            format!("TP must be 1 (one card) or 2 (two cabled cards), got {}", m.tp),
+            format!(
+                "TP must be 1 (one card) or 2 (two cabled cards), got {}",
+                m.tp
+            ),
         ));
     }
     match (m.cards.is_empty(), m.replicas.is_empty()) {
@@ -346,13 +374,21 @@ fn check_model(
             "the program (first element) is empty; give a command like [\"tt-worker\"] or leave the list empty for the default",
         ));
     }
-    if m.mesh_device.as_deref().is_some_and(|s| s.trim().is_empty()) {
+    if m.mesh_device
+        .as_deref()
+        .is_some_and(|s| s.trim().is_empty())
+    {
         problems.push(problem(
             key("mesh_device"),
             "is empty; remove it for the default (P150 for TP=1, P300 for TP=2) or name a mesh",
         ));
     }
-    for (table, vars) in [("flags", &m.flags), ("env", &m.env), ("cold_env", &m.cold_env), ("warm_env", &m.warm_env)] {
+    for (table, vars) in [
+        ("flags", &m.flags),
+        ("env", &m.env),
+        ("cold_env", &m.cold_env),
+        ("warm_env", &m.warm_env),
+    ] {
         for var in vars.keys() {
             check_env_name(&format!("{}.{var}", key(table)), var, problems);
         }
@@ -367,7 +403,9 @@ fn check_model(
     }
     for (i, pattern) in m.banners.patterns.iter().enumerate() {
         let valid = !pattern.is_empty()
-            && pattern.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '*');
+            && pattern
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '*');
         if !valid {
             problems.push(problem(
                 format!("{}[{i}]", key("banners.patterns")),
@@ -376,8 +414,22 @@ fn check_model(
         }
     }
     let r = &m.readiness;
-    range(problems, &key("readiness.deadline_secs"), r.deadline_secs, 1, 86_400, "s");
-    range(problems, &key("readiness.ping_max_tokens"), r.ping_max_tokens.into(), 1, 256, "tokens");
+    range(
+        problems,
+        &key("readiness.deadline_secs"),
+        r.deadline_secs,
+        1,
+        86_400,
+        "s",
+    );
+    range(
+        problems,
+        &key("readiness.ping_max_tokens"),
+        r.ping_max_tokens.into(),
+        1,
+        256,
+        "tokens",
+    );
     if r.ping_prompt.trim().is_empty() {
         problems.push(problem(
             key("readiness.ping_prompt"),
@@ -385,10 +437,38 @@ fn check_model(
         ));
     }
     let s = &m.restart;
-    range(problems, &key("restart.max_attempts"), s.max_attempts.into(), 1, 1000, "attempts");
-    range(problems, &key("restart.window_secs"), s.window_secs, 1, 7 * 86_400, "s");
-    range(problems, &key("restart.backoff_ms"), s.backoff_ms, 1, 3_600_000, "ms");
-    range(problems, &key("restart.backoff_max_ms"), s.backoff_max_ms, 1, 3_600_000, "ms");
+    range(
+        problems,
+        &key("restart.max_attempts"),
+        s.max_attempts.into(),
+        1,
+        1000,
+        "attempts",
+    );
+    range(
+        problems,
+        &key("restart.window_secs"),
+        s.window_secs,
+        1,
+        7 * 86_400,
+        "s",
+    );
+    range(
+        problems,
+        &key("restart.backoff_ms"),
+        s.backoff_ms,
+        1,
+        3_600_000,
+        "ms",
+    );
+    range(
+        problems,
+        &key("restart.backoff_max_ms"),
+        s.backoff_max_ms,
+        1,
+        3_600_000,
+        "ms",
+    );
     if s.backoff_max_ms < s.backoff_ms {
         problems.push(problem(
             key("restart.backoff_max_ms"),
@@ -398,13 +478,48 @@ fn check_model(
             ),
         ));
     }
-    range(problems, &key("restart.stall_timeout_secs"), s.stall_timeout_secs, 1, 86_400, "s");
-    range(problems, &key("restart.stop_timeout_secs"), s.stop_timeout_secs, 1, 3600, "s");
+    range(
+        problems,
+        &key("restart.stall_timeout_secs"),
+        s.stall_timeout_secs,
+        1,
+        86_400,
+        "s",
+    );
+    range(
+        problems,
+        &key("restart.stop_timeout_secs"),
+        s.stop_timeout_secs,
+        1,
+        3600,
+        "s",
+    );
     if let Some(rss) = s.rss_limit_mib {
-        range(problems, &key("restart.rss_limit_mib"), rss, 64, 16 * 1024 * 1024, "MiB");
+        range(
+            problems,
+            &key("restart.rss_limit_mib"),
+            rss,
+            64,
+            16 * 1024 * 1024,
+            "MiB",
+        );
     }
-    range(problems, &key("max_queue"), m.max_queue.into(), 1, 100_000, "requests");
-    range(problems, &key("drain_timeout_secs"), m.drain_timeout_secs, 1, 3600, "s");
+    range(
+        problems,
+        &key("max_queue"),
+        m.max_queue.into(),
+        1,
+        100_000,
+        "requests",
+    );
+    range(
+        problems,
+        &key("drain_timeout_secs"),
+        m.drain_timeout_secs,
+        1,
+        3600,
+        "s",
+    );
 }
 
 fn check_env_name(key: &str, var: &str, problems: &mut Vec<Problem>) {
@@ -416,7 +531,9 @@ fn check_env_name(key: &str, var: &str, problems: &mut Vec<Problem>) {
     } else if RESERVED_ENV.contains(&var) {
         problems.push(problem(
             key,
-            format!("`{var}` is set by the daemon for every worker; remove it from the model's config"),
+            format!(
+                "`{var}` is set by the daemon for every worker; remove it from the model's config"
+            ),
         ));
     }
 }

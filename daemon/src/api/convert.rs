@@ -1,0 +1,108 @@
+//! From the daemon's own types to the control protocol's messages.
+
+use crate::cards::{unix_ms, CardState, CardView};
+use crate::slots::{SlotState, SlotView};
+use tt_serving_proto::v1 as pb;
+
+/// A card as the control protocol shows it.
+pub fn card(view: &CardView) -> pb::Card {
+    let info = view.info.as_ref();
+    let telemetry = info.map(|i| &i.telemetry);
+    pb::Card {
+        bdf: view.bdf.clone(),
+        index: info.map(|i| i.index),
+        card_type: info.map(|i| i.card_type.clone()).unwrap_or_default(),
+        serial: info.map(|i| i.serial.clone()).unwrap_or_default(),
+        fw_bundle_version: info
+            .map(|i| i.fw_bundle_version.clone())
+            .unwrap_or_default(),
+        m3app_fw_version: info.map(|i| i.m3app_fw_version.clone()).unwrap_or_default(),
+        aiclk_mhz: info.and_then(|i| i.aiclk_mhz).unwrap_or_default(),
+        heartbeat: info.and_then(|i| i.heartbeat).unwrap_or_default(),
+        heartbeat_ok: view.heartbeat_ok,
+        telemetry: telemetry.map(|t| pb::Telemetry {
+            temperature_c: t.temperature_c,
+            power_w: t.power_w,
+            voltage_v: t.voltage_v,
+            current_a: t.current_a,
+            fan_rpm: t.fan_rpm,
+        }),
+        state: card_state(view.state) as i32,
+        state_reason: view.reason.clone(),
+        lock_holder: view.holder.as_ref().map(|h| pb::LockHolder {
+            pid: h.pid,
+            purpose: h.purpose.clone(),
+            is_daemon: view.held_by_daemon,
+        }),
+        processes: view
+            .processes
+            .iter()
+            .map(|p| pb::CardProcess {
+                pid: p.pid,
+                command: p.command.clone(),
+            })
+            .collect(),
+        slot: view.slot.clone().unwrap_or_default(),
+        reset_failures: view.reset_failures,
+        last_reset_output: view.last_reset_output.clone(),
+    }
+}
+
+fn card_state(state: CardState) -> pb::CardState {
+    match state {
+        CardState::Ready => pb::CardState::Ready,
+        CardState::Idle => pb::CardState::Idle,
+        CardState::HeldElsewhere => pb::CardState::HeldElsewhere,
+        CardState::Resetting => pb::CardState::Resetting,
+        CardState::Probing => pb::CardState::Probing,
+        CardState::Quarantined => pb::CardState::Quarantined,
+        CardState::Missing => pb::CardState::Missing,
+        CardState::Failed => pb::CardState::Failed,
+        CardState::Unmanaged => pb::CardState::Unmanaged,
+    }
+}
+
+/// A slot as the control protocol shows it.
+pub fn slot(view: &SlotView) -> pb::Slot {
+    pb::Slot {
+        name: view.name.clone(),
+        model: view.model.clone(),
+        cards: view.cards.clone(),
+        state: slot_state(view.state) as i32,
+        since_unix_ms: unix_ms(view.since),
+        reason: view.reason.clone(),
+        ..Default::default()
+    }
+}
+
+fn slot_state(state: SlotState) -> pb::SlotState {
+    match state {
+        SlotState::Pending => pb::SlotState::Pending,
+        SlotState::Locking => pb::SlotState::Locking,
+        SlotState::Resetting => pb::SlotState::Resetting,
+        SlotState::Probing => pb::SlotState::Probing,
+        SlotState::Starting => pb::SlotState::Starting,
+        SlotState::Loading => pb::SlotState::Loading,
+        SlotState::Verifying => pb::SlotState::Verifying,
+        SlotState::Ready => pb::SlotState::Ready,
+        SlotState::Draining => pb::SlotState::Draining,
+        SlotState::Stopped => pb::SlotState::Stopped,
+        SlotState::Failed => pb::SlotState::Failed,
+        SlotState::Quarantined => pb::SlotState::Quarantined,
+    }
+}
+
+/// A reset phase as the control protocol shows it.
+pub fn reset_phase(phase: crate::cards::reset::Phase) -> pb::ResetPhase {
+    use crate::cards::reset::Phase;
+    match phase {
+        Phase::RunningTtSmi => pb::ResetPhase::RunningTtSmi,
+        Phase::WaitingForDevice => pb::ResetPhase::WaitingForDevice,
+        Phase::ReadingSysfs => pb::ResetPhase::ReadingSysfs,
+        Phase::CheckingHeartbeat => pb::ResetPhase::CheckingHeartbeat,
+        Phase::RunningProbe => pb::ResetPhase::RunningProbe,
+        Phase::Retrying => pb::ResetPhase::Retrying,
+        Phase::Done => pb::ResetPhase::Done,
+        Phase::Failed => pb::ResetPhase::Failed,
+    }
+}

@@ -1,0 +1,134 @@
+//! `tt-servingd`: the tt-serving daemon.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tt_servingd::config::{self, ConfigError, LogFormat};
+
+/// Serve language models on Tenstorrent cards: owns the cards (locks, resets
+/// with proof), supervises model workers and routes gRPC inference to them.
+#[derive(Debug, Parser)]
+#[command(name = "tt-servingd", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the daemon in the foreground (systemd runs this).
+    Run {
+        /// The config file.
+        #[arg(
+            long,
+            short,
+            env = "TT_SERVINGD_CONFIG",
+            default_value = "/etc/tt-serving/config.toml"
+        )]
+        config: PathBuf,
+    },
+    /// Check a config file: exit 0 when valid, 2 with every problem listed
+    /// (key path, what is wrong, how to fix it) when not. When the
+    /// tenstorrent driver is present under the config's sys_root, also
+    /// checks that every configured card exists.
+    CheckConfig {
+        /// The config file.
+        file: PathBuf,
+        /// Do not look at the hardware (for checking on a build machine).
+        #[arg(long)]
+        offline: bool,
+    },
+    /// Print a complete, commented example config that passes check-config.
+    PrintExampleConfig,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::PrintExampleConfig => {
+            print!("{}", config::EXAMPLE_CONFIG);
+            ExitCode::SUCCESS
+        }
+        Command::CheckConfig { file, offline } => check_config(&file, offline),
+        Command::Run { config } => run(&config),
+    }
+}
+
+fn check_config(file: &std::path::Path, offline: bool) -> ExitCode {
+    let config = match config::load(file) {
+        Ok(c) => c,
+        Err(e @ ConfigError::Read { .. }) => {
+            eprintln!("tt-servingd: {e}");
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    if !offline {
+        let hw = tt_servingd::cards::discovery::HardwareRoot::from(&config.hardware);
+        if hw.driver_loaded() {
+            let problems = tt_servingd::cards::check_cards_exist(&config, &hw);
+            if !problems.is_empty() {
+                eprintln!("{} problem(s) in {}:", problems.len(), file.display());
+                for p in &problems {
+                    eprintln!("  {p}");
+                }
+                return ExitCode::from(2);
+            }
+        } else {
+            println!(
+                "note: cards not checked: no tenstorrent driver under {} (pass --offline to silence this)",
+                config.hardware.sys_root.display()
+            );
+        }
+    }
+    let slots: usize = config.models.values().map(|m| m.card_sets().len()).sum();
+    println!(
+        "{}: valid ({} model(s), {} slot(s))",
+        file.display(),
+        config.models.len(),
+        slots
+    );
+    ExitCode::SUCCESS
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Plain => builder.init(),
+    }
+}
+
+fn run(config_path: &std::path::Path) -> ExitCode {
+    let config = match config::load(config_path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tt-servingd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    init_logging(config.daemon.log_format);
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+        .and_then(|rt| rt.block_on(tt_servingd::daemon::run(config, config_path)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("tt-servingd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

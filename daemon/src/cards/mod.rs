@@ -1,0 +1,585 @@
+//! Cards: discovery, locks, reset with proof, and the one place that holds
+//! each card's state.
+//!
+//! [`CardManager`] owns a table keyed by BDF. Only its methods change a
+//! card's state; everyone else reads [`CardManager::snapshot`] or waits on
+//! [`CardManager::subscribe`]. Managed cards (those the config's models use,
+//! or every card when there are no models) are locked by the daemon for as
+//! long as it runs; a card whose lock someone else holds is never touched.
+
+pub mod discovery;
+pub mod lock;
+pub mod reset;
+
+use crate::config::{CardRef, Config};
+use discovery::{CardInfo, CardProcess, HardwareRoot};
+use lock::{CardLock, LockError, LockHolder};
+use reset::{ResetEvent, ResetFailure, ResetOutcome, Resetter};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::watch;
+
+/// What the daemon is doing with a card.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CardState {
+    /// Locked, healthy, belongs to a slot.
+    Ready,
+    /// Locked, healthy, no slot (config without models).
+    Idle,
+    /// Another process holds its lock.
+    HeldElsewhere,
+    /// tt-smi is resetting it.
+    Resetting,
+    /// Proving it came back.
+    Probing,
+    /// Failed too many resets; unused until an operator resets it.
+    Quarantined,
+    /// Configured but not found.
+    Missing,
+    /// The last reset failed; will be retried.
+    Failed,
+    /// Not used by any model; not locked, not touched.
+    Unmanaged,
+}
+
+/// Everything known about one card, as shown by `ttctl status`.
+#[derive(Debug, Clone)]
+pub struct CardView {
+    /// PCI address (or `index N` for a configured index that was not found).
+    pub bdf: String,
+    /// Last discovery result; None while the card is gone.
+    pub info: Option<CardInfo>,
+    /// Current state.
+    pub state: CardState,
+    /// Why it is in that state.
+    pub reason: String,
+    /// Lock holder, when locked by anyone.
+    pub holder: Option<LockHolder>,
+    /// Whether the holder is this daemon.
+    pub held_by_daemon: bool,
+    /// Processes with the device open (excluding the daemon's own workers).
+    pub processes: Vec<CardProcess>,
+    /// The slot using it.
+    pub slot: Option<String>,
+    /// Whether the heartbeat advanced between the last two reads.
+    pub heartbeat_ok: bool,
+    /// Failed resets in a row.
+    pub reset_failures: u32,
+    /// Output of the last tt-smi run.
+    pub last_reset_output: String,
+}
+
+struct Entry {
+    view: CardView,
+    /// Whether the daemon keeps this card locked.
+    managed: bool,
+    lock: Option<CardLock>,
+    /// A reset is running; a second one is refused.
+    busy: bool,
+}
+
+/// Why a card operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CardError {
+    /// No card matches.
+    #[error("no card {0}; `ttctl status` lists the cards by index and BDF")]
+    NotFound(String),
+    /// Someone else owns it.
+    #[error(transparent)]
+    Locked(#[from] LockError),
+    /// A reset is already running.
+    #[error("card {0} is already being reset; wait for it to finish (`ttctl status --watch`)")]
+    Busy(String),
+    /// The reset ran and failed.
+    #[error(transparent)]
+    ResetFailed(#[from] ResetFailure),
+}
+
+/// The daemon's table of cards.
+pub struct CardManager {
+    hw: HardwareRoot,
+    lock_dir: PathBuf,
+    quarantine_dir: PathBuf,
+    resetter: Resetter,
+    /// BDF -> slot name, from the config (indices resolved at startup).
+    slots_of: BTreeMap<String, String>,
+    /// Slot name -> its cards' BDFs in rank order.
+    slot_cards: BTreeMap<String, Vec<String>>,
+    /// Manage every discovered card (no models configured).
+    manage_all: bool,
+    table: Mutex<BTreeMap<String, Entry>>,
+    changed: watch::Sender<u64>,
+}
+
+impl CardManager {
+    /// Build the table from a first discovery. Configured cards given by
+    /// index are resolved to BDFs now, since indices can change later.
+    pub fn new(config: &Config) -> std::io::Result<Arc<CardManager>> {
+        let hw = HardwareRoot::from(&config.hardware);
+        let found = hw.discover()?;
+        let mut slots_of = BTreeMap::new();
+        let mut slot_cards = BTreeMap::new();
+        let mut missing = Vec::new();
+        for (model, m) in &config.models {
+            let sets = m.card_sets();
+            for (i, set) in sets.iter().enumerate() {
+                let slot = crate::slots::slot_name(model, i, sets.len());
+                let mut bdfs = Vec::new();
+                for card in set {
+                    match resolve(card, &found) {
+                        Some(bdf) => {
+                            if !found.iter().any(|c| c.bdf == bdf) {
+                                missing.push((card.clone(), slot.clone()));
+                            }
+                            slots_of.insert(bdf.clone(), slot.clone());
+                            bdfs.push(bdf);
+                        }
+                        None => {
+                            missing.push((card.clone(), slot.clone()));
+                            bdfs.push(format!("index {card}"));
+                        }
+                    }
+                }
+                slot_cards.insert(slot, bdfs);
+            }
+        }
+        let manager = Arc::new(CardManager {
+            resetter: Resetter::new(
+                hw.clone(),
+                config.hardware.tt_smi.clone(),
+                config.reset.clone(),
+            ),
+            hw,
+            lock_dir: config.daemon.lock_dir.clone(),
+            quarantine_dir: config.daemon.state_dir.join("quarantine"),
+            manage_all: config.models.is_empty(),
+            slots_of,
+            slot_cards,
+            table: Mutex::new(BTreeMap::new()),
+            changed: watch::channel(0).0,
+        });
+        {
+            let mut table = manager.lock_table();
+            for (card, slot) in missing {
+                let key = match &card {
+                    CardRef::Index(i) => format!("index {i}"),
+                    CardRef::Bdf(b) => crate::config::parse_bdf(b).unwrap_or_else(|| b.clone()),
+                };
+                let mut entry = manager.new_entry(&key, None);
+                entry.view.slot = Some(slot);
+                entry.view.state = CardState::Missing;
+                entry.view.reason = format!(
+                    "configured card {card} is not present under {}; check the config and `lspci -d 1e52:`",
+                    manager.hw.sys_root.join("class/tenstorrent").display()
+                );
+                table.insert(key, entry);
+            }
+        }
+        manager.apply_discovery(found);
+        Ok(manager)
+    }
+
+    fn lock_table(&self) -> MutexGuard<'_, BTreeMap<String, Entry>> {
+        // A panic while holding the lock leaves plain data behind; keep going.
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn notify(&self) {
+        self.changed.send_modify(|v| *v += 1);
+    }
+
+    /// A receiver that changes whenever any card changes.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// The hardware root in use.
+    pub fn hardware(&self) -> &HardwareRoot {
+        &self.hw
+    }
+
+    fn new_entry(&self, bdf: &str, info: Option<CardInfo>) -> Entry {
+        let managed = self.manage_all || self.slots_of.contains_key(bdf);
+        Entry {
+            view: CardView {
+                bdf: bdf.to_string(),
+                info,
+                state: if managed {
+                    CardState::Failed
+                } else {
+                    CardState::Unmanaged
+                },
+                reason: String::new(),
+                holder: None,
+                held_by_daemon: false,
+                processes: Vec::new(),
+                slot: self.slots_of.get(bdf).cloned(),
+                heartbeat_ok: false,
+                reset_failures: 0,
+                last_reset_output: String::new(),
+            },
+            managed,
+            lock: None,
+            busy: false,
+        }
+    }
+
+    /// Re-read the hardware: discovery, heartbeats, telemetry, processes, and
+    /// lock attempts for managed cards not locked yet. Called every tick.
+    pub fn refresh(&self) {
+        match self.hw.discover() {
+            Ok(found) => self.apply_discovery(found),
+            Err(e) => tracing::warn!(error = %e, "card discovery failed"),
+        }
+    }
+
+    fn apply_discovery(&self, found: Vec<CardInfo>) {
+        let mut changed = false;
+        {
+            let mut table = self.lock_table();
+            let present: BTreeSet<String> = found.iter().map(|c| c.bdf.clone()).collect();
+            for info in found {
+                let bdf = info.bdf.clone();
+                let entry = table
+                    .entry(bdf.clone())
+                    .or_insert_with(|| self.new_entry(&bdf, None));
+                let previous = entry.view.info.as_ref().and_then(|i| i.heartbeat);
+                entry.view.heartbeat_ok = matches!(
+                    (previous, info.heartbeat),
+                    (Some(a), Some(b)) if b > a
+                );
+                entry.view.processes = self
+                    .hw
+                    .processes(info.index)
+                    .into_iter()
+                    .filter(|p| p.pid != std::process::id())
+                    .collect();
+                entry.view.info = Some(info);
+                changed = true;
+            }
+            for (bdf, entry) in table.iter_mut() {
+                if !present.contains(bdf) && !entry.busy && entry.view.state != CardState::Missing {
+                    entry.view.info = None;
+                    entry.view.heartbeat_ok = false;
+                    if entry.view.state != CardState::Quarantined {
+                        entry.view.state = CardState::Missing;
+                        entry.view.reason =
+                            "the card disappeared from sysfs outside a reset; check `dmesg`".into();
+                        tracing::warn!(card = %bdf, "card disappeared");
+                    }
+                    changed = true;
+                }
+            }
+            let bdfs: Vec<String> = table.keys().cloned().collect();
+            for bdf in bdfs {
+                if let Some(entry) = table.get_mut(&bdf) {
+                    changed |= self.settle(entry);
+                }
+            }
+        }
+        if changed {
+            self.notify();
+        }
+    }
+
+    /// Bring a card that is not busy into the state its lock and quarantine
+    /// record say. Returns whether anything changed.
+    fn settle(&self, entry: &mut Entry) -> bool {
+        if entry.busy || entry.view.info.is_none() {
+            return false;
+        }
+        let before = (entry.view.state, entry.view.reason.clone());
+        if let Some(q) = self.read_quarantine(&entry.view.bdf) {
+            entry.view.state = CardState::Quarantined;
+            entry.view.reason = q;
+            entry.lock = None;
+            entry.view.held_by_daemon = false;
+        } else if !entry.managed {
+            entry.view.state = CardState::Unmanaged;
+            entry.view.holder = lock::holder_of(&lock::lock_path(&self.lock_dir, &entry.view.bdf));
+            entry.view.reason.clear();
+        } else if entry.lock.is_none() {
+            let purpose = match &entry.view.slot {
+                Some(slot) => format!("tt-servingd slot {slot}"),
+                None => "tt-servingd".to_string(),
+            };
+            match lock::try_lock(&self.lock_dir, &entry.view.bdf, &purpose) {
+                Ok(l) => {
+                    tracing::info!(card = %entry.view.bdf, "took card lock");
+                    entry.lock = Some(l);
+                    entry.view.holder = Some(LockHolder {
+                        pid: std::process::id(),
+                        purpose,
+                    });
+                    entry.view.held_by_daemon = true;
+                    entry.view.state = self.healthy_state(entry);
+                    entry.view.reason.clear();
+                }
+                Err(LockError::Held { holder, .. }) => {
+                    entry.view.state = CardState::HeldElsewhere;
+                    entry.view.reason = match &holder {
+                        Some(h) => format!("lock held by pid {}{}; the daemon will take the card when it is released",
+                            h.pid,
+                            if h.purpose.is_empty() { String::new() } else { format!(" ({})", h.purpose) }),
+                        None => "lock held by another process".into(),
+                    };
+                    entry.view.holder = holder;
+                    entry.view.held_by_daemon = false;
+                }
+                Err(e) => {
+                    entry.view.state = CardState::Failed;
+                    entry.view.reason = e.to_string();
+                }
+            }
+        } else if matches!(
+            entry.view.state,
+            CardState::Missing | CardState::Failed | CardState::Resetting | CardState::Probing
+        ) {
+            entry.view.state = self.healthy_state(entry);
+            entry.view.reason.clear();
+        }
+        if before != (entry.view.state, entry.view.reason.clone()) {
+            tracing::info!(card = %entry.view.bdf, state = ?entry.view.state, reason = %entry.view.reason, "card state changed");
+            true
+        } else {
+            false
+        }
+    }
+
+    fn healthy_state(&self, entry: &Entry) -> CardState {
+        if entry.view.slot.is_some() {
+            CardState::Ready
+        } else {
+            CardState::Idle
+        }
+    }
+
+    /// Each configured slot's cards in rank order (a configured index that
+    /// was not found appears as `index N`).
+    pub fn slot_cards(&self) -> &BTreeMap<String, Vec<String>> {
+        &self.slot_cards
+    }
+
+    /// Every card, sorted by BDF.
+    pub fn snapshot(&self) -> Vec<CardView> {
+        self.lock_table().values().map(|e| e.view.clone()).collect()
+    }
+
+    /// The BDF of a card named by index or BDF, as an operator types it.
+    pub fn resolve_name(&self, name: &str) -> Result<String, CardError> {
+        let table = self.lock_table();
+        let found = if let Ok(index) = name.trim().parse::<u32>() {
+            table
+                .values()
+                .find(|e| e.view.info.as_ref().is_some_and(|i| i.index == index))
+        } else {
+            let bdf = crate::config::parse_bdf(name).unwrap_or_default();
+            table.get(&bdf)
+        };
+        found
+            .map(|e| e.view.bdf.clone())
+            .ok_or_else(|| CardError::NotFound(name.to_string()))
+    }
+
+    /// Managed cards the daemon holds locks for, grouped by slot so that a
+    /// TP=2 slot's cards are reset in one tt-smi call.
+    pub fn reset_groups(&self) -> Vec<Vec<String>> {
+        let table = self.lock_table();
+        let mut by_slot: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for e in table.values().filter(|e| e.lock.is_some()) {
+            let key = e.view.slot.clone().unwrap_or_else(|| e.view.bdf.clone());
+            by_slot.entry(key).or_default().push(e.view.bdf.clone());
+        }
+        by_slot.into_values().collect()
+    }
+
+    /// Reset cards together and prove them back. Managed cards must be locked
+    /// by the daemon already; an unmanaged card is locked for the duration.
+    /// `manual` marks an operator's request: its success lifts quarantine.
+    pub async fn reset(
+        &self,
+        bdfs: &[String],
+        manual: bool,
+        on_event: &mut (dyn FnMut(ResetEvent) + Send),
+    ) -> Result<ResetOutcome, CardError> {
+        let mut temporary_locks = Vec::new();
+        {
+            let mut table = self.lock_table();
+            for bdf in bdfs {
+                let entry = table
+                    .get(bdf)
+                    .ok_or_else(|| CardError::NotFound(bdf.clone()))?;
+                if entry.busy {
+                    return Err(CardError::Busy(bdf.clone()));
+                }
+                if entry.lock.is_none() {
+                    temporary_locks.push(lock::try_lock(&self.lock_dir, bdf, "tt-servingd reset")?);
+                }
+            }
+            for bdf in bdfs {
+                if let Some(entry) = table.get_mut(bdf) {
+                    entry.busy = true;
+                    entry.view.state = CardState::Resetting;
+                    entry.view.reason = if manual {
+                        "reset requested by an operator".into()
+                    } else {
+                        "reset by the daemon".into()
+                    };
+                }
+            }
+        }
+        self.notify();
+        tracing::info!(cards = %bdfs.join(","), manual, "resetting cards");
+        let result = {
+            let mut forward = |event: ResetEvent| {
+                if event.phase == reset::Phase::WaitingForDevice {
+                    self.set_state(bdfs, CardState::Probing, &event.message);
+                }
+                tracing::info!(cards = %bdfs.join(","), attempt = event.attempt, phase = ?event.phase, "{}", event.message);
+                on_event(event);
+            };
+            self.resetter.reset_and_prove(bdfs, &mut forward).await
+        };
+        drop(temporary_locks);
+        {
+            let mut table = self.lock_table();
+            for bdf in bdfs {
+                let Some(entry) = table.get_mut(bdf) else {
+                    continue;
+                };
+                entry.busy = false;
+                match &result {
+                    Ok(outcome) => {
+                        entry.view.reset_failures = 0;
+                        entry.view.last_reset_output = outcome.tt_smi_output.clone();
+                        if manual {
+                            self.clear_quarantine(bdf);
+                        }
+                        // Proven back: settle() below puts it in its healthy state.
+                        entry.view.state = CardState::Probing;
+                        entry.view.reason.clear();
+                        entry.view.info = self.hw.find(bdf);
+                    }
+                    Err(failure) => {
+                        entry.view.reset_failures += failure.attempts;
+                        entry.view.last_reset_output = failure.tt_smi_output.clone();
+                        entry.view.reason = format!(
+                            "quarantined after {} failed reset attempt(s): {}. Fix the card, then `ttctl card reset {bdf}` to bring it back",
+                            failure.attempts, failure.reason
+                        );
+                        self.write_quarantine(bdf, &entry.view.reason);
+                        entry.view.state = CardState::Quarantined;
+                        entry.lock = None;
+                        entry.view.held_by_daemon = false;
+                        tracing::error!(card = %bdf, reason = %failure.reason, "card quarantined");
+                    }
+                }
+                self.settle(entry);
+            }
+        }
+        self.notify();
+        result.map_err(CardError::from)
+    }
+
+    fn set_state(&self, bdfs: &[String], state: CardState, reason: &str) {
+        {
+            let mut table = self.lock_table();
+            for bdf in bdfs {
+                if let Some(e) = table.get_mut(bdf) {
+                    e.view.state = state;
+                    e.view.reason = reason.to_string();
+                }
+            }
+        }
+        self.notify();
+    }
+
+    fn quarantine_file(&self, bdf: &str) -> PathBuf {
+        self.quarantine_dir.join(format!("{bdf}.reason"))
+    }
+
+    /// Quarantine survives daemon restarts: a bad card stays out of service
+    /// until an operator proves it back with a manual reset.
+    fn read_quarantine(&self, bdf: &str) -> Option<String> {
+        std::fs::read_to_string(self.quarantine_file(bdf)).ok()
+    }
+
+    fn write_quarantine(&self, bdf: &str, reason: &str) {
+        let write = std::fs::create_dir_all(&self.quarantine_dir)
+            .and_then(|_| std::fs::write(self.quarantine_file(bdf), reason));
+        if let Err(e) = write {
+            tracing::error!(card = %bdf, error = %e, "cannot record quarantine in the state dir");
+        }
+    }
+
+    fn clear_quarantine(&self, bdf: &str) {
+        let _ = std::fs::remove_file(self.quarantine_file(bdf));
+    }
+
+    /// Release every lock (at shutdown).
+    pub fn release_all(&self) {
+        let mut table = self.lock_table();
+        for entry in table.values_mut() {
+            entry.lock = None;
+            entry.view.held_by_daemon = false;
+        }
+    }
+}
+
+fn resolve(card: &CardRef, found: &[CardInfo]) -> Option<String> {
+    match card {
+        CardRef::Index(i) => found.iter().find(|c| c.index == *i).map(|c| c.bdf.clone()),
+        CardRef::Bdf(b) => crate::config::parse_bdf(b),
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Problems for configured cards that are not present under the hardware
+/// root (for `check-config` on the host itself).
+pub fn check_cards_exist(config: &Config, hw: &HardwareRoot) -> Vec<crate::config::Problem> {
+    let found = hw.discover().unwrap_or_default();
+    let listed: Vec<String> = found
+        .iter()
+        .map(|c| format!("{} = {}", c.index, c.bdf))
+        .collect();
+    let mut problems = Vec::new();
+    for (model, m) in &config.models {
+        let sets = m.card_sets();
+        for (r, set) in sets.iter().enumerate() {
+            for (i, card) in set.iter().enumerate() {
+                let present = match resolve(card, &found) {
+                    Some(bdf) => found.iter().any(|c| c.bdf == bdf),
+                    None => false,
+                };
+                if !present {
+                    let key = if m.replicas.is_empty() {
+                        format!("models.{model}.cards[{i}]")
+                    } else {
+                        format!("models.{model}.replicas[{r}][{i}]")
+                    };
+                    problems.push(crate::config::Problem {
+                        key,
+                        message: format!(
+                            "unknown card {card}: no such card under {} (present: {})",
+                            hw.sys_root.join("class/tenstorrent").display(),
+                            if listed.is_empty() {
+                                "none".to_string()
+                            } else {
+                                listed.join(", ")
+                            }
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    problems
+}

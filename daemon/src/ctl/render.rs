@@ -1,0 +1,606 @@
+//! Turning a `StatusResponse` into what the operator reads: aligned tables,
+//! or JSON for scripts.
+//!
+//! Everything here is a pure function of its inputs (the current time is a
+//! parameter), so the output is pinned by unit tests without a daemon.
+//!
+//! The JSON is written through serde structs of our own rather than derived
+//! from the prost types: prost types do not implement `Serialize`, and
+//! scripts need a format that stays put when the proto grows internal
+//! fields. Field names mirror control.proto; enum values are the same
+//! lowercase words the tables print.
+
+use serde::{Deserialize, Serialize};
+use tt_serving_proto::v1::{
+    Card, CardState, DaemonInfo, ResetPhase, ResetProgress, Slot, SlotState, StatusResponse,
+};
+
+/// The word for a card state, as printed in tables and JSON. Values from a
+/// newer daemon that this ttctl does not know print as `unknown`.
+pub fn card_state_word(state: i32) -> &'static str {
+    match CardState::try_from(state) {
+        Ok(CardState::Ready) => "ready",
+        Ok(CardState::Idle) => "idle",
+        Ok(CardState::HeldElsewhere) => "held-elsewhere",
+        Ok(CardState::Resetting) => "resetting",
+        Ok(CardState::Probing) => "probing",
+        Ok(CardState::Quarantined) => "quarantined",
+        Ok(CardState::Missing) => "missing",
+        Ok(CardState::Failed) => "failed",
+        Ok(CardState::Unmanaged) => "unmanaged",
+        Ok(CardState::Unspecified) | Err(_) => "unknown",
+    }
+}
+
+/// The word for a slot state, as printed in tables and JSON.
+pub fn slot_state_word(state: i32) -> &'static str {
+    match SlotState::try_from(state) {
+        Ok(SlotState::Pending) => "pending",
+        Ok(SlotState::Locking) => "locking",
+        Ok(SlotState::Resetting) => "resetting",
+        Ok(SlotState::Probing) => "probing",
+        Ok(SlotState::Starting) => "starting",
+        Ok(SlotState::Loading) => "loading",
+        Ok(SlotState::Verifying) => "verifying",
+        Ok(SlotState::Ready) => "ready",
+        Ok(SlotState::Draining) => "draining",
+        Ok(SlotState::Stopped) => "stopped",
+        Ok(SlotState::Failed) => "failed",
+        Ok(SlotState::Quarantined) => "quarantined",
+        Ok(SlotState::Unspecified) | Err(_) => "unknown",
+    }
+}
+
+/// What a reset phase is doing, for progress lines without a message.
+fn reset_phase_words(phase: i32) -> &'static str {
+    match ResetPhase::try_from(phase) {
+        Ok(ResetPhase::RunningTtSmi) => "running tt-smi -r",
+        Ok(ResetPhase::WaitingForDevice) => "waiting for the device to reappear",
+        Ok(ResetPhase::ReadingSysfs) => "reading sysfs",
+        Ok(ResetPhase::CheckingHeartbeat) => "checking the heartbeat advances",
+        Ok(ResetPhase::RunningProbe) => "running the site probe",
+        Ok(ResetPhase::Retrying) => "attempt failed, retrying",
+        Ok(ResetPhase::Done) => "card is back",
+        Ok(ResetPhase::Failed) => "reset failed",
+        Ok(ResetPhase::Unspecified) | Err(_) => "working",
+    }
+}
+
+/// One line for one `ResetProgress` message:
+/// `[0000:01:00.0] attempt 1: running tt-smi -r ...`.
+pub fn reset_progress_line(progress: &ResetProgress) -> String {
+    let what = if progress.message.is_empty() {
+        reset_phase_words(progress.phase).to_string()
+    } else {
+        one_line(&progress.message)
+    };
+    if progress.attempt == 0 {
+        format!("[{}] {what}", progress.bdf)
+    } else {
+        format!("[{}] attempt {}: {what}", progress.bdf, progress.attempt)
+    }
+}
+
+/// The whole status as text: a header line, the cards table and the slots
+/// table. `now_unix_ms` is the local clock, for "3m12s ago".
+pub fn status_table(status: &StatusResponse, now_unix_ms: u64) -> String {
+    let mut out = String::new();
+    out.push_str(&header_line(status.daemon.as_ref(), now_unix_ms));
+    out.push_str("\n\n");
+    out.push_str(&cards_table(&status.cards));
+    out.push('\n');
+    out.push_str(&slots_table(&status.slots, &status.cards, now_unix_ms));
+    out
+}
+
+/// `tt-servingd 0.1.0 (pid 812, driver 2.0.0, inference on [::]:50051, up
+/// 3h12m): 1/1 slots ready`.
+fn header_line(daemon: Option<&DaemonInfo>, now_unix_ms: u64) -> String {
+    let Some(d) = daemon else {
+        return "tt-servingd (the daemon sent no information about itself)".to_string();
+    };
+    let mut facts = vec![format!("pid {}", d.pid)];
+    if d.driver_version.is_empty() {
+        facts.push("driver not loaded".to_string());
+    } else {
+        facts.push(format!("driver {}", d.driver_version));
+    }
+    if !d.inference_address.is_empty() {
+        facts.push(format!("inference on {}", d.inference_address));
+    }
+    if d.started_unix_ms != 0 {
+        let up = now_unix_ms.saturating_sub(d.started_unix_ms);
+        facts.push(format!("up {}", duration_words(up)));
+    }
+    let mut line = format!("tt-servingd {} ({})", or_dash(&d.version), facts.join(", "));
+    if !d.summary.is_empty() {
+        line.push_str(": ");
+        line.push_str(&one_line(&d.summary));
+    }
+    line
+}
+
+fn cards_table(cards: &[Card]) -> String {
+    if cards.is_empty() {
+        return "no cards found\n".to_string();
+    }
+    let mut table = Table::new(&[
+        "IDX",
+        "BDF",
+        "TYPE",
+        "TEMP (°C)",
+        "POWER (W)",
+        "HEARTBEAT",
+        "LOCK",
+        "SLOT",
+        "STATE",
+    ]);
+    for card in cards {
+        let telemetry = card.telemetry.unwrap_or_default();
+        table.row(vec![
+            card.index.map_or("-".to_string(), |i| i.to_string()),
+            card.bdf.clone(),
+            or_dash(&card.card_type).to_string(),
+            telemetry
+                .temperature_c
+                .map_or("-".to_string(), |t| format!("{t:.1}")),
+            telemetry
+                .power_w
+                .map_or("-".to_string(), |p| format!("{p:.1}")),
+            heartbeat_word(card).to_string(),
+            lock_words(card),
+            or_dash(&card.slot).to_string(),
+            card_state_word(card.state).to_string(),
+        ]);
+        if !card.state_reason.is_empty() {
+            table.note(format!("reason: {}", one_line(&card.state_reason)));
+        }
+        for process in &card.processes {
+            let command = if process.command.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", one_line(&process.command))
+            };
+            table.note(format!("pid {}{command} has the device open", process.pid));
+        }
+    }
+    table.render()
+}
+
+/// `ok` when the heartbeat advanced at the last check, `stalled` when it did
+/// not, `—` when it could not be read (no device node, mid-reset, missing).
+fn heartbeat_word(card: &Card) -> &'static str {
+    let unreadable = card.index.is_none()
+        || matches!(
+            CardState::try_from(card.state),
+            Ok(CardState::Missing | CardState::Resetting)
+        )
+        || (card.heartbeat == 0 && !card.heartbeat_ok);
+    if unreadable {
+        "—"
+    } else if card.heartbeat_ok {
+        "ok"
+    } else {
+        "stalled"
+    }
+}
+
+/// `pid 812 daemon`, `pid 4242 bench-sweep`, `pid 4242`, or `-` when free.
+fn lock_words(card: &Card) -> String {
+    let Some(holder) = &card.lock_holder else {
+        return "-".to_string();
+    };
+    let pid = if holder.pid == 0 {
+        "pid ?".to_string()
+    } else {
+        format!("pid {}", holder.pid)
+    };
+    if holder.is_daemon {
+        format!("{pid} daemon")
+    } else if holder.purpose.is_empty() {
+        pid
+    } else {
+        format!("{pid} {}", one_line(&holder.purpose))
+    }
+}
+
+fn slots_table(slots: &[Slot], cards: &[Card], now_unix_ms: u64) -> String {
+    if slots.is_empty() {
+        return "no slots configured\n".to_string();
+    }
+    let mut table = Table::new(&[
+        "NAME",
+        "MODEL",
+        "CARDS",
+        "STATE",
+        "SINCE",
+        "CACHE",
+        "ATTEMPT",
+        "PID",
+        "RSS",
+        "INFLIGHT",
+        "LAST ERROR",
+    ]);
+    for slot in slots {
+        table.row(vec![
+            slot.name.clone(),
+            slot.model.clone(),
+            slot_cards(slot, cards),
+            slot_state_word(slot.state).to_string(),
+            if slot.since_unix_ms == 0 {
+                "-".to_string()
+            } else {
+                format!(
+                    "{} ago",
+                    duration_words(now_unix_ms.saturating_sub(slot.since_unix_ms))
+                )
+            },
+            or_dash(&slot.cache_mode).to_string(),
+            slot.attempt.to_string(),
+            if slot.worker_pid == 0 {
+                "-".to_string()
+            } else {
+                slot.worker_pid.to_string()
+            },
+            bytes_words(slot.worker_rss_bytes),
+            slot.requests_in_flight.to_string(),
+            or_dash(&one_line(&slot.last_error)).to_string(),
+        ]);
+        let troubled = matches!(
+            SlotState::try_from(slot.state),
+            Ok(SlotState::Failed | SlotState::Quarantined)
+        );
+        if troubled && !slot.reason.is_empty() {
+            let mut note = format!("reason: {}", one_line(&slot.reason));
+            if slot.retry_at_unix_ms != 0 {
+                let wait = slot.retry_at_unix_ms.saturating_sub(now_unix_ms);
+                note.push_str(&format!(" (retry in {})", duration_words(wait)));
+            }
+            table.note(note);
+        }
+    }
+    table.render()
+}
+
+/// A slot's cards by current index (`0,1`), which is what operators type;
+/// the BDF stands in for a card without an index.
+fn slot_cards(slot: &Slot, cards: &[Card]) -> String {
+    if slot.cards.is_empty() {
+        return "-".to_string();
+    }
+    slot.cards
+        .iter()
+        .map(|bdf| {
+            cards
+                .iter()
+                .find(|c| &c.bdf == bdf)
+                .and_then(|c| c.index)
+                .map_or_else(|| bdf.clone(), |i| i.to_string())
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `42s`, `3m12s`, `2h03m`, `4d07h`.
+fn duration_words(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..86400 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+/// `-`, `812 MiB`, `10.3 GiB`.
+fn bytes_words(bytes: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+    match bytes {
+        0 => "-".to_string(),
+        b if b < MIB => format!("{} KiB", b.div_ceil(1024)),
+        b if b < GIB => format!("{} MiB", b / MIB),
+        b => format!("{:.1} GiB", b as f64 / GIB as f64),
+    }
+}
+
+fn or_dash(s: &str) -> &str {
+    if s.is_empty() {
+        "-"
+    } else {
+        s
+    }
+}
+
+/// Daemon-supplied text (errors, tt-smi output) may span lines; a table row
+/// must not, or the columns fall apart.
+fn one_line(s: &str) -> String {
+    s.split(|c: char| c.is_control())
+        .map(str::trim)
+        .filter(|part| !part.is_empty())
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+/// Left-aligned columns two spaces apart, with free-text notes (reasons,
+/// processes) indented under the row they explain.
+struct Table {
+    headers: Vec<String>,
+    lines: Vec<Line>,
+}
+
+enum Line {
+    Row(Vec<String>),
+    Note(String),
+}
+
+impl Table {
+    fn new(headers: &[&str]) -> Self {
+        Table {
+            headers: headers.iter().map(|h| h.to_string()).collect(),
+            lines: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, cells: Vec<String>) {
+        self.lines.push(Line::Row(cells));
+    }
+
+    fn note(&mut self, text: String) {
+        self.lines.push(Line::Note(text));
+    }
+
+    fn render(&self) -> String {
+        // Widths in chars, not bytes: headers hold `°` and cells `—`.
+        let mut widths: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for line in &self.lines {
+            if let Line::Row(cells) = line {
+                for (w, cell) in widths.iter_mut().zip(cells) {
+                    *w = (*w).max(cell.chars().count());
+                }
+            }
+        }
+        let mut out = String::new();
+        push_cells(&mut out, &self.headers, &widths);
+        for line in &self.lines {
+            match line {
+                Line::Row(cells) => push_cells(&mut out, cells, &widths),
+                Line::Note(text) => {
+                    out.push_str("    ");
+                    out.push_str(text);
+                    out.push('\n');
+                }
+            }
+        }
+        out
+    }
+}
+
+fn push_cells(out: &mut String, cells: &[String], widths: &[usize]) {
+    let start = out.len();
+    for (cell, w) in cells.iter().zip(widths) {
+        out.push_str(cell);
+        let pad = w.saturating_sub(cell.chars().count()) + 2;
+        out.extend(std::iter::repeat_n(' ', pad));
+    }
+    // The last column is not padded.
+    let kept = out[start..].trim_end().len();
+    out.truncate(start + kept);
+    out.push('\n');
+}
+
+/// `ttctl status --json`: `{"daemon": {...}, "cards": [...], "slots": [...]}`.
+/// Public (and `Deserialize`) so tests and tools can read ttctl's output
+/// back into a typed value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusJson {
+    /// The daemon itself.
+    pub daemon: DaemonJson,
+    /// Every card, in the daemon's order (by BDF).
+    pub cards: Vec<CardJson>,
+    /// Every slot, in the daemon's order (by name).
+    pub slots: Vec<SlotJson>,
+}
+
+/// Mirrors `DaemonInfo`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DaemonJson {
+    /// tt-servingd version.
+    pub version: String,
+    /// Process id.
+    pub pid: u32,
+    /// Unix time in milliseconds when the daemon started.
+    pub started_unix_ms: u64,
+    /// The config file in use.
+    pub config_path: String,
+    /// The one-line summary (systemd STATUS=).
+    pub summary: String,
+    /// Kernel driver version; empty when the driver is not loaded.
+    pub driver_version: String,
+    /// The address the inference port is bound to.
+    pub inference_address: String,
+}
+
+/// Mirrors `Card`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CardJson {
+    /// PCI address, the stable identity.
+    pub bdf: String,
+    /// Current /dev/tenstorrent/N index; null while the node is gone.
+    pub index: Option<u32>,
+    /// Card type, e.g. p150a.
+    pub card_type: String,
+    /// Board serial.
+    pub serial: String,
+    /// Firmware bundle version.
+    pub fw_bundle_version: String,
+    /// Last heartbeat counter read.
+    pub heartbeat: u64,
+    /// Whether the heartbeat advanced at the last check.
+    pub heartbeat_ok: bool,
+    /// Sensor readings; each null when unreadable.
+    pub telemetry: TelemetryJson,
+    /// The card state word (`ready`, `held-elsewhere`, ...).
+    pub state: String,
+    /// Why it is in that state.
+    pub state_reason: String,
+    /// Who holds the card's lock; null when nobody.
+    pub lock_holder: Option<LockHolderJson>,
+    /// Processes other than the daemon's workers with the device open.
+    pub processes: Vec<CardProcessJson>,
+    /// The slot this card belongs to, empty when none.
+    pub slot: String,
+    /// Failed resets in a row.
+    pub reset_failures: u32,
+    /// Output of the last tt-smi run (truncated by the daemon).
+    pub last_reset_output: String,
+    /// ASIC clock in MHz.
+    pub aiclk_mhz: u32,
+    /// M3 application firmware version.
+    pub m3app_fw_version: String,
+}
+
+/// Mirrors `Telemetry`; absent readings are null.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TelemetryJson {
+    /// ASIC temperature, °C.
+    pub temperature_c: Option<f64>,
+    /// Board power, W.
+    pub power_w: Option<f64>,
+    /// Core voltage, V.
+    pub voltage_v: Option<f64>,
+    /// Current, A.
+    pub current_a: Option<f64>,
+    /// Fan speed, RPM.
+    pub fan_rpm: Option<u32>,
+}
+
+/// Mirrors `LockHolder`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LockHolderJson {
+    /// Pid written in the lock file (0 when unknown).
+    pub pid: u32,
+    /// What the holder uses the card for.
+    pub purpose: String,
+    /// True when the holder is the daemon.
+    pub is_daemon: bool,
+}
+
+/// Mirrors `CardProcess`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CardProcessJson {
+    /// Process id.
+    pub pid: u32,
+    /// Command name, when readable.
+    pub command: String,
+}
+
+/// Mirrors `Slot`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlotJson {
+    /// Slot name.
+    pub name: String,
+    /// Model name.
+    pub model: String,
+    /// BDFs of its cards, rank order.
+    pub cards: Vec<String>,
+    /// The slot state word (`ready`, `failed`, ...).
+    pub state: String,
+    /// Unix time in milliseconds of the last transition.
+    pub since_unix_ms: u64,
+    /// Why it entered this state.
+    pub reason: String,
+    /// `warm`, `cold`, or empty before the first start.
+    pub cache_mode: String,
+    /// Start attempt number within the restart window.
+    pub attempt: u32,
+    /// Unix time in milliseconds of the next retry (0 if none).
+    pub retry_at_unix_ms: u64,
+    /// Worker process id (0 when none).
+    pub worker_pid: u32,
+    /// Worker resident memory in bytes (0 when none).
+    pub worker_rss_bytes: u64,
+    /// Requests being served.
+    pub requests_in_flight: u32,
+    /// The last error, kept after recovery.
+    pub last_error: String,
+}
+
+/// The JSON form of a status snapshot.
+pub fn status_json(status: &StatusResponse) -> StatusJson {
+    let d = status.daemon.clone().unwrap_or_default();
+    StatusJson {
+        daemon: DaemonJson {
+            version: d.version,
+            pid: d.pid,
+            started_unix_ms: d.started_unix_ms,
+            config_path: d.config_path,
+            summary: d.summary,
+            driver_version: d.driver_version,
+            inference_address: d.inference_address,
+        },
+        cards: status.cards.iter().map(card_json).collect(),
+        slots: status.slots.iter().map(slot_json).collect(),
+    }
+}
+
+fn card_json(card: &Card) -> CardJson {
+    let t = card.telemetry.unwrap_or_default();
+    CardJson {
+        bdf: card.bdf.clone(),
+        index: card.index,
+        card_type: card.card_type.clone(),
+        serial: card.serial.clone(),
+        fw_bundle_version: card.fw_bundle_version.clone(),
+        heartbeat: card.heartbeat,
+        heartbeat_ok: card.heartbeat_ok,
+        telemetry: TelemetryJson {
+            temperature_c: t.temperature_c,
+            power_w: t.power_w,
+            voltage_v: t.voltage_v,
+            current_a: t.current_a,
+            fan_rpm: t.fan_rpm,
+        },
+        state: card_state_word(card.state).to_string(),
+        state_reason: card.state_reason.clone(),
+        lock_holder: card.lock_holder.as_ref().map(|h| LockHolderJson {
+            pid: h.pid,
+            purpose: h.purpose.clone(),
+            is_daemon: h.is_daemon,
+        }),
+        processes: card
+            .processes
+            .iter()
+            .map(|p| CardProcessJson {
+                pid: p.pid,
+                command: p.command.clone(),
+            })
+            .collect(),
+        slot: card.slot.clone(),
+        reset_failures: card.reset_failures,
+        last_reset_output: card.last_reset_output.clone(),
+        aiclk_mhz: card.aiclk_mhz,
+        m3app_fw_version: card.m3app_fw_version.clone(),
+    }
+}
+
+fn slot_json(slot: &Slot) -> SlotJson {
+    SlotJson {
+        name: slot.name.clone(),
+        model: slot.model.clone(),
+        cards: slot.cards.clone(),
+        state: slot_state_word(slot.state).to_string(),
+        since_unix_ms: slot.since_unix_ms,
+        reason: slot.reason.clone(),
+        cache_mode: slot.cache_mode.clone(),
+        attempt: slot.attempt,
+        retry_at_unix_ms: slot.retry_at_unix_ms,
+        worker_pid: slot.worker_pid,
+        worker_rss_bytes: slot.worker_rss_bytes,
+        requests_in_flight: slot.requests_in_flight,
+        last_error: slot.last_error.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,136 @@
+//! `ttctl status`: one snapshot, or every change with `--watch`.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tonic::transport::Channel;
+use tt_serving_proto::v1::control_client::ControlClient;
+use tt_serving_proto::v1::{StatusRequest, StatusResponse};
+
+use super::render::{status_json, status_table};
+use super::{emit, Failure, StatusArgs};
+
+/// Status is answered from the daemon's memory; a daemon that takes longer
+/// than this is stuck, and a hanging `ttctl status` would hide that.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Clear the screen and move the cursor home, so a watched table redraws in
+/// place instead of scrolling.
+const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
+
+/// Print one snapshot.
+pub(super) async fn once(
+    client: &mut ControlClient<Channel>,
+    args: StatusArgs,
+    socket: &Path,
+    out: &mut (dyn Write + Send),
+) -> Result<(), Failure> {
+    let response = tokio::time::timeout(STATUS_TIMEOUT, client.status(StatusRequest {}))
+        .await
+        .map_err(|_elapsed| {
+            Failure::Unreachable(format!(
+                "tt-servingd at {} did not answer within {}s; it may be hung \
+                 (check 'systemctl status tenstorrent-serving' and its journal)",
+                socket.display(),
+                STATUS_TIMEOUT.as_secs()
+            ))
+        })?
+        .map_err(|status| Failure::from_status(status, socket))?
+        .into_inner();
+    let text = if args.json {
+        let mut text = to_json(&response, true)?;
+        text.push('\n');
+        text
+    } else {
+        status_table(&response, now_unix_ms())
+    };
+    emit(out, &text)
+}
+
+/// Print every snapshot the daemon streams until Ctrl-C (exit 0) or the
+/// daemon goes away (exit 3).
+pub(super) async fn watch(
+    client: &mut ControlClient<Channel>,
+    args: StatusArgs,
+    socket: &Path,
+    out: &mut (dyn Write + Send),
+    is_tty: bool,
+) -> Result<(), Failure> {
+    let mut stream = client
+        .watch_status(StatusRequest {})
+        .await
+        .map_err(|status| Failure::from_status(status, socket))?
+        .into_inner();
+    // Registered once, before the first wait, so a Ctrl-C between two
+    // snapshots is not lost.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut first = true;
+    loop {
+        let next = tokio::select! {
+            signal = &mut ctrl_c => {
+                return signal.map_err(|err| {
+                    Failure::Failed(format!("cannot listen for Ctrl-C: {err}"))
+                });
+            }
+            next = stream.message() => next,
+        };
+        let Some(snapshot) = next.map_err(|status| Failure::from_status(status, socket))? else {
+            return Err(Failure::Unreachable(format!(
+                "tt-servingd at {} ended the status stream; it is probably stopping \
+                 (check 'systemctl status tenstorrent-serving')",
+                socket.display()
+            )));
+        };
+        let text = watch_frame(&snapshot, args.json, is_tty, first, now_unix_ms())?;
+        emit(out, &text)?;
+        first = false;
+    }
+}
+
+/// What one watched snapshot prints: a JSON line; or the table, redrawn in
+/// place on a terminal and separated by a blank line otherwise (a log file
+/// or a pipe keeps every snapshot).
+fn watch_frame(
+    snapshot: &StatusResponse,
+    json: bool,
+    is_tty: bool,
+    first: bool,
+    now_unix_ms: u64,
+) -> Result<String, Failure> {
+    if json {
+        let mut line = to_json(snapshot, false)?;
+        line.push('\n');
+        return Ok(line);
+    }
+    let table = status_table(snapshot, now_unix_ms);
+    Ok(match (is_tty, first) {
+        (true, _) => format!("{CLEAR_SCREEN}{table}"),
+        (false, true) => table,
+        (false, false) => format!("\n{table}"),
+    })
+}
+
+/// One watched frame of a snapshot, as on a terminal or not.
+#[cfg(test)]
+pub(super) fn watch_frame_for_tests(snapshot: &StatusResponse, is_tty: bool) -> String {
+    watch_frame(snapshot, false, is_tty, false, now_unix_ms()).unwrap_or_default()
+}
+
+fn to_json(status: &StatusResponse, pretty: bool) -> Result<String, Failure> {
+    let json = status_json(status);
+    let text = if pretty {
+        serde_json::to_string_pretty(&json)
+    } else {
+        serde_json::to_string(&json)
+    };
+    text.map_err(|err| Failure::Failed(format!("cannot encode the status as JSON: {err}")))
+}
+
+fn now_unix_ms() -> u64 {
+    // A clock before 1970 only makes "ago" columns odd; not worth failing.
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
