@@ -1,1 +1,336 @@
-//! Test harness.
+//! The integration-test harness: a fake hardware root with its firmware
+//! running, the real `tt-servingd` binary started on it, and `ttctl` run
+//! against it. Everything is a real process talking over real sockets; only
+//! the hardware is fake.
+//!
+//! Synchronisation is by polling a condition with a deadline
+//! ([`wait_until`]), never by sleeping a fixed time and hoping.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use tt_fakehw::{FakeRoot, FirmwareThread};
+
+/// How long any awaited condition may take before the test fails.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Path of a binary built by this workspace (`cargo test --workspace`
+/// builds every package's binaries alongside the test executables).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test knows its own path");
+    // target/<profile>/deps/<test-binary> -> target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binary lives in target/<profile>/deps");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing; run the tests with `cargo test --workspace` so every binary is built",
+        path.display()
+    );
+    path
+}
+
+/// Poll `condition` until it returns Some or the deadline passes.
+pub fn wait_until<T>(what: &str, mut condition: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = condition() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {DEADLINE:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A fake hardware root with N cards and its firmware loop running.
+pub struct FakeHw {
+    /// The root's handle (faults, pids, tt-smi log).
+    pub root: FakeRoot,
+    firmware: Option<FirmwareThread>,
+    _dir: tempfile::TempDir,
+}
+
+impl FakeHw {
+    /// Lay out `cards` cards and start their firmware.
+    pub fn new(cards: usize) -> FakeHw {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let root = FakeRoot::create(&dir.path().join("hw"), cards, &bin("tt-fakehw"))
+            .expect("create fake root");
+        let firmware = Some(root.spawn_firmware_thread(Duration::from_millis(20)));
+        FakeHw {
+            root,
+            firmware,
+            _dir: dir,
+        }
+    }
+
+    /// The BDF of the card created at `index`.
+    pub fn bdf(index: usize) -> String {
+        FakeRoot::bdf(index)
+    }
+
+    /// tt-smi invocations so far, as argument strings joined by spaces.
+    pub fn smi_calls(&self) -> Vec<String> {
+        self.root
+            .tt_smi_log()
+            .expect("read tt-smi log")
+            .into_iter()
+            .map(|i| i.args.join(" "))
+            .collect()
+    }
+}
+
+impl Drop for FakeHw {
+    fn drop(&mut self) {
+        if let Some(fw) = self.firmware.take() {
+            let _ = fw.stop();
+        }
+    }
+}
+
+/// A running `tt-servingd run` on a fake root, with its own state, lock and
+/// socket paths under a temp dir.
+pub struct Daemon {
+    child: Option<Child>,
+    /// Holds config, state, locks, socket and the daemon's log.
+    pub dir: PathBuf,
+    /// The config file.
+    pub config: PathBuf,
+    /// The control socket.
+    pub socket: PathBuf,
+    /// The lock dir.
+    pub lock_dir: PathBuf,
+    /// Where the daemon's stderr goes.
+    pub log: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+/// Settings tests vary; everything else is fast test defaults.
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    /// `reset.policy`.
+    pub policy: &'static str,
+    /// `reset.attempts`.
+    pub attempts: u32,
+    /// `reset.come_back_timeout_secs`.
+    pub come_back_secs: u64,
+    /// Extra TOML appended (model tables).
+    pub extra: String,
+    /// Extra environment for the daemon process.
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for DaemonOptions {
+    fn default() -> Self {
+        DaemonOptions {
+            policy: "never",
+            attempts: 1,
+            come_back_secs: 3,
+            extra: String::new(),
+            env: Vec::new(),
+        }
+    }
+}
+
+impl Daemon {
+    /// Write a config for `hw` and start the daemon; returns once the control
+    /// socket answers.
+    pub fn start(hw: &FakeHw, opts: DaemonOptions) -> Daemon {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let dir = tmp.path().to_path_buf();
+        let mut daemon = Daemon::configure(hw, &dir, &opts);
+        daemon._tmp = Some(tmp);
+        daemon.spawn(&opts.env);
+        daemon
+    }
+
+    /// Write the config into `dir` without starting.
+    pub fn configure(hw: &FakeHw, dir: &Path, opts: &DaemonOptions) -> Daemon {
+        let socket = dir.join("control.sock");
+        let lock_dir = dir.join("locks");
+        let config = dir.join("config.toml");
+        let text = format!(
+            r#"[daemon]
+listen = "127.0.0.1:0"
+control_socket = "{socket}"
+state_dir = "{state}"
+cache_dir = "{cache}"
+lock_dir = "{locks}"
+tick_ms = 100
+
+[hardware]
+dev_root = "{dev}"
+sys_root = "{sys}"
+proc_root = "{proc}"
+tt_smi = "{smi}"
+
+[reset]
+policy = "{policy}"
+come_back_timeout_secs = {come_back}
+heartbeat_interval_ms = 100
+attempts = {attempts}
+backoff_ms = 50
+{extra}
+"#,
+            socket = socket.display(),
+            state = dir.join("state").display(),
+            cache = dir.join("cache").display(),
+            locks = lock_dir.display(),
+            dev = hw.root.dev_root().display(),
+            sys = hw.root.sys_root().display(),
+            proc = hw.root.proc_root().display(),
+            smi = hw.root.tt_smi().display(),
+            policy = opts.policy,
+            come_back = opts.come_back_secs,
+            attempts = opts.attempts,
+            extra = opts.extra,
+        );
+        std::fs::write(&config, text).expect("write config");
+        Daemon {
+            child: None,
+            log: dir.join("daemon.log"),
+            dir: dir.to_path_buf(),
+            config,
+            socket,
+            lock_dir,
+            _tmp: None,
+        }
+    }
+
+    /// Start (or restart) the daemon process on this config.
+    pub fn spawn(&mut self, env: &[(String, String)]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open daemon log");
+        let child = Command::new(bin("tt-servingd"))
+            .arg("run")
+            .arg("--config")
+            .arg(&self.config)
+            .env("RUST_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .expect("start tt-servingd");
+        self.child = Some(child);
+        let pid = self.pid();
+        wait_until("the control socket to answer", || {
+            self.assert_alive();
+            let out = self.ttctl(&["status", "--json"]);
+            let status: Value = serde_json::from_slice(&out.stdout).ok()?;
+            (status["daemon"]["pid"].as_u64() == Some(pid.into())).then_some(())
+        });
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).expect("daemon running")
+    }
+
+    fn assert_alive(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "tt-servingd exited with {status}; its log:\n{}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+        }
+    }
+
+    /// Run ttctl against this daemon.
+    pub fn ttctl(&self, args: &[&str]) -> Output {
+        Command::new(bin("ttctl"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run ttctl")
+    }
+
+    /// `ttctl status --json`, parsed.
+    pub fn status(&self) -> Value {
+        let out = self.ttctl(&["status", "--json"]);
+        assert!(
+            out.status.success(),
+            "ttctl status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("ttctl status --json prints JSON")
+    }
+
+    /// The status entry of the card with this BDF.
+    pub fn card(&self, bdf: &str) -> Value {
+        self.status()["cards"]
+            .as_array()
+            .and_then(|cards| cards.iter().find(|c| c["bdf"] == bdf).cloned())
+            .unwrap_or(Value::Null)
+    }
+
+    /// Wait until the card with this BDF is in `state`.
+    pub fn wait_card_state(&self, bdf: &str, state: &str) -> Value {
+        wait_until(&format!("card {bdf} to be {state}"), || {
+            let card = self.card(bdf);
+            (card["state"] == state).then_some(card)
+        })
+    }
+
+    /// Wait until the daemon has logged `needle`.
+    pub fn wait_log(&self, needle: &str) {
+        wait_until(&format!("the daemon to log `{needle}`"), || {
+            std::fs::read_to_string(&self.log)
+                .ok()?
+                .contains(needle)
+                .then_some(())
+        });
+    }
+
+    /// The daemon's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL the daemon and reap it.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM the daemon and wait for it to exit; returns its exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let status = wait_until("tt-servingd to exit after SIGTERM", || {
+            child.try_wait().ok().flatten()
+        });
+        status.code()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Text of an Output's stdout and stderr together.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

@@ -292,10 +292,13 @@ impl CardManager {
         }
         let before = (entry.view.state, entry.view.reason.clone());
         if let Some(q) = self.read_quarantine(&entry.view.bdf) {
+            // Keep a managed quarantined card locked so that nobody else
+            // (a benchmark, a script) picks up a card known to be bad.
+            if entry.managed && entry.lock.is_none() {
+                self.take_lock(entry, "tt-servingd (card quarantined)");
+            }
             entry.view.state = CardState::Quarantined;
             entry.view.reason = q;
-            entry.lock = None;
-            entry.view.held_by_daemon = false;
         } else if !entry.managed {
             entry.view.state = CardState::Unmanaged;
             entry.view.holder = lock::holder_of(&lock::lock_path(&self.lock_dir, &entry.view.bdf));
@@ -305,15 +308,8 @@ impl CardManager {
                 Some(slot) => format!("tt-servingd slot {slot}"),
                 None => "tt-servingd".to_string(),
             };
-            match lock::try_lock(&self.lock_dir, &entry.view.bdf, &purpose) {
-                Ok(l) => {
-                    tracing::info!(card = %entry.view.bdf, "took card lock");
-                    entry.lock = Some(l);
-                    entry.view.holder = Some(LockHolder {
-                        pid: std::process::id(),
-                        purpose,
-                    });
-                    entry.view.held_by_daemon = true;
+            match self.take_lock(entry, &purpose) {
+                Ok(()) => {
                     entry.view.state = self.healthy_state(entry);
                     entry.view.reason.clear();
                 }
@@ -346,6 +342,18 @@ impl CardManager {
         } else {
             false
         }
+    }
+
+    fn take_lock(&self, entry: &mut Entry, purpose: &str) -> Result<(), LockError> {
+        let l = lock::try_lock(&self.lock_dir, &entry.view.bdf, purpose)?;
+        tracing::info!(card = %entry.view.bdf, "took card lock");
+        entry.lock = Some(l);
+        entry.view.holder = Some(LockHolder {
+            pid: std::process::id(),
+            purpose: purpose.to_string(),
+        });
+        entry.view.held_by_daemon = true;
+        Ok(())
     }
 
     fn healthy_state(&self, entry: &Entry) -> CardState {
@@ -471,8 +479,6 @@ impl CardManager {
                         );
                         self.write_quarantine(bdf, &entry.view.reason);
                         entry.view.state = CardState::Quarantined;
-                        entry.lock = None;
-                        entry.view.held_by_daemon = false;
                         tracing::error!(card = %bdf, reason = %failure.reason, "card quarantined");
                     }
                 }

@@ -76,9 +76,13 @@ pub struct StatusArgs {
 /// `ttctl card ...`.
 #[derive(Debug, Subcommand)]
 pub enum CardCommand {
-    /// Reset a card with tt-smi and wait until the daemon proves it came back
-    /// (device node, sysfs, advancing heartbeat, site probe). A quarantined
-    /// card that passes leaves quarantine.
+    /// Reset a card and wait until the daemon proves it came back.
+    ///
+    /// The daemon runs `tt-smi -r` and then proves the card is back (device
+    /// node, sysfs, advancing heartbeat, site probe); tt-smi's own exit code
+    /// is not trusted. Each step is printed as it happens. A quarantined card
+    /// that passes leaves quarantine. Refused while another process holds
+    /// the card's lock.
     #[command(after_help = EXIT_CODES)]
     Reset {
         /// The card: its current index (`1`) or its PCI address

@@ -58,6 +58,17 @@ pub enum ConnectError {
         /// The socket path tried.
         path: PathBuf,
     },
+    /// Something other than a socket is at the path (a regular file, a
+    /// directory): the path is wrong rather than the daemon down.
+    #[error(
+        "{} is not a socket; point --socket (or TTCTL_SOCKET) at tt-servingd's control \
+         socket (default {DEFAULT_SOCKET})",
+        path.display()
+    )]
+    NotASocket {
+        /// The path tried.
+        path: PathBuf,
+    },
     /// The daemon did not accept the connection in time.
     #[error(
         "tt-servingd did not accept a connection on {} within {}s; it may be hung \
@@ -86,6 +97,7 @@ impl ConnectError {
             ConnectError::NotRunning { path }
             | ConnectError::PermissionDenied { path }
             | ConnectError::Stale { path }
+            | ConnectError::NotASocket { path }
             | ConnectError::TimedOut { path }
             | ConnectError::Other { path, .. } => path,
         }
@@ -119,12 +131,22 @@ fn classify(path: &Path, err: &(dyn std::error::Error + 'static)) -> ConnectErro
     match find_io_error(err).map(io::Error::kind) {
         Some(io::ErrorKind::NotFound) => ConnectError::NotRunning { path },
         Some(io::ErrorKind::PermissionDenied) => ConnectError::PermissionDenied { path },
+        // Linux refuses connections to any non-socket file as well as to a
+        // socket nobody listens on; only the second is a stale socket.
+        Some(io::ErrorKind::ConnectionRefused) if is_non_socket(&path) => {
+            ConnectError::NotASocket { path }
+        }
         Some(io::ErrorKind::ConnectionRefused) => ConnectError::Stale { path },
         _ => ConnectError::Other {
             path,
             detail: error_chain(err),
         },
     }
+}
+
+fn is_non_socket(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| !m.file_type().is_socket())
 }
 
 fn find_io_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a io::Error> {
@@ -206,6 +228,16 @@ mod tests {
             &Wrapper(io_err(io::ErrorKind::NotFound)),
         );
         assert!(matches!(err, ConnectError::NotRunning { .. }));
+    }
+
+    #[tokio::test]
+    async fn connecting_to_a_regular_file_says_it_is_not_a_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        std::fs::write(&path, "").unwrap();
+        let err = connect(&path).await.unwrap_err();
+        assert!(matches!(err, ConnectError::NotASocket { .. }), "{err:?}");
+        assert!(err.to_string().contains("is not a socket"), "{err}");
     }
 
     #[tokio::test]

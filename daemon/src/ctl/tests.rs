@@ -141,7 +141,8 @@ impl Control for FakeDaemon {
 
 /// A fake daemon listening on a socket in a fresh temp dir.
 struct Harness {
-    dir: tempfile::TempDir,
+    /// Holds the socket's directory until the test ends.
+    _dir: tempfile::TempDir,
     socket: std::path::PathBuf,
 }
 
@@ -149,7 +150,7 @@ fn serve(fake: FakeDaemon) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("control.sock");
     serve_at(fake, &socket);
-    Harness { dir, socket }
+    Harness { _dir: dir, socket }
 }
 
 fn serve_at(fake: FakeDaemon, socket: &Path) {

@@ -1,0 +1,298 @@
+//! Cards end to end: discovery, locks shared with outside processes, and
+//! resets whose success must be proven, on a fake hardware root.
+
+use std::process::{Command, Stdio};
+use tt_fakehw::Fault;
+use tt_serving_tests::{output_text, wait_until, Daemon, DaemonOptions, FakeHw};
+
+#[test]
+fn discovers_one_two_and_four_cards_by_bdf() {
+    for n in [1usize, 2, 4] {
+        let hw = FakeHw::new(n);
+        let daemon = Daemon::start(&hw, DaemonOptions::default());
+        let status = daemon.status();
+        let cards = status["cards"].as_array().expect("cards array");
+        assert_eq!(cards.len(), n, "{status:#}");
+        for (i, card) in cards.iter().enumerate() {
+            assert_eq!(card["bdf"], FakeHw::bdf(i));
+            assert_eq!(card["index"], i as u64);
+            assert_eq!(card["card_type"], "p150a");
+            assert_eq!(card["serial"].as_str().map(str::len), Some(16));
+            assert!(card["telemetry"]["temperature_c"]
+                .as_f64()
+                .is_some_and(|t| t > 20.0 && t < 100.0));
+            assert!(card["telemetry"]["power_w"]
+                .as_f64()
+                .is_some_and(|p| p > 0.0));
+            // No models configured: the daemon manages every card.
+            assert_eq!(card["state"], "idle", "{card:#}");
+            assert_eq!(card["lock_holder"]["is_daemon"], true);
+        }
+        assert!(!status["daemon"]["driver_version"]
+            .as_str()
+            .unwrap_or("")
+            .is_empty());
+        // The heartbeat is seen advancing by the daemon's tick.
+        daemon_sees_heartbeat(&daemon, &FakeHw::bdf(0));
+    }
+}
+
+fn daemon_sees_heartbeat(daemon: &Daemon, bdf: &str) {
+    wait_until("the heartbeat to be seen advancing", || {
+        (daemon.card(bdf)["heartbeat_ok"] == true).then_some(())
+    });
+}
+
+#[test]
+fn externally_locked_card_is_skipped_and_holder_shown() {
+    let hw = FakeHw::new(2);
+    let dir = tempfile::tempdir().unwrap();
+    let opts = DaemonOptions {
+        policy: "always",
+        ..Default::default()
+    };
+    let mut daemon = Daemon::configure(&hw, dir.path(), &opts);
+    std::fs::create_dir_all(&daemon.lock_dir).unwrap();
+    let lock_file = daemon.lock_dir.join(format!("{}.lock", FakeHw::bdf(0)));
+    // A benchmark script holding card 0 the documented way: flock(1).
+    let mut holder = Command::new("flock")
+        .arg("-x")
+        .arg(&lock_file)
+        .arg("cat")
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("flock(1)");
+    wait_until("flock to hold the lock", || {
+        tt_servingd::cards::lock::try_lock(&daemon.lock_dir, &FakeHw::bdf(0), "probe")
+            .err()
+            .map(|_| ())
+    });
+    daemon.spawn(&[]);
+    let card = daemon.wait_card_state(&FakeHw::bdf(0), "held-elsewhere");
+    assert_eq!(card["lock_holder"]["pid"], holder.id());
+    assert_eq!(card["lock_holder"]["is_daemon"], false);
+    // The startup reset (policy always) touched only the card it owns.
+    daemon.wait_card_state(&FakeHw::bdf(1), "idle");
+    let calls = hw.smi_calls();
+    assert!(
+        calls.iter().any(|c| c == "-r /dev/tenstorrent/1"),
+        "{calls:?}"
+    );
+    assert!(
+        !calls.iter().any(|c| c.contains("/dev/tenstorrent/0")),
+        "{calls:?}"
+    );
+    // The table names the holder too.
+    let table = output_text(&daemon.ttctl(&["status"]));
+    assert!(table.contains(&holder.id().to_string()), "{table}");
+    // When the script lets go, the daemon takes the card.
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
+    let card = daemon.wait_card_state(&FakeHw::bdf(0), "idle");
+    assert_eq!(card["lock_holder"]["pid"], daemon.pid());
+}
+
+#[test]
+fn killed_daemon_leaves_no_stale_lock_and_restart_resets_and_retakes_cards() {
+    let hw = FakeHw::new(2);
+    let opts = DaemonOptions {
+        policy: "if-unclean",
+        ..Default::default()
+    };
+    let mut daemon = Daemon::start(&hw, opts.clone());
+    daemon.wait_card_state(&FakeHw::bdf(0), "idle");
+    daemon.wait_card_state(&FakeHw::bdf(1), "idle");
+    // Clean stop: the record lets the next start skip the resets.
+    assert_eq!(daemon.terminate(), Some(0));
+    let resets_before = hw.smi_calls().len();
+    daemon.spawn(&[]);
+    daemon.wait_card_state(&FakeHw::bdf(0), "idle");
+    daemon.wait_log("no startup reset");
+    assert_eq!(
+        hw.smi_calls().len(),
+        resets_before,
+        "clean restart must not reset"
+    );
+
+    // kill -9: the kernel drops the flocks with the process.
+    daemon.kill9();
+    for i in 0..2 {
+        tt_servingd::cards::lock::try_lock(&daemon.lock_dir, &FakeHw::bdf(i), "test")
+            .expect("no stale lock after kill -9");
+    }
+    // The restart sees an unclean stop, resets both cards and takes them back.
+    daemon.spawn(&[]);
+    wait_until("both cards reset after the unclean stop", || {
+        let calls = hw.smi_calls();
+        (calls.len() >= resets_before + 2).then_some(())
+    });
+    for i in 0..2 {
+        let card = daemon.wait_card_state(&FakeHw::bdf(i), "idle");
+        assert_eq!(card["lock_holder"]["pid"], daemon.pid());
+    }
+}
+
+#[test]
+fn reset_succeeds_and_is_proven() {
+    let hw = FakeHw::new(2);
+    let daemon = Daemon::start(&hw, DaemonOptions::default());
+    let out = daemon.ttctl(&["card", "reset", "0"]);
+    let text = output_text(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("proven back"), "{text}");
+    assert!(
+        text.contains("heartbeat"),
+        "progress shows the heartbeat check: {text}"
+    );
+    assert_eq!(hw.smi_calls(), vec!["-r /dev/tenstorrent/0".to_string()]);
+    daemon.wait_card_state(&FakeHw::bdf(0), "idle");
+}
+
+#[test]
+fn lying_reset_is_detected_and_reported() {
+    let hw = FakeHw::new(2);
+    hw.root
+        .set_fault(&FakeHw::bdf(1), Fault::NeverReturns)
+        .unwrap();
+    let daemon = Daemon::start(&hw, DaemonOptions::default());
+    let out = daemon.ttctl(&["card", "reset", &FakeHw::bdf(1)]);
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("did not come back"), "{text}");
+    assert!(text.contains("exit code is not proof"), "{text}");
+    let card = daemon.wait_card_state(&FakeHw::bdf(1), "quarantined");
+    assert!(card["state_reason"]
+        .as_str()
+        .unwrap_or("")
+        .contains("did not come back"));
+    // The other card was never touched.
+    assert_eq!(daemon.card(&FakeHw::bdf(0))["state"], "idle");
+}
+
+#[test]
+fn new_index_after_reset_is_followed_by_bdf() {
+    let hw = FakeHw::new(2);
+    hw.root.set_fault(&FakeHw::bdf(0), Fault::NewIndex).unwrap();
+    let daemon = Daemon::start(&hw, DaemonOptions::default());
+    let out = daemon.ttctl(&["card", "reset", "0"]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    let new_index = hw.root.index_of(&FakeHw::bdf(0)).expect("card is back");
+    assert_ne!(new_index, 0);
+    let card = daemon.wait_card_state(&FakeHw::bdf(0), "idle");
+    assert_eq!(card["index"], new_index);
+    // The operator can reach it under its new index.
+    let out = daemon.ttctl(&["card", "reset", &new_index.to_string()]);
+    assert!(out.status.success(), "{}", output_text(&out));
+}
+
+#[test]
+fn repeated_failures_quarantine_until_an_operator_reset_succeeds() {
+    let hw = FakeHw::new(1);
+    let bdf = FakeHw::bdf(0);
+    hw.root.set_fault(&bdf, Fault::SmiExit1).unwrap();
+    let opts = DaemonOptions {
+        attempts: 2,
+        ..Default::default()
+    };
+    let mut daemon = Daemon::start(&hw, opts);
+    let out = daemon.ttctl(&["card", "reset", "0"]);
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("exited with 1"), "{text}");
+    assert_eq!(
+        hw.smi_calls().len(),
+        2,
+        "two attempts: {:?}",
+        hw.smi_calls()
+    );
+    let card = daemon.wait_card_state(&bdf, "quarantined");
+    assert!(card["state_reason"]
+        .as_str()
+        .unwrap_or("")
+        .contains("quarantined after 2"));
+    // The daemon keeps a quarantined card locked so nobody else picks it up.
+    assert_eq!(card["lock_holder"]["is_daemon"], true);
+    // Quarantine survives a daemon restart.
+    daemon.terminate();
+    daemon.spawn(&[]);
+    daemon.wait_card_state(&bdf, "quarantined");
+    // The operator fixes the card and proves it back.
+    hw.root.clear_fault(&bdf).unwrap();
+    let out = daemon.ttctl(&["card", "reset", &bdf]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    daemon.wait_card_state(&bdf, "idle");
+}
+
+#[test]
+fn frozen_heartbeat_fails_the_proof() {
+    let hw = FakeHw::new(1);
+    let bdf = FakeHw::bdf(0);
+    hw.root.set_fault(&bdf, Fault::FrozenHeartbeat).unwrap();
+    let daemon = Daemon::start(&hw, DaemonOptions::default());
+    let out = daemon.ttctl(&["card", "reset", "0"]);
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("heartbeat did not advance"), "{text}");
+    let card = daemon.wait_card_state(&bdf, "quarantined");
+    assert_eq!(card["heartbeat_ok"], false);
+}
+
+#[test]
+fn foreign_processes_on_a_card_are_shown() {
+    let hw = FakeHw::new(2);
+    let me = std::process::id();
+    hw.root.set_pids(1, &[me]).unwrap();
+    let daemon = Daemon::start(&hw, DaemonOptions::default());
+    let card = wait_until("the foreign pid to show", || {
+        let card = daemon.card(&FakeHw::bdf(1));
+        (card["processes"][0]["pid"] == me).then_some(card)
+    });
+    assert!(!card["processes"][0]["command"]
+        .as_str()
+        .unwrap_or("")
+        .is_empty());
+    let table = output_text(&daemon.ttctl(&["status"]));
+    assert!(table.contains(&me.to_string()), "{table}");
+}
+
+#[test]
+fn unknown_card_reset_is_refused_with_a_hint() {
+    let hw = FakeHw::new(1);
+    let daemon = Daemon::start(&hw, DaemonOptions::default());
+    let out = daemon.ttctl(&["card", "reset", "7"]);
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("no card 7"), "{text}");
+    assert!(hw.smi_calls().is_empty());
+}
+
+#[test]
+fn configured_models_lock_only_their_cards() {
+    let hw = FakeHw::new(3);
+    let opts = DaemonOptions {
+        extra: format!(
+            "[models.pair]\ntp = 2\ncards = [\"{}\", \"{}\"]\ncheckpoint = \"/m/pair.gguf\"\n",
+            FakeHw::bdf(0),
+            FakeHw::bdf(1)
+        ),
+        policy: "always",
+        ..Default::default()
+    };
+    let daemon = Daemon::start(&hw, opts);
+    for i in 0..2 {
+        let card = daemon.wait_card_state(&FakeHw::bdf(i), "ready");
+        assert_eq!(card["slot"], "pair");
+    }
+    // The spare card is left free for others.
+    let spare = daemon.wait_card_state(&FakeHw::bdf(2), "unmanaged");
+    assert_eq!(spare["lock_holder"], serde_json::Value::Null);
+    // A TP=2 slot's cards are reset together in one tt-smi call.
+    wait_until("the slot's startup reset", || {
+        hw.smi_calls()
+            .contains(&"-r /dev/tenstorrent/0,/dev/tenstorrent/1".to_string())
+            .then_some(())
+    });
+    let slot = &daemon.status()["slots"][0];
+    assert_eq!(slot["name"], "pair");
+    assert_eq!(slot["state"], "pending");
+}
