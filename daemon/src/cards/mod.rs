@@ -295,7 +295,8 @@ impl CardManager {
             // Keep a managed quarantined card locked so that nobody else
             // (a benchmark, a script) picks up a card known to be bad.
             if entry.managed && entry.lock.is_none() {
-                self.take_lock(entry, "tt-servingd (card quarantined)");
+                // Held by someone else: they already keep it from others.
+                let _ = self.take_lock(entry, "tt-servingd (card quarantined)");
             }
             entry.view.state = CardState::Quarantined;
             entry.view.reason = q;
