@@ -53,8 +53,8 @@ pub enum FakeHwError {
 
     /// The card exists but is gone right now (mid-reset, or a `never-returns` fault).
     #[error(
-        "card {0} is not present right now (mid-reset or never came back); \
-         address it by BDF or wait for the firmware to bring it back"
+        "card {0} is not present right now (mid-reset, or it never came back); wait for \
+         the firmware to bring it back (`tt-fakehw status --root ROOT` shows pending resets)"
     )]
     CardGone(String),
 

@@ -128,7 +128,9 @@ impl Layout {
     }
 
     pub(crate) fn hwmon_dir(&self, bdf: &str, hwmon: usize) -> PathBuf {
-        self.pci_dir(bdf).join("hwmon").join(format!("hwmon{hwmon}"))
+        self.pci_dir(bdf)
+            .join("hwmon")
+            .join(format!("hwmon{hwmon}"))
     }
 
     pub(crate) fn proc_root(&self) -> PathBuf {
@@ -240,7 +242,7 @@ pub(crate) fn create_static(layout: &Layout, cards: &[CardInfo], fakehw_bin: &Pa
 /// exactly as at the real tool.
 pub(crate) fn write_tt_smi_script(layout: &Layout, fakehw_bin: &Path) -> Result<()> {
     let script = format!(
-        "#!/bin/sh\n# Fake tt-smi for the fake hardware root {root}; written by tt-fakehw create.\n\
+        "#!/bin/sh\n# Fake tt-smi written by `tt-fakehw create`; runs against one fake hardware root.\n\
          exec {bin} smi --root {root} \"$@\"\n",
         bin = sh_quote(&fakehw_bin.to_string_lossy()),
         root = sh_quote(&layout.root().to_string_lossy()),
@@ -303,7 +305,8 @@ pub(crate) fn materialize_card(
         .map_err(|e| FakeHwError::io("creating symlink", &device_link, e))?;
     let class_dir = layout.class_dir(&card.bdf, index);
     remove_dir_all_if_exists(&class_dir)?;
-    fs::rename(&building, &class_dir).map_err(|e| FakeHwError::io("renaming into", &class_dir, e))?;
+    fs::rename(&building, &class_dir)
+        .map_err(|e| FakeHwError::io("renaming into", &class_dir, e))?;
 
     let class_target = PathBuf::from("../../devices")
         .join(PCI_HOST)
@@ -420,4 +423,48 @@ pub(crate) fn remove_dir_all_if_exists(path: &Path) -> Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(FakeHwError::io("removing", path, e)),
     }
+}
+
+/// A card that is present right now: its class link resolves to a PCI dir.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PresentCard {
+    /// Its `/dev/tenstorrent/N` index.
+    pub(crate) index: u32,
+    /// Its PCI address.
+    pub(crate) bdf: String,
+}
+
+/// Lists the present cards, sorted by index, the way the daemon finds them:
+/// each `sys/class/tenstorrent/tenstorrent!N` whose `device` link resolves
+/// to a PCI dir names a card at index N with that dir's BDF. Entries that
+/// vanish while we look (a reset in progress) are skipped.
+pub(crate) fn present_cards(layout: &Layout) -> Result<Vec<PresentCard>> {
+    let dir = layout.class_root();
+    let entries = match fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) => return Err(FakeHwError::io("listing", &dir, e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| FakeHwError::io("listing", &dir, e))?;
+        let name = entry.file_name();
+        let Some(index) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("tenstorrent!"))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(bdf) = resolve_bdf(&entry.path().join("device")) {
+            out.push(PresentCard { index, bdf });
+        }
+    }
+    out.sort_by_key(|c| c.index);
+    Ok(out)
+}
+
+/// The BDF a class dir's `device` link resolves to, if it resolves.
+fn resolve_bdf(device_link: &Path) -> Option<String> {
+    let pci = fs::canonicalize(device_link).ok()?;
+    Some(pci.file_name()?.to_str()?.to_string())
 }

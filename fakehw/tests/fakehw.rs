@@ -1,0 +1,840 @@
+//! Behaviour of the fake hardware root, through the library and the real
+//! `tt-fakehw` binary (and its `bin/tt-smi` script), the way the daemon and
+//! the integration tests will use them.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tt_fakehw::{CreateOptions, FakeRoot, Fault};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tt-fakehw");
+
+/// How long any polled condition may take before the test fails.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+struct Fixture {
+    /// Keeps the temp dir alive for the test.
+    _dir: tempfile::TempDir,
+    fake: FakeRoot,
+}
+
+fn fixture(cards: usize) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeRoot::create(&dir.path().join("root"), cards, Path::new(BIN)).unwrap();
+    Fixture { _dir: dir, fake }
+}
+
+/// Runs `bin/tt-smi` of the root as the daemon would: a real process.
+fn tt_smi(fake: &FakeRoot, args: &[&str]) -> Output {
+    Command::new(fake.tt_smi()).args(args).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Polls `cond` until it holds or [`DEADLINE`] passes.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn class_dir(fake: &FakeRoot, index: u32) -> PathBuf {
+    fake.sys_root()
+        .join("class/tenstorrent")
+        .join(format!("tenstorrent!{index}"))
+}
+
+fn due_of(fake: &FakeRoot, bdf: &str) -> u64 {
+    fake.pending_resets()
+        .unwrap()
+        .into_iter()
+        .find(|p| p.bdf == bdf)
+        .unwrap_or_else(|| panic!("no pending reset for {bdf}"))
+        .due_unix_ms
+}
+
+#[test]
+fn layout_mirrors_the_kernel_driver() {
+    let f = fixture(2);
+    let fake = &f.fake;
+    let mut serials = Vec::new();
+    for i in 0..2u32 {
+        let bdf = FakeRoot::bdf(i as usize);
+        assert!(fake.dev_root().join(format!("tenstorrent/{i}")).is_file());
+
+        // The class link's `device` resolves to the PCI dir named by the BDF,
+        // and the bus link resolves to the same dir.
+        let class = class_dir(fake, i);
+        let pci = fs::canonicalize(class.join("device")).unwrap();
+        assert!(pci.ends_with(&bdf), "{} should end in {bdf}", pci.display());
+        assert!(pci.ends_with(format!("devices/pci0000:00/{bdf}")));
+        let bus = fs::canonicalize(fake.sys_root().join("bus/pci/devices").join(&bdf)).unwrap();
+        assert_eq!(bus, pci);
+        assert!(fs::symlink_metadata(&class)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+
+        let attr = |name: &str| fs::read_to_string(class.join(name)).unwrap();
+        assert_eq!(attr("tt_card_type"), "p150a\n");
+        let serial = attr("tt_serial");
+        assert!(serial.ends_with('\n'));
+        let serial = serial.trim_end().to_string();
+        assert_eq!(serial.len(), 16);
+        assert!(serial.chars().all(|c| c.is_ascii_hexdigit()));
+        serials.push(serial);
+        assert_eq!(attr("tt_aiclk"), "1350\n");
+        assert_eq!(attr("tt_axiclk"), "900\n");
+        assert_eq!(attr("tt_arcclk"), "800\n");
+        for ver in ["tt_fw_bundle_ver", "tt_m3app_fw_ver"] {
+            let v = attr(ver);
+            assert_eq!(v.trim_end().split('.').count(), 4, "{ver} = {v:?}");
+            assert!(v.trim_end().split('.').all(|p| p.parse::<u32>().is_ok()));
+        }
+        assert!(!attr("tt_asic_id").trim().is_empty());
+        assert!(attr("tt_heartbeat").trim().parse::<u64>().is_ok());
+        assert_eq!(attr("tt_therm_trip_count"), "0\n");
+
+        // hwmon under the PCI dir, reachable through the bus link.
+        let hwmons: Vec<PathBuf> = fs::read_dir(bus.join("hwmon"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(hwmons.len(), 1);
+        let hw = &hwmons[0];
+        assert!(hw
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("hwmon"));
+        let read = |name: &str| fs::read_to_string(hw.join(name)).unwrap();
+        assert_eq!(read("name"), "blackhole\n");
+        let temp: u64 = read("temp1_input").trim().parse().unwrap();
+        assert!((30_000..90_000).contains(&temp), "millidegrees: {temp}");
+        let vcore: u64 = read("in0_input").trim().parse().unwrap();
+        assert!((600..1_000).contains(&vcore), "mV: {vcore}");
+        let power: u64 = read("power1_input").trim().parse().unwrap();
+        assert!((1_000_000..300_000_000).contains(&power), "uW: {power}");
+        for (input, label) in [
+            ("temp1", "asic_temp"),
+            ("in0", "vcore"),
+            ("curr1", "current"),
+            ("power1", "power"),
+            ("fan1", "fan_rpm"),
+        ] {
+            assert!(read(&format!("{input}_input"))
+                .trim()
+                .parse::<u64>()
+                .is_ok());
+            assert_eq!(read(&format!("{input}_label")), format!("{label}\n"));
+        }
+
+        let pids = fake
+            .proc_root()
+            .join(format!("driver/tenstorrent/{i}/pids"));
+        assert_eq!(fs::read_to_string(pids).unwrap(), "");
+        assert_eq!(fake.index_of(&bdf), Some(i));
+    }
+    assert_ne!(serials[0], serials[1]);
+
+    // hwmon numbers differ between cards.
+    let hw = |i: usize| {
+        fs::read_dir(
+            fake.sys_root()
+                .join("bus/pci/devices")
+                .join(FakeRoot::bdf(i))
+                .join("hwmon"),
+        )
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name()
+    };
+    assert_ne!(hw(0), hw(1));
+
+    assert_eq!(
+        fs::read_to_string(fake.sys_root().join("module/tenstorrent/version")).unwrap(),
+        "2.4.1\n"
+    );
+    let script = fs::metadata(fake.tt_smi()).unwrap();
+    assert!(script.permissions().mode() & 0o111 != 0);
+    assert!(fs::read_to_string(fake.tt_smi())
+        .unwrap()
+        .starts_with("#!/bin/sh\n"));
+}
+
+#[test]
+fn cards_are_identical_between_two_roots() {
+    let a = fixture(2);
+    let b = fixture(2);
+    let cards = |f: &Fixture| {
+        f.fake
+            .cards()
+            .unwrap()
+            .into_iter()
+            .map(|c| c.info)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(cards(&a), cards(&b));
+}
+
+#[test]
+fn heartbeat_advances_with_tick_and_not_when_frozen() {
+    let f = fixture(2);
+    let fake = &f.fake;
+    let (a, b) = (FakeRoot::bdf(0), FakeRoot::bdf(1));
+    let (a0, b0) = (fake.heartbeat(&a).unwrap(), fake.heartbeat(&b).unwrap());
+    fake.tick().unwrap();
+    fake.tick().unwrap();
+    assert_eq!(fake.heartbeat(&a), Some(a0 + 2));
+    assert_eq!(fake.heartbeat(&b), Some(b0 + 2));
+
+    fake.set_fault(&b, Fault::FrozenHeartbeat).unwrap();
+    fake.tick().unwrap();
+    assert_eq!(fake.heartbeat(&a), Some(a0 + 3));
+    assert_eq!(fake.heartbeat(&b), Some(b0 + 2));
+
+    fake.clear_fault(&b).unwrap();
+    fake.tick().unwrap();
+    assert_eq!(fake.heartbeat(&b), Some(b0 + 3));
+}
+
+#[test]
+fn reset_returns_before_the_card_is_back_and_the_firmware_brings_it_back() {
+    let f = fixture(2);
+    let fake = &f.fake;
+    let bdf = FakeRoot::bdf(0);
+    for _ in 0..5 {
+        fake.tick().unwrap();
+    }
+    let before = fake.heartbeat(&bdf).unwrap();
+
+    let out = tt_smi(fake, &["-r", "/dev/tenstorrent/0"]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("Starting PCI link reset on BH devices at PCI indices: 0"));
+    assert!(text.contains("Finishing PCI link reset on BH devices at PCI indices: 0"));
+    assert!(text.contains("Re-initializing boards after reset...."));
+
+    // Gone: no node, no class link, reads fail.
+    assert!(!fake.dev_root().join("tenstorrent/0").exists());
+    assert!(!class_dir(fake, 0).exists());
+    assert!(fs::read_to_string(class_dir(fake, 0).join("tt_heartbeat")).is_err());
+    assert_eq!(fake.index_of(&bdf), None);
+    assert_eq!(fake.heartbeat(&bdf), None);
+    // The other card is untouched, and the PCI function stays on the bus.
+    assert_eq!(fake.index_of(&FakeRoot::bdf(1)), Some(1));
+    assert!(fake.sys_root().join("bus/pci/devices").join(&bdf).exists());
+
+    let due = due_of(fake, &bdf);
+    let report = fake.tick_at(due - 1).unwrap();
+    assert!(report.returned.is_empty());
+    assert_eq!(fake.index_of(&bdf), None);
+
+    let report = fake.tick_at(due).unwrap();
+    assert_eq!(report.returned.len(), 1);
+    assert_eq!(fake.index_of(&bdf), Some(0));
+    assert!(fake.dev_root().join("tenstorrent/0").is_file());
+    let after = fake.heartbeat(&bdf).unwrap();
+    assert!(
+        after < before,
+        "heartbeat restarts low: {after} vs {before}"
+    );
+    assert!(fake.pending_resets().unwrap().is_empty());
+    assert_eq!(
+        fs::canonicalize(class_dir(fake, 0).join("device"))
+            .unwrap()
+            .file_name()
+            .unwrap(),
+        bdf.as_str()
+    );
+}
+
+#[test]
+fn reset_targets_accept_indices_bdfs_and_all() {
+    let f = fixture(3);
+    let fake = &f.fake;
+    let out = tt_smi(fake, &["-r", "0,0000:02:00.0"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(stdout(&out).contains("PCI indices: 0, 1"));
+    assert_eq!(fake.index_of(&FakeRoot::bdf(0)), None);
+    assert_eq!(fake.index_of(&FakeRoot::bdf(1)), None);
+    assert_eq!(fake.index_of(&FakeRoot::bdf(2)), Some(2));
+
+    // `all` resets the cards present now.
+    let out = tt_smi(fake, &["-r", "all"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).contains("PCI indices: 2"));
+    fake.tick_at(u64::MAX).unwrap();
+    assert_eq!(fake.index_of(&FakeRoot::bdf(0)), Some(0));
+    assert_eq!(fake.index_of(&FakeRoot::bdf(1)), Some(1));
+    assert_eq!(fake.index_of(&FakeRoot::bdf(2)), Some(2));
+
+    // No target at all is `all` too.
+    let out = tt_smi(fake, &["-r"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).contains("PCI indices: 0, 1, 2"));
+}
+
+#[test]
+fn unknown_reset_target_exits_1_and_touches_nothing() {
+    let f = fixture(1);
+    let fake = &f.fake;
+    for target in ["/dev/tenstorrent/4", "0000:09:00.0", "7", "card0"] {
+        let out = tt_smi(fake, &["-r", target]);
+        assert_eq!(out.status.code(), Some(1), "target {target}");
+        assert_eq!(fake.index_of(&FakeRoot::bdf(0)), Some(0));
+    }
+    assert!(fake.pending_resets().unwrap().is_empty());
+}
+
+#[test]
+fn new_index_fault_brings_the_card_back_under_another_index() {
+    let f = fixture(2);
+    let fake = &f.fake;
+    let (a, b) = (FakeRoot::bdf(0), FakeRoot::bdf(1));
+    fake.set_fault(&a, Fault::NewIndex).unwrap();
+
+    let out = tt_smi(fake, &["-r", "/dev/tenstorrent/0"]);
+    assert_eq!(out.status.code(), Some(0));
+    fake.tick_at(due_of(fake, &a)).unwrap();
+    // Index 0 is the old one and 1 is taken: the lowest other free index is 2.
+    assert_eq!(fake.index_of(&a), Some(2));
+    assert!(fake.dev_root().join("tenstorrent/2").is_file());
+    assert!(!fake.dev_root().join("tenstorrent/0").exists());
+    assert_eq!(
+        fs::canonicalize(class_dir(fake, 2).join("device"))
+            .unwrap()
+            .file_name()
+            .unwrap(),
+        a.as_str()
+    );
+
+    // Resetting both: the moving card must not take the index the other
+    // card is coming back to.
+    let out = tt_smi(fake, &["-r", "all"]);
+    assert_eq!(out.status.code(), Some(0));
+    fake.tick_at(u64::MAX).unwrap();
+    let (ia, ib) = (fake.index_of(&a).unwrap(), fake.index_of(&b).unwrap());
+    assert_eq!(ib, 1);
+    assert_ne!(ia, 2);
+    assert_ne!(ia, ib);
+}
+
+#[test]
+fn never_returns_fault_lies_with_exit_0_until_cleared() {
+    let f = fixture(1);
+    let fake = &f.fake;
+    let bdf = FakeRoot::bdf(0);
+    fake.set_fault(&bdf, Fault::NeverReturns).unwrap();
+
+    let out = tt_smi(fake, &["-r", "0"]);
+    assert_eq!(out.status.code(), Some(0), "the real tool lies too");
+    for _ in 0..3 {
+        fake.tick_at(u64::MAX).unwrap();
+    }
+    assert_eq!(fake.index_of(&bdf), None);
+    assert!(!fake.dev_root().join("tenstorrent/0").exists());
+
+    fake.clear_fault(&bdf).unwrap();
+    fake.tick_at(u64::MAX).unwrap();
+    assert_eq!(fake.index_of(&bdf), Some(0));
+}
+
+#[test]
+fn slow_fault_delays_the_return() {
+    let f = fixture(1);
+    let fake = &f.fake;
+    let bdf = FakeRoot::bdf(0);
+    fake.set_fault(&bdf, Fault::Slow { delay_ms: 60_000 })
+        .unwrap();
+    let started = tt_fakehw_now_ms();
+    assert_eq!(tt_smi(fake, &["-r", "0"]).status.code(), Some(0));
+    let due = due_of(fake, &bdf);
+    assert!(due >= started + 60_000, "due {due}, started {started}");
+    fake.tick().unwrap();
+    assert_eq!(fake.index_of(&bdf), None);
+    fake.tick_at(due).unwrap();
+    assert_eq!(fake.index_of(&bdf), Some(0));
+}
+
+fn tt_fakehw_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[test]
+fn smi_exit_1_fault_fails_the_reset_and_leaves_the_card() {
+    let f = fixture(1);
+    let fake = &f.fake;
+    let bdf = FakeRoot::bdf(0);
+    fake.set_fault(&bdf, Fault::SmiExit1).unwrap();
+    let out = tt_smi(fake, &["-r", "/dev/tenstorrent/0"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stdout(&out).contains("Error when re-initializing chips!"));
+    assert_eq!(fake.index_of(&bdf), Some(0));
+    assert!(fake.pending_resets().unwrap().is_empty());
+}
+
+#[test]
+fn bad_flag_exits_2_with_argparse_usage() {
+    let f = fixture(1);
+    let out = tt_smi(&f.fake, &["--bogus"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.starts_with("usage: tt-smi "), "{err}");
+    assert!(err.contains("tt-smi: error: unrecognized arguments: --bogus"));
+
+    let out = tt_smi(&f.fake, &["-s", "extra"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unrecognized arguments: extra"));
+}
+
+#[test]
+fn help_and_version_exit_0() {
+    let f = fixture(1);
+    let out = tt_smi(&f.fake, &["-h"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).contains("--snapshot_no_tty"));
+    let out = tt_smi(&f.fake, &["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(stdout(&out).trim(), "6.8.0");
+}
+
+#[test]
+fn missing_driver_exits_1() {
+    let f = fixture(1);
+    f.fake.set_driver_loaded(false).unwrap();
+    for args in [&["-r", "0"][..], &["-s"], &["-ls"]] {
+        let out = tt_smi(&f.fake, args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(stdout(&out).contains("No Tenstorrent driver detected"));
+    }
+    assert_eq!(f.fake.index_of(&FakeRoot::bdf(0)), Some(0));
+    f.fake.set_driver_loaded(true).unwrap();
+    assert_eq!(tt_smi(&f.fake, &["-ls"]).status.code(), Some(0));
+}
+
+/// The key structure of a JSON value: objects keep their keys in order,
+/// arrays are represented by their first element.
+fn shape(v: &Value) -> Value {
+    match v {
+        Value::Object(map) => Value::Array(
+            map.iter()
+                .map(|(k, v)| Value::Array(vec![Value::String(k.clone()), shape(v)]))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.first().map(shape).into_iter().collect()),
+        Value::String(_) => Value::String("string".into()),
+        Value::Number(_) => Value::String("number".into()),
+        Value::Bool(_) => Value::String("bool".into()),
+        Value::Null => Value::Null,
+    }
+}
+
+/// Every object key of a pretty-printed JSON text, in document order
+/// (the workspace's serde_json sorts map keys, so order is read from the text).
+fn key_sequence(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim_start().strip_prefix('"')?;
+            let (key, _) = l.split_once("\":")?;
+            Some(key.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn snapshot_has_the_shape_of_the_real_tool() {
+    let f = fixture(2);
+    let fake = &f.fake;
+    fake.set_pids(1, &[std::process::id()]).unwrap();
+    let reference_text = fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/tt-smi-6.8-snapshot-p150a.synthetic.json"),
+    )
+    .unwrap();
+    let reference: Value = serde_json::from_str(&reference_text).unwrap();
+
+    for flag in ["-s", "--snapshot", "--snapshot_no_tty"] {
+        let out = tt_smi(fake, &[flag]);
+        assert_eq!(out.status.code(), Some(0));
+        let text = stdout(&out);
+        let snap: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(shape(&snap), shape(&reference), "{flag}");
+
+        let top: Vec<&str> = snap
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut want = vec![
+            "device_info",
+            "host_info",
+            "host_sw_vers",
+            "processes",
+            "time",
+        ];
+        want.sort();
+        assert_eq!(top, want);
+
+        let devices = snap["device_info"].as_array().unwrap();
+        assert_eq!(devices.len(), 2);
+        let dev = &devices[1];
+        assert_eq!(dev["board_info"]["bus_id"], "0000:02:00.0");
+        assert_eq!(dev["board_info"]["board_type"], "p150a");
+        let serial = fs::read_to_string(class_dir(fake, 1).join("tt_serial")).unwrap();
+        assert_eq!(dev["board_info"]["board_id"], serial.trim_end());
+        // Telemetry values are strings, padded like the real tool's.
+        let power = dev["telemetry"]["power"].as_str().unwrap();
+        assert_eq!(power.len(), 5, "{power:?}");
+        assert!(power.trim().parse::<f64>().is_ok());
+        assert_eq!(dev["firmwares"]["fw_bundle_version"], "19.11.0.0");
+        assert_eq!(snap["processes"][0]["pid"], std::process::id());
+        assert_eq!(snap["processes"][0]["device"], 1);
+    }
+
+    // A card mid-reset is missing from the snapshot.
+    assert_eq!(tt_smi(fake, &["-r", "0"]).status.code(), Some(0));
+    let snap: Value = serde_json::from_slice(&tt_smi(fake, &["-s"]).stdout).unwrap();
+    assert_eq!(snap["device_info"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn snapshot_keys_come_in_the_real_tools_order() {
+    // One card with one process: the same key sequence as the reference.
+    let f = fixture(1);
+    f.fake.set_pids(0, &[std::process::id()]).unwrap();
+    let reference = fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/tt-smi-6.8-snapshot-p150a.synthetic.json"),
+    )
+    .unwrap();
+    let out = tt_smi(&f.fake, &["--snapshot_no_tty"]);
+    assert_eq!(key_sequence(&stdout(&out)), key_sequence(&reference));
+    // Four-space indentation, like the real tool.
+    assert!(stdout(&out).starts_with("{\n    \"time\": \""));
+}
+
+#[test]
+fn list_shows_index_type_serial_and_bdf() {
+    let f = fixture(2);
+    let out = tt_smi(&f.fake, &["-ls"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    let row = text
+        .lines()
+        .find(|l| l.contains("0000:02:00.0"))
+        .expect("a row for card 1");
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[0], "1");
+    assert!(cols.contains(&"p150a"));
+    assert!(cols.iter().any(|c| c.len() == 16));
+}
+
+#[test]
+fn tt_smi_log_records_every_invocation() {
+    let f = fixture(1);
+    let fake = &f.fake;
+    tt_smi(fake, &["-ls"]);
+    tt_smi(fake, &["--bogus"]);
+    tt_smi(fake, &["-r", "/dev/tenstorrent/0"]);
+    let in_process = fake.run_smi(&["-v"]);
+    assert_eq!(in_process.code, 0);
+    let log = fake.tt_smi_log().unwrap();
+    let got: Vec<(Vec<String>, i32)> = log.iter().map(|e| (e.args.clone(), e.exit_code)).collect();
+    let want: Vec<(Vec<String>, i32)> = vec![
+        (vec!["-ls".into()], 0),
+        (vec!["--bogus".into()], 2),
+        (vec!["-r".into(), "/dev/tenstorrent/0".into()], 0),
+        (vec!["-v".into()], 0),
+    ];
+    assert_eq!(got, want);
+    assert!(log.windows(2).all(|w| w[0].unix_ms <= w[1].unix_ms));
+    assert!(log[0].unix_ms > 1_600_000_000_000);
+
+    // The file itself is JSON lines with the documented keys.
+    let raw = fs::read_to_string(fake.state_dir().join("tt-smi.log")).unwrap();
+    let first: Value = serde_json::from_str(raw.lines().next().unwrap()).unwrap();
+    for key in ["unix_ms", "args", "exit_code"] {
+        assert!(first.get(key).is_some(), "{key} in {first}");
+    }
+}
+
+#[test]
+fn pids_are_written_where_the_driver_lists_them() {
+    let f = fixture(2);
+    let fake = &f.fake;
+    let pids = fake.proc_root().join("driver/tenstorrent/1/pids");
+    fake.set_pids(1, &[4242, 4343]).unwrap();
+    assert_eq!(fs::read_to_string(&pids).unwrap(), "4242\n4343\n");
+
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(args)
+            .arg("--root")
+            .arg(fake.root())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    };
+    run(&["pid", "--card", "1", "--add", "99"]);
+    assert_eq!(fs::read_to_string(&pids).unwrap(), "4242\n4343\n99\n");
+    run(&["pid", "--card", "1", "--clear"]);
+    assert_eq!(fs::read_to_string(&pids).unwrap(), "");
+
+    // A card mid-reset has no proc entry; setting its pids fails clearly.
+    assert_eq!(tt_smi(fake, &["-r", "1"]).status.code(), Some(0));
+    let err = fake.set_pids(1, &[1]).unwrap_err().to_string();
+    assert!(err.contains("/dev/tenstorrent/1"), "{err}");
+}
+
+#[test]
+fn fault_command_sets_and_clears_faults() {
+    let f = fixture(2);
+    let fake = &f.fake;
+    let bdf = FakeRoot::bdf(1);
+    let fault = |args: &[&str]| {
+        Command::new(BIN)
+            .arg("fault")
+            .arg("--root")
+            .arg(fake.root())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert!(fault(&["--card", "1", "slow", "--delay-ms", "1234"])
+        .status
+        .success());
+    assert!(fault(&["--card", &bdf, "new-index"]).status.success());
+    assert!(fault(&["--card", "02:00.0", "smi-exit-1"]).status.success());
+    let faults = fake.faults(&bdf).unwrap();
+    assert_eq!(faults.slow_delay_ms, Some(1234));
+    assert!(faults.new_index && faults.smi_exit_1);
+    assert!(fake.faults(&FakeRoot::bdf(0)).unwrap().is_clear());
+
+    assert!(fault(&["--card", "1", "clear"]).status.success());
+    assert!(fake.faults(&bdf).unwrap().is_clear());
+
+    let out = fault(&["--card", "0000:33:00.0", "slow"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("0000:33:00.0"));
+    let out = fault(&["--card", "1", "melt"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn create_command_prints_config_and_refuses_a_nonempty_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("r");
+    let create = |extra: &[&str]| {
+        Command::new(BIN)
+            .arg("create")
+            .arg("--root")
+            .arg(&root)
+            .args(["--cards", "2"])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = create(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let root = fs::canonicalize(&root).unwrap();
+    for (key, path) in [
+        ("dev_root", root.join("dev")),
+        ("sys_root", root.join("sys")),
+        ("proc_root", root.join("proc")),
+        ("tt_smi", root.join("bin/tt-smi")),
+    ] {
+        assert!(
+            text.contains(&format!("{key} = \"{}\"", path.display())),
+            "{key} in {text}"
+        );
+    }
+
+    let out = create(&[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
+
+    let fake = FakeRoot::open(&root).unwrap();
+    fake.tick().unwrap();
+    let out = create(&["--force"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(fake.heartbeat(&FakeRoot::bdf(0)), Some(1000));
+
+    // The script created by the CLI works.
+    assert_eq!(tt_smi(&fake, &["-ls"]).status.code(), Some(0));
+}
+
+#[test]
+fn open_refuses_a_directory_that_is_not_a_fake_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = FakeRoot::open(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("tt-fakehw create"), "{err}");
+    let out = Command::new(BIN)
+        .args(["smi", "--root"])
+        .arg(dir.path())
+        .arg("-ls")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn readers_never_see_a_half_written_heartbeat() {
+    let f = fixture(1);
+    let fake = f.fake.clone();
+    let path = class_dir(&fake, 0).join("tt_heartbeat");
+    let reader = std::thread::spawn(move || {
+        let mut reads = 0;
+        let start = Instant::now();
+        while reads < 2_000 && start.elapsed() < DEADLINE {
+            let text = fs::read_to_string(&path).unwrap();
+            assert!(
+                text.ends_with('\n') && text.trim().parse::<u64>().is_ok(),
+                "{text:?}"
+            );
+            reads += 1;
+        }
+    });
+    for _ in 0..300 {
+        fake.tick().unwrap();
+    }
+    reader.join().unwrap();
+}
+
+#[test]
+fn firmware_thread_runs_in_real_time() {
+    let f = fixture(1);
+    let fake = &f.fake;
+    let bdf = FakeRoot::bdf(0);
+    let firmware = fake.spawn_firmware_thread(Duration::from_millis(5));
+    let h0 = fake.heartbeat(&bdf).unwrap();
+    wait_for("the heartbeat to advance", || {
+        fake.heartbeat(&bdf).is_some_and(|h| h > h0 + 2)
+    });
+    assert_eq!(fake.run_smi(&["-r", "0"]).code, 0);
+    wait_for("the card to come back", || fake.index_of(&bdf) == Some(0));
+    firmware.stop().unwrap();
+}
+
+/// Whether `pid` has exited (gone, or a zombie nobody reaped yet).
+fn process_gone(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+    }
+}
+
+#[test]
+fn firmware_process_brings_reset_cards_back_and_exits_when_the_root_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let fake = FakeRoot::create_with(
+        &root,
+        &CreateOptions {
+            reset_delay_ms: 50,
+            ..CreateOptions::new(2, Path::new(BIN))
+        },
+    )
+    .unwrap();
+    let mut firmware = Command::new(BIN)
+        .args(["firmware", "--interval-ms", "10", "--root"])
+        .arg(fake.root())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let bdf = FakeRoot::bdf(1);
+    let h0 = fake.heartbeat(&bdf).unwrap();
+    wait_for("the heartbeat to advance", || {
+        fake.heartbeat(&bdf).is_some_and(|h| h > h0)
+    });
+
+    let out = tt_smi(&fake, &["-r", "/dev/tenstorrent/1"]);
+    assert_eq!(out.status.code(), Some(0));
+    wait_for("card 1 to come back", || fake.index_of(&bdf) == Some(1));
+    wait_for("its heartbeat to advance again", || {
+        fake.heartbeat(&bdf).is_some_and(|h| h > 2)
+    });
+
+    fs::remove_dir_all(fake.root().join("fakehw")).unwrap();
+    let start = Instant::now();
+    loop {
+        if let Some(status) = firmware.try_wait().unwrap() {
+            assert!(status.success(), "firmware exited with {status}");
+            break;
+        }
+        if start.elapsed() > DEADLINE {
+            let _ = firmware.kill();
+            panic!("firmware did not exit after its root was removed");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn firmware_process_exits_when_its_parent_dies() {
+    let f = fixture(1);
+    // A shell starts the firmware in the background, prints its pid, and
+    // exits when we close its stdin.
+    let mut parent = Command::new("sh")
+        .arg("-c")
+        .arg("\"$0\" firmware --interval-ms 10 --root \"$1\" </dev/null >/dev/null & echo $!; read _")
+        .arg(BIN)
+        .arg(f.fake.root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    {
+        use std::io::BufRead;
+        let stdout = parent.stdout.take().unwrap();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap();
+    }
+    let pid: u32 = line.trim().parse().unwrap();
+    let bdf = FakeRoot::bdf(0);
+    let h0 = f.fake.heartbeat(&bdf).unwrap();
+    wait_for("the firmware to run", || {
+        f.fake.heartbeat(&bdf).is_some_and(|h| h > h0)
+    });
+    assert!(!process_gone(pid));
+
+    drop(parent.stdin.take());
+    parent.wait().unwrap();
+    wait_for("the firmware to exit after its parent", || {
+        process_gone(pid)
+    });
+}
+
+#[test]
+fn the_binary_can_be_located_from_a_test_binary() {
+    let found = tt_fakehw::locate_fakehw_bin().expect("tt-fakehw next to target/*/deps");
+    assert_eq!(
+        fs::canonicalize(found).unwrap(),
+        fs::canonicalize(BIN).unwrap()
+    );
+}
