@@ -13,6 +13,7 @@
 //! - [`ctl`]: `ttctl`, the operator's client.
 
 pub mod api;
+pub mod cache;
 pub mod cards;
 pub mod config;
 pub mod ctl;
@@ -20,3 +21,4 @@ pub mod daemon;
 pub mod notify;
 pub mod shutdown;
 pub mod slots;
+pub mod worker;

@@ -1,0 +1,359 @@
+//! The tensor cache: variants, completeness markers, the build lock and the
+//! warm-start guard.
+//!
+//! Converting a checkpoint into device layout (a cold build) takes many
+//! minutes; reusing the result (a warm start) is much faster. Files live in
+//! `<cache_dir>/<model>/<variant>/`, where the variant key hashes everything
+//! that changes the files: checkpoint identity, TP, the cache-affecting flags
+//! and the worker's identity. A marker lists every file with its size; a
+//! variant is warm only when the marker is present and every file matches.
+//!
+//! The dangerous case from the field: a warm start that meets a missing file
+//! fills it from placeholders and serves a model of NaNs. So after a warm
+//! start, any file in the variant dir that the marker does not list means the
+//! worker generated tensors it should have read: the guard deletes them and
+//! refuses the slot, naming the files.
+
+use crate::config::ModelConfig;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+/// Name of the completeness marker inside a variant dir.
+pub const MARKER: &str = ".tt-serving-complete.json";
+/// Human-readable description of what the variant key hashes.
+pub const DESCRIPTION: &str = ".tt-serving-variant.json";
+
+/// One cache variant of one model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Variant {
+    /// The model name.
+    pub model: String,
+    /// The variant key (16 hex digits).
+    pub key: String,
+    /// `<cache_dir>/<model>/<key>`.
+    pub dir: PathBuf,
+    /// What went into the key, for people.
+    pub inputs: BTreeMap<String, String>,
+}
+
+/// Whether a variant can be used warm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheState {
+    /// Marker present, every listed file matches.
+    Warm {
+        /// Files listed.
+        files: usize,
+        /// Their total size.
+        bytes: u64,
+    },
+    /// No marker: never completed.
+    Cold,
+    /// Marker present but a file is missing or has the wrong size.
+    Incomplete {
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The marker's contents.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Marker {
+    /// Relative path -> size in bytes.
+    pub files: BTreeMap<String, u64>,
+    /// When the cold build that made it finished.
+    pub created_unix_ms: u64,
+}
+
+/// Identity of a file for the variant key: canonical path, size, mtime.
+/// Hashing the contents of a 50 GB checkpoint at every start would cost
+/// minutes; a replaced file changes its size or mtime.
+fn file_identity(path: &Path) -> String {
+    let canonical = fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    match fs::metadata(&canonical) {
+        Ok(meta) => {
+            let mtime = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            format!("{} size={} mtime={mtime}", canonical.display(), meta.len())
+        }
+        Err(_) => format!("{} (unreadable)", canonical.display()),
+    }
+}
+
+impl Variant {
+    /// The variant a model's config selects with this worker command.
+    pub fn for_model(cache_dir: &Path, model: &str, m: &ModelConfig, worker: &[String]) -> Variant {
+        let mut inputs = BTreeMap::new();
+        inputs.insert("checkpoint".to_string(), file_identity(&m.checkpoint));
+        inputs.insert("tp".to_string(), m.tp.to_string());
+        for flag in &m.cache_flags {
+            let value = m
+                .flags
+                .get(flag)
+                .cloned()
+                .unwrap_or_else(|| "(unset)".into());
+            inputs.insert(format!("flag {flag}"), value);
+        }
+        if let Some(program) = worker.first() {
+            inputs.insert("worker".to_string(), file_identity(Path::new(program)));
+        }
+        let mut hash = Sha256::new();
+        for (k, v) in &inputs {
+            hash.update(k.as_bytes());
+            hash.update([0]);
+            hash.update(v.as_bytes());
+            hash.update([0]);
+        }
+        let digest = hash.finalize();
+        let key: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        Variant {
+            model: model.to_string(),
+            dir: cache_dir.join(model).join(&key),
+            key,
+            inputs,
+        }
+    }
+
+    /// The lock that serialises cold builds of this variant.
+    pub fn build_lock_path(&self) -> PathBuf {
+        self.dir.with_extension("build.lock")
+    }
+
+    /// Whether the variant is warm, cold or incomplete.
+    pub fn state(&self) -> CacheState {
+        state_of(&self.dir)
+    }
+
+    /// Prepare for a cold build: an empty variant dir (leftovers of a failed
+    /// build must not end up in the marker) plus the description file.
+    pub fn prepare_cold(&self) -> io::Result<()> {
+        if self.dir.exists() {
+            fs::remove_dir_all(&self.dir)?;
+        }
+        fs::create_dir_all(&self.dir)?;
+        let description = serde_json::to_vec_pretty(&self.inputs).map_err(io::Error::other)?;
+        atomic_write(&self.dir.join(DESCRIPTION), &description)
+    }
+
+    /// After a cold start passed readiness: list every file with its size in
+    /// the marker, written atomically.
+    pub fn write_marker(&self) -> io::Result<Marker> {
+        let files = list_files(&self.dir)?;
+        let marker = Marker {
+            files,
+            created_unix_ms: crate::cards::unix_ms(std::time::SystemTime::now()),
+        };
+        let text = serde_json::to_vec_pretty(&marker).map_err(io::Error::other)?;
+        atomic_write(&self.dir.join(MARKER), &text)?;
+        Ok(marker)
+    }
+
+    /// After a warm start: find files the marker does not list, delete them,
+    /// and return their names (empty means the guard passed).
+    pub fn guard(&self) -> io::Result<Vec<String>> {
+        let marker = read_marker(&self.dir)?;
+        let mut unexpected = Vec::new();
+        for name in list_files(&self.dir)?.into_keys() {
+            if !marker.files.contains_key(&name) {
+                let path = self.dir.join(&name);
+                fs::remove_file(&path)?;
+                unexpected.push(name);
+            }
+        }
+        Ok(unexpected)
+    }
+}
+
+/// The state of a variant dir.
+pub fn state_of(dir: &Path) -> CacheState {
+    let marker = match read_marker(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return CacheState::Cold,
+        Err(e) => {
+            return CacheState::Incomplete {
+                reason: format!("marker unreadable: {e}"),
+            }
+        }
+    };
+    let mut bytes = 0;
+    for (name, size) in &marker.files {
+        match fs::metadata(dir.join(name)) {
+            Ok(meta) if meta.len() == *size => bytes += size,
+            Ok(meta) => {
+                return CacheState::Incomplete {
+                    reason: format!("{name} has {} bytes, the marker says {size}", meta.len()),
+                }
+            }
+            Err(_) => {
+                return CacheState::Incomplete {
+                    reason: format!("{name} is missing"),
+                }
+            }
+        }
+    }
+    CacheState::Warm {
+        files: marker.files.len(),
+        bytes,
+    }
+}
+
+fn read_marker(dir: &Path) -> io::Result<Marker> {
+    let text = fs::read(dir.join(MARKER))?;
+    serde_json::from_slice(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Every regular file under `dir` (relative paths), except our own marker and
+/// description, with sizes.
+fn list_files(dir: &Path) -> io::Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(current) = stack.pop() {
+        for entry in fs::read_dir(&current)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            let path = entry.path();
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_file() {
+                let rel = path
+                    .strip_prefix(dir)
+                    .map_err(io::Error::other)?
+                    .to_string_lossy()
+                    .into_owned();
+                if rel != MARKER && rel != DESCRIPTION {
+                    out.insert(rel, entry.metadata()?.len());
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Write a file so that readers see the old contents or the new, never a
+/// torn mix: temp file, fsync, rename.
+pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path)
+}
+
+/// Every variant dir of every model under the cache root, as
+/// `(model, key, dir)`.
+pub fn list_variants(cache_dir: &Path) -> Vec<(String, String, PathBuf)> {
+    let mut out = Vec::new();
+    let Ok(models) = fs::read_dir(cache_dir) else {
+        return out;
+    };
+    for model in models.flatten().filter(|e| e.path().is_dir()) {
+        let Ok(variants) = fs::read_dir(model.path()) else {
+            continue;
+        };
+        for variant in variants.flatten().filter(|e| e.path().is_dir()) {
+            out.push((
+                model.file_name().to_string_lossy().into_owned(),
+                variant.file_name().to_string_lossy().into_owned(),
+                variant.path(),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(dir: &Path, flags: &[(&str, &str)], cache_flags: &[&str]) -> ModelConfig {
+        let checkpoint = dir.join("m.gguf");
+        fs::write(&checkpoint, b"weights").unwrap();
+        let text = format!(
+            "tp = 1\ncards = [0]\ncheckpoint = \"{}\"\n",
+            checkpoint.display()
+        );
+        let mut m: ModelConfig = toml::from_str(&text).unwrap();
+        m.flags = flags
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        m.cache_flags = cache_flags.iter().map(|s| s.to_string()).collect();
+        m
+    }
+
+    #[test]
+    fn cache_flags_change_the_variant_and_other_flags_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let worker = vec!["/bin/true".to_string()];
+        let base = Variant::for_model(
+            dir.path(),
+            "m",
+            &model(dir.path(), &[("Q", "0"), ("X", "1")], &["Q"]),
+            &worker,
+        );
+        let same = Variant::for_model(
+            dir.path(),
+            "m",
+            &model(dir.path(), &[("Q", "0"), ("X", "0")], &["Q"]),
+            &worker,
+        );
+        let other = Variant::for_model(
+            dir.path(),
+            "m",
+            &model(dir.path(), &[("Q", "1"), ("X", "1")], &["Q"]),
+            &worker,
+        );
+        assert_eq!(base.key, same.key);
+        assert_ne!(base.key, other.key);
+        assert_eq!(base.key.len(), 16);
+    }
+
+    #[test]
+    fn marker_makes_a_variant_warm_and_a_changed_file_incomplete() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = Variant::for_model(dir.path(), "m", &model(dir.path(), &[], &[]), &[]);
+        assert_eq!(v.state(), CacheState::Cold);
+        v.prepare_cold().unwrap();
+        fs::create_dir_all(v.dir.join("rank0")).unwrap();
+        fs::write(
+            v.dir.join("rank0/w_dtype_BFLOAT8_B_layout_TILE.tensorbin"),
+            b"abcd",
+        )
+        .unwrap();
+        assert_eq!(v.state(), CacheState::Cold, "no marker yet");
+        v.write_marker().unwrap();
+        assert_eq!(v.state(), CacheState::Warm { files: 1, bytes: 4 });
+        fs::write(
+            v.dir.join("rank0/w_dtype_BFLOAT8_B_layout_TILE.tensorbin"),
+            b"ab",
+        )
+        .unwrap();
+        assert!(
+            matches!(v.state(), CacheState::Incomplete { reason } if reason.contains("has 2 bytes"))
+        );
+    }
+
+    #[test]
+    fn guard_deletes_and_names_files_a_warm_start_generated() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = Variant::for_model(dir.path(), "m", &model(dir.path(), &[], &[]), &[]);
+        v.prepare_cold().unwrap();
+        fs::write(v.dir.join("a.tensorbin"), b"1").unwrap();
+        v.write_marker().unwrap();
+        assert!(v.guard().unwrap().is_empty());
+        fs::write(v.dir.join("b.tensorbin"), b"placeholder").unwrap();
+        assert_eq!(v.guard().unwrap(), vec!["b.tensorbin".to_string()]);
+        assert!(!v.dir.join("b.tensorbin").exists());
+        assert!(v.dir.join("a.tensorbin").exists());
+    }
+}

@@ -1,0 +1,158 @@
+//! Fail-closed banner checks.
+//!
+//! The field lesson: flags were set, the server came up, and the feature was
+//! off (a file not mounted, a patch lost in a rebase). Each engine feature
+//! prints `<FLAG> engaged` when it actually runs; a slot is only called ready
+//! if every covered flag set to a truthy value showed its banner, and, in
+//! `both` mode, no covered flag set to a falsy value did (A/B control arms).
+
+use crate::config::{BannerConfig, BannerMode};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The flag named by a `<FLAG> engaged` line, if the line is one.
+pub fn banner_in_line(line: &str) -> Option<&str> {
+    let before = line.trim_end().strip_suffix(" engaged")?;
+    let flag = before
+        .rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .next()?;
+    (!flag.is_empty()).then_some(flag)
+}
+
+/// Truthy flag values, as engines commonly read them.
+pub fn is_truthy(value: &str) -> bool {
+    matches!(
+        value.trim().to_ascii_lowercase().as_str(),
+        "1" | "true" | "yes" | "on"
+    )
+}
+
+fn glob_match(pattern: &str, name: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == name;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !name.starts_with(first) || name.len() < first.len() + last.len() || !name.ends_with(last) {
+        return false;
+    }
+    let mut rest = &name[first.len()..name.len() - last.len()];
+    for middle in &parts[1..parts.len() - 1] {
+        match rest.find(middle) {
+            Some(i) => rest = &rest[i + middle.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// Whether the rule covers this flag.
+pub fn covers(rule: &BannerConfig, flag: &str) -> bool {
+    rule.patterns.is_empty() || rule.patterns.iter().any(|p| glob_match(p, flag))
+}
+
+/// Check the banner rule. Returns every violation, each naming the flag and
+/// what was wrong; empty means the rule holds.
+pub fn check(
+    rule: &BannerConfig,
+    flags: &BTreeMap<String, String>,
+    engaged: &BTreeSet<String>,
+) -> Vec<String> {
+    if rule.mode == BannerMode::Off {
+        return Vec::new();
+    }
+    let mut problems = Vec::new();
+    for (flag, value) in flags.iter().filter(|(f, _)| covers(rule, f)) {
+        let shown = engaged.contains(flag);
+        if is_truthy(value) && !shown {
+            problems.push(format!(
+                "{flag}={value} but the worker never printed `{flag} engaged`: the feature did not run"
+            ));
+        }
+        if rule.mode == BannerMode::Both && !is_truthy(value) && shown {
+            problems.push(format!(
+                "{flag}={value} (off) but the worker printed `{flag} engaged`: the control arm is contaminated"
+            ));
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(patterns: &[&str], mode: BannerMode) -> BannerConfig {
+        BannerConfig {
+            patterns: patterns.iter().map(|s| s.to_string()).collect(),
+            mode,
+        }
+    }
+
+    fn flags(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn finds_banners_in_log_lines() {
+        assert_eq!(
+            banner_in_line("QWEN36_SDPA_STREAMING engaged"),
+            Some("QWEN36_SDPA_STREAMING")
+        );
+        assert_eq!(
+            banner_in_line("[rank 0] TTW_KV_F16 engaged\n"),
+            Some("TTW_KV_F16")
+        );
+        assert_eq!(banner_in_line("2026-01-01 INFO: X engaged"), Some("X"));
+        assert_eq!(banner_in_line("engaged"), None);
+        assert_eq!(banner_in_line("TTW_KV_F16 engaged later"), None);
+    }
+
+    #[test]
+    fn truthy_flag_without_banner_fails_closed() {
+        let problems = check(
+            &rule(&["QWEN*"], BannerMode::Truthy),
+            &flags(&[("QWEN_A", "1"), ("QWEN_B", "1"), ("OTHER", "1")]),
+            &set(&["QWEN_A"]),
+        );
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with("QWEN_B=1"));
+    }
+
+    #[test]
+    fn both_mode_rejects_a_banner_from_a_falsy_flag() {
+        let r = rule(&[], BannerMode::Both);
+        let f = flags(&[("A", "0"), ("B", "1")]);
+        assert!(check(&r, &f, &set(&["B"])).is_empty());
+        let problems = check(&r, &f, &set(&["A", "B"]));
+        assert!(problems[0].contains("control arm"), "{problems:?}");
+        // Truthy mode does not care about falsy flags.
+        assert!(check(&rule(&[], BannerMode::Truthy), &f, &set(&["A", "B"])).is_empty());
+    }
+
+    #[test]
+    fn off_mode_checks_nothing() {
+        assert!(check(
+            &rule(&[], BannerMode::Off),
+            &flags(&[("A", "1")]),
+            &set(&[])
+        )
+        .is_empty());
+    }
+
+    #[test]
+    fn glob_patterns() {
+        assert!(glob_match("QWEN*", "QWEN36_X"));
+        assert!(glob_match("*_STREAMING", "QWEN36_SDPA_STREAMING"));
+        assert!(glob_match("Q*SDPA*", "QWEN36_SDPA_STREAMING"));
+        assert!(!glob_match("QWEN*", "TTW_KV"));
+        assert!(glob_match("EXACT", "EXACT"));
+        assert!(!glob_match("A*A", "A"));
+    }
+}
