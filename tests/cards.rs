@@ -294,5 +294,6 @@ fn configured_models_lock_only_their_cards() {
     });
     let slot = &daemon.status()["slots"][0];
     assert_eq!(slot["name"], "pair");
-    assert_eq!(slot["state"], "pending");
+    assert_eq!(slot["cards"][0], FakeHw::bdf(0));
+    assert_eq!(slot["cards"][1], FakeHw::bdf(1));
 }

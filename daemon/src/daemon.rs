@@ -10,13 +10,14 @@
 
 use crate::api;
 use crate::cards::{CardManager, CardState};
-use crate::config::{Config, ResetPolicy};
+use crate::config::{Config, ReadyWhen, ResetPolicy};
 use crate::notify;
+use crate::router::Router;
 use crate::shutdown::{self, Shutdown};
-use crate::slots::{self, SlotView};
+use crate::slots::{SlotManager, SlotState, SlotView};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -28,10 +29,10 @@ pub struct DaemonState {
     config: Config,
     config_path: PathBuf,
     cards: Arc<CardManager>,
-    slots: Mutex<Vec<SlotView>>,
+    slots: Arc<SlotManager>,
+    router: Router,
     started: SystemTime,
     inference_address: String,
-    summary: Mutex<String>,
 }
 
 impl DaemonState {
@@ -47,7 +48,17 @@ impl DaemonState {
 
     /// The slots as they are now.
     pub fn slots(&self) -> Vec<SlotView> {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.slots.snapshot()
+    }
+
+    /// The slot manager (commands to slots, logs).
+    pub fn slot_manager(&self) -> &Arc<SlotManager> {
+        &self.slots
+    }
+
+    /// The request router.
+    pub fn router(&self) -> &Router {
+        &self.router
     }
 
     /// A receiver that changes whenever anything in status changes.
@@ -83,7 +94,6 @@ impl DaemonState {
     /// The full status message.
     pub fn status(&self) -> pb::StatusResponse {
         let summary = self.summary();
-        *self.summary.lock().unwrap_or_else(|e| e.into_inner()) = summary.clone();
         pb::StatusResponse {
             daemon: Some(pb::DaemonInfo {
                 version: env!("CARGO_PKG_VERSION").to_string(),
@@ -163,18 +173,19 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         .map(|a| a.to_string())
         .unwrap_or_else(|_| config.daemon.listen.clone());
 
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let slots = SlotManager::new(&config, cards.clone(), reporter.clone());
     let state = Arc::new(DaemonState {
-        slots: Mutex::new(slots::configured(&config, &cards, started)),
+        router: Router::new(slots.clone()),
+        slots,
         config,
         config_path: config_path.to_path_buf(),
         cards,
         started,
         inference_address: inference_address.clone(),
-        summary: Mutex::new(String::new()),
     });
 
     let (trigger, shutdown) = shutdown::channel();
-    let (reporter, health) = tonic_health::server::health_reporter();
     api::init_health(&reporter, &state).await;
     let control_task = tokio::spawn(api::serve_control(
         control_listener,
@@ -199,19 +210,33 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let ticker = tokio::spawn(tick_loop(state.clone(), starting.clone(), shutdown.clone()));
 
     startup_resets(&state, previous_was_clean, &shutdown).await;
+    state.slots.start_all();
+    wait_until_ready(&state, &shutdown).await;
     starting.store(false, std::sync::atomic::Ordering::Relaxed);
     let summary = state.summary();
     notify::ready(&summary);
     tracing::info!(%summary, "ready");
 
     shutdown.clone().wait().await;
-    notify::stopping("stopping: closing sockets and releasing card locks");
+    notify::stopping("stopping: draining slots, stopping workers, releasing card locks");
     tracing::info!("shutting down");
+    // New connections are refused from here; in-flight streams finish while
+    // the workers drain (each worker finishes or cancels its sequences
+    // within its model's drain timeout), then the workers stop cleanly.
+    let limit = state
+        .config
+        .models
+        .values()
+        .map(|m| m.drain_timeout_secs + 2 * m.restart.stop_timeout_secs + 10)
+        .max()
+        .unwrap_or(10);
+    state.slots.stop_all(Duration::from_secs(limit)).await;
     for task in [control_task, public_task] {
-        match task.await {
-            Ok(Err(e)) => tracing::error!(error = %e, "server ended with an error"),
-            Err(e) => tracing::error!(error = %e, "server task failed"),
-            Ok(Ok(())) => {}
+        match tokio::time::timeout(Duration::from_secs(10), task).await {
+            Ok(Ok(Err(e))) => tracing::error!(error = %e, "server ended with an error"),
+            Ok(Err(e)) => tracing::error!(error = %e, "server task failed"),
+            Err(_) => tracing::warn!("a server did not finish within 10s of the drain; closing it"),
+            Ok(Ok(Ok(()))) => {}
         }
     }
     signals.abort();
@@ -230,6 +255,35 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     })?;
     tracing::info!("stopped cleanly");
     Ok(())
+}
+
+/// Wait until `daemon.ready_when` holds: every slot (or any slot) Ready, or
+/// given up on (Failed without a retry, Quarantined), so that systemd learns
+/// the outcome instead of timing out.
+async fn wait_until_ready(state: &Arc<DaemonState>, shutdown: &Shutdown) {
+    let mut changes = state.subscribe();
+    loop {
+        let slots = state.slots();
+        let settled = |s: &SlotView| {
+            s.state == SlotState::Ready
+                || s.state == SlotState::Quarantined
+                || (s.state == SlotState::Failed && s.retry_at.is_none())
+        };
+        let ready = slots.is_empty()
+            || match state.config.daemon.ready_when {
+                ReadyWhen::All => slots.iter().all(settled),
+                ReadyWhen::Any => {
+                    slots.iter().any(|s| s.state == SlotState::Ready) || slots.iter().all(settled)
+                }
+            };
+        if ready || shutdown.is_triggered() {
+            return;
+        }
+        tokio::select! {
+            _ = changes.changed() => {}
+            _ = shutdown.clone().wait() => return,
+        }
+    }
 }
 
 async fn wait_for_signal(trigger: shutdown::ShutdownTrigger) {
@@ -257,16 +311,25 @@ async fn startup_resets(state: &Arc<DaemonState>, previous_was_clean: bool, shut
         ResetPolicy::IfUnclean => !previous_was_clean,
         ResetPolicy::Never => false,
     };
-    if !reset {
+    // Cards a worker left dirty (it did not stop cleanly) are reset
+    // whatever the policy: an engine killed mid-run wedges its cards.
+    let dirty = state.cards.dirty_cards();
+    let groups: Vec<Vec<String>> = state
+        .cards
+        .reset_groups()
+        .into_iter()
+        .filter(|group| reset || group.iter().any(|bdf| dirty.contains(bdf)))
+        .collect();
+    if groups.is_empty() {
         tracing::info!(?policy, previous_was_clean, "no startup reset");
         return;
     }
     tracing::info!(
         ?policy,
         previous_was_clean,
+        dirty = %dirty.join(","),
         "resetting managed cards before use"
     );
-    let groups = state.cards.reset_groups();
     notify::status(&format!(
         "starting: resetting {} card group(s)",
         groups.len()

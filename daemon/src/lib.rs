@@ -19,6 +19,8 @@ pub mod config;
 pub mod ctl;
 pub mod daemon;
 pub mod notify;
+pub mod router;
 pub mod shutdown;
 pub mod slots;
+pub mod uds;
 pub mod worker;

@@ -71,7 +71,13 @@ pub fn slot(view: &SlotView) -> pb::Slot {
         state: slot_state(view.state) as i32,
         since_unix_ms: unix_ms(view.since),
         reason: view.reason.clone(),
-        ..Default::default()
+        cache_mode: view.cache_mode.clone(),
+        attempt: view.attempt,
+        retry_at_unix_ms: view.retry_at.map(unix_ms).unwrap_or(0),
+        worker_pid: view.worker_pid,
+        worker_rss_bytes: view.worker_rss_bytes,
+        requests_in_flight: view.in_flight,
+        last_error: view.last_error.clone(),
     }
 }
 

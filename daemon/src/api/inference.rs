@@ -1,7 +1,5 @@
-//! The public `Inference` service. Routing to workers arrives with slot
-//! supervision; until a slot of a model is Ready, requests for it are
-//! answered UNAVAILABLE naming the slot's state, and unknown models
-//! NOT_FOUND listing the known ones.
+//! The public `Inference` service: requests go through the router to a
+//! Ready slot of the named model (see `router.rs`).
 
 use crate::daemon::DaemonState;
 use crate::slots::SlotState;
@@ -34,35 +32,17 @@ impl Inference for InferenceService {
         &self,
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
-        let model = request.into_inner().model;
-        let config = self.state.config();
-        if !config.models.contains_key(&model) {
-            let known: Vec<&str> = config.models.keys().map(|k| k.as_str()).collect();
-            return Err(Status::not_found(format!(
-                "unknown model `{model}`; known models: {}",
-                if known.is_empty() {
-                    "(none configured)".to_string()
-                } else {
-                    known.join(", ")
-                }
-            )));
-        }
-        let slots = self.state.slots();
-        let states: Vec<String> = slots
-            .iter()
-            .filter(|s| s.model == model)
-            .map(|s| {
-                let since = s.since.elapsed().map(|d| d.as_secs()).unwrap_or(0);
-                format!(
-                    "slot {} is {:?} since {since}s: {}",
-                    s.name, s.state, s.reason
-                )
-            })
-            .collect();
-        Err(Status::unavailable(format!(
-            "model `{model}` has no ready slot ({})",
-            states.join("; ")
-        )))
+        let timeout = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::router::parse_grpc_timeout);
+        let stream = self
+            .state
+            .router()
+            .generate(request.into_inner(), timeout)
+            .await?;
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn list_models(

@@ -190,6 +190,42 @@ impl CardManager {
         self.changed.send_modify(|v| *v += 1);
     }
 
+    /// Tell status watchers that something changed (slots share this bus).
+    pub fn notify_changed(&self) {
+        self.notify();
+    }
+
+    fn dirty_file(&self, bdf: &str) -> PathBuf {
+        self.quarantine_dir
+            .with_file_name("dirty")
+            .join(format!("{bdf}.dirty"))
+    }
+
+    /// Record that these cards must be reset before their next use (a
+    /// worker on them did not stop cleanly). The record is a file in the
+    /// state dir, so it survives a daemon restart.
+    pub fn mark_dirty(&self, bdfs: &[String]) {
+        for bdf in bdfs {
+            let path = self.dirty_file(bdf);
+            let written = path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|_| std::fs::write(&path, b"worker did not stop cleanly\n"));
+            if let Err(e) = written {
+                tracing::error!(card = %bdf, error = %e, "cannot record a dirty card");
+            }
+        }
+    }
+
+    /// Cards recorded dirty by an earlier run.
+    pub fn dirty_cards(&self) -> Vec<String> {
+        self.lock_table()
+            .keys()
+            .filter(|bdf| self.dirty_file(bdf).exists())
+            .cloned()
+            .collect()
+    }
+
     /// A receiver that changes whenever any card changes.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
@@ -462,6 +498,7 @@ impl CardManager {
                 match &result {
                     Ok(outcome) => {
                         entry.view.reset_failures = 0;
+                        let _ = std::fs::remove_file(self.dirty_file(bdf));
                         entry.view.last_reset_output = outcome.tt_smi_output.clone();
                         if manual {
                             self.clear_quarantine(bdf);

@@ -242,6 +242,9 @@ pub struct ModelConfig {
     /// Requests waiting for a slot beyond this get RESOURCE_EXHAUSTED.
     #[serde(default = "default_max_queue")]
     pub max_queue: u32,
+    /// Requests one slot serves at once; more wait in the model's queue.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: u32,
     /// How long in-flight requests may run when the slot drains, in seconds.
     #[serde(default = "default_drain_timeout_secs")]
     pub drain_timeout_secs: u64,
@@ -249,6 +252,10 @@ pub struct ModelConfig {
 
 fn default_max_queue() -> u32 {
     64
+}
+
+fn default_max_in_flight() -> u32 {
+    8
 }
 
 fn default_drain_timeout_secs() -> u64 {

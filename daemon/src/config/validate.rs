@@ -514,6 +514,14 @@ fn check_model(
     );
     range(
         problems,
+        &key("max_in_flight"),
+        m.max_in_flight.into(),
+        1,
+        1024,
+        "requests",
+    );
+    range(
+        problems,
         &key("drain_timeout_secs"),
         m.drain_timeout_secs,
         1,

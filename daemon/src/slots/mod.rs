@@ -1,12 +1,25 @@
 //! Slots: one model instance on its cards (one card for TP=1, two for TP=2).
 //!
-//! This module owns the slot lifecycle. The foundation knows the slots the
-//! config defines and reports them as `Pending`; supervising their workers
-//! (spawn, readiness, recovery) is the slots feature built on top.
+//! [`SlotManager`] owns every slot's state, and [`SlotManager::transition`]
+//! is the one place that changes it: it logs the transition with its reason,
+//! publishes it to `Status`/`WatchStatus`, and keeps gRPC health in step
+//! (a model is SERVING only while one of its slots is Ready). Each slot's
+//! [`supervisor`] task drives its lifecycle; the router only reads.
+
+pub mod supervisor;
 
 use crate::cards::CardManager;
 use crate::config::Config;
+use crate::worker::logs::LogRing;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
+use tokio::sync::{mpsc, Notify};
+use tonic::transport::Channel;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
+use tt_serving_proto::v1::engine_client::EngineClient;
 
 /// The name of replica `index` of `model` with `replicas` replicas in all:
 /// the model's name alone when there is one replica, `model/N` otherwise.
@@ -62,24 +75,306 @@ pub struct SlotView {
     pub since: SystemTime,
     /// Why.
     pub reason: String,
+    /// `warm` or `cold` for the current or last start.
+    pub cache_mode: String,
+    /// Start attempt within the restart window.
+    pub attempt: u32,
+    /// Next retry (Failed only).
+    pub retry_at: Option<SystemTime>,
+    /// Worker pid (0 when none).
+    pub worker_pid: u32,
+    /// Worker RSS in bytes.
+    pub worker_rss_bytes: u64,
+    /// Requests being served.
+    pub in_flight: u32,
+    /// Last error, kept after recovery.
+    pub last_error: String,
+    /// The cache variant key in use.
+    pub variant: String,
 }
 
-/// The configured slots, each `Pending` until worker supervision starts it.
-pub fn configured(config: &Config, cards: &CardManager, since: SystemTime) -> Vec<SlotView> {
-    let mut slots = Vec::new();
-    for (model, m) in &config.models {
-        let sets = m.card_sets();
-        for i in 0..sets.len() {
-            let name = slot_name(model, i, sets.len());
-            slots.push(SlotView {
-                cards: cards.slot_cards().get(&name).cloned().unwrap_or_default(),
-                name,
-                model: model.clone(),
-                state: SlotState::Pending,
-                since,
-                reason: "configured; this build holds and resets the slot's cards but does not start workers yet".into(),
-            });
+/// Operator and daemon requests to a slot's supervisor.
+#[derive(Debug)]
+pub enum SlotCommand {
+    /// Drain and stop; the supervisor ends.
+    Stop,
+    /// Start again now (also leaves a final Failed state).
+    Restart,
+}
+
+struct SlotEntry {
+    view: SlotView,
+    /// The worker's Engine client while the worker serves.
+    engine: Option<EngineClient<Channel>>,
+    in_flight: Arc<AtomicU32>,
+    logs: Arc<LogRing>,
+    commands: Option<mpsc::UnboundedSender<SlotCommand>>,
+}
+
+/// Owner of all slot state.
+pub struct SlotManager {
+    config: Config,
+    cards: Arc<CardManager>,
+    slots: Mutex<BTreeMap<String, SlotEntry>>,
+    health: HealthReporter,
+    /// Woken whenever a slot's state or load changes (the router waits on it).
+    pub changed: Notify,
+}
+
+/// What the router needs to send a request to a slot.
+#[derive(Clone)]
+pub struct Route {
+    /// Slot name.
+    pub slot: String,
+    /// The worker's client.
+    pub engine: EngineClient<Channel>,
+    /// The slot's in-flight counter (the caller increments and decrements).
+    pub in_flight: Arc<AtomicU32>,
+}
+
+/// Log lines kept per slot for `ttctl logs`.
+const LOG_LINES: usize = 2000;
+
+impl SlotManager {
+    /// Every configured slot, Pending.
+    pub fn new(
+        config: &Config,
+        cards: Arc<CardManager>,
+        health: HealthReporter,
+    ) -> Arc<SlotManager> {
+        let now = SystemTime::now();
+        let mut slots = BTreeMap::new();
+        for (model, m) in &config.models {
+            let sets = m.card_sets();
+            for i in 0..sets.len() {
+                let name = slot_name(model, i, sets.len());
+                let view = SlotView {
+                    cards: cards.slot_cards().get(&name).cloned().unwrap_or_default(),
+                    name: name.clone(),
+                    model: model.clone(),
+                    state: SlotState::Pending,
+                    since: now,
+                    reason: "configured".into(),
+                    cache_mode: String::new(),
+                    attempt: 0,
+                    retry_at: None,
+                    worker_pid: 0,
+                    worker_rss_bytes: 0,
+                    in_flight: 0,
+                    last_error: String::new(),
+                    variant: String::new(),
+                };
+                slots.insert(
+                    name,
+                    SlotEntry {
+                        view,
+                        engine: None,
+                        in_flight: Arc::new(AtomicU32::new(0)),
+                        logs: Arc::new(LogRing::new(LOG_LINES)),
+                        commands: None,
+                    },
+                );
+            }
+        }
+        Arc::new(SlotManager {
+            config: config.clone(),
+            cards,
+            slots: Mutex::new(slots),
+            health,
+            changed: Notify::new(),
+        })
+    }
+
+    fn table(&self) -> MutexGuard<'_, BTreeMap<String, SlotEntry>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Start a supervisor task for every slot.
+    pub fn start_all(self: &Arc<Self>) {
+        let names: Vec<String> = self.table().keys().cloned().collect();
+        for name in names {
+            let (tx, rx) = mpsc::unbounded_channel();
+            if let Some(entry) = self.table().get_mut(&name) {
+                entry.commands = Some(tx);
+            }
+            tokio::spawn(supervisor::run(self.clone(), name, rx));
         }
     }
-    slots
+
+    /// The only place a slot's state changes.
+    pub fn transition(&self, slot: &str, state: SlotState, reason: impl Into<String>) {
+        let reason = reason.into();
+        let model;
+        {
+            let mut table = self.table();
+            let Some(entry) = table.get_mut(slot) else {
+                return;
+            };
+            let from = entry.view.state;
+            if from != state || entry.view.reason != reason {
+                tracing::info!(slot, from = ?from, to = ?state, %reason, "slot transition");
+            }
+            if from != state {
+                entry.view.since = SystemTime::now();
+            }
+            entry.view.state = state;
+            entry.view.reason = reason;
+            if state != SlotState::Failed {
+                entry.view.retry_at = None;
+            }
+            if state != SlotState::Ready {
+                entry.engine = None;
+            }
+            model = entry.view.model.clone();
+        }
+        self.publish(&model);
+    }
+
+    /// Change the facts of a slot that are not its state (pid, RSS, cache
+    /// mode, attempt, errors), then publish.
+    pub fn update(&self, slot: &str, f: impl FnOnce(&mut SlotView)) {
+        let model = {
+            let mut table = self.table();
+            let Some(entry) = table.get_mut(slot) else {
+                return;
+            };
+            f(&mut entry.view);
+            entry.view.model.clone()
+        };
+        self.publish(&model);
+    }
+
+    /// Make a Ready slot routable with this client.
+    pub fn set_engine(&self, slot: &str, engine: Option<EngineClient<Channel>>) {
+        if let Some(entry) = self.table().get_mut(slot) {
+            entry.engine = engine;
+        }
+        self.changed.notify_waiters();
+    }
+
+    fn publish(&self, model: &str) {
+        self.cards.notify_changed();
+        self.changed.notify_waiters();
+        let serving = self
+            .table()
+            .values()
+            .any(|e| e.view.model == model && e.view.state == SlotState::Ready);
+        let any_ready = self
+            .table()
+            .values()
+            .any(|e| e.view.state == SlotState::Ready);
+        let health = self.health.clone();
+        let model = model.to_string();
+        tokio::spawn(async move {
+            let status = |on: bool| {
+                if on {
+                    ServingStatus::Serving
+                } else {
+                    ServingStatus::NotServing
+                }
+            };
+            health.set_service_status(&model, status(serving)).await;
+            health
+                .set_service_status(crate::api::INFERENCE_SERVICE, status(any_ready))
+                .await;
+        });
+    }
+
+    /// Every slot, sorted by name, with live in-flight counts.
+    pub fn snapshot(&self) -> Vec<SlotView> {
+        self.table()
+            .values()
+            .map(|e| {
+                let mut v = e.view.clone();
+                v.in_flight = e.in_flight.load(Ordering::Relaxed);
+                v
+            })
+            .collect()
+    }
+
+    /// The config in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The card table.
+    pub fn cards(&self) -> &Arc<CardManager> {
+        &self.cards
+    }
+
+    /// The log ring of a slot.
+    pub fn logs(&self, slot: &str) -> Option<Arc<LogRing>> {
+        self.table().get(slot).map(|e| e.logs.clone())
+    }
+
+    /// The view of one slot.
+    pub fn view(&self, slot: &str) -> Option<SlotView> {
+        self.table().get(slot).map(|e| e.view.clone())
+    }
+
+    /// Send a command to a slot's supervisor.
+    pub fn command(&self, slot: &str, command: SlotCommand) -> Result<(), String> {
+        let table = self.table();
+        let entry = table.get(slot).ok_or_else(|| {
+            format!(
+                "no slot `{slot}`; slots: {}",
+                table.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })?;
+        entry
+            .commands
+            .as_ref()
+            .ok_or_else(|| format!("slot {slot} has no supervisor running"))?
+            .send(command)
+            .map_err(|_| format!("slot {slot}'s supervisor has ended"))
+    }
+
+    /// The least-loaded Ready slot of `model` with room for one more request
+    /// (fewer than `limit` in flight), or None.
+    pub fn pick(&self, model: &str, limit: u32) -> Option<Route> {
+        self.table()
+            .iter()
+            .filter(|(_, e)| e.view.model == model && e.view.state == SlotState::Ready)
+            .filter_map(|(name, e)| {
+                let engine = e.engine.clone()?;
+                let load = e.in_flight.load(Ordering::Relaxed);
+                (load < limit).then(|| {
+                    (
+                        load,
+                        Route {
+                            slot: name.clone(),
+                            engine,
+                            in_flight: e.in_flight.clone(),
+                        },
+                    )
+                })
+            })
+            .min_by_key(|(load, _)| *load)
+            .map(|(_, route)| route)
+    }
+
+    /// Stop every slot (drain, Shutdown, SIGTERM, SIGKILL) and wait until all
+    /// supervisors have ended or `limit` passes.
+    pub async fn stop_all(&self, limit: std::time::Duration) {
+        let names: Vec<String> = self.table().keys().cloned().collect();
+        for name in &names {
+            let _ = self.command(name, SlotCommand::Stop);
+        }
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.changed.notified();
+            let running = self
+                .snapshot()
+                .iter()
+                .filter(|v| !matches!(v.state, SlotState::Stopped | SlotState::Pending))
+                .count();
+            if running == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                tracing::warn!(running, "slots still stopping at the shutdown limit");
+                return;
+            }
+        }
+    }
 }

@@ -1,0 +1,284 @@
+//! Routing client inference to slots.
+//!
+//! Validation first (unknown model: NOT_FOUND listing the known ones; bad
+//! fields: INVALID_ARGUMENT naming the field), then admission through the
+//! model's bounded queue (full: RESOURCE_EXHAUSTED with a retry hint, never
+//! an unbounded wait), then the least-loaded Ready slot. The worker's stream
+//! is forwarded chunk by chunk; a client that goes away drops the worker
+//! stream, which cancels the sequence in the worker at once; a worker that
+//! dies mid-stream ends the client's stream with UNAVAILABLE saying so.
+
+use crate::slots::{SlotManager, SlotState};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Semaphore};
+use tonic::Status;
+use tt_serving_proto::v1 as pb;
+
+/// Routes requests; one per daemon.
+pub struct Router {
+    slots: Arc<SlotManager>,
+    queues: BTreeMap<String, Arc<Semaphore>>,
+    next_id: AtomicU64,
+}
+
+/// Decrements a slot's in-flight count when the request ends, however it ends.
+struct InFlight {
+    counter: Arc<std::sync::atomic::AtomicU32>,
+    slots: Arc<SlotManager>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::Relaxed);
+        self.slots.changed.notify_waiters();
+    }
+}
+
+/// The stream handed back to the client.
+pub type ChunkStream = tokio_stream::wrappers::ReceiverStream<Result<pb::GenerateResponse, Status>>;
+
+impl Router {
+    /// A router over these slots.
+    pub fn new(slots: Arc<SlotManager>) -> Router {
+        let queues = slots
+            .config()
+            .models
+            .iter()
+            .map(|(name, m)| (name.clone(), Arc::new(Semaphore::new(m.max_queue as usize))))
+            .collect();
+        Router {
+            slots,
+            queues,
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    fn validate(&self, request: &pb::GenerateRequest) -> Result<(), Status> {
+        let config = self.slots.config();
+        if !config.models.contains_key(&request.model) {
+            let known: Vec<&str> = config.models.keys().map(String::as_str).collect();
+            return Err(Status::not_found(format!(
+                "unknown model `{}`; known models: {}",
+                request.model,
+                if known.is_empty() {
+                    "(none configured)".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        }
+        match &request.input {
+            None => return Err(Status::invalid_argument("input: give `prompt` or `chat`")),
+            Some(pb::generate_request::Input::Chat(chat)) if chat.messages.is_empty() => {
+                return Err(Status::invalid_argument(
+                    "chat.messages: the conversation is empty",
+                ))
+            }
+            _ => {}
+        }
+        if let Some(s) = &request.sampling {
+            if !s.temperature.is_finite() || s.temperature < 0.0 {
+                return Err(Status::invalid_argument(format!(
+                    "sampling.temperature: {} is not allowed; use 0 (greedy) or a positive number",
+                    s.temperature
+                )));
+            }
+            if !s.top_p.is_finite() || !(0.0..=1.0).contains(&s.top_p) {
+                return Err(Status::invalid_argument(format!(
+                    "sampling.top_p: {} is outside [0, 1]",
+                    s.top_p
+                )));
+            }
+        }
+        if request.stop.iter().any(String::is_empty) {
+            return Err(Status::invalid_argument(
+                "stop: stop strings must not be empty",
+            ));
+        }
+        Ok(())
+    }
+
+    fn not_ready(&self, model: &str) -> Status {
+        let states: Vec<String> = self
+            .slots
+            .snapshot()
+            .into_iter()
+            .filter(|s| s.model == model)
+            .map(|s| {
+                let since = s.since.elapsed().map(|d| d.as_secs()).unwrap_or(0);
+                format!(
+                    "slot {} is {:?} for {since}s: {}",
+                    s.name, s.state, s.reason
+                )
+            })
+            .collect();
+        Status::unavailable(format!(
+            "model `{model}` has no ready slot ({})",
+            states.join("; ")
+        ))
+    }
+
+    /// Route one request and return the stream of chunks for the client.
+    pub async fn generate(
+        &self,
+        request: pb::GenerateRequest,
+        timeout: Option<Duration>,
+    ) -> Result<ChunkStream, Status> {
+        self.validate(&request)?;
+        let arrived = Instant::now();
+        let model = request.model.clone();
+        let m = &self.slots.config().models[&model];
+        if !self
+            .slots
+            .snapshot()
+            .iter()
+            .any(|s| s.model == model && s.state == SlotState::Ready)
+        {
+            return Err(self.not_ready(&model));
+        }
+        let queue = self.queues[&model].clone();
+        let permit = queue.try_acquire_owned().map_err(|_| {
+            Status::resource_exhausted(format!(
+                "model `{model}` has {} requests waiting (max_queue); retry in a few seconds",
+                m.max_queue
+            ))
+        })?;
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let route = loop {
+            let notified = self.slots.changed.notified();
+            if let Some(route) = self.slots.pick(&model, m.max_in_flight) {
+                route.in_flight.fetch_add(1, Ordering::Relaxed);
+                break route;
+            }
+            if !self
+                .slots
+                .snapshot()
+                .iter()
+                .any(|s| s.model == model && s.state == SlotState::Ready)
+            {
+                return Err(self.not_ready(&model));
+            }
+            match deadline {
+                Some(d) => {
+                    if tokio::time::timeout_at(d, notified).await.is_err() {
+                        return Err(Status::deadline_exceeded(format!(
+                            "the deadline passed while waiting for a free slot of model `{model}`"
+                        )));
+                    }
+                }
+                None => notified.await,
+            }
+        };
+        drop(permit);
+        let guard = InFlight {
+            counter: route.in_flight.clone(),
+            slots: self.slots.clone(),
+        };
+        let queued_us = arrived.elapsed().as_micros() as u64;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut engine = route.engine.clone();
+        let slot = route.slot.clone();
+        let engine_request = pb::EngineGenerateRequest {
+            request: Some(request),
+            request_id: format!("req-{id}"),
+        };
+        let mut upstream = engine
+            .generate(engine_request)
+            .await
+            .map_err(|s| worker_error(&slot, s))?
+            .into_inner();
+        let (tx, rx) = mpsc::channel(32);
+        tokio::spawn(async move {
+            let _guard = guard;
+            let forward = async {
+                loop {
+                    let next = tokio::select! {
+                        next = upstream.message() => next,
+                        // The client went away: dropping `upstream` cancels
+                        // the sequence in the worker.
+                        _ = tx.closed() => return,
+                    };
+                    match next {
+                        Ok(Some(mut chunk)) => {
+                            if let Some(pb::generate_response::Chunk::Final(f)) =
+                                chunk.chunk.as_mut()
+                            {
+                                f.slot = slot.clone();
+                                if let Some(t) = f.timings.as_mut() {
+                                    t.queue_us += queued_us;
+                                }
+                            }
+                            if tx.send(Ok(chunk)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => return,
+                        Err(status) => {
+                            let _ = tx.send(Err(worker_error(&slot, status))).await;
+                            return;
+                        }
+                    }
+                }
+            };
+            match deadline {
+                Some(d) => {
+                    if tokio::time::timeout_at(d, forward).await.is_err() {
+                        let _ = tx
+                            .send(Err(Status::deadline_exceeded(
+                                "the request's deadline passed during generation",
+                            )))
+                            .await;
+                    }
+                }
+                None => forward.await,
+            }
+        });
+        Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+    }
+}
+
+/// Map a worker's error for the client. The worker's own validation and
+/// admission answers pass through; transport failures mean the worker died.
+fn worker_error(slot: &str, status: Status) -> Status {
+    use tonic::Code;
+    match status.code() {
+        Code::InvalidArgument | Code::ResourceExhausted | Code::Cancelled | Code::DeadlineExceeded => status,
+        _ => Status::unavailable(format!(
+            "the worker of slot {slot} failed mid-request ({}: {}); the slot is recovering, retry shortly",
+            status.code(),
+            status.message()
+        )),
+    }
+}
+
+/// Parse a gRPC `grpc-timeout` header value (`100m`, `5S`, ...).
+pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_grpc_timeout("x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+    }
+}

@@ -1,0 +1,20 @@
+//! gRPC channels over unix sockets (the control socket, worker sockets).
+
+use hyper_util::rt::TokioIo;
+use std::path::Path;
+use tonic::transport::{Channel, Endpoint};
+
+/// Connect a tonic channel to the unix socket at `path`. The URI is a
+/// placeholder that tonic requires; the connector ignores it.
+pub async fn channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
+    let socket = path.to_path_buf();
+    Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, std::io::Error>(TokioIo::new(stream))
+            }
+        }))
+        .await
+}

@@ -1,0 +1,12 @@
+# expect: services.tenstorrent-serving.models.smollm2: set either `cards` (one replica) or `replicas` (several), not both.
+{
+  services.tenstorrent-serving = {
+    enable = true;
+    models.smollm2 = {
+      tp = 1;
+      cards = [ 0 ];
+      replicas = [ [ 1 ] [ 2 ] ];
+      checkpoint = "/var/lib/tt-serving/models/smollm2.gguf";
+    };
+  };
+}
