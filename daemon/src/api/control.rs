@@ -3,9 +3,11 @@
 //! inference port.
 
 use super::convert;
+use crate::cache::CacheState;
 use crate::cards::reset::Phase;
 use crate::cards::CardError;
 use crate::daemon::DaemonState;
+use crate::slots::{SlotCommand, SlotState};
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -70,6 +72,24 @@ impl Control for ControlService {
         let name = request.into_inner().card;
         let cards = self.state.cards().clone();
         let bdf = cards.resolve_name(&name).map_err(card_status)?;
+        // Resetting a card under a live engine wedges it; the slot must be
+        // stopped or failed first.
+        if let Some(slot) = self.state.slots().into_iter().find(|s| {
+            s.cards.contains(&bdf)
+                && !matches!(
+                    s.state,
+                    SlotState::Pending
+                        | SlotState::Locking
+                        | SlotState::Failed
+                        | SlotState::Stopped
+                        | SlotState::Quarantined
+                )
+        }) {
+            return Err(Status::failed_precondition(format!(
+                "card {bdf} is in use by slot {} ({:?}); the slot resets its own cards when its worker fails. To reset by hand, wait for the slot to fail or stop it first",
+                slot.name, slot.state
+            )));
+        }
         tracing::info!(card = %bdf, "reset requested over the control socket");
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -124,6 +144,217 @@ impl Control for ControlService {
             tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
         )))
     }
+
+    async fn restart_slot(
+        &self,
+        request: Request<pb::SlotRequest>,
+    ) -> Result<Response<pb::SlotReply>, Status> {
+        let slot = request.into_inner().slot;
+        let slots = self.state.slot_manager();
+        slots
+            .command(&slot, SlotCommand::Restart)
+            .map_err(Status::not_found)?;
+        tracing::info!(slot = %slot, "restart requested over the control socket");
+        let view = slots
+            .view(&slot)
+            .ok_or_else(|| Status::not_found(slot.clone()))?;
+        Ok(Response::new(pb::SlotReply {
+            slot: Some(convert::slot(&view)),
+        }))
+    }
+
+    type LogsStream = BoxStream<pb::LogLine>;
+
+    async fn logs(
+        &self,
+        request: Request<pb::LogsRequest>,
+    ) -> Result<Response<Self::LogsStream>, Status> {
+        let request = request.into_inner();
+        let slots = self.state.slot_manager();
+        let ring = slots.logs(&request.slot).ok_or_else(|| {
+            let names: Vec<String> = slots.snapshot().into_iter().map(|s| s.name).collect();
+            Status::not_found(format!(
+                "no slot `{}`; slots: {}",
+                request.slot,
+                if names.is_empty() {
+                    "(none configured)".into()
+                } else {
+                    names.join(", ")
+                }
+            ))
+        })?;
+        // Subscribe before reading the backlog so no line falls between.
+        let mut follow = ring.subscribe();
+        let lines = if request.lines == 0 {
+            usize::MAX
+        } else {
+            request.lines as usize
+        };
+        let backlog = ring.tail(lines);
+        let (tx, rx) = mpsc::channel(256);
+        tokio::spawn(async move {
+            for line in backlog {
+                if tx.send(Ok(convert::log_line(&line))).await.is_err() {
+                    return;
+                }
+            }
+            if !request.follow {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    next = follow.recv() => match next {
+                        Ok(line) => {
+                            if tx.send(Ok(convert::log_line(&line))).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                            let note = pb::LogLine {
+                                unix_ms: 0,
+                                stream: "ttctl".into(),
+                                text: format!("... {n} lines skipped (the reader fell behind) ..."),
+                            };
+                            if tx.send(Ok(note)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    },
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type GenerateStream = BoxStream<pb::GenerateResponse>;
+
+    async fn generate(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
+        let timeout = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::router::parse_grpc_timeout);
+        let stream = self
+            .state
+            .router()
+            .generate(request.into_inner(), timeout)
+            .await?;
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn list_cache(
+        &self,
+        _request: Request<pb::ListCacheRequest>,
+    ) -> Result<Response<pb::ListCacheResponse>, Status> {
+        let cache_dir = self.state.config().daemon.cache_dir.clone();
+        let slots = self.state.slots();
+        let variants = tokio::task::spawn_blocking(move || {
+            crate::cache::list_variants(&cache_dir)
+                .into_iter()
+                .map(|(model, key, dir)| {
+                    let (state, reason, files) = match crate::cache::state_of(&dir) {
+                        CacheState::Warm { files, .. } => ("warm", String::new(), files as u32),
+                        CacheState::Cold => ("cold", String::new(), 0),
+                        CacheState::Incomplete { reason } => ("incomplete", reason, 0),
+                    };
+                    let inputs = std::fs::read(dir.join(crate::cache::DESCRIPTION))
+                        .ok()
+                        .and_then(|b| serde_json::from_slice(&b).ok())
+                        .unwrap_or_default();
+                    pb::CacheVariant {
+                        used_by: slots
+                            .iter()
+                            .filter(|s| s.model == model && s.variant == key)
+                            .map(|s| s.name.clone())
+                            .collect(),
+                        bytes: dir_size(&dir),
+                        model,
+                        key,
+                        state: state.into(),
+                        reason,
+                        files,
+                        inputs,
+                    }
+                })
+                .collect()
+        })
+        .await
+        .map_err(|e| Status::internal(format!("cache listing failed: {e}")))?;
+        Ok(Response::new(pb::ListCacheResponse {
+            variants,
+            cache_dir: self.state.config().daemon.cache_dir.display().to_string(),
+        }))
+    }
+
+    async fn remove_cache(
+        &self,
+        request: Request<pb::RemoveCacheRequest>,
+    ) -> Result<Response<pb::RemoveCacheResponse>, Status> {
+        let key = request.into_inner().key;
+        let cache_dir = &self.state.config().daemon.cache_dir;
+        let (model, _, dir) = crate::cache::list_variants(cache_dir)
+            .into_iter()
+            .find(|(_, k, _)| *k == key)
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "no cache variant `{key}`; `ttctl cache ls` lists them"
+                ))
+            })?;
+        let busy: Vec<String> = self
+            .state
+            .slots()
+            .into_iter()
+            .filter(|s| {
+                s.model == model
+                    && s.variant == key
+                    && !matches!(
+                        s.state,
+                        SlotState::Failed
+                            | SlotState::Stopped
+                            | SlotState::Pending
+                            | SlotState::Quarantined
+                    )
+            })
+            .map(|s| format!("{} ({:?})", s.name, s.state))
+            .collect();
+        if !busy.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "cache variant {key} is in use by slot(s) {}; removing it under a running worker would break it",
+                busy.join(", ")
+            )));
+        }
+        let bytes = dir_size(&dir);
+        std::fs::remove_dir_all(&dir)
+            .map_err(|e| Status::internal(format!("cannot remove {}: {e}", dir.display())))?;
+        tracing::info!(variant = %key, model = %model, bytes, "cache variant removed");
+        Ok(Response::new(pb::RemoveCacheResponse {
+            path: dir.display().to_string(),
+            bytes,
+        }))
+    }
+}
+
+fn dir_size(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => stack.push(entry.path()),
+                Ok(_) => total += entry.metadata().map(|m| m.len()).unwrap_or(0),
+                Err(_) => {}
+            }
+        }
+    }
+    total
 }
 
 fn card_status(err: CardError) -> Status {

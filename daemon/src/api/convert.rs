@@ -112,3 +112,15 @@ pub fn reset_phase(phase: crate::cards::reset::Phase) -> pb::ResetPhase {
         Phase::Failed => pb::ResetPhase::Failed,
     }
 }
+
+/// A captured worker output line.
+pub fn log_line(line: &crate::worker::logs::LogLine) -> pb::LogLine {
+    pb::LogLine {
+        unix_ms: line.unix_ms,
+        stream: match line.stream {
+            crate::worker::logs::Stream::Stdout => "stdout".into(),
+            crate::worker::logs::Stream::Stderr => "stderr".into(),
+        },
+        text: line.text.clone(),
+    }
+}

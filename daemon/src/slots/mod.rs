@@ -211,8 +211,10 @@ impl SlotManager {
                 return;
             };
             let from = entry.view.state;
-            if from != state || entry.view.reason != reason {
+            if from != state {
                 tracing::info!(slot, from = ?from, to = ?state, %reason, "slot transition");
+            } else if entry.view.reason != reason {
+                tracing::debug!(slot, state = ?state, %reason, "slot progress");
             }
             if from != state {
                 entry.view.since = SystemTime::now();

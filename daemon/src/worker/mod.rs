@@ -310,10 +310,13 @@ async fn capture(
                         tracing::info!(slot = %slot, flag, "banner seen");
                     }
                 }
-                match stream {
-                    Stream::Stdout => tracing::info!(slot = %slot, "worker: {text}"),
-                    Stream::Stderr => tracing::warn!(slot = %slot, "worker stderr: {text}"),
-                }
+                // Engines log to stderr as a matter of course; the stream is
+                // a field, not a severity.
+                let stream_name = match stream {
+                    Stream::Stdout => "stdout",
+                    Stream::Stderr => "stderr",
+                };
+                tracing::info!(slot = %slot, stream = stream_name, "worker: {text}");
                 logs.push(LogLine {
                     unix_ms: crate::cards::unix_ms(std::time::SystemTime::now()),
                     stream,
