@@ -1,0 +1,78 @@
+# A four-card host serving other machines: a TP=2 model on the cabled pair
+# and two TP=1 replicas of a small model on the other two cards, with engine
+# flags, banner rules, a cold-build environment, a site probe after resets,
+# and JSON logs for the log shipper.
+{
+  services.tenstorrent-serving = {
+    enable = true;
+    listenAddress = "0.0.0.0";
+    port = 50051;
+    openFirewall = true;
+    # RUST_LOG=info,tt_servingd=debug and the like, kept out of the store.
+    environmentFile = "/run/secrets/tt-serving.env";
+    hugepages.count = 4;
+
+    settings = {
+      daemon.log_format = "json";
+      daemon.ready_when = "any";
+      reset = {
+        policy = "always";
+        probe_command = [
+          "/opt/tt-inference/bin/mesh-open-check"
+          "--timeout"
+          "60"
+        ];
+        attempts = 4;
+      };
+    };
+
+    models."qwen3.6-27b" = {
+      tp = 2;
+      cards = [
+        "0000:01:00.0"
+        "0000:02:00.0"
+      ];
+      checkpoint = "/srv/models/Qwen3.6-27B";
+      worker = [ "/opt/tt-inference/bin/tt-metal-worker" ];
+      meshDevice = "P300";
+      flags = {
+        QWEN36_SDPA_STREAMING = "1";
+        QWEN36_PAGED_KV = "1";
+        QWEN36_TRACE_DECODE = "0";
+      };
+      cacheFlags = [ "QWEN36_PAGED_KV" ];
+      banners = {
+        patterns = [ "QWEN36_*" ];
+        mode = "both";
+      };
+      extraEnvironment.TT_METAL_LOGGER_LEVEL = "WARNING";
+      coldEnvironment.TT_TRANSFORMERS_FORCE_MODEL_LOAD = "1";
+      readiness = {
+        deadlineSecs = 3600;
+        pingPrompt = "Q: What is the capital of France?\nA: \"";
+        pingMaxTokens = 8;
+        expect = "Paris";
+      };
+      restart = {
+        maxAttempts = 3;
+        stallTimeoutSecs = 300;
+        rssLimitMiB = 98304;
+        stopTimeoutSecs = 60;
+      };
+      drainTimeoutSecs = 120;
+      maxQueue = 256;
+    };
+
+    models.smollm2 = {
+      tp = 1;
+      replicas = [
+        [ "03:00.0" ]
+        [ "0000:04:00.0" ]
+      ];
+      checkpoint = "/var/lib/tt-serving/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+      flags.TTW_KV_F16 = true;
+      banners.patterns = [ "TTW_*" ];
+      readiness.expect = "Paris";
+    };
+  };
+}

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Checks on what tests/nix/eval.nix returns (JSON on stdin), for run.sh.
+
+  inspect.py toml-selftest            the toml.nix self-test round-trips
+  inspect.py example OUT_TOML         a good example: no failed assertion,
+                                      TOML written to OUT_TOML round-trips,
+                                      the unit has what the module promises
+  inspect.py host OUT_TOML            the VM test's host: no failed assertion,
+                                      TOML written to OUT_TOML round-trips
+  inspect.py variant                  the module on a nixpkgs without
+                                      hardware.tenstorrent and tt-smi
+  inspect.py broken EXPECTED          a broken config is rejected by an
+                                      assertion whose message contains EXPECTED
+
+Prints what is wrong and exits 1 on failure.
+"""
+import json
+import sys
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    tomllib = None
+
+problems = []
+
+
+def check(cond, what):
+    if not cond:
+        problems.append(what)
+
+
+def roundtrip(text, value, what):
+    if tomllib is None:
+        print(f"note: {what}: TOML round trip not checked (Python {sys.version_info[0]}.{sys.version_info[1]} has no tomllib)")
+        return
+    try:
+        parsed = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        problems.append(f"{what}: rendered TOML does not parse: {e}")
+        return
+    check(parsed == value, f"{what}: TOML parses to something else than the settings:\n  toml:     {json.dumps(parsed, sort_keys=True)}\n  settings: {json.dumps(value, sort_keys=True)}")
+
+
+def example(d, out_toml):
+    check(d["failedAssertions"] == [], f"failed assertions: {d['failedAssertions']}")
+    with open(out_toml, "w", encoding="utf-8") as f:
+        f.write(d["toml"])
+    roundtrip(d["toml"], d["settings"], "settings")
+
+    s = d["settings"]
+    pkg = d["package"]
+    for name, m in s.get("models", {}).items():
+        check(m.get("worker"), f"models.{name}: no worker rendered")
+        check(not any(v is None for v in m.values()), f"models.{name}: a null survived rendering")
+
+    u = d["unit"]
+    sc = u["serviceConfig"]
+    want = {
+        "Type": "notify",
+        "NotifyAccess": "main",
+        "Restart": "on-failure",
+        "DevicePolicy": "closed",
+        "ProtectSystem": "strict",
+        "ProtectHome": True,
+        "PrivateTmp": True,
+        "NoNewPrivileges": True,
+        "LockPersonality": True,
+        "LimitMEMLOCK": "infinity",
+        "KillMode": "mixed",
+        "ExecStart": f"{pkg}/bin/tt-servingd run --config /etc/tt-serving/config.toml",
+    }
+    for k, v in want.items():
+        check(sc.get(k) == v, f"serviceConfig.{k} = {sc.get(k)!r}, want {v!r}")
+    check(sc.get("DeviceAllow") == ["char-tenstorrent rw"], f"serviceConfig.DeviceAllow = {sc.get('DeviceAllow')!r}")
+    check(sc.get("MemoryDenyWriteExecute") is not True, "MemoryDenyWriteExecute must stay off (engines JIT)")
+    for k in ("WatchdogSec", "TimeoutStartSec", "SystemCallFilter", "RestrictAddressFamilies", "StateDirectory", "CacheDirectory", "RuntimeDirectory"):
+        check(sc.get(k), f"serviceConfig.{k} missing")
+    start = int(str(sc.get("TimeoutStartSec", "0s")).rstrip("s") or 0)
+    deadlines = [m.get("readiness", {}).get("deadline_secs", 1800) for m in s.get("models", {}).values()]
+    check(start > max(deadlines, default=1800), f"TimeoutStartSec {start}s does not cover the readiness deadline {max(deadlines, default=1800)}s")
+    lock_dir = s["daemon"]["lock_dir"]
+    check(lock_dir in sc.get("ReadWritePaths", []), f"lock dir {lock_dir} not in ReadWritePaths")
+    check(any(r.startswith(f"d {lock_dir} ") for r in d["tmpfiles"]), f"no tmpfiles rule for {lock_dir}")
+
+    etc = d["etc"].get("tt-serving/config.toml", {}).get("source")
+    check(etc is not None, "environment.etc.\"tt-serving/config.toml\" missing")
+    check(etc in u.get("restartTriggers", []), "the rendered config is not a restart trigger")
+    check(any(p.startswith("tt-serving") for p in d["systemPackages"]), "package (ttctl) not on the system path")
+    group = s["daemon"].get("control_socket_group")
+    if group:
+        check(group in d["groups"], f"group {group} not created")
+        check(group in sc.get("SupplementaryGroups", []), f"daemon not in {group}")
+    check(d["hardwareTenstorrentEnable"] is True, "hardware.tenstorrent.enable not defaulted to true")
+
+    if d["hugepagesUnit"] is not None:
+        mounts = [m for m in d["mounts"] if m["type"] == "hugetlbfs"]
+        check(len(mounts) == 1 and "pagesize=1G" in mounts[0]["options"], f"hugetlbfs mount: {mounts}")
+        check(any(p.startswith("hugepages=") for p in d["kernelParams"]), "no hugepages= kernel parameter")
+
+    listen = s["daemon"]["listen"]
+    port = int(listen.rsplit(":", 1)[1])
+    if d["firewallTCPPorts"]:
+        check(d["firewallTCPPorts"] == [port], f"firewall opens {d['firewallTCPPorts']}, listen is {listen}")
+
+
+def host(d, out_toml):
+    check(d["failedAssertions"] == [], f"failed assertions: {d['failedAssertions']}")
+    with open(out_toml, "w", encoding="utf-8") as f:
+        f.write(d["toml"])
+    roundtrip(d["toml"], d["settings"], "settings")
+
+
+def variant(d):
+    check(d["failedAssertions"] == [], f"failed assertions: {d['failedAssertions']}")
+    check(d["hardwareTenstorrentEnable"] is None, "hardware.tenstorrent set although the option does not exist")
+    check("tt_smi" not in d["settings"].get("hardware", {}), "hardware.tt_smi rendered without a tt-smi package")
+
+
+def broken(d, expected):
+    failed = d["failedAssertions"]
+    check(failed, "the config was accepted; it must be rejected by an assertion")
+    if failed:
+        check(any(expected in m for m in failed), "no assertion says:\n  " + expected + "\nthe module said:\n  " + "\n  ".join(failed))
+
+
+def main():
+    cmd = sys.argv[1]
+    d = json.load(sys.stdin)
+    if cmd == "toml-selftest":
+        roundtrip(d["rendered"], d["value"], "toml.nix self-test")
+    elif cmd == "example":
+        example(d, sys.argv[2])
+    elif cmd == "host":
+        host(d, sys.argv[2])
+    elif cmd == "variant":
+        variant(d)
+    elif cmd == "broken":
+        broken(d, sys.argv[2])
+    else:
+        sys.exit(f"inspect.py: unknown command {cmd}")
+    for p in problems:
+        print(f"  {p}")
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    main()

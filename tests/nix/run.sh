@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Nix checks that run without a Nix store or nixpkgs (Nix 2.8 is enough:
+# `apt-get install nix-bin`):
+#
+#   1. `nix-instantiate --parse` on every .nix file in the repository.
+#   2. With NIXPKGS_LIB (a checkout of nixpkgs' lib/ directory, e.g. from
+#      github.com/nix-community/nixpkgs.lib; the repository never carries
+#      it): module.nix evaluated through lib.evalModules with the stand-ins
+#      in this directory, for every host config in examples/: no assertion
+#      fails, the rendered TOML round-trips and passes
+#      `tt-servingd check-config --offline`, the unit has what the module
+#      promises; every config in tests/nix/broken/ is rejected by an
+#      assertion with the message on its `# expect:` line.
+#   3. Without NIXPKGS_LIB: a loud SKIPPED line instead of 2.
+#
+# Environment: NIXPKGS_LIB; TT_SERVINGD (default target/debug/tt-servingd);
+# TT_NIX_OUT, where rendered files go (default target/nix-eval).
+# Ends with `nix: N passed, M failed`; exits 1 on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+
+passed=0
+failed=0
+pass() {
+    passed=$((passed + 1))
+    echo "ok   $*"
+}
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL $*"
+}
+summary() {
+    echo "nix: $passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+    exit
+}
+
+if ! command -v nix-instantiate >/dev/null; then
+    fail "nix-instantiate not found; install Nix (apt-get install -y nix-bin)"
+    summary
+fi
+echo "== $(nix-instantiate --version)"
+
+# Evaluate without a store: nothing is built or copied.
+eval_json() {
+    nix-instantiate --store dummy:// --eval --strict --json "$@"
+}
+
+echo "== parse every .nix file"
+while IFS= read -r -d '' f; do
+    if err=$(nix-instantiate --parse "$f" 2>&1 >/dev/null); then
+        pass "parse ${f#./}"
+    else
+        fail "parse ${f#./}"
+        printf '%s\n' "$err" | sed 's/^/    /'
+    fi
+done < <(find . \( -path ./target -o -path ./.git -o -name node_modules \) -prune -o -name '*.nix' -type f -print0 | sort -z)
+
+if [ -z "${NIXPKGS_LIB:-}" ]; then
+    echo "SKIPPED: module evaluation (NIXPKGS_LIB not set: point it at a checkout of nixpkgs' lib/ directory, e.g. from github.com/nix-community/nixpkgs.lib, to evaluate module.nix for every example and check the rendered configs with tt-servingd check-config)"
+    summary
+fi
+
+echo "== module evaluation with nixpkgs lib at $NIXPKGS_LIB"
+lib=$(cd "$NIXPKGS_LIB" 2>/dev/null && pwd)
+if [ -z "$lib" ] || [ ! -f "$lib/default.nix" ] || [ ! -f "$lib/modules.nix" ]; then
+    fail "NIXPKGS_LIB=$NIXPKGS_LIB is not nixpkgs' lib/ directory (no default.nix and modules.nix there)"
+    summary
+fi
+echo "   lib version: $(eval_json -E "(import $lib).version" 2>&1)"
+if ! command -v python3 >/dev/null; then
+    fail "python3 not found; the harness decodes the evaluation's JSON with it"
+    summary
+fi
+servingd=${TT_SERVINGD:-$root/target/debug/tt-servingd}
+if [ ! -x "$servingd" ]; then
+    fail "$servingd is not executable; build it (cargo build -p tt-servingd --bin tt-servingd) or set TT_SERVINGD"
+    servingd=
+fi
+out=${TT_NIX_OUT:-$root/target/nix-eval}
+mkdir -p "$out"
+inspect="python3 tests/nix/inspect.py"
+
+if json=$(eval_json tests/nix/toml-test.nix 2>&1) && $inspect toml-selftest <<<"$json"; then
+    pass "toml.nix self-test (quoted keys, escapes, nesting, lists of lists)"
+else
+    fail "toml.nix self-test"
+    printf '%s\n' "$json" | tail -5 | sed 's/^/    /'
+fi
+
+# A host config: evaluate, check with inspect.py (KIND: example, or host
+# for the VM test's host, which has no hugepages and no driver), write and
+# show the TOML, run check-config on it.
+check_host() {
+    local file=$1 kind=$2 name json problems res
+    name=$(basename "$file" .nix)
+    if ! json=$(eval_json tests/nix/eval.nix --argstr libPath "$lib" --argstr example "$root/$file" 2>&1); then
+        fail "$file: evaluation"
+        printf '%s\n' "$json" | tail -15 | sed 's/^/    /'
+        return
+    fi
+    printf '%s\n' "$json" >"$out/$name.json"
+    if problems=$($inspect "$kind" "$out/$name.toml" <<<"$json"); then
+        pass "$file: evaluates, TOML round-trips, unit as promised ($out/$name.json)"
+    else
+        fail "$file: evaluation result"
+        printf '%s\n' "$problems"
+    fi
+    echo "   --- $out/$name.toml"
+    sed 's/^/   | /' "$out/$name.toml"
+    if [ -n "$servingd" ]; then
+        if res=$("$servingd" check-config --offline "$out/$name.toml" 2>&1); then
+            pass "$file: tt-servingd check-config --offline: $res"
+        else
+            fail "$file: tt-servingd check-config --offline rejects the rendered config"
+            printf '%s\n' "$res" | sed 's/^/    /'
+        fi
+    fi
+}
+
+for ex in examples/*.nix; do
+    check_host "$ex" example
+done
+check_host tests/nix/vm-host.nix host
+
+# An older nixpkgs: no hardware.tenstorrent option, no tt-smi package.
+if json=$(eval_json tests/nix/eval.nix --argstr libPath "$lib" --argstr example "$root/examples/minimal.nix" \
+    --arg withTenstorrentOption false --arg withTtSmi false 2>&1) &&
+    problems=$($inspect variant <<<"$json"); then
+    pass "examples/minimal.nix on a nixpkgs without hardware.tenstorrent and tt-smi"
+else
+    fail "examples/minimal.nix on a nixpkgs without hardware.tenstorrent and tt-smi"
+    printf '%s\n' "${problems:-$json}" | tail -15 | sed 's/^/    /'
+fi
+
+for bad in tests/nix/broken/*.nix; do
+    expected=$(sed -n 's/^# expect: //p' "$bad" | head -1)
+    if [ -z "$expected" ]; then
+        fail "$bad: no '# expect: MESSAGE' line"
+        continue
+    fi
+    problems=
+    if json=$(eval_json tests/nix/eval.nix --argstr libPath "$lib" --argstr example "$root/$bad" --argstr mode assertions 2>&1) &&
+        problems=$($inspect broken "$expected" <<<"$json"); then
+        pass "$bad: rejected: $expected"
+    else
+        fail "$bad: not rejected as expected"
+        printf '%s\n' "${problems:-$json}" | tail -15 | sed 's/^/    /'
+    fi
+done
+
+summary
