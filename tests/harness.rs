@@ -334,3 +334,121 @@ pub fn output_text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// Write the tiny deterministic test model (a few layers, random weights)
+/// with `tt-worker make-test-model` and return its path.
+pub fn tiny_model(dir: &Path) -> PathBuf {
+    let path = dir.join("tiny.gguf");
+    let out = Command::new(bin("tt-worker"))
+        .arg("make-test-model")
+        .arg("--out")
+        .arg(&path)
+        .output()
+        .expect("run tt-worker make-test-model");
+    assert!(out.status.success(), "make-test-model failed: {}", output_text(&out));
+    path
+}
+
+/// A `[models.NAME]` table served by the real `tt-worker` on the given fake
+/// cards, with fast test timeouts. `extra` lines go inside the table.
+pub fn model_table(name: &str, tp: u32, cards: &[usize], checkpoint: &Path, extra: &str) -> String {
+    let cards: Vec<String> = cards.iter().map(|i| format!("\"{}\"", FakeHw::bdf(*i))).collect();
+    format!(
+        r#"
+[models.{name}]
+tp = {tp}
+cards = [{cards}]
+checkpoint = "{checkpoint}"
+worker = ["{worker}"]
+drain_timeout_secs = 5
+{extra}
+"#,
+        cards = cards.join(", "),
+        checkpoint = checkpoint.display(),
+        worker = bin("tt-worker").display(),
+    )
+}
+
+impl Daemon {
+    /// `host:port` of the public inference port.
+    pub fn inference_address(&self) -> String {
+        self.status()["daemon"]["inference_address"]
+            .as_str()
+            .expect("inference address in status")
+            .to_string()
+    }
+
+    /// The status entry of a slot.
+    pub fn slot(&self, name: &str) -> Value {
+        self.status()["slots"]
+            .as_array()
+            .and_then(|s| s.iter().find(|s| s["name"] == name).cloned())
+            .unwrap_or(Value::Null)
+    }
+
+    /// Wait until a slot is in `state`; fails early with the slot's reason
+    /// if it lands in a state from `unexpected`.
+    pub fn wait_slot_state(&self, name: &str, state: &str) -> Value {
+        wait_until(&format!("slot {name} to be {state}"), || {
+            let slot = self.slot(name);
+            (slot["state"] == state).then_some(slot)
+        })
+    }
+
+    /// Path of a slot worker's engine socket.
+    pub fn worker_socket(&self, slot: &str) -> PathBuf {
+        self.dir
+            .join("workers")
+            .join(format!("{}.sock", slot.replace('/', "_")))
+    }
+}
+
+/// What one streamed generation produced.
+#[derive(Debug, Clone)]
+pub struct Generated {
+    /// The text, deltas joined.
+    pub text: String,
+    /// Token ids in order.
+    pub tokens: Vec<u32>,
+    /// The final chunk.
+    pub last: tt_serving_proto::v1::GenerationFinal,
+}
+
+/// Greedy generation through the daemon's public port.
+pub async fn generate(
+    address: &str,
+    model: &str,
+    prompt: &str,
+    max_tokens: u32,
+) -> Result<Generated, tonic::Status> {
+    use tt_serving_proto::v1::generate_response::Chunk;
+    use tt_serving_proto::v1::inference_client::InferenceClient;
+    use tt_serving_proto::v1::{generate_request::Input, GenerateRequest};
+    let mut client = InferenceClient::connect(format!("http://{address}"))
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("connect: {e}")))?;
+    let mut stream = client
+        .generate(GenerateRequest {
+            model: model.into(),
+            input: Some(Input::Prompt(prompt.into())),
+            max_tokens,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let mut text = String::new();
+    let mut tokens = Vec::new();
+    let mut last = None;
+    while let Some(chunk) = stream.message().await? {
+        match chunk.chunk {
+            Some(Chunk::Delta(d)) => {
+                text.push_str(&d.text);
+                tokens.extend(d.token_ids);
+            }
+            Some(Chunk::Final(f)) => last = Some(f),
+            None => {}
+        }
+    }
+    let last = last.ok_or_else(|| tonic::Status::internal("stream ended without a final chunk"))?;
+    Ok(Generated { text, tokens, last })
+}

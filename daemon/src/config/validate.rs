@@ -367,6 +367,8 @@ fn check_model(
             key("checkpoint"),
             "is empty; give the path of the model's checkpoint, e.g. \"/var/lib/models/model.gguf\"",
         ));
+    } else {
+        absolute(problems, &key("checkpoint"), &m.checkpoint);
     }
     if m.worker.first().is_some_and(|c| c.is_empty()) {
         problems.push(problem(

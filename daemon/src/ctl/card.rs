@@ -32,29 +32,31 @@ pub(super) async fn reset(
         .await
         .map_err(|status| Failure::from_status(status, socket))?
     {
-        emit(out, &format!("{}\n", reset_progress_line(&progress)))?;
         if !progress.finished {
+            emit(out, &format!("{}\n", reset_progress_line(&progress)))?;
             continue;
         }
+        // The final message is the final line: on stdout when the card is
+        // proven back, as the error (stderr, exit 1) when it is not. The
+        // daemon's text already names the card and what to do next.
         if progress.ok {
-            let node = progress
-                .new_index
-                .map(|i| format!(", now /dev/tenstorrent/{i}"))
-                .unwrap_or_default();
-            return emit(
-                out,
-                &format!("card {} is reset and proven healthy{node}\n", progress.bdf),
-            );
+            let mut done = progress.clone();
+            if done.message.is_empty() {
+                done.message = match progress.new_index {
+                    Some(i) => format!("card is proven back as /dev/tenstorrent/{i}"),
+                    None => "card is proven back".to_string(),
+                };
+            }
+            return emit(out, &format!("{}\n", reset_progress_line(&done)));
         }
-        let reason = if progress.message.is_empty() {
-            "every attempt failed".to_string()
+        return Err(Failure::Failed(if progress.message.is_empty() {
+            format!(
+                "reset of card {} failed: it was not proven back (see 'ttctl status')",
+                progress.bdf
+            )
         } else {
             progress.message
-        };
-        return Err(Failure::Failed(format!(
-            "reset of card {} failed: {reason} (see 'ttctl status' for the card's state)",
-            progress.bdf
-        )));
+        }));
     }
     Err(Failure::Failed(format!(
         "tt-servingd ended the reset of card {card} without a result; \

@@ -66,7 +66,7 @@ pub(super) async fn watch(
     // snapshots is not lost.
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
-    let mut first = true;
+    let mut frames = Frames::new(args.json, is_tty);
     loop {
         let next = tokio::select! {
             signal = &mut ctrl_c => {
@@ -83,39 +83,62 @@ pub(super) async fn watch(
                 socket.display()
             )));
         };
-        let text = watch_frame(&snapshot, args.json, is_tty, first, now_unix_ms())?;
-        emit(out, &text)?;
-        first = false;
+        if let Some(text) = frames.next(&snapshot, now_unix_ms())? {
+            emit(out, &text)?;
+        }
     }
 }
 
-/// What one watched snapshot prints: a JSON line; or the table, redrawn in
-/// place on a terminal and separated by a blank line otherwise (a log file
-/// or a pipe keeps every snapshot).
-fn watch_frame(
-    snapshot: &StatusResponse,
+/// Turns watched snapshots into output: a JSON line each; or the table,
+/// redrawn in place on a terminal and separated by a blank line otherwise
+/// (a log file or a pipe keeps every snapshot).
+///
+/// The daemon sends a snapshot on every change of its state, including
+/// ones the table does not show (a heartbeat counter ticking), so a
+/// snapshot that would print exactly what the last one printed is skipped.
+pub(super) struct Frames {
+    /// JSON lines instead of tables.
     json: bool,
+    /// Redraw in place instead of appending.
     is_tty: bool,
-    first: bool,
-    now_unix_ms: u64,
-) -> Result<String, Failure> {
-    if json {
-        let mut line = to_json(snapshot, false)?;
-        line.push('\n');
-        return Ok(line);
-    }
-    let table = status_table(snapshot, now_unix_ms);
-    Ok(match (is_tty, first) {
-        (true, _) => format!("{CLEAR_SCREEN}{table}"),
-        (false, true) => table,
-        (false, false) => format!("\n{table}"),
-    })
+    /// What the last printed snapshot rendered to, before decoration.
+    last: Option<String>,
 }
 
-/// One watched frame of a snapshot, as on a terminal or not.
-#[cfg(test)]
-pub(super) fn watch_frame_for_tests(snapshot: &StatusResponse, is_tty: bool) -> String {
-    watch_frame(snapshot, false, is_tty, false, now_unix_ms()).unwrap_or_default()
+impl Frames {
+    pub(super) fn new(json: bool, is_tty: bool) -> Self {
+        Frames {
+            json,
+            is_tty,
+            last: None,
+        }
+    }
+
+    /// The text to print for `snapshot`, or None when nothing visible
+    /// changed.
+    pub(super) fn next(
+        &mut self,
+        snapshot: &StatusResponse,
+        now_unix_ms: u64,
+    ) -> Result<Option<String>, Failure> {
+        let body = if self.json {
+            let mut line = to_json(snapshot, false)?;
+            line.push('\n');
+            line
+        } else {
+            status_table(snapshot, now_unix_ms)
+        };
+        if self.last.as_ref() == Some(&body) {
+            return Ok(None);
+        }
+        let text = match (self.json, self.is_tty, self.last.is_some()) {
+            (true, _, _) | (false, false, false) => body.clone(),
+            (false, true, _) => format!("{CLEAR_SCREEN}{body}"),
+            (false, false, true) => format!("\n{body}"),
+        };
+        self.last = Some(body);
+        Ok(Some(text))
+    }
 }
 
 fn to_json(status: &StatusResponse, pretty: bool) -> Result<String, Failure> {

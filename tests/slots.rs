@@ -1,0 +1,332 @@
+//! Slots end to end: real daemon, real `tt-worker` processes with the tiny
+//! test model, fake cards. Faults come from the worker's test-only fault
+//! switches (`TTW_TEST_FAULTS=1` plus one `TTW_FAULT_*`).
+
+use std::process::Command;
+use tonic::Code;
+use tt_serving_tests::{
+    generate, model_table, output_text, tiny_model, wait_until, Daemon, DaemonOptions, FakeHw,
+};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Runtime::new().expect("tokio runtime")
+}
+
+fn start(hw: &FakeHw, models: String) -> Daemon {
+    Daemon::start(
+        hw,
+        DaemonOptions {
+            extra: models,
+            ..Default::default()
+        },
+    )
+}
+
+#[test]
+fn tp1_and_tp2_slots_become_ready_and_stream_answers() {
+    let hw = FakeHw::new(3);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let daemon = start(
+        &hw,
+        model_table("one", 1, &[0], &model, "") + &model_table("two", 2, &[1, 2], &model, ""),
+    );
+    let one = daemon.wait_slot_state("one", "ready");
+    let two = daemon.wait_slot_state("two", "ready");
+    assert_eq!(one["cache_mode"], "cold");
+    assert!(one["worker_pid"].as_u64().unwrap_or(0) > 0);
+    assert_eq!(two["cards"].as_array().map(Vec::len), Some(2));
+    let address = daemon.inference_address();
+    runtime().block_on(async {
+        let a = generate(&address, "one", "hello world", 8).await.expect("TP=1 answers");
+        let b = generate(&address, "two", "hello world", 8).await.expect("TP=2 answers");
+        assert_eq!(a.tokens.len(), 8);
+        assert_eq!(a.last.slot, "one");
+        assert_eq!(b.last.slot, "two");
+        // Tensor parallelism must not change greedy output.
+        assert_eq!(a.tokens, b.tokens);
+
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut health = HealthClient::new(channel);
+        let status = health
+            .check(HealthCheckRequest { service: "two".into() })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(status, ServingStatus::Serving as i32);
+    });
+}
+
+#[test]
+fn cold_start_writes_the_marker_and_the_restart_is_warm() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let mut daemon = start(&hw, model_table("m", 1, &[0], &model, ""));
+    let slot = daemon.wait_slot_state("m", "ready");
+    assert_eq!(slot["cache_mode"], "cold");
+    let variant_dir = daemon.dir.join("cache/m");
+    let marker_exists = || {
+        std::fs::read_dir(&variant_dir)
+            .map(|d| d.flatten().any(|v| v.path().join(".tt-serving-complete.json").exists()))
+            .unwrap_or(false)
+    };
+    assert!(marker_exists(), "a cold start that passed readiness writes the marker");
+    assert_eq!(daemon.terminate(), Some(0));
+    daemon.spawn(&[]);
+    let slot = daemon.wait_slot_state("m", "ready");
+    assert_eq!(slot["cache_mode"], "warm");
+    // A clean stop left the cards clean: no reset at the warm restart.
+    assert!(hw.smi_calls().is_empty(), "{:?}", hw.smi_calls());
+
+    // A deleted cache file makes the variant incomplete: cold again.
+    daemon.terminate();
+    let variant = std::fs::read_dir(&variant_dir).unwrap().flatten().next().unwrap().path();
+    let victim = walk(&variant)
+        .into_iter()
+        .find(|p| p.extension().is_some_and(|e| e == "tensorbin"))
+        .expect("the cold start wrote tensor files");
+    std::fs::remove_file(&victim).unwrap();
+    daemon.spawn(&[]);
+    let slot = daemon.wait_slot_state("m", "ready");
+    assert_eq!(slot["cache_mode"], "cold");
+    assert!(victim.exists(), "the cold rebuild wrote the file again");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        if entry.path().is_dir() {
+            out.extend(walk(&entry.path()));
+        } else {
+            out.push(entry.path());
+        }
+    }
+    out
+}
+
+#[test]
+fn warm_start_that_generates_cache_files_is_refused_and_the_files_are_gone() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_WARM_EXTRA_FILE = \"1\" }\n[models.m.restart]\nmax_attempts = 1\n";
+    let mut daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
+    daemon.wait_slot_state("m", "ready");
+    daemon.terminate();
+    daemon.spawn(&[]);
+    let slot = wait_until("the guard to fail the slot", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "failed" && slot["retry_at_unix_ms"].is_null()).then_some(slot)
+    });
+    let reason = slot["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("warm start generated cache files"), "{reason}");
+    assert!(reason.contains("stray_placeholder"), "{reason}");
+    assert!(reason.contains("ttctl cache rm"), "{reason}");
+    let stray = walk(&daemon.dir.join("cache/m"))
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("stray_placeholder"))
+        .count();
+    assert_eq!(stray, 0, "the guard deletes the generated files");
+}
+
+#[test]
+fn missing_banner_fails_closed_and_the_model_is_not_served() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let extra = "flags = { TTW_KV_F16 = \"1\" }\nenv = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_SKIP_BANNER = \"TTW_KV_F16\" }\n[models.m.restart]\nmax_attempts = 1\n";
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
+    let slot = daemon.wait_slot_state("m", "failed");
+    let reason = slot["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("banner check failed"), "{reason}");
+    assert!(reason.contains("TTW_KV_F16=1"), "{reason}");
+    let address = daemon.inference_address();
+    let err = runtime()
+        .block_on(generate(&address, "m", "hi", 4))
+        .expect_err("never served");
+    assert_eq!(err.code(), Code::Unavailable);
+}
+
+#[test]
+fn both_mode_rejects_a_banner_from_a_flag_that_is_off() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let extra = "flags = { TTW_KV_F16 = \"0\" }\nenv = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_EXTRA_BANNER = \"TTW_KV_F16\" }\nbanners = { mode = \"both\" }\n[models.m.restart]\nmax_attempts = 1\n";
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
+    let slot = daemon.wait_slot_state("m", "failed");
+    let reason = slot["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("TTW_KV_F16=0 (off)"), "{reason}");
+}
+
+#[test]
+fn crash_mid_stream_ends_the_stream_resets_the_card_and_recovers() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    // The readiness ping uses 4 tokens; the crash comes 6 tokens later.
+    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_CRASH_AFTER_TOKENS = \"10\" }\n[models.m.restart]\nbackoff_ms = 50\n";
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
+    let first = daemon.wait_slot_state("m", "ready");
+    let address = daemon.inference_address();
+    let err = runtime()
+        .block_on(generate(&address, "m", "hello", 64))
+        .expect_err("the worker dies mid-stream");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(err.message().contains("slot m"), "{err}");
+    // The unclean exit marks the card dirty: reset and proven before restart.
+    wait_until("the card reset after the crash", || {
+        hw.smi_calls().iter().any(|c| c == "-r /dev/tenstorrent/0").then_some(())
+    });
+    let again = wait_until("the slot to come back", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "ready" && slot["worker_pid"] != first["worker_pid"]).then_some(slot)
+    });
+    assert!(again["last_error"].as_str().unwrap_or("").contains("SIGABRT"), "{again:#}");
+}
+
+#[test]
+fn hung_worker_is_killed_by_the_watchdog_and_the_slot_recovers() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_HANG_AFTER_TOKENS = \"8\" }\n[models.m.restart]\nstall_timeout_secs = 1\nbackoff_ms = 50\n";
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
+    let first = daemon.wait_slot_state("m", "ready");
+    let address = daemon.inference_address();
+    let err = runtime()
+        .block_on(generate(&address, "m", "hello", 64))
+        .expect_err("the hung stream is ended");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    let again = wait_until("the slot to come back", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "ready" && slot["worker_pid"] != first["worker_pid"]).then_some(slot)
+    });
+    assert!(again["last_error"].as_str().unwrap_or("").contains("hung"), "{again:#}");
+    assert!(hw.smi_calls().iter().any(|c| c == "-r /dev/tenstorrent/0"));
+}
+
+#[test]
+fn repeated_start_failures_back_off_then_stay_failed_until_restarted() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_EXIT_AT_START = \"3\" }\n[models.m.restart]\nmax_attempts = 3\nbackoff_ms = 50\n";
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
+    let slot = wait_until("the slot to give up", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "failed" && slot["reason"].as_str().unwrap_or("").contains("gave up")).then_some(slot)
+    });
+    let reason = slot["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("exited with status 3"), "{reason}");
+    assert!(reason.contains("ttctl slot restart m"), "{reason}");
+    // Each unclean exit reset the card before the next attempt.
+    let resets = hw.smi_calls().len();
+    assert!(resets >= 2, "{:?}", hw.smi_calls());
+    // It stays failed: no more attempts on its own.
+    let pid_before = slot["attempt"].clone();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(daemon.slot("m")["attempt"], pid_before);
+    // An operator restart tries again.
+    let rt = runtime();
+    rt.block_on(async {
+        let channel = tt_servingd::uds::channel(&daemon.socket).await.unwrap();
+        let mut control = tt_serving_proto::v1::control_client::ControlClient::new(channel);
+        control
+            .restart_slot(tt_serving_proto::v1::SlotRequest { slot: "m".into() })
+            .await
+            .expect("restart accepted");
+    });
+    wait_until("a new attempt after the restart", || {
+        (hw.smi_calls().len() > resets || daemon.slot("m")["reason"].as_str().unwrap_or("").contains("retrying")).then_some(())
+    });
+}
+
+#[test]
+fn full_queue_answers_resource_exhausted() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    // One request at a time, one waiting; the hang keeps the first busy.
+    let extra = "max_in_flight = 1\nmax_queue = 1\nenv = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_HANG_AFTER_TOKENS = \"6\" }\n[models.m.restart]\nstall_timeout_secs = 60\n";
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
+    daemon.wait_slot_state("m", "ready");
+    let address = daemon.inference_address();
+    runtime().block_on(async {
+        let a = address.clone();
+        let busy = tokio::spawn(async move { generate(&a, "m", "one", 64).await });
+        wait_until_async(|| daemon.slot("m")["requests_in_flight"] == 1).await;
+        let a = address.clone();
+        let queued = tokio::spawn(async move { generate(&a, "m", "two", 64).await });
+        // Give the second request time to take the queue's only place.
+        let mut third = None;
+        for _ in 0..100 {
+            match generate(&address, "m", "three", 4).await {
+                Err(e) if e.code() == Code::ResourceExhausted => {
+                    third = Some(e);
+                    break;
+                }
+                _ => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        }
+        let third = third.expect("the third request is refused while one runs and one waits");
+        assert!(third.message().contains("max_queue"), "{third}");
+        busy.abort();
+        queued.abort();
+    });
+}
+
+async fn wait_until_async(mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + tt_serving_tests::DEADLINE;
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "condition not met in time");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[test]
+fn sigterm_lets_the_stream_in_flight_finish_and_stops_workers_cleanly() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let mut daemon = start(&hw, model_table("m", 1, &[0], &model, ""));
+    let slot = daemon.wait_slot_state("m", "ready");
+    let worker_pid = slot["worker_pid"].as_u64().unwrap() as i32;
+    let address = daemon.inference_address();
+    let rt = runtime();
+    let stream = rt.spawn(async move { generate(&address, "m", "a long answer", 200).await });
+    wait_until("the request to be in flight", || {
+        (daemon.slot("m")["requests_in_flight"] == 1).then_some(())
+    });
+    assert_eq!(daemon.terminate(), Some(0));
+    let done = rt.block_on(stream).unwrap().expect("the in-flight stream completes");
+    assert!(!done.tokens.is_empty());
+    // The worker is gone and, having stopped cleanly, left no dirty card.
+    assert!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker_pid), None).is_err());
+    assert!(!daemon.dir.join("state/dirty").exists() || std::fs::read_dir(daemon.dir.join("state/dirty")).unwrap().next().is_none());
+}
+
+#[test]
+fn ttctl_shows_the_slot_and_refuses_to_reset_a_card_under_it() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, ""));
+    daemon.wait_slot_state("m", "ready");
+    let out = daemon.ttctl(&["card", "reset", "0"]);
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("in use by slot m"), "{text}");
+    assert!(hw.smi_calls().is_empty());
+    let table = output_text(&daemon.ttctl(&["status"]));
+    assert!(table.contains("ready") && table.contains("cold"), "{table}");
+    let _ = Command::new("true").status();
+}
