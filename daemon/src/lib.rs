@@ -13,6 +13,7 @@
 //! - [`ctl`]: `ttctl`, the operator's client.
 
 pub mod api;
+pub mod borrow;
 pub mod cache;
 pub mod cards;
 pub mod config;

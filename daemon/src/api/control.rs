@@ -145,6 +145,29 @@ impl Control for ControlService {
         )))
     }
 
+    type BorrowCardsStream = BoxStream<pb::BorrowEvent>;
+
+    async fn borrow_cards(
+        &self,
+        request: Request<tonic::Streaming<pb::BorrowRequest>>,
+    ) -> Result<Response<Self::BorrowCardsStream>, Status> {
+        let mut inbound = request.into_inner();
+        let start = match inbound.message().await? {
+            Some(pb::BorrowRequest {
+                step: Some(pb::borrow_request::Step::Start(start)),
+            }) => start,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first message of BorrowCards must be `start` naming the cards",
+                ))
+            }
+        };
+        tracing::info!(cards = ?start.cards, purpose = %start.purpose, "borrow requested over the control socket");
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(crate::borrow::run(self.state.clone(), start, inbound, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
     async fn restart_slot(
         &self,
         request: Request<pb::SlotRequest>,

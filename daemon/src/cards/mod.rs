@@ -78,6 +78,9 @@ struct Entry {
     lock: Option<CardLock>,
     /// A reset is running; a second one is refused.
     busy: bool,
+    /// Lent to an outside job (`ttctl card borrow`): the daemon neither
+    /// holds nor retakes the lock until the card is taken back.
+    lent: Option<String>,
 }
 
 /// Why a card operation was refused.
@@ -259,6 +262,7 @@ impl CardManager {
             managed,
             lock: None,
             busy: false,
+            lent: None,
         }
     }
 
@@ -336,6 +340,11 @@ impl CardManager {
             }
             entry.view.state = CardState::Quarantined;
             entry.view.reason = q;
+        } else if let Some(purpose) = &entry.lent {
+            entry.view.state = CardState::HeldElsewhere;
+            entry.view.reason = format!("lent to {purpose} (ttctl card borrow)");
+            entry.view.holder = lock::holder_of(&lock::lock_path(&self.lock_dir, &entry.view.bdf));
+            entry.view.held_by_daemon = false;
         } else if !entry.managed {
             entry.view.state = CardState::Unmanaged;
             entry.view.holder = lock::holder_of(&lock::lock_path(&self.lock_dir, &entry.view.bdf));
@@ -560,6 +569,56 @@ impl CardManager {
 
     fn clear_quarantine(&self, bdf: &str) {
         let _ = std::fs::remove_file(self.quarantine_file(bdf));
+    }
+
+    /// Lend cards to an outside job: release the daemon's locks and do not
+    /// retake them until [`CardManager::take_back`].
+    pub fn lend(&self, bdfs: &[String], purpose: &str) -> Result<(), CardError> {
+        {
+            let mut table = self.lock_table();
+            for bdf in bdfs {
+                let entry = table
+                    .get(bdf)
+                    .ok_or_else(|| CardError::NotFound(bdf.clone()))?;
+                if entry.busy {
+                    return Err(CardError::Busy(bdf.clone()));
+                }
+            }
+            for bdf in bdfs {
+                if let Some(entry) = table.get_mut(bdf) {
+                    entry.lent = Some(purpose.to_string());
+                    entry.lock = None;
+                    entry.view.holder = None;
+                    self.settle(entry);
+                }
+            }
+        }
+        tracing::info!(cards = %bdfs.join(","), purpose, "cards lent");
+        self.notify();
+        Ok(())
+    }
+
+    /// End a loan: the daemon takes the locks again as soon as the borrower
+    /// has released them.
+    pub fn take_back(&self, bdfs: &[String]) {
+        {
+            let mut table = self.lock_table();
+            for bdf in bdfs {
+                if let Some(entry) = table.get_mut(bdf) {
+                    entry.lent = None;
+                    self.settle(entry);
+                }
+            }
+        }
+        tracing::info!(cards = %bdfs.join(","), "loan ended");
+        self.notify();
+    }
+
+    /// Whether the daemon holds the locks of all these cards.
+    pub fn holds_all(&self, bdfs: &[String]) -> bool {
+        let table = self.lock_table();
+        bdfs.iter()
+            .all(|b| table.get(b).is_some_and(|e| e.lock.is_some()))
     }
 
     /// Release every lock (at shutdown).

@@ -98,8 +98,11 @@ pub struct SlotView {
 pub enum SlotCommand {
     /// Drain and stop; the supervisor ends.
     Stop,
-    /// Start again now (also leaves a final Failed state).
+    /// Start again now (also leaves a final Failed state and a loan).
     Restart,
+    /// Drain and stop because the cards are being lent out; wait for
+    /// Restart.
+    Lend,
 }
 
 struct SlotEntry {

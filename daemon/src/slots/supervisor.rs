@@ -31,6 +31,33 @@ enum Outcome {
     Restart { reason: String },
     /// Failed; `dirty` when the cards must be reset first.
     Failed { reason: String, dirty: bool },
+    /// Stopped because the cards are lent out.
+    Lent,
+}
+
+/// Park a slot whose cards are lent: Stopped until Restart (true) or Stop
+/// (false).
+async fn park(
+    mgr: &Arc<SlotManager>,
+    slot: &str,
+    commands: &mut UnboundedReceiver<SlotCommand>,
+) -> bool {
+    mgr.update(slot, |v| {
+        v.worker_pid = 0;
+        v.worker_rss_bytes = 0;
+    });
+    mgr.transition(
+        slot,
+        SlotState::Stopped,
+        "stopped: its cards are lent out (ttctl card borrow)",
+    );
+    loop {
+        match commands.recv().await {
+            Some(SlotCommand::Restart) => return true,
+            Some(SlotCommand::Lend) => {}
+            Some(SlotCommand::Stop) | None => return false,
+        }
+    }
 }
 
 /// Everything a start attempt needs that does not change between attempts.
@@ -128,6 +155,13 @@ pub async fn run(
                 tracing::info!(slot = %slot, %reason, "restarting slot");
                 failures.clear();
             }
+            Outcome::Lent => {
+                if !park(&mgr, &slot, &mut commands).await {
+                    mgr.transition(&slot, SlotState::Stopped, "stopped on request");
+                    return;
+                }
+                failures.clear();
+            }
             Outcome::Failed { reason, dirty: d } => {
                 dirty |= d;
                 mgr.update(&slot, |v| {
@@ -160,6 +194,14 @@ pub async fn run(
                             failures.clear();
                             continue;
                         }
+                        Some(SlotCommand::Lend) => {
+                            if !park(&mgr, &slot, &mut commands).await {
+                                mgr.transition(&slot, SlotState::Stopped, "stopped on request");
+                                return;
+                            }
+                            failures.clear();
+                            continue;
+                        }
                         Some(SlotCommand::Stop) | None => {
                             mgr.transition(&slot, SlotState::Stopped, "stopped on request");
                             return;
@@ -188,6 +230,13 @@ pub async fn run(
                     _ = tokio::time::sleep(backoff) => {}
                     cmd = commands.recv() => match cmd {
                         Some(SlotCommand::Restart) => failures.clear(),
+                        Some(SlotCommand::Lend) => {
+                            if !park(&mgr, &slot, &mut commands).await {
+                                mgr.transition(&slot, SlotState::Stopped, "stopped on request");
+                                return;
+                            }
+                            failures.clear();
+                        }
                         Some(SlotCommand::Stop) | None => {
                             mgr.transition(&slot, SlotState::Stopped, "stopped on request");
                             return;
@@ -246,6 +295,11 @@ async fn wait_for_cards(
             changed = changes.changed() => if changed.is_err() { return false },
             cmd = commands.recv() => match cmd {
                 Some(SlotCommand::Restart) => {}
+                Some(SlotCommand::Lend) => {
+                    if !park(mgr, &plan.slot, commands).await {
+                        return false;
+                    }
+                }
                 Some(SlotCommand::Stop) | None => return false,
             },
         }
@@ -670,6 +724,20 @@ async fn stop_worker(
                     reason: "restart requested".into(),
                 }
             }
+        }
+        Some(SlotCommand::Lend) => {
+            let exit = drain_and_stop(
+                mgr,
+                plan,
+                worker,
+                engine,
+                "draining: the cards are being lent out",
+            )
+            .await;
+            if exit.leaves_cards_dirty() {
+                mgr.cards().mark_dirty(&plan.cards);
+            }
+            Outcome::Lent
         }
         Some(SlotCommand::Stop) | None => {
             let exit = drain_and_stop(mgr, plan, worker, engine, "stop requested").await;

@@ -1,0 +1,182 @@
+//! Lending cards to an outside job (`ttctl card borrow`).
+//!
+//! Benchmarks and firmware checks need the cards too, and the field had to
+//! refuse sweeps while the service ran. A loan is safe: the slots on the
+//! cards drain and stop cleanly, the daemon releases the locks, the borrower
+//! takes them and runs its job, and when the borrower is done (or goes away)
+//! the daemon takes the locks back, resets and proves the cards (the job may
+//! have left them in any state) and restarts the slots.
+
+use crate::daemon::DaemonState;
+use crate::slots::{SlotCommand, SlotState};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+use tt_serving_proto::v1 as pb;
+use tt_serving_proto::v1::borrow_event::Kind;
+
+fn event(kind: Kind, message: impl Into<String>) -> Result<pb::BorrowEvent, Status> {
+    Ok(pb::BorrowEvent {
+        kind: kind as i32,
+        message: message.into(),
+        ..Default::default()
+    })
+}
+
+/// Run one loan; events go to `tx`. Errors before the cards are lent are
+/// returned as a status on the stream.
+pub async fn run(
+    state: Arc<DaemonState>,
+    start: pb::BorrowStart,
+    mut inbound: Streaming<pb::BorrowRequest>,
+    tx: mpsc::Sender<Result<pb::BorrowEvent, Status>>,
+) {
+    let cards = state.cards().clone();
+    let mut bdfs = Vec::new();
+    for name in &start.cards {
+        match cards.resolve_name(name) {
+            Ok(bdf) if !bdfs.contains(&bdf) => bdfs.push(bdf),
+            Ok(_) => {}
+            Err(e) => {
+                let _ = tx.send(Err(Status::not_found(e.to_string()))).await;
+                return;
+            }
+        }
+    }
+    if bdfs.is_empty() {
+        let _ = tx
+            .send(Err(Status::invalid_argument(
+                "cards: name at least one card (index or BDF)",
+            )))
+            .await;
+        return;
+    }
+    let slots = state.slot_manager().clone();
+    let affected: Vec<String> = slots
+        .snapshot()
+        .into_iter()
+        .filter(|s| s.cards.iter().any(|c| bdfs.contains(c)))
+        .map(|s| s.name)
+        .collect();
+    for slot in &affected {
+        let _ = tx
+            .send(event(Kind::Progress, format!("draining slot {slot}")))
+            .await;
+        if let Err(e) = slots.command(slot, SlotCommand::Lend) {
+            let _ = tx.send(Err(Status::failed_precondition(e))).await;
+            return;
+        }
+    }
+    // Wait until every affected slot has stopped its worker.
+    let limit = state
+        .config()
+        .models
+        .values()
+        .map(|m| m.drain_timeout_secs + 2 * m.restart.stop_timeout_secs + 10)
+        .max()
+        .unwrap_or(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(limit);
+    loop {
+        let notified = slots.changed.notified();
+        let running: Vec<String> = slots
+            .snapshot()
+            .into_iter()
+            .filter(|s| affected.contains(&s.name) && s.state != SlotState::Stopped)
+            .map(|s| format!("{} ({:?})", s.name, s.state))
+            .collect();
+        if running.is_empty() {
+            break;
+        }
+        if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            let _ = tx
+                .send(Err(Status::deadline_exceeded(format!(
+                    "slots did not stop within {limit}s: {}; the loan is abandoned and the slots restart",
+                    running.join(", ")
+                ))))
+                .await;
+            for slot in &affected {
+                let _ = slots.command(slot, SlotCommand::Restart);
+            }
+            return;
+        }
+    }
+    if let Err(e) = cards.lend(&bdfs, &start.purpose) {
+        let _ = tx
+            .send(Err(Status::failed_precondition(e.to_string())))
+            .await;
+        for slot in &affected {
+            let _ = slots.command(slot, SlotCommand::Restart);
+        }
+        return;
+    }
+    let _ = tx
+        .send(Ok(pb::BorrowEvent {
+            kind: Kind::Lent as i32,
+            message: format!("lent {}; take their locks and run the job", bdfs.join(",")),
+            bdfs: bdfs.clone(),
+            ok: true,
+        }))
+        .await;
+
+    // The loan lasts until the borrower says done or goes away.
+    match inbound.message().await {
+        Ok(Some(pb::BorrowRequest {
+            step: Some(pb::borrow_request::Step::Done(done)),
+        })) => {
+            tracing::info!(cards = %bdfs.join(","), exit_code = done.exit_code, "borrower finished")
+        }
+        other => {
+            tracing::warn!(cards = %bdfs.join(","), ?other, "borrower went away; taking the cards back")
+        }
+    }
+    cards.take_back(&bdfs);
+    let mut waited = 0u64;
+    while !cards.holds_all(&bdfs) {
+        cards.refresh();
+        if waited % 50 == 0 {
+            let _ = tx
+                .send(event(
+                    Kind::Progress,
+                    "waiting for the borrower to release the card locks",
+                ))
+                .await;
+        }
+        waited += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = tx
+        .send(event(Kind::Progress, "resetting the returned cards"))
+        .await;
+    let progress = tx.clone();
+    let mut on_event = move |e: crate::cards::reset::ResetEvent| {
+        let _ = progress.try_send(event(Kind::Progress, e.message));
+    };
+    let reset = cards.reset(&bdfs, false, &mut on_event).await;
+    for slot in &affected {
+        let _ = slots.command(slot, SlotCommand::Restart);
+    }
+    let (ok, message) = match reset {
+        Ok(_) => (
+            true,
+            format!(
+                "cards {} reset and proven back; slot(s) restarting: {}",
+                bdfs.join(","),
+                if affected.is_empty() {
+                    "none".to_string()
+                } else {
+                    affected.join(", ")
+                }
+            ),
+        ),
+        Err(e) => (false, format!("{e}")),
+    };
+    let _ = tx
+        .send(Ok(pb::BorrowEvent {
+            kind: Kind::Returned as i32,
+            message,
+            bdfs,
+            ok,
+        }))
+        .await;
+}
