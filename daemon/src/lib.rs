@@ -19,6 +19,7 @@ pub mod cards;
 pub mod config;
 pub mod ctl;
 pub mod daemon;
+pub mod demo;
 pub mod notify;
 pub mod router;
 pub mod shutdown;

