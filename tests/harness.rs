@@ -19,11 +19,12 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 /// builds every package's binaries alongside the test executables).
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test knows its own path");
-    // target/<profile>/deps/<test-binary> -> target/<profile>/<name>
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test binary lives in target/<profile>/deps");
+    // Tests live in target/<profile>/deps/, benchmark drivers in
+    // target/<profile>/; the binaries are in target/<profile>/.
+    let mut dir = exe.parent().expect("executable has a directory");
+    if dir.ends_with("deps") {
+        dir = dir.parent().expect("deps has a parent");
+    }
     let path = dir.join(name);
     assert!(
         path.exists(),

@@ -111,9 +111,24 @@ pub async fn serve_public(
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.wait())
+        .serve_with_incoming_shutdown(incoming_nodelay(listener), shutdown.wait())
         .await
         .context("inference port server failed")
+}
+
+/// Accepted TCP connections with Nagle's algorithm off: tokens are small
+/// writes, and Nagle plus delayed ACKs would hold each one back.
+fn incoming_nodelay(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    TcpListenerStream::new(listener).map(|accepted| {
+        accepted.inspect(|stream| {
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+        })
+    })
 }
 
 /// Publish initial health: the daemon ("") serves; each model and the
