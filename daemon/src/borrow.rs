@@ -134,7 +134,7 @@ pub async fn run(
     let mut waited = 0u64;
     while !cards.holds_all(&bdfs) {
         cards.refresh();
-        if waited % 50 == 0 {
+        if waited.is_multiple_of(50) {
             let _ = tx
                 .send(event(
                     Kind::Progress,

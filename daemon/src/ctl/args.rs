@@ -1,9 +1,9 @@
 //! The command line, declared with clap's derive API.
 //!
-//! Commands are grouped by the thing they act on (`card ...`; `slot ...` and
-//! `cache ...` join as their operations land in control.proto), so the help
-//! output reads like the daemon's own vocabulary. A group is only added
-//! together with a command that does something.
+//! Commands are grouped by the thing they act on (`card ...`, `slot ...`,
+//! `cache ...`), so the help output reads like the daemon's own vocabulary;
+//! the everyday checks (`status`, `generate`, `logs`) sit at the top level.
+//! A group is only added together with a command that does something.
 
 use std::path::PathBuf;
 
@@ -15,7 +15,8 @@ use super::client::DEFAULT_SOCKET;
 const EXIT_CODES: &str = "\
 Exit codes:
   0  success
-  1  the operation failed (the daemon said no, or a reset was not proven)
+  1  the operation failed (the daemon said no, a reset was not proven, a
+     generation failed, a cache variant is not warm)
   2  usage error (bad arguments)
   3  tt-servingd cannot be reached (not running, stale socket, permission denied)";
 
@@ -24,7 +25,8 @@ Exit codes:
 #[command(
     name = "ttctl",
     version,
-    about = "Operate tt-servingd: card and slot status, card resets",
+    about = "Operate tt-servingd: status, card resets, slot restarts and logs, \
+             quick generations, the tensor cache",
     long_about = "Operate tt-servingd, the tt-serving daemon that owns this host's \
                   Tenstorrent cards.\n\nttctl talks to the daemon over its local control \
                   socket (a unix socket; its group decides who may use it).",
@@ -57,6 +59,36 @@ pub enum Command {
     /// Card maintenance.
     #[command(subcommand)]
     Card(CardCommand),
+
+    /// Slot maintenance.
+    #[command(subcommand)]
+    Slot(SlotCommand),
+
+    /// Generate text with a served model, for a quick check from the host.
+    ///
+    /// The request goes through the daemon's router exactly like one on the
+    /// inference port. The text is printed as it is generated; a summary
+    /// (finish reason, token counts, slot, time to first token, decode
+    /// speed) follows on stderr, so stdout holds only the model's text.
+    /// Exits 1 when the daemon refuses the request (unknown model, no ready
+    /// slot, queue full, bad parameters), when the generation fails or is
+    /// cancelled, or when the stream ends without its final chunk.
+    #[command(after_help = EXIT_CODES)]
+    Generate(GenerateArgs),
+
+    /// Show a slot worker's recent output, optionally following new lines.
+    ///
+    /// Lines from the worker's stdout and stderr are printed as they are,
+    /// in the order the daemon read them; notes from the daemon itself (for
+    /// example lines skipped because the reader fell behind) are printed in
+    /// brackets. With --follow, ttctl keeps printing until Ctrl-C (exit 0)
+    /// or until the daemon goes away (exit 3).
+    #[command(after_help = EXIT_CODES)]
+    Logs(LogsArgs),
+
+    /// The tensor cache: list, verify and remove variants.
+    #[command(subcommand)]
+    Cache(CacheCommand),
 }
 
 /// Options of `ttctl status`.
@@ -89,5 +121,117 @@ pub enum CardCommand {
         /// (`0000:01:00.0`, stable across resets).
         #[arg(value_name = "INDEX|BDF")]
         card: String,
+    },
+}
+
+/// `ttctl slot ...`.
+#[derive(Debug, Subcommand)]
+pub enum SlotCommand {
+    /// Restart a slot: drain and stop its worker, then start it again.
+    ///
+    /// Also brings back a slot that gave up after repeated failures. The
+    /// daemon accepts the request and works in the background; ttctl prints
+    /// the slot's state right after acceptance (follow it with `ttctl status
+    /// --watch`).
+    #[command(after_help = EXIT_CODES)]
+    Restart {
+        /// The slot: the model's name, or `model/N` for a replica.
+        #[arg(value_name = "SLOT")]
+        slot: String,
+    },
+}
+
+/// Options of `ttctl generate`.
+#[derive(Debug, Clone, Args)]
+pub struct GenerateArgs {
+    /// The model, as configured under `[models.<name>]`.
+    #[arg(value_name = "MODEL")]
+    pub model: String,
+
+    /// The prompt: raw text continued as is, or with --chat one user message.
+    #[arg(value_name = "PROMPT")]
+    pub prompt: String,
+
+    /// The most tokens to generate (0: the server's default).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_tokens: u32,
+
+    /// Sampling temperature; 0 (the default) is greedy decoding.
+    #[arg(long, value_name = "F")]
+    pub temperature: Option<f32>,
+
+    /// Nucleus sampling: keep the smallest set of tokens whose probability
+    /// reaches F (0 or 1 disables it).
+    #[arg(long, value_name = "F")]
+    pub top_p: Option<f32>,
+
+    /// Keep only the N most likely tokens (0 disables it).
+    #[arg(long, value_name = "N")]
+    pub top_k: Option<u32>,
+
+    /// Seed of the sampler; the same seed, prompt and settings give the same
+    /// text.
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+
+    /// Stop when the text contains S (not printed). Repeat for several.
+    #[arg(long, value_name = "S")]
+    pub stop: Vec<String>,
+
+    /// Send the prompt as one user message, rendered with the model's chat
+    /// template, instead of as raw text.
+    #[arg(long)]
+    pub chat: bool,
+}
+
+/// Options of `ttctl logs`.
+#[derive(Debug, Clone, Args)]
+pub struct LogsArgs {
+    /// The slot: the model's name, or `model/N` for a replica.
+    #[arg(value_name = "SLOT")]
+    pub slot: String,
+
+    /// How many recent lines to show (0: every line the daemon kept).
+    #[arg(short = 'n', long = "lines", value_name = "N", default_value_t = 100)]
+    pub lines: u32,
+
+    /// Keep printing new lines as the worker writes them (Ctrl-C stops).
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+}
+
+/// `ttctl cache ...`.
+#[derive(Debug, Subcommand)]
+pub enum CacheCommand {
+    /// List every cache variant on disk: state, size, and which slots use it.
+    ///
+    /// STATE is `warm` (complete: a start uses it as is), `cold` (a build
+    /// never completed) or `incomplete` (a file the build wrote is missing
+    /// or changed; the reason is printed under the row).
+    #[command(after_help = EXIT_CODES)]
+    Ls {
+        /// Print one JSON object: `{"cache_dir": ..., "variants": [...]}`.
+        #[arg(long)]
+        json: bool,
+    },
+
+    /// Check that a model's next start will be warm.
+    ///
+    /// Prints the state of each of the model's variants on disk and exits 0
+    /// when the variant its slots use is warm, 1 when the next start will
+    /// build the cache cold (and says why).
+    #[command(after_help = EXIT_CODES)]
+    Verify {
+        /// The model, as configured under `[models.<name>]`.
+        #[arg(value_name = "MODEL")]
+        model: String,
+    },
+
+    /// Remove a cache variant no running slot uses, and print what it freed.
+    #[command(after_help = EXIT_CODES)]
+    Rm {
+        /// The variant key, as `ttctl cache ls` shows it.
+        #[arg(value_name = "VARIANT")]
+        variant: String,
     },
 }

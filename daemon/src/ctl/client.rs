@@ -1,18 +1,18 @@
 //! Connecting to the daemon's control socket.
 //!
-//! gRPC runs over a unix socket, so the channel gets a custom connector; the
-//! URI given to tonic is a placeholder it needs for the HTTP/2 `:authority`
-//! and never resolves. The connection is made eagerly so that the operator's
-//! most common mistakes (daemon not running, not in the socket's group, a
-//! socket file left behind by a crash) are reported up front, each with what
-//! to do, instead of as an opaque transport error on the first call.
+//! The channel itself comes from [`crate::uds::channel`], the one place that
+//! builds gRPC channels over unix sockets. What this module adds is the
+//! operator's view: the connection is made eagerly, under a deadline, so
+//! that the most common mistakes (daemon not running, not in the socket's
+//! group, a socket file left behind by a crash) are reported up front, each
+//! with what to do, instead of as an opaque transport error on the first
+//! call.
 
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tt_serving_proto::v1::control_client::ControlClient;
 
 /// Where the NixOS module puts the control socket.
@@ -106,16 +106,7 @@ impl ConnectError {
 
 /// Connect to the Control service on the unix socket at `path`.
 pub async fn connect(path: &Path) -> Result<ControlClient<Channel>, ConnectError> {
-    let socket = path.to_path_buf();
-    let endpoint = Endpoint::from_static("http://[::]:50051");
-    let connecting = endpoint.connect_with_connector(tower::service_fn(move |_| {
-        let socket = socket.clone();
-        async move {
-            let stream = tokio::net::UnixStream::connect(socket).await?;
-            Ok::<_, io::Error>(TokioIo::new(stream))
-        }
-    }));
-    match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
+    match tokio::time::timeout(CONNECT_TIMEOUT, crate::uds::channel(path)).await {
         Err(_elapsed) => Err(ConnectError::TimedOut {
             path: path.to_path_buf(),
         }),

@@ -7,48 +7,66 @@
 //!
 //! | code | meaning |
 //! |------|---------|
-//! | 0 | success (also: Ctrl-C ends `status --watch`, or stdout was closed) |
-//! | 1 | the operation failed: the daemon refused it, or a reset was not proven |
+//! | 0 | success (also: Ctrl-C ends `status --watch` or `logs -f`, or stdout was closed) |
+//! | 1 | the operation failed: the daemon refused it, a reset was not proven, a generation failed, a cache variant is not warm |
 //! | 2 | usage error (clap) |
 //! | 3 | the daemon cannot be reached, or the connection to it was lost |
 //!
 //! Layout:
 //! - `args`: the command line (clap). Commands are grouped by what they act
-//!   on (`card ...`, later `slot ...` and `cache ...`).
+//!   on (`card ...`, `slot ...`, `cache ...`); everyday checks (`status`,
+//!   `generate`, `logs`) are top-level.
 //! - `client`: [`connect`] to the control socket, with errors that tell the
 //!   operator what to do ([`ConnectError`]). The integration tests reuse it.
-//! - `render`: pure functions from a `StatusResponse` to tables and to the
-//!   stable JSON that `status --json` prints ([`StatusJson`]).
+//! - `render`: pure functions from the daemon's answers to tables, lines and
+//!   the stable JSON that `status --json` and `cache ls --json` print
+//!   ([`StatusJson`], [`CacheJson`]).
 //! - `status`: `ttctl status`, once or `--watch`.
 //! - `card`: `ttctl card reset`.
+//! - `slot`: `ttctl slot restart`.
+//! - `generate`: `ttctl generate`.
+//! - `logs`: `ttctl logs`, once or `--follow`.
+//! - `cache`: `ttctl cache ls|verify|rm`.
 
 mod args;
+mod cache;
 mod card;
 mod client;
+mod generate;
+mod logs;
 mod render;
+mod slot;
 mod status;
 #[cfg(test)]
 mod tests;
 
+use std::future::Future;
 use std::io::{self, IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use tonic::Code;
 
-pub use args::{CardCommand, Cli, Command, StatusArgs};
+pub use args::{
+    CacheCommand, CardCommand, Cli, Command, GenerateArgs, LogsArgs, SlotCommand, StatusArgs,
+};
 pub use client::{connect, ConnectError, DEFAULT_SOCKET};
 pub use render::{
-    card_state_word, reset_progress_line, slot_state_word, status_json, status_table, CardJson,
-    CardProcessJson, DaemonJson, LockHolderJson, SlotJson, StatusJson, TelemetryJson,
+    cache_json, cache_removed_line, cache_table, cache_verdict, card_state_word,
+    finish_reason_word, generate_summary, log_line, reset_progress_line, slot_restart_line,
+    slot_state_word, status_json, status_table, CacheJson, CacheVariantJson, CacheVerdict,
+    CardJson, CardProcessJson, DaemonJson, LockHolderJson, SlotJson, StatusJson, TelemetryJson,
 };
 
-/// Run one ttctl command to completion, printing results to stdout and
-/// `ttctl: <what went wrong>` to stderr, and return the exit code.
+/// Run one ttctl command to completion, printing results to stdout, notes
+/// (such as `generate`'s summary) and `ttctl: <what went wrong>` to stderr,
+/// and return the exit code.
 pub async fn run(cli: Cli) -> ExitCode {
     let mut stdout = io::stdout();
+    let mut stderr = io::stderr();
     let is_tty = stdout.is_terminal();
-    match execute(cli, &mut stdout, is_tty).await {
+    match execute(cli, &mut stdout, &mut stderr, is_tty).await {
         Ok(()) | Err(Failure::OutputClosed) => ExitCode::SUCCESS,
         Err(failure) => {
             // If stderr is gone too there is nobody left to tell.
@@ -58,8 +76,15 @@ pub async fn run(cli: Cli) -> ExitCode {
     }
 }
 
-/// `run` with the output and terminal detection passed in, for tests.
-async fn execute(cli: Cli, out: &mut (dyn Write + Send), is_tty: bool) -> Result<(), Failure> {
+/// `run` with the outputs and terminal detection passed in, for tests.
+/// `out` is stdout; `err` receives notes that must stay out of stdout (the
+/// failure message itself is printed by `run`).
+async fn execute(
+    cli: Cli,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+    is_tty: bool,
+) -> Result<(), Failure> {
     let socket = cli.socket.as_path();
     let mut client = connect(socket).await?;
     match cli.command {
@@ -69,6 +94,22 @@ async fn execute(cli: Cli, out: &mut (dyn Write + Send), is_tty: bool) -> Result
         Command::Status(args) => status::once(&mut client, args, socket, out).await,
         Command::Card(CardCommand::Reset { card }) => {
             card::reset(&mut client, &card, socket, out).await
+        }
+        Command::Slot(SlotCommand::Restart { slot }) => {
+            slot::restart(&mut client, &slot, socket, out).await
+        }
+        Command::Generate(args) => generate::run(&mut client, &args, socket, out, err).await,
+        Command::Logs(args) => {
+            logs::run(&mut client, &args, socket, out, tokio::signal::ctrl_c()).await
+        }
+        Command::Cache(CacheCommand::Ls { json }) => {
+            cache::ls(&mut client, json, socket, out).await
+        }
+        Command::Cache(CacheCommand::Verify { model }) => {
+            cache::verify(&mut client, &model, socket, out).await
+        }
+        Command::Cache(CacheCommand::Rm { variant }) => {
+            cache::rm(&mut client, &variant, socket, out).await
         }
     }
 }
@@ -147,4 +188,32 @@ fn emit(out: &mut (dyn Write + Send), text: &str) -> Result<(), Failure> {
             io::ErrorKind::BrokenPipe => Failure::OutputClosed,
             _ => Failure::Failed(format!("cannot write to stdout: {err}")),
         })
+}
+
+/// Write `text` to stderr-like output. A note that cannot be written is not
+/// worth failing a command that already succeeded.
+fn note(err: &mut (dyn Write + Send), text: &str) {
+    let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
+}
+
+/// Await one unary call, giving up after `limit`: these calls are answered
+/// from the daemon's memory or a quick look at the disk, and a daemon that
+/// takes longer is stuck; a hanging ttctl would hide that.
+async fn answer_within<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    socket: &Path,
+) -> Result<T, Failure> {
+    tokio::time::timeout(limit, call)
+        .await
+        .map_err(|_elapsed| {
+            Failure::Unreachable(format!(
+                "tt-servingd at {} did not answer within {}s; it may be hung \
+                 (check 'systemctl status tenstorrent-serving' and its journal)",
+                socket.display(),
+                limit.as_secs()
+            ))
+        })?
+        .map(tonic::Response::into_inner)
+        .map_err(|status| Failure::from_status(status, socket))
 }

@@ -1,5 +1,5 @@
-//! Turning a `StatusResponse` into what the operator reads: aligned tables,
-//! or JSON for scripts.
+//! Turning the daemon's answers into what the operator reads: aligned
+//! tables, one-line summaries, or JSON for scripts.
 //!
 //! Everything here is a pure function of its inputs (the current time is a
 //! parameter), so the output is pinned by unit tests without a daemon.
@@ -10,9 +10,12 @@
 //! fields. Field names mirror control.proto; enum values are the same
 //! lowercase words the tables print.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use tt_serving_proto::v1::{
-    Card, CardState, DaemonInfo, ResetPhase, ResetProgress, Slot, SlotState, StatusResponse,
+    CacheVariant, Card, CardState, DaemonInfo, FinishReason, GenerationFinal, ListCacheResponse,
+    LogLine, RemoveCacheResponse, ResetPhase, ResetProgress, Slot, SlotState, StatusResponse,
 };
 
 /// The word for a card state, as printed in tables and JSON. Values from a
@@ -600,6 +603,283 @@ fn slot_json(slot: &Slot) -> SlotJson {
         requests_in_flight: slot.requests_in_flight,
         last_error: slot.last_error.clone(),
     }
+}
+
+/// The word for why a generation ended: `stop`, `length`, `cancelled`.
+pub fn finish_reason_word(reason: i32) -> &'static str {
+    match FinishReason::try_from(reason) {
+        Ok(FinishReason::Stop) => "stop",
+        Ok(FinishReason::Length) => "length",
+        Ok(FinishReason::Cancelled) => "cancelled",
+        Ok(FinishReason::Unspecified) | Err(_) => "unknown",
+    }
+}
+
+/// `ttctl generate`'s summary, from the final chunk:
+/// `[stop] 12 prompt tokens, 8 completion tokens, slot qwen, TTFT 35.2 ms,
+/// decode 41.3 tok/s`.
+///
+/// The decode rate counts the tokens after the first (the first one's time
+/// is the TTFT); it is `-` when there is nothing to divide (fewer than two
+/// tokens, or no decode time reported).
+pub fn generate_summary(done: &GenerationFinal) -> String {
+    let usage = done.usage.unwrap_or_default();
+    let timings = done.timings.unwrap_or_default();
+    let ttft = if timings.time_to_first_token_us == 0 {
+        "-".to_string()
+    } else {
+        micros_words(timings.time_to_first_token_us)
+    };
+    let decoded = usage.completion_tokens.saturating_sub(1);
+    let decode = if decoded == 0 || timings.decode_us == 0 {
+        "-".to_string()
+    } else {
+        format!(
+            "{:.1} tok/s",
+            f64::from(decoded) * 1e6 / timings.decode_us as f64
+        )
+    };
+    format!(
+        "[{}] {} prompt tokens, {} completion tokens, slot {}, TTFT {ttft}, decode {decode}",
+        finish_reason_word(done.finish_reason),
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        or_dash(&done.slot),
+    )
+}
+
+/// `850 us`, `35.2 ms`, `1.52 s`.
+fn micros_words(us: u64) -> String {
+    match us {
+        0..1_000 => format!("{us} us"),
+        1_000..1_000_000 => format!("{:.1} ms", us as f64 / 1e3),
+        _ => format!("{:.2} s", us as f64 / 1e6),
+    }
+}
+
+/// One line of `ttctl logs`. The worker's own output (stdout and stderr)
+/// is printed as it is, so the log reads and greps like the worker's
+/// terminal; anything else the daemon sends (its notes, such as skipped
+/// lines) is tagged with its source in brackets so it cannot be mistaken
+/// for the worker's words.
+pub fn log_line(line: &LogLine) -> String {
+    match line.stream.as_str() {
+        "stdout" | "stderr" | "" => line.text.clone(),
+        tag => format!("[{tag}] {}", line.text),
+    }
+}
+
+/// What `ttctl slot restart` prints once the daemon accepted:
+/// `restart of slot qwen accepted; it is now draining: restart requested`.
+pub fn slot_restart_line(slot: &Slot) -> String {
+    let mut line = format!(
+        "restart of slot {} accepted; it is now {}",
+        slot.name,
+        slot_state_word(slot.state)
+    );
+    if !slot.reason.is_empty() {
+        line.push_str(": ");
+        line.push_str(&one_line(&slot.reason));
+    }
+    line
+}
+
+/// `ttctl cache ls`: one row per variant (MODEL, VARIANT, STATE, SIZE,
+/// FILES, USED BY), with the reason under incomplete ones.
+pub fn cache_table(cache: &ListCacheResponse) -> String {
+    if cache.variants.is_empty() {
+        return format!("no cache variants in {}\n", or_dash(&cache.cache_dir));
+    }
+    let mut table = Table::new(&["MODEL", "VARIANT", "STATE", "SIZE", "FILES", "USED BY"]);
+    for variant in &cache.variants {
+        table.row(vec![
+            variant.model.clone(),
+            variant.key.clone(),
+            or_dash(&variant.state).to_string(),
+            bytes_words(variant.bytes),
+            files_words(variant),
+            used_by_words(variant),
+        ]);
+        if variant.state == "incomplete" {
+            table.note(format!("reason: {}", or_dash(&one_line(&variant.reason))));
+        }
+    }
+    table.render()
+}
+
+/// The marker's file count, known only for a warm variant.
+fn files_words(variant: &CacheVariant) -> String {
+    if variant.files == 0 && variant.state != "warm" {
+        "-".to_string()
+    } else {
+        variant.files.to_string()
+    }
+}
+
+fn used_by_words(variant: &CacheVariant) -> String {
+    if variant.used_by.is_empty() {
+        "-".to_string()
+    } else {
+        variant.used_by.join(",")
+    }
+}
+
+/// `ttctl cache ls --json`: `{"cache_dir": ..., "variants": [...]}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheJson {
+    /// The cache root.
+    pub cache_dir: String,
+    /// Every variant on disk, sorted by model, then key.
+    pub variants: Vec<CacheVariantJson>,
+}
+
+/// Mirrors `CacheVariant`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheVariantJson {
+    /// Model name.
+    pub model: String,
+    /// Variant key.
+    pub key: String,
+    /// `warm`, `cold` or `incomplete`.
+    pub state: String,
+    /// Why it is incomplete; empty otherwise.
+    pub reason: String,
+    /// Bytes on disk.
+    pub bytes: u64,
+    /// Files listed by the completeness marker (0 unless warm).
+    pub files: u32,
+    /// Slots whose current config selects this variant.
+    pub used_by: Vec<String>,
+    /// What went into the key (checkpoint identity, TP, flags, worker),
+    /// sorted by name.
+    pub inputs: BTreeMap<String, String>,
+}
+
+/// The JSON form of a cache listing.
+pub fn cache_json(cache: &ListCacheResponse) -> CacheJson {
+    CacheJson {
+        cache_dir: cache.cache_dir.clone(),
+        variants: cache
+            .variants
+            .iter()
+            .map(|v| CacheVariantJson {
+                model: v.model.clone(),
+                key: v.key.clone(),
+                state: v.state.clone(),
+                reason: v.reason.clone(),
+                bytes: v.bytes,
+                files: v.files,
+                used_by: v.used_by.clone(),
+                inputs: v
+                    .inputs
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+/// What `ttctl cache verify MODEL` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheVerdict {
+    /// The model's variants, as a table for stdout; empty when it has none.
+    pub listing: String,
+    /// `Ok`: the line saying the next start is warm (stdout, exit 0).
+    /// `Err`: why it will be cold (the failure message, exit 1).
+    pub outcome: Result<String, String>,
+}
+
+/// Judge whether `model`'s next start will be warm: the variant its slots'
+/// current config selects (the one with `used_by` set) must be on disk and
+/// warm. A variant no slot uses is left over from an older config (or
+/// worker) and does not count.
+pub fn cache_verdict(model: &str, cache: &ListCacheResponse) -> CacheVerdict {
+    let variants: Vec<&CacheVariant> = cache.variants.iter().filter(|v| v.model == model).collect();
+    if variants.is_empty() {
+        return CacheVerdict {
+            listing: String::new(),
+            outcome: Err(format!(
+                "no cache for {model} yet: the next start builds it cold"
+            )),
+        };
+    }
+    let mut table = Table::new(&["VARIANT", "STATE", "SIZE", "FILES", "USED BY"]);
+    for v in &variants {
+        table.row(vec![
+            v.key.clone(),
+            or_dash(&v.state).to_string(),
+            bytes_words(v.bytes),
+            files_words(v),
+            if v.used_by.is_empty() {
+                "- (not selected by the current config)".to_string()
+            } else {
+                v.used_by.join(",")
+            },
+        ]);
+        if v.state == "incomplete" {
+            table.note(format!("reason: {}", or_dash(&one_line(&v.reason))));
+        }
+    }
+    let used: Vec<&&CacheVariant> = variants.iter().filter(|v| !v.used_by.is_empty()).collect();
+    let outcome = if used.is_empty() {
+        Err(format!(
+            "{model}: none of its {} cache variant(s) on disk is the one its current config \
+             selects (no slot uses them): a cold build will happen at the next start",
+            variants.len()
+        ))
+    } else if let Some(bad) = used.iter().find(|v| v.state != "warm") {
+        let slots = bad.used_by.join(", ");
+        Err(match bad.state.as_str() {
+            "cold" => format!(
+                "{model}: variant {} (used by {slots}) is cold, its build never completed: \
+                 a cold build will happen at the next start",
+                bad.key
+            ),
+            "incomplete" => format!(
+                "{model}: variant {} (used by {slots}) is incomplete: {}; \
+                 a cold build will happen at the next start",
+                bad.key,
+                or_dash(&one_line(&bad.reason))
+            ),
+            other => format!(
+                "{model}: variant {} (used by {slots}) is {}, not warm: \
+                 a cold build will happen at the next start",
+                bad.key,
+                if other.is_empty() {
+                    "in an unknown state"
+                } else {
+                    other
+                }
+            ),
+        })
+    } else {
+        let keys: Vec<&str> = used.iter().map(|v| v.key.as_str()).collect();
+        let slots: Vec<&str> = used
+            .iter()
+            .flat_map(|v| v.used_by.iter().map(String::as_str))
+            .collect();
+        Ok(format!(
+            "{model}: variant {} is warm: the next start of {} is warm",
+            keys.join(", "),
+            slots.join(", ")
+        ))
+    };
+    CacheVerdict {
+        listing: table.render(),
+        outcome,
+    }
+}
+
+/// What `ttctl cache rm` prints: `removed /var/cache/tt-serving/qwen/3f2a...:
+/// freed 10.5 GiB (11274289152 bytes)`.
+pub fn cache_removed_line(removed: &RemoveCacheResponse) -> String {
+    let freed = if removed.bytes == 0 {
+        "0 bytes".to_string()
+    } else {
+        format!("{} ({} bytes)", bytes_words(removed.bytes), removed.bytes)
+    };
+    format!("removed {}: freed {freed}", removed.path)
 }
 
 #[cfg(test)]

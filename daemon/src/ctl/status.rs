@@ -9,7 +9,7 @@ use tt_serving_proto::v1::control_client::ControlClient;
 use tt_serving_proto::v1::{StatusRequest, StatusResponse};
 
 use super::render::{status_json, status_table};
-use super::{emit, Failure, StatusArgs};
+use super::{answer_within, emit, Failure, StatusArgs};
 
 /// Status is answered from the daemon's memory; a daemon that takes longer
 /// than this is stuck, and a hanging `ttctl status` would hide that.
@@ -26,18 +26,7 @@ pub(super) async fn once(
     socket: &Path,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let response = tokio::time::timeout(STATUS_TIMEOUT, client.status(StatusRequest {}))
-        .await
-        .map_err(|_elapsed| {
-            Failure::Unreachable(format!(
-                "tt-servingd at {} did not answer within {}s; it may be hung \
-                 (check 'systemctl status tenstorrent-serving' and its journal)",
-                socket.display(),
-                STATUS_TIMEOUT.as_secs()
-            ))
-        })?
-        .map_err(|status| Failure::from_status(status, socket))?
-        .into_inner();
+    let response = answer_within(STATUS_TIMEOUT, client.status(StatusRequest {}), socket).await?;
     let text = if args.json {
         let mut text = to_json(&response, true)?;
         text.push('\n');

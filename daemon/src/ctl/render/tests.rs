@@ -1,5 +1,5 @@
 use super::*;
-use tt_serving_proto::v1::{CardProcess, LockHolder, Telemetry};
+use tt_serving_proto::v1::{CardProcess, LockHolder, Telemetry, Timings, Usage};
 
 /// 2025-01-01T00:00:00Z, the "now" every test renders at.
 const NOW: u64 = 1_735_689_600_000;
@@ -443,4 +443,279 @@ fn json_round_trips_through_the_public_types() {
     let text = serde_json::to_string_pretty(&json).unwrap();
     let back: StatusJson = serde_json::from_str(&text).unwrap();
     assert_eq!(back, json);
+}
+
+fn final_chunk(completion_tokens: u32, ttft_us: u64, decode_us: u64) -> GenerationFinal {
+    GenerationFinal {
+        finish_reason: FinishReason::Length as i32,
+        usage: Some(Usage {
+            prompt_tokens: 12,
+            completion_tokens,
+        }),
+        timings: Some(Timings {
+            queue_us: 250,
+            prefill_us: 30_000,
+            decode_us,
+            time_to_first_token_us: ttft_us,
+        }),
+        slot: "qwen/1".into(),
+    }
+}
+
+#[test]
+fn generate_summary_names_reason_tokens_slot_ttft_and_decode_rate() {
+    // 64 tokens: the first arrives at the TTFT, the other 63 in 1.5 s.
+    assert_eq!(
+        generate_summary(&final_chunk(64, 35_240, 1_500_000)),
+        "[length] 12 prompt tokens, 64 completion tokens, slot qwen/1, TTFT 35.2 ms, \
+         decode 42.0 tok/s"
+    );
+    assert_eq!(
+        generate_summary(&GenerationFinal {
+            finish_reason: FinishReason::Stop as i32,
+            ..final_chunk(8, 2_345_678, 700_000)
+        }),
+        "[stop] 12 prompt tokens, 8 completion tokens, slot qwen/1, TTFT 2.35 s, \
+         decode 10.0 tok/s"
+    );
+}
+
+#[test]
+fn generate_summary_shows_dashes_for_what_was_not_measured() {
+    // One token: nothing was decoded after the first.
+    assert_eq!(
+        generate_summary(&final_chunk(1, 850, 0)),
+        "[length] 12 prompt tokens, 1 completion tokens, slot qwen/1, TTFT 850 us, decode -"
+    );
+    // A bare final chunk (no usage, timings or slot) still renders.
+    assert_eq!(
+        generate_summary(&GenerationFinal::default()),
+        "[unknown] 0 prompt tokens, 0 completion tokens, slot -, TTFT -, decode -"
+    );
+    assert_eq!(
+        finish_reason_word(FinishReason::Cancelled as i32),
+        "cancelled"
+    );
+    assert_eq!(finish_reason_word(42), "unknown");
+}
+
+#[test]
+fn log_lines_print_worker_output_as_is_and_tag_daemon_notes() {
+    let line = |stream: &str, text: &str| LogLine {
+        unix_ms: NOW,
+        stream: stream.into(),
+        text: text.into(),
+    };
+    assert_eq!(
+        log_line(&line("stdout", "loaded 32 layers")),
+        "loaded 32 layers"
+    );
+    assert_eq!(
+        log_line(&line("stderr", "Traceback (most recent call last):")),
+        "Traceback (most recent call last):"
+    );
+    assert_eq!(
+        log_line(&line("ttctl", "... 7 lines skipped ...")),
+        "[ttctl] ... 7 lines skipped ..."
+    );
+}
+
+#[test]
+fn slot_restart_line_says_where_the_slot_is_now() {
+    let draining = Slot {
+        name: "qwen/1".into(),
+        state: SlotState::Draining as i32,
+        reason: "restart requested\nby ttctl".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        slot_restart_line(&draining),
+        "restart of slot qwen/1 accepted; it is now draining: restart requested / by ttctl"
+    );
+    let bare = Slot {
+        reason: String::new(),
+        state: SlotState::Pending as i32,
+        ..draining
+    };
+    assert_eq!(
+        slot_restart_line(&bare),
+        "restart of slot qwen/1 accepted; it is now pending"
+    );
+}
+
+fn cache_variant(model: &str, key: &str, state: &str, used_by: &[&str]) -> CacheVariant {
+    CacheVariant {
+        model: model.into(),
+        key: key.into(),
+        state: state.into(),
+        reason: String::new(),
+        bytes: 0,
+        files: 0,
+        used_by: used_by.iter().map(|s| s.to_string()).collect(),
+        inputs: Default::default(),
+    }
+}
+
+fn cache() -> ListCacheResponse {
+    ListCacheResponse {
+        cache_dir: "/var/cache/tt-serving".into(),
+        variants: vec![
+            CacheVariant {
+                reason: "weights/l3.bin: expected 4096 bytes, found 0\n(truncated)".into(),
+                bytes: 812 << 20,
+                ..cache_variant("llama", "1111222233334444", "incomplete", &["llama"])
+            },
+            CacheVariant {
+                bytes: 10 * (1 << 30) + (1 << 29),
+                files: 240,
+                inputs: [
+                    ("tp".to_string(), "2".to_string()),
+                    (
+                        "checkpoint".to_string(),
+                        "/m/q.gguf size=1 mtime=2".to_string(),
+                    ),
+                ]
+                .into(),
+                ..cache_variant("qwen", "3f2a9c0d1e2b4a5c", "warm", &["qwen/0", "qwen/1"])
+            },
+            cache_variant("qwen", "ffff000000000000", "cold", &[]),
+        ],
+    }
+}
+
+#[test]
+fn cache_table_shows_state_size_files_users_and_reasons() {
+    let table = cache_table(&cache());
+    assert_eq!(
+        table,
+        "MODEL  VARIANT           STATE       SIZE      FILES  USED BY\n\
+         llama  1111222233334444  incomplete  812 MiB   -      llama\n\
+         \x20   reason: weights/l3.bin: expected 4096 bytes, found 0 / (truncated)\n\
+         qwen   3f2a9c0d1e2b4a5c  warm        10.5 GiB  240    qwen/0,qwen/1\n\
+         qwen   ffff000000000000  cold        -         -      -\n"
+    );
+}
+
+#[test]
+fn empty_cache_says_where_it_looked() {
+    let empty = ListCacheResponse {
+        cache_dir: "/var/cache/tt-serving".into(),
+        variants: vec![],
+    };
+    assert_eq!(
+        cache_table(&empty),
+        "no cache variants in /var/cache/tt-serving\n"
+    );
+}
+
+#[test]
+fn cache_json_mirrors_the_listing_with_sorted_inputs() {
+    let json = cache_json(&cache());
+    let v = serde_json::to_value(&json).unwrap();
+    assert_eq!(v["cache_dir"], "/var/cache/tt-serving");
+    let qwen = &v["variants"][1];
+    for field in [
+        "model", "key", "state", "reason", "bytes", "files", "used_by", "inputs",
+    ] {
+        assert!(!qwen[field].is_null(), "{field} missing: {qwen}");
+    }
+    assert_eq!(qwen["state"], "warm");
+    assert_eq!(qwen["files"], 240);
+    assert_eq!(qwen["used_by"], serde_json::json!(["qwen/0", "qwen/1"]));
+    assert_eq!(qwen["inputs"]["tp"], "2");
+    let text = serde_json::to_string(&json).unwrap();
+    assert!(
+        text.find("\"checkpoint\"").unwrap() < text.find("\"tp\"").unwrap(),
+        "inputs are sorted: {text}"
+    );
+    let back: CacheJson = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, json);
+    assert_eq!(v["variants"][0]["state"], "incomplete");
+    assert!(v["variants"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("weights/l3.bin"));
+}
+
+#[test]
+fn cache_verdict_is_warm_only_for_the_variant_the_slots_use() {
+    let verdict = cache_verdict("qwen", &cache());
+    assert_eq!(
+        verdict.outcome,
+        Ok(
+            "qwen: variant 3f2a9c0d1e2b4a5c is warm: the next start of qwen/0, qwen/1 is warm"
+                .to_string()
+        )
+    );
+    assert_eq!(
+        verdict.listing,
+        "VARIANT           STATE  SIZE      FILES  USED BY\n\
+         3f2a9c0d1e2b4a5c  warm   10.5 GiB  240    qwen/0,qwen/1\n\
+         ffff000000000000  cold   -         -      - (not selected by the current config)\n"
+    );
+}
+
+#[test]
+fn cache_verdict_explains_every_cold_next_start() {
+    let incomplete = cache_verdict("llama", &cache());
+    assert_eq!(
+        incomplete.outcome,
+        Err(
+            "llama: variant 1111222233334444 (used by llama) is incomplete: weights/l3.bin: \
+             expected 4096 bytes, found 0 / (truncated); a cold build will happen at the next \
+             start"
+                .to_string()
+        )
+    );
+    assert!(incomplete.listing.contains("\n    reason: weights/l3.bin"));
+
+    let mut listing = cache();
+    listing.variants[1].state = "cold".into();
+    let cold = cache_verdict("qwen", &listing);
+    assert_eq!(
+        cold.outcome,
+        Err(
+            "qwen: variant 3f2a9c0d1e2b4a5c (used by qwen/0, qwen/1) is cold, its build never \
+             completed: a cold build will happen at the next start"
+                .to_string()
+        )
+    );
+
+    // The config changed: what is on disk is no longer what the slots use.
+    listing.variants[1].used_by.clear();
+    listing.variants[1].state = "warm".into();
+    let stale = cache_verdict("qwen", &listing);
+    assert_eq!(
+        stale.outcome,
+        Err(
+            "qwen: none of its 2 cache variant(s) on disk is the one its current config \
+             selects (no slot uses them): a cold build will happen at the next start"
+                .to_string()
+        )
+    );
+
+    let none = cache_verdict("smol", &cache());
+    assert_eq!(none.listing, "");
+    assert_eq!(
+        none.outcome,
+        Err("no cache for smol yet: the next start builds it cold".to_string())
+    );
+}
+
+#[test]
+fn cache_removed_line_names_the_path_and_the_bytes() {
+    assert_eq!(
+        cache_removed_line(&RemoveCacheResponse {
+            path: "/var/cache/tt-serving/qwen/ffff000000000000".into(),
+            bytes: 812 << 20,
+        }),
+        "removed /var/cache/tt-serving/qwen/ffff000000000000: freed 812 MiB (851443712 bytes)"
+    );
+    assert_eq!(
+        cache_removed_line(&RemoveCacheResponse {
+            path: "/c/m/k".into(),
+            bytes: 0,
+        }),
+        "removed /c/m/k: freed 0 bytes"
+    );
 }

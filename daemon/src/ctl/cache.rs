@@ -1,0 +1,82 @@
+//! `ttctl cache ...`: the tensor cache's variants on disk.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use tonic::transport::Channel;
+use tt_serving_proto::v1::control_client::ControlClient;
+use tt_serving_proto::v1::{ListCacheRequest, ListCacheResponse, RemoveCacheRequest};
+
+use super::render::{cache_json, cache_removed_line, cache_table, cache_verdict};
+use super::{answer_within, emit, Failure};
+
+/// Listing walks every variant dir to add up sizes, which takes a moment on
+/// a big cache but not minutes.
+const LIST_TIMEOUT: Duration = Duration::from_secs(120);
+
+async fn list(
+    client: &mut ControlClient<Channel>,
+    socket: &Path,
+) -> Result<ListCacheResponse, Failure> {
+    answer_within(LIST_TIMEOUT, client.list_cache(ListCacheRequest {}), socket).await
+}
+
+/// `ttctl cache ls [--json]`.
+pub(super) async fn ls(
+    client: &mut ControlClient<Channel>,
+    json: bool,
+    socket: &Path,
+    out: &mut (dyn Write + Send),
+) -> Result<(), Failure> {
+    let cache = list(client, socket).await?;
+    let text = if json {
+        let mut text = serde_json::to_string_pretty(&cache_json(&cache)).map_err(|err| {
+            Failure::Failed(format!("cannot encode the cache listing as JSON: {err}"))
+        })?;
+        text.push('\n');
+        text
+    } else {
+        cache_table(&cache)
+    };
+    emit(out, &text)
+}
+
+/// `ttctl cache verify MODEL`: the model's variants, then whether its next
+/// start will be warm (exit 0) or cold (exit 1, saying why).
+pub(super) async fn verify(
+    client: &mut ControlClient<Channel>,
+    model: &str,
+    socket: &Path,
+    out: &mut (dyn Write + Send),
+) -> Result<(), Failure> {
+    let cache = list(client, socket).await?;
+    let verdict = cache_verdict(model, &cache);
+    if !verdict.listing.is_empty() {
+        emit(out, &verdict.listing)?;
+    }
+    match verdict.outcome {
+        Ok(line) => emit(out, &format!("{line}\n")),
+        Err(why) => Err(Failure::Failed(why)),
+    }
+}
+
+/// `ttctl cache rm VARIANT`. The daemon refuses a variant a running slot
+/// uses (FAILED_PRECONDITION) and an unknown key (NOT_FOUND); both exit 1
+/// with its message. No deadline: deleting a large variant takes as long
+/// as the disk needs.
+pub(super) async fn rm(
+    client: &mut ControlClient<Channel>,
+    variant: &str,
+    socket: &Path,
+    out: &mut (dyn Write + Send),
+) -> Result<(), Failure> {
+    let removed = client
+        .remove_cache(RemoveCacheRequest {
+            key: variant.to_string(),
+        })
+        .await
+        .map_err(|status| Failure::from_status(status, socket))?
+        .into_inner();
+    emit(out, &format!("{}\n", cache_removed_line(&removed)))
+}

@@ -1,0 +1,123 @@
+//! `ttctl generate`: one generation through the daemon's router, printed as
+//! it streams.
+
+use std::io::Write;
+use std::path::Path;
+
+use tonic::transport::Channel;
+use tt_serving_proto::v1::control_client::ControlClient;
+use tt_serving_proto::v1::generate_request::Input;
+use tt_serving_proto::v1::generate_response::Chunk;
+use tt_serving_proto::v1::{
+    ChatMessage, ChatMessages, FinishReason, GenerateRequest, SamplingParams,
+};
+
+use super::render::generate_summary;
+use super::{emit, note, Failure, GenerateArgs};
+
+/// The request `args` describe. Sampling settings are sent only when one is
+/// given; none means greedy decoding, the daemon's default.
+pub(super) fn request(args: &GenerateArgs) -> GenerateRequest {
+    let input = if args.chat {
+        Input::Chat(ChatMessages {
+            messages: vec![ChatMessage {
+                role: "user".to_string(),
+                content: args.prompt.clone(),
+            }],
+        })
+    } else {
+        Input::Prompt(args.prompt.clone())
+    };
+    let sampled = args.temperature.is_some()
+        || args.top_p.is_some()
+        || args.top_k.is_some()
+        || args.seed.is_some();
+    GenerateRequest {
+        model: args.model.clone(),
+        input: Some(input),
+        max_tokens: args.max_tokens,
+        sampling: sampled.then(|| SamplingParams {
+            temperature: args.temperature.unwrap_or(0.0),
+            top_p: args.top_p.unwrap_or(0.0),
+            top_k: args.top_k.unwrap_or(0),
+            seed: args.seed,
+        }),
+        stop: args.stop.clone(),
+    }
+}
+
+/// Stream the text to `out` as it arrives (flushed per delta, so a person
+/// watches it being written), end it with a newline, then put the summary
+/// from the final chunk on `err`. The parameters are checked by the daemon,
+/// whose refusals (unknown model, no ready slot, full queue, bad values)
+/// come back as the failure message, exit 1.
+pub(super) async fn run(
+    client: &mut ControlClient<Channel>,
+    args: &GenerateArgs,
+    socket: &Path,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+) -> Result<(), Failure> {
+    let mut stream = client
+        .generate(request(args))
+        .await
+        .map_err(|status| Failure::from_status(status, socket))?
+        .into_inner();
+    // Whether what was printed so far ends a line; nothing printed does not,
+    // so even an empty answer prints the final newline.
+    let mut at_line_start = false;
+    loop {
+        let next = match stream.message().await {
+            Ok(next) => next,
+            Err(status) => {
+                // Partial text stays printed; end its line so the error
+                // does not run into it on a terminal.
+                end_line(out, at_line_start);
+                return Err(Failure::from_status(status, socket));
+            }
+        };
+        match next.and_then(|response| response.chunk) {
+            Some(Chunk::Delta(delta)) => {
+                if !delta.text.is_empty() {
+                    emit(out, &delta.text)?;
+                    at_line_start = delta.text.ends_with('\n');
+                }
+            }
+            Some(Chunk::Final(done)) => {
+                if !at_line_start {
+                    emit(out, "\n")?;
+                }
+                note(err, &format!("{}\n", generate_summary(&done)));
+                if done.finish_reason == FinishReason::Cancelled as i32 {
+                    return Err(Failure::Failed(format!(
+                        "the generation was cancelled before it finished (slot {} is \
+                         draining or restarting; see 'ttctl status')",
+                        if done.slot.is_empty() {
+                            "?"
+                        } else {
+                            &done.slot
+                        }
+                    )));
+                }
+                return Ok(());
+            }
+            None => {
+                end_line(out, at_line_start);
+                return Err(Failure::Failed(format!(
+                    "tt-servingd ended the generation without its final chunk, so the text \
+                     above may be cut short (check 'ttctl status' and 'ttctl logs' for the \
+                     slots of {})",
+                    args.model
+                )));
+            }
+        }
+    }
+}
+
+/// Finish a partly printed line before reporting a failure. If stdout is
+/// gone there is nothing to finish.
+fn end_line(out: &mut (dyn Write + Send), at_line_start: bool) {
+    if !at_line_start {
+        let _ = emit(out, "\n");
+    }
+}
