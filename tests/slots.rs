@@ -381,3 +381,110 @@ fn ttctl_shows_the_slot_and_refuses_to_reset_a_card_under_it() {
     assert!(table.contains("ready") && table.contains("cold"), "{table}");
     let _ = Command::new("true").status();
 }
+
+#[test]
+fn borrowed_cards_run_the_job_while_the_slot_is_drained_and_the_slot_returns() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, ""));
+    let before = daemon.wait_slot_state("m", "ready");
+    let lock_file = daemon.lock_dir.join(format!("{}.lock", FakeHw::bdf(0)));
+    let seen = dir.path().join("seen");
+    // The job records what it sees, checks that the card's lock is held
+    // (flock -n must fail), and exits 5.
+    let job = format!(
+        "echo \"$TT_VISIBLE_DEVICES\" > {seen}/devices; \
+         {ttctl} --socket {socket} status --json > {seen}/status.json; \
+         if flock -n {lock} true; then echo free > {seen}/lock; else echo held > {seen}/lock; fi; \
+         exit 5",
+        seen = seen.display(),
+        ttctl = tt_serving_tests::bin("ttctl").display(),
+        socket = daemon.socket.display(),
+        lock = lock_file.display(),
+    );
+    std::fs::create_dir_all(&seen).unwrap();
+    let out = daemon.ttctl(&["card", "borrow", "0", "--", "sh", "-c", &job]);
+    let text = output_text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "ttctl exits with the job's status: {text}"
+    );
+    let read = |name: &str| std::fs::read_to_string(seen.join(name)).unwrap_or_default();
+    assert_eq!(read("devices").trim(), FakeHw::bdf(0));
+    assert_eq!(
+        read("lock").trim(),
+        "held",
+        "the borrower holds the card's lock"
+    );
+    let during: serde_json::Value =
+        serde_json::from_str(&read("status.json")).expect("status during the job");
+    assert_eq!(during["slots"][0]["state"], "stopped", "{during:#}");
+    assert_eq!(during["cards"][0]["state"], "held-elsewhere");
+    // Afterwards the card was reset and the slot came back with a new worker.
+    assert!(
+        hw.smi_calls().iter().any(|c| c == "-r /dev/tenstorrent/0"),
+        "{:?}",
+        hw.smi_calls()
+    );
+    let after = wait_until("the slot to return", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "ready" && slot["worker_pid"] != before["worker_pid"]).then_some(slot)
+    });
+    assert_eq!(after["cache_mode"], "warm");
+    assert_eq!(
+        daemon.card(&FakeHw::bdf(0))["lock_holder"]["pid"],
+        daemon.pid()
+    );
+}
+
+#[test]
+fn demo_mode_runs_a_tp2_slot_on_two_simulated_cards() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let demo_dir = dir.path().join("demo");
+    let mut child = Command::new(tt_serving_tests::bin("tt-servingd"))
+        .args(["demo", "--listen", "127.0.0.1:0", "--model"])
+        .arg(&model)
+        .arg("--dir")
+        .arg(&demo_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let socket = demo_dir.join("control.sock");
+    let ttctl = |args: &[&str]| {
+        Command::new(tt_serving_tests::bin("ttctl"))
+            .arg("--socket")
+            .arg(&socket)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let status = wait_until("the demo slot to be ready", || {
+        let out = ttctl(&["status", "--json"]);
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        (status["slots"][0]["state"] == "ready").then_some(status)
+    });
+    assert_eq!(status["slots"][0]["name"], "smollm2");
+    assert_eq!(
+        status["slots"][0]["cards"].as_array().map(Vec::len),
+        Some(2)
+    );
+    let out = ttctl(&["generate", "smollm2", "hello", "--max-tokens", "4"]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let code = wait_until("the demo to stop", || child.try_wait().ok().flatten());
+    assert!(code.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(
+        err.contains("ttctl --socket"),
+        "the demo prints what to try: {err}"
+    );
+}

@@ -103,6 +103,7 @@ impl DaemonState {
                 summary,
                 driver_version: self.cards.hardware().driver_version().unwrap_or_default(),
                 inference_address: self.inference_address.clone(),
+                lock_dir: self.config.daemon.lock_dir.display().to_string(),
             }),
             cards: self
                 .cards

@@ -122,6 +122,21 @@ pub enum CardCommand {
         #[arg(value_name = "INDEX|BDF")]
         card: String,
     },
+    /// Borrow cards from the daemon for an outside job (a benchmark, a
+    /// firmware check): the slots on them drain and stop, the daemon
+    /// releases the locks, ttctl takes them and runs COMMAND with
+    /// TT_VISIBLE_DEVICES set to the cards' BDFs, then the daemon takes the
+    /// cards back, resets and proves them, and restarts the slots. ttctl
+    /// exits with COMMAND's exit status.
+    #[command(after_help = EXIT_CODES)]
+    Borrow {
+        /// The cards, comma-separated indices or BDFs (`0,1`).
+        #[arg(value_name = "INDEX|BDF,...", value_delimiter = ',', required = true)]
+        cards: Vec<String>,
+        /// The job to run while holding the cards, after `--`.
+        #[arg(last = true, required = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
 }
 
 /// `ttctl slot ...`.

@@ -63,3 +63,123 @@ pub(super) async fn reset(
          see 'ttctl status' for the card's state"
     )))
 }
+
+/// `ttctl card borrow <cards> -- COMMAND...`: borrow cards from the daemon,
+/// run the job holding their locks, and hand them back. The daemon resets
+/// and proves the cards afterwards whatever the job did to them. If ttctl
+/// dies mid-loan the daemon notices the closed stream and takes the cards
+/// back itself.
+pub(super) async fn borrow(
+    client: &mut ControlClient<Channel>,
+    cards: &[String],
+    command: &[String],
+    socket: &Path,
+    err: &mut (dyn Write + Send),
+) -> Result<(), Failure> {
+    use tt_serving_proto::v1::borrow_event::Kind;
+    use tt_serving_proto::v1::borrow_request::Step;
+    use tt_serving_proto::v1::{BorrowDone, BorrowRequest, BorrowStart, StatusRequest};
+
+    let status = client
+        .status(StatusRequest {})
+        .await
+        .map_err(|s| Failure::from_status(s, socket))?
+        .into_inner();
+    let lock_dir = std::path::PathBuf::from(status.daemon.map(|d| d.lock_dir).unwrap_or_default());
+    let purpose = format!(
+        "ttctl card borrow (pid {}): {}",
+        std::process::id(),
+        command.join(" ")
+    );
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let start = BorrowRequest {
+        step: Some(Step::Start(BorrowStart {
+            cards: cards.to_vec(),
+            purpose: purpose.clone(),
+        })),
+    };
+    tx.send(start)
+        .await
+        .map_err(|_| Failure::Failed("cannot start the loan".into()))?;
+    let mut events = client
+        .borrow_cards(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(|s| Failure::from_status(s, socket))?
+        .into_inner();
+    let bdfs = loop {
+        let event = events
+            .message()
+            .await
+            .map_err(|s| Failure::from_status(s, socket))?
+            .ok_or_else(|| {
+                Failure::Failed("tt-servingd ended the loan before lending the cards".into())
+            })?;
+        match Kind::try_from(event.kind) {
+            Ok(Kind::Lent) => break event.bdfs,
+            _ => super::note(err, &format!("ttctl: {}\n", event.message)),
+        }
+    };
+    // Take the same locks everyone uses, so no one else starts on the cards.
+    let mut locks = Vec::new();
+    for bdf in &bdfs {
+        let lock = crate::cards::lock::try_lock(&lock_dir, bdf, &purpose).map_err(|e| {
+            Failure::Failed(format!("the daemon lent {bdf} but its lock is taken: {e}"))
+        })?;
+        locks.push(lock);
+    }
+    super::note(
+        err,
+        &format!(
+            "ttctl: holding {}; running {}\n",
+            bdfs.join(","),
+            command.join(" ")
+        ),
+    );
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| Failure::Failed("no command given after --".into()))?;
+    let exit = tokio::process::Command::new(program)
+        .args(args)
+        .env("TT_VISIBLE_DEVICES", bdfs.join(","))
+        .status()
+        .await;
+    drop(locks);
+    let code: i32 = match &exit {
+        Ok(status) => status.code().unwrap_or_else(|| {
+            128 + std::os::unix::process::ExitStatusExt::signal(status).unwrap_or(0)
+        }),
+        Err(e) => {
+            super::note(err, &format!("ttctl: cannot run {program}: {e}\n"));
+            127
+        }
+    };
+    let _ = tx
+        .send(BorrowRequest {
+            step: Some(Step::Done(BorrowDone { exit_code: code })),
+        })
+        .await;
+    while let Some(event) = events
+        .message()
+        .await
+        .map_err(|s| Failure::from_status(s, socket))?
+    {
+        match Kind::try_from(event.kind) {
+            Ok(Kind::Returned) if event.ok => {
+                super::note(err, &format!("ttctl: {}\n", event.message));
+                break;
+            }
+            Ok(Kind::Returned) => {
+                super::note(
+                    err,
+                    &format!("ttctl: the cards did not come back: {}\n", event.message),
+                );
+                break;
+            }
+            _ => super::note(err, &format!("ttctl: {}\n", event.message)),
+        }
+    }
+    match code {
+        0 => Ok(()),
+        c => Err(Failure::JobExit(u8::try_from(c).unwrap_or(1))),
+    }
+}

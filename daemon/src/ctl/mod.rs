@@ -68,6 +68,7 @@ pub async fn run(cli: Cli) -> ExitCode {
     let is_tty = stdout.is_terminal();
     match execute(cli, &mut stdout, &mut stderr, is_tty).await {
         Ok(()) | Err(Failure::OutputClosed) => ExitCode::SUCCESS,
+        Err(Failure::JobExit(code)) => ExitCode::from(code),
         Err(failure) => {
             // If stderr is gone too there is nobody left to tell.
             let _ = writeln!(io::stderr(), "ttctl: {}", failure.message());
@@ -94,6 +95,9 @@ async fn execute(
         Command::Status(args) => status::once(&mut client, args, socket, out).await,
         Command::Card(CardCommand::Reset { card }) => {
             card::reset(&mut client, &card, socket, out).await
+        }
+        Command::Card(CardCommand::Borrow { cards, command }) => {
+            card::borrow(&mut client, &cards, &command, socket, err).await
         }
         Command::Slot(SlotCommand::Restart { slot }) => {
             slot::restart(&mut client, &slot, socket, out).await
@@ -124,12 +128,15 @@ enum Failure {
     /// Whoever read our stdout stopped (`ttctl status --watch | head`): not
     /// an error, and nothing is left to print to.
     OutputClosed,
+    /// A borrowed job's own non-zero exit status, passed on unchanged.
+    JobExit(u8),
 }
 
 impl Failure {
     fn exit_code(&self) -> u8 {
         match self {
             Failure::OutputClosed => 0,
+            Failure::JobExit(code) => *code,
             Failure::Failed(_) => 1,
             Failure::Unreachable(_) => 3,
         }
@@ -138,7 +145,7 @@ impl Failure {
     fn message(&self) -> &str {
         match self {
             Failure::Failed(m) | Failure::Unreachable(m) => m,
-            Failure::OutputClosed => "",
+            Failure::OutputClosed | Failure::JobExit(_) => "",
         }
     }
 
