@@ -13,6 +13,7 @@ fn daemon() -> DaemonInfo {
         summary: "1/2 slots ready".into(),
         driver_version: "2.0.0".into(),
         inference_address: "127.0.0.1:50051".into(),
+        lock_dir: "/run/lock/tenstorrent".into(),
     }
 }
 
