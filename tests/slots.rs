@@ -488,3 +488,32 @@ fn demo_mode_runs_a_tp2_slot_on_two_simulated_cards() {
         "the demo prints what to try: {err}"
     );
 }
+
+/// The real SmolLM2-135M-Instruct, from `scripts/fetch-smollm2.sh`. CI sets
+/// TT_SMOLLM2_GGUF and requires it; elsewhere a missing model skips loudly.
+fn smollm2() -> Option<std::path::PathBuf> {
+    match std::env::var_os("TT_SMOLLM2_GGUF") {
+        Some(p) => Some(p.into()),
+        None if std::env::var_os("CI").is_some() => {
+            panic!("CI must set TT_SMOLLM2_GGUF (scripts/fetch-smollm2.sh)")
+        }
+        None => {
+            eprintln!("SKIPPED: TT_SMOLLM2_GGUF is not set; run `export TT_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh)`");
+            None
+        }
+    }
+}
+
+#[test]
+fn real_smollm2_at_tp2_through_the_daemon_answers_paris() {
+    let Some(model) = smollm2() else { return };
+    let hw = FakeHw::new(2);
+    let extra = "[models.smol.readiness]\nping_prompt = \"The capital of France is\"\nping_max_tokens = 8\nexpect = \"Paris\"\n";
+    let daemon = start(&hw, model_table("smol", 2, &[0, 1], &model, extra));
+    daemon.wait_slot_state("smol", "ready");
+    let answer = runtime()
+        .block_on(generate(&daemon.inference_address(), "smol", "The capital of France is", 12))
+        .expect("an answer");
+    assert!(answer.text.contains("Paris"), "{:?}", answer.text);
+    assert_eq!(answer.last.slot, "smol");
+}
