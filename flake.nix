@@ -18,7 +18,7 @@
       # The whole workspace: tt-servingd, ttctl, tt-worker and tt-fakehw.
       # The protos compile with protox (pure Rust), so no protoc is needed.
       package =
-        { lib, rustPlatform }:
+        { lib, rustPlatform, stdenv }:
         rustPlatform.buildRustPackage {
           pname = "tt-serving";
           inherit (workspace) version;
@@ -36,7 +36,8 @@
               lib.cleanSourceFilter path type
               && !(builtins.elem rel [
                 ".ci"
-                "bench"
+                "bench/daemon/results.jsonl"
+                "bench/engine"
                 "docs"
                 "examples"
                 "flake.lock"
@@ -50,6 +51,13 @@
           };
 
           cargoLock.lockFile = ./Cargo.lock;
+
+          # .cargo/config.toml builds for the local CPU; a package must run
+          # on any x86-64-v3 (AVX2/FMA) host, which candle's quantized
+          # kernels need to be fast. RUSTFLAGS takes precedence over the file.
+          env = lib.optionalAttrs stdenv.hostPlatform.isx86_64 {
+            RUSTFLAGS = "-C target-cpu=x86-64-v3";
+          };
 
           # The workspace tests start the daemon, workers and fake hardware
           # as processes and take flock(1) locks; .ci/run runs them. The VM

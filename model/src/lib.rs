@@ -1,1 +1,52 @@
-//! tt-worker
+//! tt-worker: the reference model engine of tt-serving.
+//!
+//! It serves `engine.proto` on the unix socket the daemon names, and runs a
+//! real Llama-family model from a GGUF checkpoint on the CPU: real weights,
+//! real tokens, tensor parallelism across ranks (one per card), continuous
+//! batching, and a tensor cache with cold and warm starts. A production site
+//! plugs a tt-metal engine into the same contract; see [`cli`] for it.
+//!
+//! # Layout
+//!
+//! - [`cli`]: the command-line and environment contract, validated (exit 2).
+//! - [`worker`]: the life of the process: bind early, load, serve, drain, exit.
+//! - [`server`]: the `Engine` gRPC service (Info, Health, Generate, Shutdown).
+//! - [`state`]: lifecycle phase, load progress and health counters, shared
+//!   by the loader, the engine thread and the RPC handlers.
+//! - [`gguf`]: reading a checkpoint's header: hyperparameters, tokenizer
+//!   data, chat template, tensor directory.
+//! - [`tokenizer`]: byte-level BPE from the GGUF metadata, and incremental
+//!   detokenization that never splits a UTF-8 character.
+//! - [`chat_template`]: rendering chats with the checkpoint's Jinja template.
+//! - [`weights`]: the shard plan (which rank holds which rows or columns, in
+//!   which dtype) and the load through the cache.
+//! - [`cache`]: the tensor cache files: naming, writing (temp + rename),
+//!   mapping and checking.
+//! - [`model`]: one rank's forward pass (RMSNorm, RoPE, GQA with a
+//!   preallocated KV cache, SwiGLU MLP) over candle's quantized matmuls.
+//! - [`tp`]: rank threads and the all-reduce between them.
+//! - [`scheduler`]: continuous batching on the engine thread, bounded
+//!   admission, drain.
+//! - [`sampling`]: greedy, temperature, top-k, top-p, seeded.
+//! - [`output`]: streaming text with stop strings.
+//! - [`banners`]: `<FLAG> engaged`, printed when a feature actually runs.
+//! - [`faults`]: TEST-ONLY fault modes, behind `TTW_TEST_FAULTS=1`.
+//! - [`testmodel`]: a tiny deterministic Llama GGUF for tests.
+
+pub mod banners;
+pub mod cache;
+pub mod chat_template;
+pub mod cli;
+pub mod faults;
+pub mod gguf;
+pub mod model;
+pub mod output;
+pub mod sampling;
+pub mod scheduler;
+pub mod server;
+pub mod state;
+pub mod testmodel;
+pub mod tokenizer;
+pub mod tp;
+pub mod weights;
+pub mod worker;

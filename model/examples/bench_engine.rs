@@ -1,0 +1,207 @@
+//! Engine benchmark: drives real `tt-worker` processes over engine.proto and
+//! prints one JSON line per measurement (see bench/engine/README.md).
+//!
+//! Usage: bench_engine --worker PATH --model GGUF [--tokens N] [--repeats R]
+
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tonic::transport::{Channel, Endpoint, Uri};
+use tt_serving_proto::v1 as pb;
+use tt_serving_proto::v1::engine_client::EngineClient;
+
+const PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "Once upon a time, there was a",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "The quick brown fox",
+    "In 1969, the first man on the moon was",
+    "The best way to learn a language is",
+];
+
+struct Worker {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn connect(socket: &Path) -> anyhow::Result<EngineClient<Channel>> {
+    let path = socket.to_path_buf();
+    let ch = Endpoint::try_from("http://[::]:50051")?
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let p = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?))
+            }
+        }))
+        .await?;
+    Ok(EngineClient::new(ch))
+}
+
+async fn start(
+    worker: &Path,
+    model: &Path,
+    tp: usize,
+    cache: &Path,
+    mode: &str,
+    dir: &Path,
+) -> anyhow::Result<(Worker, pb::InfoResponse)> {
+    let socket = dir.join(format!("w-{tp}-{mode}.sock"));
+    let bdfs: Vec<String> = (0..tp).map(|i| format!("0000:0{}:00.0", i + 1)).collect();
+    let child = Command::new(worker)
+        .env("TT_WORKER_SOCKET", &socket)
+        .env("TT_WORKER_MODEL", model)
+        .env("TT_WORKER_TP", tp.to_string())
+        .env("TT_CACHE_DIR", cache)
+        .env("TT_CACHE_MODE", mode)
+        .env("TT_VISIBLE_DEVICES", bdfs.join(","))
+        .env("TT_WORKER_MAX_SEQ_LEN", "2048")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let w = Worker { child, socket };
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        if let Ok(mut c) = connect(&w.socket).await {
+            if let Ok(info) = c.info(pb::InfoRequest {}).await {
+                let info = info.into_inner();
+                if info.state == pb::WorkerState::Ready as i32 {
+                    return Ok((w, info));
+                }
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "worker not ready");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn req(prompt: &str, n: u32) -> pb::EngineGenerateRequest {
+    pb::EngineGenerateRequest {
+        request: Some(pb::GenerateRequest {
+            model: String::new(),
+            input: Some(pb::generate_request::Input::Prompt(prompt.into())),
+            max_tokens: n,
+            sampling: None,
+            stop: Vec::new(),
+        }),
+        request_id: "bench".into(),
+    }
+}
+
+/// Runs one stream; returns (tokens, final).
+async fn stream(
+    socket: PathBuf,
+    prompt: &'static str,
+    n: u32,
+) -> anyhow::Result<(u32, pb::GenerationFinal)> {
+    let mut c = connect(&socket).await?;
+    let mut s = c.generate(req(prompt, n)).await?.into_inner();
+    let mut toks = 0;
+    while let Some(m) = s.message().await? {
+        match m.chunk {
+            Some(pb::generate_response::Chunk::Delta(d)) => toks += d.token_ids.len() as u32,
+            Some(pb::generate_response::Chunk::Final(f)) => return Ok((toks, f)),
+            None => {}
+        }
+    }
+    anyhow::bail!("no final chunk")
+}
+
+fn peak_rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .map(|l| l.to_string())
+        })
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let get = |k: &str| {
+        args.iter()
+            .position(|a| a == k)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let worker = PathBuf::from(get("--worker").ok_or_else(|| anyhow::anyhow!("--worker PATH"))?);
+    let model = PathBuf::from(get("--model").ok_or_else(|| anyhow::anyhow!("--model GGUF"))?);
+    let tokens: u32 = get("--tokens").map_or(Ok(128), |v| v.parse())?;
+    let repeats: usize = get("--repeats").map_or(Ok(3), |v| v.parse())?;
+    let gguf_bytes = std::fs::metadata(&model)?.len();
+    let dir = tempfile::tempdir()?;
+    let base = json!({"engine": "tt-worker", "model": model.file_name().map(|f| f.to_string_lossy().to_string()), "max_tokens": tokens,
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)});
+    let emit = |v: serde_json::Value| {
+        let mut o = base.clone();
+        if let (Some(o), Some(v)) = (o.as_object_mut(), v.as_object()) {
+            o.extend(v.clone());
+        }
+        println!("{o}");
+    };
+    for tp in [1usize, 2] {
+        let cache = dir.path().join(format!("cache-tp{tp}"));
+        for rep in 0..repeats {
+            let _ = std::fs::remove_dir_all(&cache);
+            let (w, cold) = start(&worker, &model, tp, &cache, "cold", dir.path()).await?;
+            drop(w);
+            let (w, warm) = start(&worker, &model, tp, &cache, "warm", dir.path()).await?;
+            drop(w);
+            emit(
+                json!({"metric": "load_ms", "tp": tp, "rep": rep, "cold_ms": cold.load_time_ms, "warm_ms": warm.load_time_ms,
+                "cold_over_warm": cold.load_time_ms as f64 / warm.load_time_ms.max(1) as f64}),
+            );
+        }
+        let (w, _) = start(&worker, &model, tp, &cache, "warm", dir.path()).await?;
+        // Warm-up: first-request effects are not what we measure.
+        stream(w.socket.clone(), PROMPTS[0], 8).await?;
+        for rep in 0..repeats {
+            let (n, f) = stream(w.socket.clone(), PROMPTS[0], tokens).await?;
+            let t = f.timings.unwrap_or_default();
+            emit(
+                json!({"metric": "single_stream", "tp": tp, "rep": rep, "tokens": n,
+                "decode_tok_s": (n.saturating_sub(1)) as f64 / (t.decode_us.max(1) as f64 / 1e6),
+                "ttft_ms": t.time_to_first_token_us as f64 / 1e3}),
+            );
+        }
+        for streams in [1usize, 4, 8] {
+            for rep in 0..repeats {
+                let t0 = Instant::now();
+                let tasks: Vec<_> = (0..streams)
+                    .map(|i| {
+                        tokio::spawn(stream(w.socket.clone(), PROMPTS[i % PROMPTS.len()], tokens))
+                    })
+                    .collect();
+                let mut total = 0;
+                for t in tasks {
+                    total += t.await??.0;
+                }
+                let wall = t0.elapsed().as_secs_f64();
+                emit(
+                    json!({"metric": "aggregate", "tp": tp, "streams": streams, "rep": rep, "tokens": total, "wall_s": wall,
+                    "tok_s": total as f64 / wall}),
+                );
+            }
+        }
+        let rss = peak_rss_kb(w.child.id());
+        emit(
+            json!({"metric": "peak_rss", "tp": tp, "peak_rss_mb": rss as f64 / 1024.0, "gguf_mb": gguf_bytes as f64 / 1048576.0,
+            "rss_over_gguf": rss as f64 * 1024.0 / gguf_bytes as f64}),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,184 @@
+//! The command-line contract the daemon (and any stand-in engine) honours.
+//!
+//! Every option can also come from the environment, which is how the daemon
+//! passes them. Bad arguments print a clear error and exit with status 2.
+
+use crate::cache::CacheMode;
+use clap::builder::BoolishValueParser;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// `warm` or `cold`, as given on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CacheModeArg {
+    /// Map the existing tensor cache; never read the checkpoint's tensors.
+    Warm,
+    /// Build the tensor cache from the checkpoint.
+    Cold,
+}
+
+impl From<CacheModeArg> for CacheMode {
+    fn from(m: CacheModeArg) -> Self {
+        match m {
+            CacheModeArg::Warm => CacheMode::Warm,
+            CacheModeArg::Cold => CacheMode::Cold,
+        }
+    }
+}
+
+/// tt-worker: serves one GGUF Llama model over engine.proto on a unix socket.
+#[derive(Debug, Parser)]
+#[command(name = "tt-worker", version, subcommand_negates_reqs = true)]
+pub struct Cli {
+    /// Unix socket to serve engine.proto on.
+    #[arg(long, env = "TT_WORKER_SOCKET", required = true)]
+    pub socket: Option<PathBuf>,
+    /// The GGUF checkpoint.
+    #[arg(long, env = "TT_WORKER_MODEL", required = true)]
+    pub model: Option<PathBuf>,
+    /// Tensor-parallel degree (ranks, one card each).
+    #[arg(long, env = "TT_WORKER_TP", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub tp: u32,
+    /// Directory of this variant's tensor cache.
+    #[arg(long, env = "TT_CACHE_DIR", required = true)]
+    pub cache_dir: Option<PathBuf>,
+    /// `cold` builds the cache from the checkpoint, `warm` maps it.
+    #[arg(long, env = "TT_CACHE_MODE", value_enum, required = true)]
+    pub cache_mode: Option<CacheModeArg>,
+    /// Card PCI addresses, comma-separated, one per rank.
+    #[arg(long, env = "TT_VISIBLE_DEVICES", required = true)]
+    pub visible_devices: Option<String>,
+    /// Sequences decoded together.
+    #[arg(long, env = "TT_WORKER_MAX_BATCH", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub max_batch: u32,
+    /// Sequences allowed to wait for a batch place before RESOURCE_EXHAUSTED.
+    #[arg(long, env = "TT_WORKER_MAX_QUEUE", default_value_t = 32)]
+    pub max_queue: u32,
+    /// Tokens per sequence (prompt plus output); default and maximum: the
+    /// model's context length.
+    #[arg(long, env = "TT_WORKER_MAX_SEQ_LEN", value_parser = clap::value_parser!(u32).range(2..))]
+    pub max_seq_len: Option<u32>,
+    /// `max_tokens` for requests that leave it 0.
+    #[arg(long, env = "TT_WORKER_DEFAULT_MAX_TOKENS", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub default_max_tokens: u32,
+    /// Prompt tokens prefilled per step while other sequences decode.
+    #[arg(long, env = "TT_WORKER_PREFILL_CHUNK", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub prefill_chunk: u32,
+    /// Store the MLP down projection as Q8_0 (changes the cache files).
+    #[arg(long, env = "TTW_MLP_DOWN_Q8", value_parser = BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub mlp_down_q8: bool,
+    /// Keep the KV cache in f16 (halves its memory; no cache file changes).
+    #[arg(long, env = "TTW_KV_F16", value_parser = BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub kv_f16: bool,
+    /// Tools that are not part of serving.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Hidden helper commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Write the tiny deterministic Llama GGUF used by tests.
+    #[command(hide = true)]
+    MakeTestModel {
+        /// Where to write it.
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+/// Validated serving arguments.
+#[derive(Debug, Clone)]
+pub struct ServeArgs {
+    /// Socket path.
+    pub socket: PathBuf,
+    /// Checkpoint.
+    pub model: PathBuf,
+    /// TP degree.
+    pub tp: usize,
+    /// Cache directory.
+    pub cache_dir: PathBuf,
+    /// Cache mode.
+    pub cache_mode: CacheMode,
+    /// BDF per rank.
+    pub bdfs: Vec<String>,
+    /// Batch size.
+    pub max_batch: usize,
+    /// Queue size.
+    pub max_queue: usize,
+    /// Requested context cap.
+    pub max_seq_len: Option<usize>,
+    /// Default output length.
+    pub default_max_tokens: usize,
+    /// Prefill chunk while decoding.
+    pub prefill_chunk: usize,
+    /// `TTW_MLP_DOWN_Q8`.
+    pub mlp_down_q8: bool,
+    /// `TTW_KV_F16`.
+    pub kv_f16: bool,
+}
+
+/// An argument problem (exit status 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+impl Cli {
+    /// Checks the serving arguments against each other and the filesystem.
+    pub fn serve_args(self) -> Result<ServeArgs, UsageError> {
+        let missing = |what: &str| UsageError(format!("missing {what}"));
+        let tp = self.tp as usize;
+        let model = self
+            .model
+            .ok_or_else(|| missing("--model / TT_WORKER_MODEL"))?;
+        if !model.is_file() {
+            return Err(UsageError(format!(
+                "--model {}: no such file (for the test model run scripts/fetch-smollm2.sh)",
+                model.display()
+            )));
+        }
+        let devices = self
+            .visible_devices
+            .ok_or_else(|| missing("TT_VISIBLE_DEVICES"))?;
+        let bdfs: Vec<String> = devices
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+        // One card per rank: a mismatch means the daemon and the worker
+        // disagree about the slot, and running anyway would bind ranks to
+        // the wrong cards.
+        if bdfs.len() != tp {
+            return Err(UsageError(format!(
+                "TT_VISIBLE_DEVICES lists {} card(s) ({devices:?}) but --tp is {tp}; give exactly one BDF per rank",
+                bdfs.len()
+            )));
+        }
+        Ok(ServeArgs {
+            socket: self
+                .socket
+                .ok_or_else(|| missing("--socket / TT_WORKER_SOCKET"))?,
+            model,
+            tp,
+            cache_dir: self
+                .cache_dir
+                .ok_or_else(|| missing("--cache-dir / TT_CACHE_DIR"))?,
+            cache_mode: self
+                .cache_mode
+                .ok_or_else(|| missing("--cache-mode / TT_CACHE_MODE"))?
+                .into(),
+            bdfs,
+            max_batch: self.max_batch as usize,
+            max_queue: self.max_queue as usize,
+            max_seq_len: self.max_seq_len.map(|n| n as usize),
+            default_max_tokens: self.default_max_tokens as usize,
+            prefill_chunk: self.prefill_chunk as usize,
+            mlp_down_q8: self.mlp_down_q8,
+            kv_f16: self.kv_f16,
+        })
+    }
+}

@@ -1,0 +1,124 @@
+//! Test-only fault modes, for the daemon's recovery tests.
+//!
+//! TEST ONLY. Nothing here is active unless `TTW_TEST_FAULTS=1` is set; the
+//! individual fault variables are ignored (with a warning) without it, so a
+//! stray variable in production cannot crash a worker.
+//!
+//! | variable                       | effect                                              |
+//! |--------------------------------|-----------------------------------------------------|
+//! | `TTW_FAULT_EXIT_AT_START=CODE` | exit with CODE before binding the socket            |
+//! | `TTW_FAULT_SLOW_LOAD_MS=MS`    | spread MS of extra sleep over the load steps        |
+//! | `TTW_FAULT_CRASH_AFTER_TOKENS=N` | abort (SIGABRT) once N tokens were generated      |
+//! | `TTW_FAULT_HANG_AFTER_TOKENS=N`  | stop decoding forever once N tokens were generated; RPCs still answer |
+//! | `TTW_FAULT_SKIP_BANNER=FLAG`   | the feature of FLAG runs but its banner is withheld |
+//! | `TTW_FAULT_EXTRA_BANNER=FLAG`  | print `FLAG engaged` on the first step though FLAG's feature is not running |
+//! | `TTW_FAULT_WARM_EXTRA_FILE=1`  | a warm start writes a stray file into the cache dir |
+
+use std::collections::HashMap;
+
+/// The switch that enables every other fault variable.
+pub const SWITCH: &str = "TTW_TEST_FAULTS";
+
+/// File name the warm-start fault writes into the cache dir.
+pub const STRAY_FILE: &str = "stray_placeholder_tp0_rank0_dtype_F32_layout_REPLICATED.tensorbin";
+
+/// The active faults (all off by default).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Exit code at start.
+    pub exit_at_start: Option<i32>,
+    /// Extra load time in milliseconds.
+    pub slow_load_ms: u64,
+    /// Abort after this many generated tokens (all sequences together).
+    pub crash_after_tokens: Option<u64>,
+    /// Hang after this many generated tokens.
+    pub hang_after_tokens: Option<u64>,
+    /// Banner withheld.
+    pub skip_banner: Option<String>,
+    /// Banner printed without its feature.
+    pub extra_banner: Option<String>,
+    /// Warm start writes a stray cache file.
+    pub warm_extra_file: bool,
+}
+
+/// Why the fault variables could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("test fault variable {var}={value} is not a valid number")]
+pub struct FaultError {
+    var: String,
+    value: String,
+}
+
+impl Faults {
+    /// Reads the faults from `env` (the process environment in production).
+    pub fn from_env(env: &HashMap<String, String>) -> Result<Self, FaultError> {
+        let set: Vec<&String> = env.keys().filter(|k| k.starts_with("TTW_FAULT_")).collect();
+        if env.get(SWITCH).map(String::as_str) != Some("1") {
+            if !set.is_empty() {
+                tracing::warn!(
+                    "ignoring test fault variables {set:?}: they need {SWITCH}=1 (test-only)"
+                );
+            }
+            return Ok(Self::default());
+        }
+        let num = |var: &str| -> Result<Option<u64>, FaultError> {
+            env.get(var)
+                .map(|v| {
+                    v.trim().parse::<u64>().map_err(|_| FaultError {
+                        var: var.into(),
+                        value: v.clone(),
+                    })
+                })
+                .transpose()
+        };
+        let exit_at_start = num("TTW_FAULT_EXIT_AT_START")?.map(|c| c as i32);
+        let text = |var: &str| env.get(var).filter(|v| !v.is_empty()).cloned();
+        Ok(Self {
+            exit_at_start,
+            slow_load_ms: num("TTW_FAULT_SLOW_LOAD_MS")?.unwrap_or(0),
+            crash_after_tokens: num("TTW_FAULT_CRASH_AFTER_TOKENS")?,
+            hang_after_tokens: num("TTW_FAULT_HANG_AFTER_TOKENS")?,
+            skip_banner: text("TTW_FAULT_SKIP_BANNER"),
+            extra_banner: text("TTW_FAULT_EXTRA_BANNER"),
+            warm_extra_file: env.get("TTW_FAULT_WARM_EXTRA_FILE").map(String::as_str) == Some("1"),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn faults_need_the_explicit_switch() {
+        let f = Faults::from_env(&env(&[("TTW_FAULT_CRASH_AFTER_TOKENS", "3")])).unwrap();
+        assert_eq!(f, Faults::default());
+        let f = Faults::from_env(&env(&[
+            ("TTW_TEST_FAULTS", "1"),
+            ("TTW_FAULT_CRASH_AFTER_TOKENS", "3"),
+            ("TTW_FAULT_SKIP_BANNER", "TTW_KV_F16"),
+        ]))
+        .unwrap();
+        assert_eq!(f.crash_after_tokens, Some(3));
+        assert_eq!(f.skip_banner.as_deref(), Some("TTW_KV_F16"));
+    }
+
+    #[test]
+    fn malformed_numbers_are_errors() {
+        let e = Faults::from_env(&env(&[
+            ("TTW_TEST_FAULTS", "1"),
+            ("TTW_FAULT_HANG_AFTER_TOKENS", "x"),
+        ]));
+        assert!(e
+            .unwrap_err()
+            .to_string()
+            .contains("TTW_FAULT_HANG_AFTER_TOKENS"));
+    }
+}

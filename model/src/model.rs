@@ -1,0 +1,706 @@
+//! The forward pass of one rank: RMSNorm, RoPE, grouped-query attention over
+//! a preallocated KV cache, and the SwiGLU MLP.
+//!
+//! The matmuls go through candle's quantized kernels; everything between them
+//! runs on plain `f32` slices. Writing those parts by hand is what lets the
+//! model be sharded: a rank owns some heads and some MLP columns, and the two
+//! places where partial results meet are calls to [`Collective::all_reduce`].
+//!
+//! A step processes a batch of sequences at once: their new tokens (one for a
+//! decoding sequence, a chunk of the prompt for a prefilling one) are stacked
+//! into one activation matrix, so each weight is read once per step for the
+//! whole batch. Only attention is per sequence.
+
+use crate::gguf::ModelConfig;
+use crate::weights::{self, Partition, RankTensors};
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+use half::f16;
+use std::sync::Arc;
+
+/// Why a forward step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A tensor the plan promised is absent (a bug, or a damaged cache).
+    #[error("rank {rank}: tensor `{tensor}` was not loaded")]
+    MissingTensor {
+        /// The rank.
+        rank: usize,
+        /// The tensor.
+        tensor: String,
+    },
+    /// A kernel failed.
+    #[error("forward pass failed: {0}")]
+    Compute(String),
+    /// The step names a sequence slot or position outside the KV cache.
+    #[error("sequence slot {slot} position {pos} is outside the KV cache ({slots} slots of {ctx} positions)")]
+    OutOfCache {
+        /// The slot.
+        slot: usize,
+        /// The position.
+        pos: usize,
+        /// Slots allocated.
+        slots: usize,
+        /// Positions per slot.
+        ctx: usize,
+    },
+}
+
+impl From<candle_core::Error> for ModelError {
+    fn from(e: candle_core::Error) -> Self {
+        ModelError::Compute(e.to_string())
+    }
+}
+
+/// Sums partial results across all ranks, leaving the same total on every
+/// rank.
+pub trait Collective {
+    /// The elementwise sum of every rank's `parts`, added from zero in
+    /// global part order (rank 0's parts first), so the bits do not depend
+    /// on how the parts are spread over ranks.
+    fn all_reduce(&self, parts: Vec<Vec<f32>>, len: usize) -> Vec<f32>;
+}
+
+/// Adds `parts` into a zeroed buffer of `len`, in order.
+pub fn sum_parts<'a>(parts: impl IntoIterator<Item = &'a Vec<f32>>, len: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; len];
+    for p in parts {
+        for (a, b) in out.iter_mut().zip(p) {
+            *a += b;
+        }
+    }
+    out
+}
+
+/// The single-rank case: the parts are all here.
+pub struct Solo;
+
+impl Collective for Solo {
+    fn all_reduce(&self, parts: Vec<Vec<f32>>, len: usize) -> Vec<f32> {
+        sum_parts(&parts, len)
+    }
+}
+
+/// One sequence's share of a step.
+#[derive(Debug, Clone)]
+pub struct StepSeq {
+    /// KV cache slot of the sequence.
+    pub slot: usize,
+    /// Position of the first token in `tokens`.
+    pub start_pos: usize,
+    /// New tokens (the next prompt chunk, or the last sampled token).
+    pub tokens: Vec<u32>,
+    /// Whether to compute logits for the last token.
+    pub want_logits: bool,
+}
+
+/// A linear layer `y = x Wᵀ` with `W` of shape `(out, in)`.
+struct Linear {
+    mm: QMatMul,
+    out: usize,
+    inp: usize,
+}
+
+impl Linear {
+    fn new(t: QTensor) -> Result<Self, ModelError> {
+        Self::shared(Arc::new(t))
+    }
+
+    fn shared(t: Arc<QTensor>) -> Result<Self, ModelError> {
+        let (out, inp) = t.shape().dims2()?;
+        Ok(Self {
+            mm: QMatMul::from_arc(t)?,
+            out,
+            inp,
+        })
+    }
+
+    /// `x` holds `rows` rows of `inp` values; returns `rows` rows of `out`.
+    fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
+        debug_assert_eq!(x.len(), rows * self.inp);
+        let t = Tensor::from_slice(x, (rows, self.inp), &Device::Cpu)?;
+        Ok(self.mm.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
+    }
+}
+
+/// Several linears over the same input whose outputs are used side by side
+/// (Q/K/V, gate/up): one fused tensor when the cache stored them fused.
+struct Projection {
+    parts: Vec<Linear>,
+    out: usize,
+}
+
+impl Projection {
+    fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
+        if let [one] = self.parts.as_slice() {
+            return one.forward(x, rows);
+        }
+        let outs = self
+            .parts
+            .iter()
+            .map(|l| l.forward(x, rows))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut y = Vec::with_capacity(rows * self.out);
+        for r in 0..rows {
+            for (l, o) in self.parts.iter().zip(&outs) {
+                y.extend_from_slice(&o[r * l.out..(r + 1) * l.out]);
+            }
+        }
+        Ok(y)
+    }
+}
+
+/// A row-parallel linear cut into reduction parts by input columns
+/// (see [`crate::weights::ReductionPart`]).
+struct RowParallel {
+    parts: Vec<(std::ops::Range<usize>, Linear)>,
+    inp: usize,
+    out: usize,
+}
+
+impl RowParallel {
+    fn new(t: QTensor, cols: Vec<std::ops::Range<usize>>) -> Result<Self, ModelError> {
+        let (out, inp) = t.shape().dims2()?;
+        let parts = if cols.len() == 1 {
+            vec![(0..inp, Linear::new(t)?)]
+        } else {
+            cols.into_iter()
+                .map(|c| Ok((c.clone(), Linear::new(weights::slice_cols(&t, c)?)?)))
+                .collect::<Result<Vec<_>, ModelError>>()?
+        };
+        Ok(Self { parts, inp, out })
+    }
+
+    /// The partial products of each part.
+    fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<Vec<f32>>, ModelError> {
+        if let [(_, one)] = self.parts.as_slice() {
+            return Ok(vec![one.forward(x, rows)?]);
+        }
+        self.parts
+            .iter()
+            .map(|(cols, lin)| {
+                let mut xs = Vec::with_capacity(rows * cols.len());
+                for r in 0..rows {
+                    xs.extend_from_slice(&x[r * self.inp + cols.start..r * self.inp + cols.end]);
+                }
+                lin.forward(&xs, rows)
+            })
+            .collect()
+    }
+}
+
+struct Block {
+    attn_norm: Vec<f32>,
+    qkv: Projection,
+    wo: RowParallel,
+    ffn_norm: Vec<f32>,
+    gate_up: Projection,
+    down: RowParallel,
+}
+
+/// Key/value storage precision (`TTW_KV_F16` halves the memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDtype {
+    /// 32-bit floats.
+    F32,
+    /// 16-bit floats.
+    F16,
+}
+
+/// Elements the KV cache can hold.
+trait KvElem: Copy + Default + Send {
+    fn store(x: f32) -> Self;
+    fn load(self) -> f32;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn store(x: f32) -> Self {
+        x
+    }
+    #[inline(always)]
+    fn load(self) -> f32 {
+        self
+    }
+}
+
+impl KvElem for f16 {
+    #[inline(always)]
+    fn store(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    #[inline(always)]
+    fn load(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+/// Keys and values of every slot, laid out `[slot][layer][kv_head][pos][dim]`
+/// so one head's history is contiguous. Allocated zeroed up front: the pages
+/// of positions never reached are never touched, so resident memory grows
+/// with the tokens actually cached, not with the configured capacity.
+enum KvStore {
+    F32 { k: Vec<f32>, v: Vec<f32> },
+    F16 { k: Vec<f16>, v: Vec<f16> },
+}
+
+struct KvCache {
+    store: KvStore,
+    slots: usize,
+    layers: usize,
+    heads: usize,
+    ctx: usize,
+    dim: usize,
+}
+
+impl KvCache {
+    fn new(
+        slots: usize,
+        layers: usize,
+        heads: usize,
+        ctx: usize,
+        dim: usize,
+        dtype: KvDtype,
+    ) -> Self {
+        let n = slots * layers * heads * ctx * dim;
+        let store = match dtype {
+            KvDtype::F32 => KvStore::F32 {
+                k: vec![0.0; n],
+                v: vec![0.0; n],
+            },
+            KvDtype::F16 => KvStore::F16 {
+                k: vec![f16::ZERO; n],
+                v: vec![f16::ZERO; n],
+            },
+        };
+        Self {
+            store,
+            slots,
+            layers,
+            heads,
+            ctx,
+            dim,
+        }
+    }
+
+    /// Offset of `(slot, layer, head, pos=0)`.
+    fn base(&self, slot: usize, layer: usize, head: usize) -> usize {
+        (((slot * self.layers + layer) * self.heads + head) * self.ctx) * self.dim
+    }
+}
+
+/// Precomputed RoPE rotations for every position.
+pub struct Rope {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    half: usize,
+}
+
+impl Rope {
+    /// Tables for `ctx` positions of heads of width `head_dim`.
+    pub fn new(head_dim: usize, ctx: usize, theta: f32) -> Self {
+        let half = head_dim / 2;
+        let mut cos = Vec::with_capacity(ctx * half);
+        let mut sin = Vec::with_capacity(ctx * half);
+        for pos in 0..ctx {
+            for i in 0..half {
+                let freq = 1.0 / (theta as f64).powf(2.0 * i as f64 / head_dim as f64);
+                let angle = pos as f64 * freq;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        Self { cos, sin, half }
+    }
+
+    /// Rotates one head in place. GGUF Llama checkpoints were permuted at
+    /// conversion so that RoPE rotates adjacent pairs `(x[2i], x[2i+1])`.
+    #[inline]
+    fn apply(&self, x: &mut [f32], pos: usize) {
+        let c = &self.cos[pos * self.half..(pos + 1) * self.half];
+        let s = &self.sin[pos * self.half..(pos + 1) * self.half];
+        for i in 0..self.half {
+            let (a, b) = (x[2 * i], x[2 * i + 1]);
+            x[2 * i] = a * c[i] - b * s[i];
+            x[2 * i + 1] = a * s[i] + b * c[i];
+        }
+    }
+}
+
+/// Everything one rank needs to run its share of the model.
+pub struct Rank {
+    cfg: ModelConfig,
+    part: Partition,
+    embed: Arc<QTensor>,
+    lm_head: Linear,
+    output_norm: Vec<f32>,
+    blocks: Vec<Block>,
+    kv: KvCache,
+    rope: Arc<Rope>,
+    n_q: usize,
+    n_kv: usize,
+}
+
+fn take(t: &mut RankTensors, rank: usize, name: &str) -> Result<QTensor, ModelError> {
+    t.remove(name).ok_or_else(|| ModelError::MissingTensor {
+        rank,
+        tensor: name.into(),
+    })
+}
+
+fn projection(
+    t: &mut RankTensors,
+    rank: usize,
+    fused: &str,
+    separate: &[&str],
+) -> Result<Projection, ModelError> {
+    let parts = if t.contains_key(fused) {
+        vec![Linear::new(take(t, rank, fused)?)?]
+    } else {
+        separate
+            .iter()
+            .map(|n| take(t, rank, n).and_then(Linear::new))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let out = parts.iter().map(|l| l.out).sum();
+    Ok(Projection { parts, out })
+}
+
+impl Rank {
+    /// Builds a rank from its loaded tensors, with a KV cache of `slots`
+    /// sequences of `ctx` positions.
+    pub fn new(
+        cfg: &ModelConfig,
+        part: Partition,
+        mut t: RankTensors,
+        slots: usize,
+        ctx: usize,
+        kv_dtype: KvDtype,
+        rope: Arc<Rope>,
+    ) -> Result<Self, ModelError> {
+        let r = part.rank;
+        let mut blocks = Vec::with_capacity(cfg.n_layers);
+        for l in 0..cfg.n_layers {
+            let n = |s: &str| format!("blk.{l}.{s}.weight");
+            blocks.push(Block {
+                attn_norm: weights::vector(&take(&mut t, r, &n("attn_norm"))?)?,
+                qkv: projection(
+                    &mut t,
+                    r,
+                    &n("attn_qkv"),
+                    &[&n("attn_q"), &n("attn_k"), &n("attn_v")],
+                )?,
+                wo: RowParallel::new(
+                    take(&mut t, r, &n("attn_output"))?,
+                    part.parts.iter().map(|p| p.attn_cols.clone()).collect(),
+                )?,
+                ffn_norm: weights::vector(&take(&mut t, r, &n("ffn_norm"))?)?,
+                gate_up: projection(
+                    &mut t,
+                    r,
+                    &n("ffn_gate_up"),
+                    &[&n("ffn_gate"), &n("ffn_up")],
+                )?,
+                down: RowParallel::new(
+                    take(&mut t, r, &n("ffn_down"))?,
+                    part.parts.iter().map(|p| p.ffn_cols.clone()).collect(),
+                )?,
+            });
+        }
+        let embed = Arc::new(take(&mut t, r, "token_embd.weight")?);
+        let lm_head = if cfg.tied_embeddings {
+            // The LM head reads the same rows: share them rather than hold a
+            // second copy of the largest tensor.
+            Linear::shared(embed.clone())?
+        } else {
+            Linear::new(take(&mut t, r, "output.weight")?)?
+        };
+        let n_q = part.q_heads.len();
+        let n_kv = part.kv_heads.len();
+        Ok(Self {
+            cfg: cfg.clone(),
+            embed,
+            lm_head,
+            output_norm: weights::vector(&take(&mut t, r, "output_norm.weight")?)?,
+            blocks,
+            kv: KvCache::new(slots, cfg.n_layers, n_kv, ctx, cfg.head_dim, kv_dtype),
+            rope,
+            n_q,
+            n_kv,
+            part,
+        })
+    }
+
+    /// This rank's vocabulary rows (its slice of every logits row).
+    pub fn vocab(&self) -> std::ops::Range<usize> {
+        self.part.vocab.clone()
+    }
+
+    /// Runs one step. Returns, for every sequence with `want_logits`, the
+    /// logits of its last token over this rank's vocabulary rows, row after
+    /// row.
+    pub fn step(
+        &mut self,
+        seqs: &[StepSeq],
+        comm: &dyn Collective,
+    ) -> Result<Vec<f32>, ModelError> {
+        let h = self.cfg.hidden;
+        let hd = self.cfg.head_dim;
+        let rows: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        for s in seqs {
+            let end = s.start_pos + s.tokens.len();
+            if s.slot >= self.kv.slots || end > self.kv.ctx {
+                return Err(ModelError::OutOfCache {
+                    slot: s.slot,
+                    pos: end,
+                    slots: self.kv.slots,
+                    ctx: self.kv.ctx,
+                });
+            }
+        }
+
+        let x = self.embed_tokens(seqs)?;
+        let mut x = comm.all_reduce(vec![x], rows * h);
+
+        let q_w = self.n_q * hd;
+        let kv_w = self.n_kv * hd;
+        let mut normed = vec![0.0f32; rows * h];
+        let mut attn = vec![0.0f32; rows * q_w];
+        for l in 0..self.blocks.len() {
+            let block = &self.blocks[l];
+            rms_norm(&x, &block.attn_norm, self.cfg.rms_eps, &mut normed);
+            let mut qkv = block.qkv.forward(&normed, rows)?;
+            let stride = q_w + 2 * kv_w;
+            let mut row = 0;
+            for s in seqs {
+                for (i, _) in s.tokens.iter().enumerate() {
+                    let pos = s.start_pos + i;
+                    let r = &mut qkv[(row + i) * stride..(row + i + 1) * stride];
+                    for head in r[..q_w + kv_w].chunks_exact_mut(hd) {
+                        self.rope.apply(head, pos);
+                    }
+                    self.store_kv(s.slot, l, pos, &r[q_w..q_w + kv_w], &r[q_w + kv_w..]);
+                }
+                self.attend(s, l, &qkv[row * stride..], stride, &mut attn[row * q_w..]);
+                row += s.tokens.len();
+            }
+            let block = &self.blocks[l];
+            let o = comm.all_reduce(block.wo.forward(&attn, rows)?, rows * block.wo.out);
+            add_into(&mut x, &o);
+
+            rms_norm(&x, &block.ffn_norm, self.cfg.rms_eps, &mut normed);
+            let gu = block.gate_up.forward(&normed, rows)?;
+            let ff = block.gate_up.out / 2;
+            let mut act = Vec::with_capacity(rows * ff);
+            for r in 0..rows {
+                let g = &gu[r * 2 * ff..r * 2 * ff + ff];
+                let u = &gu[r * 2 * ff + ff..(r + 1) * 2 * ff];
+                act.extend(g.iter().zip(u).map(|(&g, &u)| silu(g) * u));
+            }
+            let d = comm.all_reduce(block.down.forward(&act, rows)?, rows * block.down.out);
+            add_into(&mut x, &d);
+        }
+
+        // Only the last token of each sequence that samples needs logits.
+        let mut last = Vec::new();
+        let mut row = 0;
+        for s in seqs {
+            row += s.tokens.len();
+            if s.want_logits {
+                last.extend_from_slice(&x[(row - 1) * h..row * h]);
+            }
+        }
+        if last.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = last.len() / h;
+        let mut normed = vec![0.0f32; last.len()];
+        rms_norm(&last, &self.output_norm, self.cfg.rms_eps, &mut normed);
+        self.lm_head.forward(&normed, n)
+    }
+
+    /// Embedding rows of the tokens this rank's vocabulary shard holds, zero
+    /// for the others: the all-reduce that follows completes every row.
+    fn embed_tokens(&self, seqs: &[StepSeq]) -> Result<Vec<f32>, ModelError> {
+        let h = self.cfg.hidden;
+        let vocab = &self.part.vocab;
+        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let local: Vec<u32> = tokens
+            .iter()
+            .filter(|&&t| vocab.contains(&(t as usize)))
+            .map(|&t| (t as usize - vocab.start) as u32)
+            .collect();
+        let mut x = vec![0.0f32; tokens.len() * h];
+        if local.is_empty() {
+            return Ok(x);
+        }
+        let ids = Tensor::new(local.as_slice(), &Device::Cpu)?;
+        let rows = self
+            .embed
+            .embedding(&ids)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let mut next = 0;
+        for (i, &t) in tokens.iter().enumerate() {
+            if vocab.contains(&(t as usize)) {
+                x[i * h..(i + 1) * h].copy_from_slice(&rows[next * h..(next + 1) * h]);
+                next += 1;
+            }
+        }
+        Ok(x)
+    }
+
+    fn store_kv(&mut self, slot: usize, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let dim = self.kv.dim;
+        for head in 0..self.n_kv {
+            let at = self.kv.base(slot, layer, head) + pos * dim;
+            let (ks, vs) = (
+                &k[head * dim..(head + 1) * dim],
+                &v[head * dim..(head + 1) * dim],
+            );
+            match &mut self.kv.store {
+                KvStore::F32 { k, v } => {
+                    k[at..at + dim].copy_from_slice(ks);
+                    v[at..at + dim].copy_from_slice(vs);
+                }
+                KvStore::F16 { k, v } => {
+                    for (d, s) in k[at..at + dim].iter_mut().zip(ks) {
+                        *d = f16::store(*s);
+                    }
+                    for (d, s) in v[at..at + dim].iter_mut().zip(vs) {
+                        *d = f16::store(*s);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Causal attention of `s`'s new tokens over its cached history.
+    /// `qkv` starts at the sequence's first row; `out` likewise.
+    fn attend(&self, s: &StepSeq, layer: usize, qkv: &[f32], stride: usize, out: &mut [f32]) {
+        match &self.kv.store {
+            KvStore::F32 { k, v } => self.attend_with(s, layer, qkv, stride, out, k, v),
+            KvStore::F16 { k, v } => self.attend_with(s, layer, qkv, stride, out, k, v),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attend_with<E: KvElem>(
+        &self,
+        s: &StepSeq,
+        layer: usize,
+        qkv: &[f32],
+        stride: usize,
+        out: &mut [f32],
+        k: &[E],
+        v: &[E],
+    ) {
+        let hd = self.cfg.head_dim;
+        let group = self.n_q / self.n_kv.max(1);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let q_w = self.n_q * hd;
+        let mut scores = Vec::with_capacity(s.start_pos + s.tokens.len());
+        for i in 0..s.tokens.len() {
+            let pos = s.start_pos + i;
+            let q_row = &qkv[i * stride..i * stride + q_w];
+            for qh in 0..self.n_q {
+                let kvh = qh / group;
+                let base = self.kv.base(s.slot, layer, kvh);
+                let q = &q_row[qh * hd..(qh + 1) * hd];
+                scores.clear();
+                let mut max = f32::NEG_INFINITY;
+                for p in 0..=pos {
+                    let key = &k[base + p * hd..base + (p + 1) * hd];
+                    let sc = dot(q, key) * scale;
+                    max = max.max(sc);
+                    scores.push(sc);
+                }
+                let mut sum = 0.0;
+                for sc in scores.iter_mut() {
+                    *sc = (*sc - max).exp();
+                    sum += *sc;
+                }
+                let o = &mut out[i * q_w + qh * hd..i * q_w + (qh + 1) * hd];
+                o.fill(0.0);
+                let inv = 1.0 / sum;
+                for (p, &w) in scores.iter().enumerate() {
+                    let val = &v[base + p * hd..base + (p + 1) * hd];
+                    let w = w * inv;
+                    for (a, &b) in o.iter_mut().zip(val) {
+                        *a += w * b.load();
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[inline]
+fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
+    // Eight independent accumulators let the compiler vectorise the loop.
+    let mut acc = [0.0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for j in 0..8 {
+            acc[j] += a[c * 8 + j] * b[c * 8 + j].load();
+        }
+    }
+    let mut sum: f32 = acc.iter().sum();
+    for j in chunks * 8..a.len() {
+        sum += a[j] * b[j].load();
+    }
+    sum
+}
+
+#[inline]
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+fn add_into(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// Row-wise RMSNorm of `x` (rows of `w.len()`) into `out`.
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let h = w.len();
+    for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        let ms = xr.iter().map(|v| v * v).sum::<f32>() / h as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = v * inv * g;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm() {
+        let rope = Rope::new(8, 16, 10_000.0);
+        let orig = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+        let mut x = orig;
+        rope.apply(&mut x, 0);
+        assert_eq!(x, orig);
+        rope.apply(&mut x, 7);
+        let n0: f32 = orig.iter().map(|v| v * v).sum();
+        let n1: f32 = x.iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-3, "{n0} vs {n1}");
+        assert_ne!(x, orig);
+    }
+
+    #[test]
+    fn rms_norm_scales_rows_to_unit_rms() {
+        let x = [3.0, 4.0, 0.0, 0.0];
+        let mut out = [0.0; 4];
+        rms_norm(&x, &[1.0, 1.0], 1e-6, &mut out);
+        let rms = (12.5f32 + 1e-6).sqrt();
+        assert!((out[0] - 3.0 / rms).abs() < 1e-6);
+        assert!((out[1] - 4.0 / rms).abs() < 1e-6);
+        assert_eq!(&out[2..], &[0.0, 0.0]);
+    }
+}

@@ -1,0 +1,329 @@
+//! The `Engine` gRPC service (engine.proto) on the worker's unix socket.
+//!
+//! The socket is bound before the model loads, so `Info` and `Health` answer
+//! with `LOADING` and the load progress from the first second; `Generate`
+//! answers `UNAVAILABLE` until the engine is ready and again once draining.
+
+use crate::banners::Banners;
+use crate::chat_template::{ChatTemplate, Turn};
+use crate::sampling::SamplingConfig;
+use crate::scheduler::{EngineHandle, Event, Finish, Submission, SubmitError};
+use crate::state::{Phase, Status};
+use crate::tokenizer::Tokenizer;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status as RpcStatus};
+use tt_serving_proto::v1 as pb;
+use tt_serving_proto::v1::engine_server::Engine;
+
+/// What the server needs once the model is loaded.
+pub struct Ready {
+    /// The engine thread.
+    pub engine: EngineHandle,
+    /// Text to ids.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Chat rendering.
+    pub template: ChatTemplate,
+    /// Tokens per sequence.
+    pub context: usize,
+    /// `max_tokens` when a request leaves it 0.
+    pub default_max_tokens: usize,
+}
+
+/// Facts known before loading, reported by `Info`.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// TP degree.
+    pub tp: u32,
+    /// Card BDF per rank.
+    pub bdfs: Vec<String>,
+    /// `warm` or `cold`.
+    pub cache_mode: String,
+}
+
+/// The service.
+pub struct EngineService {
+    identity: Identity,
+    status: Arc<Status>,
+    banners: Arc<Banners>,
+    ready: Arc<OnceLock<Ready>>,
+    /// Fired once a `Shutdown` call has drained the engine.
+    shutdown: Arc<tokio::sync::Notify>,
+}
+
+impl EngineService {
+    /// A service reporting `status`; `ready` is filled when loading ends.
+    pub fn new(
+        identity: Identity,
+        status: Arc<Status>,
+        banners: Arc<Banners>,
+        ready: Arc<OnceLock<Ready>>,
+        shutdown: Arc<tokio::sync::Notify>,
+    ) -> Self {
+        Self {
+            identity,
+            status,
+            banners,
+            ready,
+            shutdown,
+        }
+    }
+}
+
+fn worker_state(p: Phase) -> i32 {
+    match p {
+        Phase::Loading => pb::WorkerState::Loading as i32,
+        Phase::Ready => pb::WorkerState::Ready as i32,
+        Phase::Draining => pb::WorkerState::Draining as i32,
+    }
+}
+
+fn progress(status: &Status) -> pb::LoadProgress {
+    let p = status.progress();
+    pb::LoadProgress {
+        done: p.done,
+        total: p.total,
+        message: p.message,
+    }
+}
+
+fn finish_reason(f: Finish) -> i32 {
+    match f {
+        Finish::Stop => pb::FinishReason::Stop as i32,
+        Finish::Length => pb::FinishReason::Length as i32,
+        Finish::Cancelled => pb::FinishReason::Cancelled as i32,
+    }
+}
+
+fn to_response(ev: Event) -> Result<pb::GenerateResponse, RpcStatus> {
+    let chunk = match ev {
+        Event::Delta { text, ids } => pb::generate_response::Chunk::Delta(pb::TokenDelta {
+            text,
+            token_ids: ids,
+        }),
+        Event::Final(f) => pb::generate_response::Chunk::Final(pb::GenerationFinal {
+            finish_reason: finish_reason(f.reason),
+            usage: Some(pb::Usage {
+                prompt_tokens: f.prompt_tokens,
+                completion_tokens: f.completion_tokens,
+            }),
+            timings: Some(pb::Timings {
+                queue_us: f.queue_us,
+                prefill_us: f.prefill_us,
+                decode_us: f.decode_us,
+                time_to_first_token_us: f.ttft_us,
+            }),
+            slot: String::new(),
+        }),
+        Event::Error(e) => return Err(RpcStatus::internal(format!("engine failure: {e}"))),
+    };
+    Ok(pb::GenerateResponse { chunk: Some(chunk) })
+}
+
+/// Checks sampling settings and maps them.
+fn sampling(p: Option<&pb::SamplingParams>) -> Result<SamplingConfig, RpcStatus> {
+    let Some(p) = p else {
+        return Ok(SamplingConfig::GREEDY);
+    };
+    if !p.temperature.is_finite() || p.temperature < 0.0 {
+        return Err(RpcStatus::invalid_argument(format!(
+            "sampling.temperature must be >= 0, got {}",
+            p.temperature
+        )));
+    }
+    if !(0.0..=1.0).contains(&p.top_p) {
+        return Err(RpcStatus::invalid_argument(format!(
+            "sampling.top_p must be within [0, 1], got {}",
+            p.top_p
+        )));
+    }
+    Ok(SamplingConfig {
+        temperature: p.temperature,
+        top_k: p.top_k as usize,
+        top_p: p.top_p,
+        seed: p.seed,
+    })
+}
+
+impl Ready {
+    /// Validates and tokenizes a request into a submission.
+    fn prepare(
+        &self,
+        req: pb::EngineGenerateRequest,
+        events: mpsc::UnboundedSender<Event>,
+        arrived: Instant,
+    ) -> Result<Submission, RpcStatus> {
+        let g = req.request.ok_or_else(|| {
+            RpcStatus::invalid_argument("EngineGenerateRequest.request is missing")
+        })?;
+        let text = match g.input {
+            Some(pb::generate_request::Input::Prompt(p)) => p,
+            Some(pb::generate_request::Input::Chat(c)) => {
+                let turns: Vec<Turn> = c
+                    .messages
+                    .into_iter()
+                    .map(|m| Turn {
+                        role: m.role,
+                        content: m.content,
+                    })
+                    .collect();
+                self.template
+                    .render(&turns)
+                    .map_err(|e| RpcStatus::invalid_argument(e.to_string()))?
+            }
+            None => {
+                return Err(RpcStatus::invalid_argument(
+                    "request has neither `prompt` nor `chat`",
+                ))
+            }
+        };
+        let prompt = self
+            .tokenizer
+            .encode(&text)
+            .map_err(|e| RpcStatus::invalid_argument(e.to_string()))?;
+        if prompt.is_empty() {
+            return Err(RpcStatus::invalid_argument("the prompt is empty"));
+        }
+        let ctx = self.context;
+        if prompt.len() >= ctx {
+            return Err(RpcStatus::invalid_argument(format!(
+                "the prompt has {} tokens but the context length is {ctx} tokens (prompt plus output); shorten the prompt",
+                prompt.len()
+            )));
+        }
+        let max_tokens = if g.max_tokens == 0 {
+            self.default_max_tokens.min(ctx - prompt.len())
+        } else {
+            let want = g.max_tokens as usize;
+            if prompt.len() + want > ctx {
+                return Err(RpcStatus::invalid_argument(format!(
+                    "prompt ({} tokens) plus max_tokens ({want}) exceeds the context length of {ctx} tokens; lower max_tokens to at most {}",
+                    prompt.len(),
+                    ctx - prompt.len()
+                )));
+            }
+            want
+        };
+        Ok(Submission {
+            request_id: req.request_id,
+            prompt,
+            max_tokens,
+            sampling: sampling(g.sampling.as_ref())?,
+            stop: g.stop,
+            arrived,
+            events,
+        })
+    }
+}
+
+type GenerateStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<pb::GenerateResponse, RpcStatus>> + Send + 'static>,
+>;
+
+#[tonic::async_trait]
+impl Engine for EngineService {
+    async fn info(
+        &self,
+        _: Request<pb::InfoRequest>,
+    ) -> Result<Response<pb::InfoResponse>, RpcStatus> {
+        let loaded = self.status.loaded().cloned().unwrap_or_default();
+        Ok(Response::new(pb::InfoResponse {
+            model_name: loaded.model_name,
+            architecture: loaded.architecture,
+            parameter_count: loaded.parameter_count,
+            tp: self.identity.tp,
+            ranks: self
+                .identity
+                .bdfs
+                .iter()
+                .enumerate()
+                .map(|(rank, bdf)| pb::RankBinding {
+                    rank: rank as u32,
+                    bdf: bdf.clone(),
+                })
+                .collect(),
+            context_length: loaded.context_length,
+            cache_mode: self.identity.cache_mode.clone(),
+            cache_files_read: loaded.cache_files_read,
+            cache_files_written: loaded.cache_files_written,
+            load_time_ms: loaded.load_time_ms,
+            banners_engaged: self.banners.engaged(),
+            engine_version: format!("tt-worker {}", env!("CARGO_PKG_VERSION")),
+            state: worker_state(self.status.phase()),
+            progress: Some(progress(&self.status)),
+        }))
+    }
+
+    async fn health(
+        &self,
+        _: Request<pb::HealthRequest>,
+    ) -> Result<Response<pb::HealthResponse>, RpcStatus> {
+        use std::sync::atomic::Ordering;
+        Ok(Response::new(pb::HealthResponse {
+            state: worker_state(self.status.phase()),
+            active_sequences: self.status.active.load(Ordering::Acquire),
+            queued_sequences: self.status.queued(),
+            last_progress_unix_ms: self.status.last_step_unix_ms.load(Ordering::Acquire),
+            progress: Some(progress(&self.status)),
+        }))
+    }
+
+    type GenerateStream = GenerateStream;
+
+    async fn generate(
+        &self,
+        request: Request<pb::EngineGenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, RpcStatus> {
+        let arrived = Instant::now();
+        match self.status.phase() {
+            Phase::Loading => {
+                return Err(RpcStatus::unavailable(
+                    "the worker is still loading the model",
+                ))
+            }
+            Phase::Draining => return Err(RpcStatus::unavailable("the worker is shutting down")),
+            Phase::Ready => {}
+        }
+        let ready = self
+            .ready
+            .get()
+            .ok_or_else(|| RpcStatus::unavailable("the worker is still loading the model"))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let sub = ready.prepare(request.into_inner(), tx, arrived)?;
+        ready.engine.submit(sub).map_err(|e| match e {
+            SubmitError::Full(_) => RpcStatus::resource_exhausted(e.to_string()),
+            SubmitError::Stopped => RpcStatus::unavailable(e.to_string()),
+        })?;
+        let stream = UnboundedReceiverStream::new(rx).map(to_response);
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn shutdown(
+        &self,
+        request: Request<pb::ShutdownRequest>,
+    ) -> Result<Response<pb::ShutdownResponse>, RpcStatus> {
+        let timeout = Duration::from_millis(request.into_inner().drain_timeout_ms as u64);
+        let report = drain(&self.status, &self.ready, timeout).await;
+        self.shutdown.notify_one();
+        Ok(Response::new(pb::ShutdownResponse {
+            finished: report.finished,
+            cancelled: report.cancelled,
+        }))
+    }
+}
+
+/// Stops admitting work and drains the engine (if it was started).
+pub async fn drain(
+    status: &Status,
+    ready: &OnceLock<Ready>,
+    timeout: Duration,
+) -> crate::scheduler::DrainReport {
+    status.set_phase(Phase::Draining);
+    match ready.get() {
+        Some(r) => r.engine.drain(timeout).await,
+        None => Default::default(),
+    }
+}

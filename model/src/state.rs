@@ -1,0 +1,134 @@
+//! The worker's shared status: lifecycle state, load progress and the
+//! counters `Health` reports. Written by the loader and the scheduler, read
+//! by the RPC handlers; everything is atomics or short locks so `Health`
+//! stays cheap even while a step runs.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// Where the worker is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Reading weights or building the cache.
+    Loading = 1,
+    /// Serving.
+    Ready = 2,
+    /// Shutting down: finishing in-flight work, admitting none.
+    Draining = 3,
+}
+
+/// Load progress, as `LoadProgress` reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Steps done.
+    pub done: u32,
+    /// Steps in all.
+    pub total: u32,
+    /// What is happening.
+    pub message: String,
+}
+
+/// What the load produced, for `Info`.
+#[derive(Debug, Clone, Default)]
+pub struct LoadedInfo {
+    /// Model name from the checkpoint.
+    pub model_name: String,
+    /// Architecture.
+    pub architecture: String,
+    /// Parameters in the checkpoint.
+    pub parameter_count: u64,
+    /// Context length served.
+    pub context_length: u32,
+    /// Cache files mapped.
+    pub cache_files_read: Vec<String>,
+    /// Cache files written.
+    pub cache_files_written: Vec<String>,
+    /// Load wall time.
+    pub load_time_ms: u64,
+}
+
+/// Shared worker status.
+#[derive(Debug)]
+pub struct Status {
+    phase: AtomicU8,
+    progress: Mutex<Progress>,
+    /// Sequences in the batch.
+    pub active: AtomicU32,
+    /// Sequences admitted and not yet finished (batch plus queue); the
+    /// admission bound is checked against it.
+    pub in_flight: AtomicU32,
+    /// Unix ms of the last completed step.
+    pub last_step_unix_ms: AtomicU64,
+    loaded: OnceLock<LoadedInfo>,
+}
+
+impl Default for Status {
+    fn default() -> Self {
+        Self {
+            phase: AtomicU8::new(Phase::Loading as u8),
+            progress: Mutex::new(Progress::default()),
+            active: AtomicU32::new(0),
+            in_flight: AtomicU32::new(0),
+            last_step_unix_ms: AtomicU64::new(0),
+            loaded: OnceLock::new(),
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Status {
+    /// Sequences admitted but not yet in the batch.
+    pub fn queued(&self) -> u32 {
+        let in_flight = self.in_flight.load(Ordering::Acquire);
+        in_flight.saturating_sub(self.active.load(Ordering::Acquire))
+    }
+
+    /// Current phase.
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Acquire) {
+            2 => Phase::Ready,
+            3 => Phase::Draining,
+            _ => Phase::Loading,
+        }
+    }
+
+    /// Moves to `phase`.
+    pub fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase as u8, Ordering::Release);
+    }
+
+    /// Records load progress.
+    pub fn set_progress(&self, done: u32, total: u32, message: String) {
+        let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        *p = Progress {
+            done,
+            total,
+            message,
+        };
+    }
+
+    /// Latest load progress.
+    pub fn progress(&self) -> Progress {
+        self.progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Publishes the load's outcome (once).
+    pub fn set_loaded(&self, info: LoadedInfo) {
+        let _ = self.loaded.set(info);
+    }
+
+    /// The load's outcome, once loaded.
+    pub fn loaded(&self) -> Option<&LoadedInfo> {
+        self.loaded.get()
+    }
+}

@@ -1,0 +1,283 @@
+//! The worker's life: bind the socket, load, serve, drain, exit.
+
+use crate::banners::Banners;
+use crate::cache::CacheMode;
+use crate::chat_template::ChatTemplate;
+use crate::cli::ServeArgs;
+use crate::faults::{self, Faults};
+use crate::gguf::Checkpoint;
+use crate::model::{KvDtype, Rank, Rope};
+use crate::scheduler::{self, Engaged, SchedulerConfig};
+use crate::server::{self, EngineService, Identity, Ready};
+use crate::state::{LoadedInfo, Phase, Status};
+use crate::tokenizer::Tokenizer;
+use crate::tp::Ranks;
+use crate::weights::{self, DtypePolicy};
+use anyhow::Context;
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tt_serving_proto::v1::engine_server::EngineServer;
+
+/// Drain time granted to in-flight sequences on SIGTERM.
+const SIGTERM_DRAIN: Duration = Duration::from_secs(5);
+/// How long the server may take to close connections after a drain.
+const SERVER_STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// Dies with the parent: a daemon that crashed must not leave a worker
+/// holding its cards.
+fn die_with_parent() {
+    // SAFETY: prctl with PR_SET_PDEATHSIG only sets a process attribute.
+    unsafe {
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGTERM as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+    }
+}
+
+/// candle's matmul pool spans every core. With several ranks that pool would
+/// run one rank's matmul at a time; giving each rank its share of the cores
+/// instead lets the ranks compute side by side, as they would on their own
+/// cards. Must run before the first matmul (candle reads it once).
+fn share_cores_between_ranks(tp: usize) {
+    if tp > 1 && std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let per_rank = (cores / tp).max(1);
+        std::env::set_var("CANDLE_NUM_THREADS", per_rank.to_string());
+    }
+}
+
+/// Everything the load produced.
+struct Loaded {
+    ranks: Vec<Rank>,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    context: usize,
+    info: LoadedInfo,
+}
+
+fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Loaded> {
+    let started = Instant::now();
+    status.set_progress(0, 0, format!("reading {}", args.model.display()));
+    let ckpt = Checkpoint::open(&args.model)?;
+    let cfg = ckpt.config.clone();
+    let tokenizer = Tokenizer::from_spec(&ckpt.tokenizer)?;
+    let tok_text = |id: Option<u32>| {
+        id.and_then(|i| ckpt.tokenizer.tokens.get(i as usize).cloned())
+            .unwrap_or_default()
+    };
+    let template = ChatTemplate::new(
+        ckpt.tokenizer.chat_template.as_deref(),
+        tok_text(ckpt.tokenizer.bos),
+        tok_text(ckpt.tokenizer.eos),
+    )?;
+    let policy = DtypePolicy {
+        mlp_down_q8: args.mlp_down_q8,
+    };
+    let planned = weights::plan(&ckpt, args.tp, policy)?;
+    let steps = planned.specs.iter().map(Vec::len).sum::<usize>().max(1) as u64;
+    let pause = Duration::from_millis(faults.slow_load_ms / steps);
+    let progress = |done: u32, total: u32, msg: String| status.set_progress(done, total, msg);
+    let loaded = weights::load(
+        &ckpt,
+        args.tp,
+        policy,
+        &args.cache_dir,
+        args.cache_mode,
+        &progress,
+        &|| {
+            if !pause.is_zero() {
+                std::thread::sleep(pause);
+            }
+        },
+    )?;
+    let mut files_written = loaded.files_written;
+    if args.cache_mode == CacheMode::Warm && faults.warm_extra_file {
+        write_stray_file(&args.cache_dir)?;
+        files_written.push(faults::STRAY_FILE.to_string());
+    }
+
+    let context = args
+        .max_seq_len
+        .map_or(cfg.context_length, |n| n.min(cfg.context_length));
+    let kv = if args.kv_f16 {
+        KvDtype::F16
+    } else {
+        KvDtype::F32
+    };
+    let rope = Arc::new(Rope::new(cfg.head_dim, context, cfg.rope_theta));
+    let mut ranks = Vec::with_capacity(args.tp);
+    for (tensors, part) in loaded.ranks.into_iter().zip(loaded.partitions) {
+        ranks.push(Rank::new(
+            &cfg,
+            part,
+            tensors,
+            args.max_batch,
+            context,
+            kv,
+            rope.clone(),
+        )?);
+    }
+    let info = LoadedInfo {
+        model_name: cfg.name.clone(),
+        architecture: cfg.architecture.clone(),
+        parameter_count: ckpt.parameter_count(),
+        context_length: context as u32,
+        cache_files_read: loaded.files_read,
+        cache_files_written: files_written,
+        load_time_ms: started.elapsed().as_millis() as u64,
+    };
+    Ok(Loaded {
+        ranks,
+        tokenizer,
+        template,
+        context,
+        info,
+    })
+}
+
+/// Test fault: a warm start that leaves a file the marker does not list,
+/// which the daemon's cache guard must catch.
+fn write_stray_file(dir: &Path) -> anyhow::Result<()> {
+    let path = dir.join(faults::STRAY_FILE);
+    std::fs::write(&path, b"placeholder written by TTW_FAULT_WARM_EXTRA_FILE")
+        .with_context(|| format!("test fault: cannot write {}", path.display()))
+}
+
+fn bind(socket: &Path) -> anyhow::Result<UnixListener> {
+    if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the socket directory {}", dir.display()))?;
+    }
+    // A socket left by a previous worker of this slot would make bind fail;
+    // only a socket is removed, never some other file at that path.
+    if let Ok(meta) = std::fs::symlink_metadata(socket) {
+        use std::os::unix::fs::FileTypeExt;
+        if meta.file_type().is_socket() {
+            let _ = std::fs::remove_file(socket);
+        }
+    }
+    UnixListener::bind(socket)
+        .with_context(|| format!("cannot bind the worker socket {}", socket.display()))
+}
+
+/// Runs the worker until it is shut down; `Ok` means exit status 0.
+pub fn serve(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
+    die_with_parent();
+    if let Some(code) = faults.exit_at_start {
+        eprintln!("tt-worker: test fault TTW_FAULT_EXIT_AT_START: exiting with status {code}");
+        std::process::exit(code);
+    }
+    share_cores_between_ranks(args.tp);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve_async(args, faults))
+}
+
+async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
+    let status = Arc::new(Status::default());
+    let banners = Arc::new(Banners::new(faults.skip_banner.clone()));
+    let ready: Arc<OnceLock<Ready>> = Arc::new(OnceLock::new());
+    let shutdown = Arc::new(tokio::sync::Notify::new());
+    let service = EngineService::new(
+        Identity {
+            tp: args.tp as u32,
+            bdfs: args.bdfs.clone(),
+            cache_mode: args.cache_mode.as_str().to_string(),
+        },
+        status.clone(),
+        banners.clone(),
+        ready.clone(),
+        shutdown.clone(),
+    );
+    let listener = bind(&args.socket)?;
+    tracing::info!(socket = %args.socket.display(), "serving engine.proto; loading {}", args.model.display());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(EngineServer::new(service))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                let _ = stop_rx.await;
+            }),
+    );
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+
+    let load_args = args.clone();
+    let load_status = status.clone();
+    let load_faults = faults.clone();
+    let loading = tokio::task::spawn_blocking(move || load(&load_args, &load_status, &load_faults));
+    let loaded = tokio::select! {
+        r = loading => r.context("the load task panicked")??,
+        _ = sigterm.recv() => { cleanup(&args.socket); return Ok(()); }
+        _ = sigint.recv() => { cleanup(&args.socket); return Ok(()); }
+    };
+    let mut flags = Vec::new();
+    if args.mlp_down_q8 {
+        flags.push("TTW_MLP_DOWN_Q8");
+    }
+    if args.kv_f16 {
+        flags.push("TTW_KV_F16");
+    }
+    let tokenizer = Arc::new(loaded.tokenizer);
+    let engine = scheduler::spawn(
+        Ranks::start(loaded.ranks)?,
+        tokenizer.clone(),
+        SchedulerConfig {
+            max_batch: args.max_batch,
+            max_queue: args.max_queue,
+            prefill_chunk: args.prefill_chunk,
+            prefill_chunk_idle: args.prefill_chunk.max(512),
+            context: loaded.context,
+        },
+        status.clone(),
+        banners,
+        Engaged { flags },
+        faults,
+    )?;
+    tracing::info!(
+        model = %loaded.info.model_name,
+        load_ms = loaded.info.load_time_ms,
+        cache_mode = args.cache_mode.as_str(),
+        "ready"
+    );
+    status.set_loaded(loaded.info);
+    let _ = ready.set(Ready {
+        engine,
+        tokenizer,
+        template: loaded.template,
+        context: loaded.context,
+        default_max_tokens: args.default_max_tokens,
+    });
+    status.set_phase(Phase::Ready);
+
+    // Serve until a Shutdown call has drained us, or a signal arrives.
+    tokio::select! {
+        _ = shutdown.notified() => {}
+        _ = sigterm.recv() => { server::drain(&status, &ready, SIGTERM_DRAIN).await; }
+        _ = sigint.recv() => { server::drain(&status, &ready, SIGTERM_DRAIN).await; }
+    }
+    let _ = stop_tx.send(());
+    // The Shutdown call's own response is in flight; give the server a
+    // moment to send it and close, but never wait on a stuck client.
+    let _ = tokio::time::timeout(SERVER_STOP_GRACE, server).await;
+    cleanup(&args.socket);
+    tracing::info!("drained; exiting");
+    Ok(())
+}
+
+fn cleanup(socket: &Path) {
+    let _ = std::fs::remove_file(socket);
+}

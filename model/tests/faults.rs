@@ -1,0 +1,122 @@
+//! The test-only fault modes the daemon's recovery tests drive.
+
+mod common;
+
+use common::*;
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+use tt_serving_proto::v1 as pb;
+
+fn faulty(cache: &std::path::Path, mode: &'static str, var: &str, value: &str) -> Opts {
+    Opts::new(&tiny_model(), 1, cache, mode)
+        .env("TTW_TEST_FAULTS", "1")
+        .env(var, value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_at_start_exits_with_the_code_before_binding() {
+    let cache = tempfile::tempdir().unwrap();
+    let mut w = Worker::spawn(&faulty(
+        cache.path(),
+        "cold",
+        "TTW_FAULT_EXIT_AT_START",
+        "7",
+    ));
+    assert_eq!(w.wait_exit(Duration::from_secs(10)).code(), Some(7));
+    assert!(!w.socket.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_are_inert_without_the_switch() {
+    let cache = tempfile::tempdir().unwrap();
+    let o = Opts::new(&tiny_model(), 1, cache.path(), "cold").env("TTW_FAULT_EXIT_AT_START", "7");
+    let w = Worker::start(&o).await;
+    assert!(w.stderr().contains("TTW_TEST_FAULTS"), "{}", w.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_tokens_dies_by_signal() {
+    let cache = tempfile::tempdir().unwrap();
+    let mut w = Worker::start(&faulty(
+        cache.path(),
+        "cold",
+        "TTW_FAULT_CRASH_AFTER_TOKENS",
+        "5",
+    ))
+    .await;
+    let mut c = w.client().await;
+    let r = run(&mut c, prompt_request("the cat", 20)).await;
+    assert!(r.is_err());
+    let st = w.wait_exit(Duration::from_secs(10));
+    assert_eq!(st.signal(), Some(libc_sigabrt()));
+}
+
+fn libc_sigabrt() -> i32 {
+    6
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hang_after_tokens_stops_progress_but_answers_health() {
+    let cache = tempfile::tempdir().unwrap();
+    let w = Worker::start(&faulty(
+        cache.path(),
+        "cold",
+        "TTW_FAULT_HANG_AFTER_TOKENS",
+        "3",
+    ))
+    .await;
+    let mut c = w.client().await;
+    let mut c2 = w.client().await;
+    let _stream = tokio::spawn(async move { run(&mut c2, prompt_request("the cat", 20)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let h1 = c.health(pb::HealthRequest {}).await.unwrap().into_inner();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let h2 = c.health(pb::HealthRequest {}).await.unwrap().into_inner();
+    assert_eq!(h1.active_sequences, 1);
+    assert!(h1.last_progress_unix_ms > 0);
+    assert_eq!(
+        h1.last_progress_unix_ms, h2.last_progress_unix_ms,
+        "progress moved while hung"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skipped_and_unexpected_banners() {
+    let cache = tempfile::tempdir().unwrap();
+    let o = faulty(cache.path(), "cold", "TTW_FAULT_SKIP_BANNER", "TTW_KV_F16")
+        .env("TTW_KV_F16", "1")
+        .env("TTW_FAULT_EXTRA_BANNER", "TTW_BOGUS");
+    let w = Worker::start(&o).await;
+    let mut c = w.client().await;
+    greedy(&mut c, "the", 2).await;
+    let stdout = w.stdout();
+    assert!(!stdout.contains("TTW_KV_F16 engaged"), "{stdout}");
+    assert!(stdout.contains("TTW_BOGUS engaged"), "{stdout}");
+    let info = c.info(pb::InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.banners_engaged, vec!["TTW_BOGUS".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_start_extra_file_is_written_and_reported() {
+    let cache = tempfile::tempdir().unwrap();
+    drop(Worker::start(&Opts::new(&tiny_model(), 1, cache.path(), "cold")).await);
+    let w = Worker::start(&faulty(
+        cache.path(),
+        "warm",
+        "TTW_FAULT_WARM_EXTRA_FILE",
+        "1",
+    ))
+    .await;
+    let info = w
+        .client()
+        .await
+        .info(pb::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        info.cache_files_written,
+        vec![tt_worker::faults::STRAY_FILE.to_string()]
+    );
+    assert!(cache.path().join(tt_worker::faults::STRAY_FILE).exists());
+}
