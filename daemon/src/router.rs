@@ -121,6 +121,27 @@ impl Router {
         ))
     }
 
+    /// Route a gRPC request, honouring its `grpc-timeout` deadline. Both the
+    /// public Inference service and the control socket's Generate use this.
+    pub async fn serve(
+        &self,
+        request: tonic::Request<pb::GenerateRequest>,
+    ) -> Result<ChunkStream, Status> {
+        let timeout = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_grpc_timeout);
+        self.generate(request.into_inner(), timeout).await
+    }
+
+    fn has_ready_slot(&self, model: &str) -> bool {
+        self.slots
+            .snapshot()
+            .iter()
+            .any(|s| s.model == model && s.state == SlotState::Ready)
+    }
+
     /// Route one request and return the stream of chunks for the client.
     pub async fn generate(
         &self,
@@ -131,12 +152,7 @@ impl Router {
         let arrived = Instant::now();
         let model = request.model.clone();
         let m = &self.slots.config().models[&model];
-        if !self
-            .slots
-            .snapshot()
-            .iter()
-            .any(|s| s.model == model && s.state == SlotState::Ready)
-        {
+        if !self.has_ready_slot(&model) {
             return Err(self.not_ready(&model));
         }
         let queue = self.queues[&model].clone();
@@ -153,12 +169,7 @@ impl Router {
                 route.in_flight.fetch_add(1, Ordering::Relaxed);
                 break route;
             }
-            if !self
-                .slots
-                .snapshot()
-                .iter()
-                .any(|s| s.model == model && s.state == SlotState::Ready)
-            {
+            if !self.has_ready_slot(&model) {
                 return Err(self.not_ready(&model));
             }
             match deadline {

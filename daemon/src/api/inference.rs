@@ -32,16 +32,7 @@ impl Inference for InferenceService {
         &self,
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
-        let timeout = request
-            .metadata()
-            .get("grpc-timeout")
-            .and_then(|v| v.to_str().ok())
-            .and_then(crate::router::parse_grpc_timeout);
-        let stream = self
-            .state
-            .router()
-            .generate(request.into_inner(), timeout)
-            .await?;
+        let stream = self.state.router().serve(request).await?;
         Ok(Response::new(Box::pin(stream)))
     }
 
