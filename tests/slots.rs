@@ -522,3 +522,44 @@ fn real_smollm2_at_tp2_through_the_daemon_answers_paris() {
     assert!(answer.text.contains("Paris"), "{:?}", answer.text);
     assert_eq!(answer.last.slot, "smol");
 }
+
+#[test]
+fn cache_build_rebuilds_cold_without_serving_then_the_slot_starts_warm() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, ""));
+    let before = daemon.wait_slot_state("m", "ready");
+    let out = daemon.ttctl(&["cache", "build", "m"]);
+    let text = output_text(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("cache built"), "{text}");
+    let after = wait_until("the slot to serve again", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "ready" && slot["worker_pid"] != before["worker_pid"]).then_some(slot)
+    });
+    assert_eq!(after["cache_mode"], "warm", "{after:#}");
+    let out = daemon.ttctl(&["cache", "verify", "m"]);
+    assert!(out.status.success(), "{}", output_text(&out));
+}
+
+#[test]
+fn a_client_that_goes_away_frees_its_place_at_once() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    // The hang keeps the request running until the client cancels it.
+    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_HANG_AFTER_TOKENS = \"6\" }\n[models.m.restart]\nstall_timeout_secs = 600\n";
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
+    daemon.wait_slot_state("m", "ready");
+    let address = daemon.inference_address();
+    let rt = runtime();
+    let task = rt.spawn(async move { generate(&address, "m", "hello", 64).await });
+    wait_until("the request to be in flight", || {
+        (daemon.slot("m")["requests_in_flight"] == 1).then_some(())
+    });
+    task.abort();
+    wait_until("the daemon to release the request", || {
+        (daemon.slot("m")["requests_in_flight"] == 0).then_some(())
+    });
+}

@@ -145,6 +145,76 @@ impl Control for ControlService {
         )))
     }
 
+    type BuildCacheStream = BoxStream<pb::BuildCacheProgress>;
+
+    async fn build_cache(
+        &self,
+        request: Request<pb::BuildCacheRequest>,
+    ) -> Result<Response<Self::BuildCacheStream>, Status> {
+        let model = request.into_inner().model;
+        let slots = self.state.slot_manager().clone();
+        let slot = slots
+            .snapshot()
+            .into_iter()
+            .find(|s| s.model == model)
+            .map(|s| s.name)
+            .ok_or_else(|| {
+                let known: Vec<&str> = self
+                    .state
+                    .config()
+                    .models
+                    .keys()
+                    .map(String::as_str)
+                    .collect();
+                Status::not_found(format!(
+                    "unknown model `{model}`; known models: {}",
+                    known.join(", ")
+                ))
+            })?;
+        let mut done = slots
+            .request_build(&slot)
+            .map_err(Status::failed_precondition)?;
+        tracing::info!(model = %model, slot = %slot, "cache build requested over the control socket");
+        let mut changes = self.state.subscribe();
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            let progress = |message: String, finished: bool, ok: bool| pb::BuildCacheProgress {
+                message,
+                finished,
+                ok,
+            };
+            let mut last = String::new();
+            loop {
+                if let Some(view) = slots.view(&slot) {
+                    let line = format!("slot {slot}: {:?}: {}", view.state, view.reason);
+                    if line != last {
+                        if tx
+                            .send(Ok(progress(line.clone(), false, false)))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        last = line;
+                    }
+                }
+                tokio::select! {
+                    result = &mut done => {
+                        let last = match result {
+                            Ok(Ok(message)) => progress(message, true, true),
+                            Ok(Err(reason)) => progress(format!("cache build failed: {reason}"), true, false),
+                            Err(_) => progress("the slot ended before the build finished".into(), true, false),
+                        };
+                        let _ = tx.send(Ok(last)).await;
+                        return;
+                    }
+                    changed = changes.changed() => if changed.is_err() { return },
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
     type BorrowCardsStream = BoxStream<pb::BorrowEvent>;
 
     async fn borrow_cards(

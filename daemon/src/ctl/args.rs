@@ -249,4 +249,14 @@ pub enum CacheCommand {
         #[arg(value_name = "VARIANT")]
         variant: String,
     },
+
+    /// Build the model's cache variant cold on its first slot's cards,
+    /// without serving meanwhile, and print progress; the slot then starts
+    /// again from the fresh cache (warm).
+    #[command(after_help = EXIT_CODES)]
+    Build {
+        /// The model, as configured under `[models.<name>]`.
+        #[arg(value_name = "MODEL")]
+        model: String,
+    },
 }

@@ -80,3 +80,37 @@ pub(super) async fn rm(
         .into_inner();
     emit(out, &format!("{}\n", cache_removed_line(&removed)))
 }
+
+/// `ttctl cache build MODEL`: one line per progress message; exit 0 when the
+/// variant is complete, 1 with the daemon's reason when the build failed.
+pub(super) async fn build(
+    client: &mut ControlClient<Channel>,
+    model: &str,
+    socket: &Path,
+    out: &mut (dyn Write + Send),
+) -> Result<(), Failure> {
+    let mut stream = client
+        .build_cache(tt_serving_proto::v1::BuildCacheRequest {
+            model: model.to_string(),
+        })
+        .await
+        .map_err(|status| Failure::from_status(status, socket))?
+        .into_inner();
+    while let Some(progress) = stream
+        .message()
+        .await
+        .map_err(|status| Failure::from_status(status, socket))?
+    {
+        if progress.finished {
+            return if progress.ok {
+                emit(out, &format!("{}\n", progress.message))
+            } else {
+                Err(Failure::Failed(progress.message))
+            };
+        }
+        emit(out, &format!("{}\n", progress.message))?;
+    }
+    Err(Failure::Failed(format!(
+        "tt-servingd ended the cache build of {model} without a result; see 'ttctl status'"
+    )))
+}

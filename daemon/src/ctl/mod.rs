@@ -115,6 +115,9 @@ async fn execute(
         Command::Cache(CacheCommand::Rm { variant }) => {
             cache::rm(&mut client, &variant, socket, out).await
         }
+        Command::Cache(CacheCommand::Build { model }) => {
+            cache::build(&mut client, &model, socket, out).await
+        }
     }
 }
 

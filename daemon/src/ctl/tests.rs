@@ -365,6 +365,15 @@ impl Control for FakeDaemon {
     ) -> Result<Response<Self::BorrowCardsStream>, Status> {
         Err(Status::unimplemented("not faked"))
     }
+
+    type BuildCacheStream = Boxed<tt_serving_proto::v1::BuildCacheProgress>;
+
+    async fn build_cache(
+        &self,
+        _: Request<tt_serving_proto::v1::BuildCacheRequest>,
+    ) -> Result<Response<Self::BuildCacheStream>, Status> {
+        Err(Status::unimplemented("not faked"))
+    }
 }
 
 /// The rest of the `slow` generation, sent once the test saw the first

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tonic::transport::Channel;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
@@ -122,6 +122,9 @@ pub struct SlotManager {
     health: HealthReporter,
     /// Woken whenever a slot's state or load changes (the router waits on it).
     pub changed: Notify,
+    /// Cache builds asked for (`ttctl cache build`), taken by the slot's
+    /// next start, which then builds cold and stops instead of serving.
+    pending_builds: Mutex<BTreeMap<String, oneshot::Sender<Result<String, String>>>>,
 }
 
 /// What the router needs to send a request to a slot.
@@ -185,6 +188,7 @@ impl SlotManager {
             slots: Mutex::new(slots),
             health,
             changed: Notify::new(),
+            pending_builds: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -332,6 +336,29 @@ impl SlotManager {
             .ok_or_else(|| format!("slot {slot} has no supervisor running"))?
             .send(command)
             .map_err(|_| format!("slot {slot}'s supervisor has ended"))
+    }
+
+    /// Ask a slot for a cold cache build instead of its next normal start;
+    /// the answer arrives on the returned receiver.
+    pub fn request_build(
+        &self,
+        slot: &str,
+    ) -> Result<oneshot::Receiver<Result<String, String>>, String> {
+        let (tx, rx) = oneshot::channel();
+        self.pending_builds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(slot.to_string(), tx);
+        self.command(slot, SlotCommand::Restart)?;
+        Ok(rx)
+    }
+
+    /// The pending build request of a slot, if any (taken once).
+    pub fn take_build(&self, slot: &str) -> Option<oneshot::Sender<Result<String, String>>> {
+        self.pending_builds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(slot)
     }
 
     /// The least-loaded Ready slot of `model` with room for one more request

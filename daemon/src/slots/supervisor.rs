@@ -333,8 +333,9 @@ async fn decide_mode(
     mgr: &Arc<SlotManager>,
     plan: &SlotPlan,
     variant: &Variant,
+    force_cold: bool,
 ) -> Result<(&'static str, Option<std::fs::File>), String> {
-    if let CacheState::Warm { .. } = variant.state() {
+    if let (CacheState::Warm { .. }, false) = (variant.state(), force_cold) {
         return Ok(("warm", None));
     }
     let lock_path = variant.build_lock_path();
@@ -371,7 +372,7 @@ async fn decide_mode(
             .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?
     };
     match variant.state() {
-        CacheState::Warm { .. } => Ok(("warm", None)),
+        CacheState::Warm { .. } if !force_cold => Ok(("warm", None)),
         state => {
             if let CacheState::Incomplete { reason } = &state {
                 tracing::warn!(slot = %plan.slot, variant = %variant.key, %reason, "cache variant incomplete; rebuilding cold");
@@ -398,11 +399,31 @@ async fn start_and_serve(
     plan: &SlotPlan,
     commands: &mut UnboundedReceiver<SlotCommand>,
 ) -> Outcome {
+    let build = mgr.take_build(&plan.slot);
+    let outcome = start(mgr, plan, commands, build.is_some()).await;
+    if let Some(reply) = build {
+        let _ = reply.send(match &outcome {
+            Outcome::Restart { reason } if reason.starts_with("cache built") => Ok(reason.clone()),
+            Outcome::Failed { reason, .. } => Err(reason.clone()),
+            _ => Err("the cache build was interrupted (stop, restart or loan)".into()),
+        });
+    }
+    outcome
+}
+
+/// One start attempt. With `build_only`, the start is cold whatever the
+/// cache holds, and the worker stops once the marker is written.
+async fn start(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    commands: &mut UnboundedReceiver<SlotCommand>,
+    build_only: bool,
+) -> Outcome {
     let slot = &plan.slot;
     let m = &plan.m;
     let variant = Variant::for_model(&plan.cache_dir, &plan.model, m, &plan.worker_command);
     mgr.update(slot, |v| v.variant = variant.key.clone());
-    let (mode, build_lock) = match decide_mode(mgr, plan, &variant).await {
+    let (mode, build_lock) = match decide_mode(mgr, plan, &variant, build_only).await {
         Ok(decision) => decision,
         Err(reason) => {
             return Outcome::Failed {
@@ -560,6 +581,31 @@ async fn start_and_serve(
             return fail_after_stop(mgr, plan, &mut worker, Some(&mut engine), reason).await;
         }
         tracing::info!(slot = %slot, variant = %variant.key, "cache variant marked complete");
+        if build_only {
+            drop(build_lock);
+            let reason = format!(
+                "cache built: variant {} of model {} is complete ({:.1}s)",
+                variant.key,
+                plan.model,
+                started.elapsed().as_secs_f64()
+            );
+            let exit = drain_and_stop(
+                mgr,
+                plan,
+                &mut worker,
+                Some(&mut engine),
+                "cache built; stopping the build worker",
+            )
+            .await;
+            return if exit.leaves_cards_dirty() {
+                Outcome::Failed {
+                    reason: format!("{reason}, but the build worker {}", exit.describe()),
+                    dirty: true,
+                }
+            } else {
+                Outcome::Restart { reason }
+            };
+        }
     } else {
         match variant.guard() {
             Ok(unexpected) if unexpected.is_empty() => {}
