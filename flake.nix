@@ -107,7 +107,7 @@
         in
         rec {
           tt-servingd = app "tt-servingd" "The tt-serving daemon (run, check-config, print-example-config)";
-          ttctl = app "ttctl" "Operate tt-servingd: status, card resets";
+          ttctl = app "ttctl" "Operate tt-servingd: status, card resets and loans, generate, logs, slots, cache";
           default = tt-servingd;
         }
       );
