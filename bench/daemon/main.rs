@@ -258,8 +258,7 @@ fn main() {
 
     // Recovery after kill -9, split by the slot's transitions.
     for _ in 0..args.recoveries {
-        let pid = daemon.slot("m")["worker_pid"].as_u64().expect("worker pid") as i32;
-        let transitions = rt.block_on(async {
+        let (killed, seen) = rt.block_on(async {
             let channel = tt_servingd::uds::channel(&daemon.socket)
                 .await
                 .expect("control socket");
@@ -269,7 +268,14 @@ fn main() {
                 .await
                 .expect("watch")
                 .into_inner();
-            watch.message().await.expect("first snapshot");
+            let first = watch
+                .message()
+                .await
+                .expect("first snapshot")
+                .expect("a snapshot");
+            // The worker serving now, from the same stream the transitions
+            // come from.
+            let pid = first.slots[0].worker_pid as i32;
             let killed = tt_servingd::cards::unix_ms(std::time::SystemTime::now());
             nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
@@ -279,6 +285,11 @@ fn main() {
             let mut seen: Vec<(i32, u64)> = Vec::new();
             while let Ok(Some(status)) = watch.message().await {
                 let slot = &status.slots[0];
+                // Snapshots that still show the killed worker Ready are not
+                // part of the recovery.
+                if seen.is_empty() && slot.state == pb::SlotState::Ready as i32 {
+                    continue;
+                }
                 if seen.last().map(|(s, _)| *s) != Some(slot.state) {
                     seen.push((slot.state, slot.since_unix_ms));
                 }
@@ -288,7 +299,6 @@ fn main() {
             }
             (killed, seen)
         });
-        let (killed, seen) = transitions;
         let at = |state: pb::SlotState| {
             seen.iter()
                 .find(|(s, _)| *s == state as i32)
