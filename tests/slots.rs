@@ -305,10 +305,12 @@ fn full_queue_answers_resource_exhausted() {
         wait_until_async(|| daemon.slot("m")["requests_in_flight"] == 1).await;
         let a = address.clone();
         let queued = tokio::spawn(async move { generate(&a, "m", "two", 64).await });
-        // Give the second request time to take the queue's only place.
+        // The third request carries a short deadline: if it reaches the
+        // queue before the second does, it times out there and frees the
+        // place, and the next try finds the queue full.
         let mut third = None;
         for _ in 0..100 {
-            match generate(&address, "m", "three", 4).await {
+            match generate_within(&address, "three", std::time::Duration::from_millis(300)).await {
                 Err(e) if e.code() == Code::ResourceExhausted => {
                     third = Some(e);
                     break;
@@ -321,6 +323,29 @@ fn full_queue_answers_resource_exhausted() {
         busy.abort();
         queued.abort();
     });
+}
+
+/// One request to model `m` with a gRPC deadline; only its first answer
+/// matters.
+async fn generate_within(
+    address: &str,
+    prompt: &str,
+    deadline: std::time::Duration,
+) -> Result<(), tonic::Status> {
+    use tt_serving_proto::v1::inference_client::InferenceClient;
+    use tt_serving_proto::v1::{generate_request::Input, GenerateRequest};
+    let mut client = InferenceClient::connect(format!("http://{address}"))
+        .await
+        .map_err(|e| tonic::Status::unavailable(format!("connect: {e}")))?;
+    let mut request = tonic::Request::new(GenerateRequest {
+        model: "m".into(),
+        input: Some(Input::Prompt(prompt.into())),
+        max_tokens: 4,
+        ..Default::default()
+    });
+    request.set_timeout(deadline);
+    let mut stream = client.generate(request).await?.into_inner();
+    stream.message().await.map(|_| ())
 }
 
 async fn wait_until_async(mut condition: impl FnMut() -> bool) {
