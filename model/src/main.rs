@@ -13,6 +13,9 @@ const EXIT_USAGE: u8 = 2;
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // The daemon captures stderr into its journal and `ttctl logs`:
+        // colour codes only help a person at a terminal.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TT_WORKER_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
