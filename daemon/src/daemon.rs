@@ -12,6 +12,7 @@ use crate::api;
 use crate::cards::{CardManager, CardState};
 use crate::config::{Config, ReadyWhen, ResetPolicy};
 use crate::notify;
+use crate::reload::Reloads;
 use crate::router::Router;
 use crate::shutdown::{self, Shutdown};
 use crate::slots::{SlotManager, SlotState, SlotView};
@@ -26,19 +27,43 @@ use tt_serving_proto::v1 as pb;
 /// Shared state the API reads. Cards and slots each have one owner; this
 /// only holds handles and the facts about the process.
 pub struct DaemonState {
-    config: Config,
     config_path: PathBuf,
     cards: Arc<CardManager>,
     slots: Arc<SlotManager>,
     router: Router,
     started: SystemTime,
     inference_address: String,
+    reloads: Reloads,
+    shutdown: Shutdown,
 }
 
 impl DaemonState {
-    /// The config in force.
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// The config in force (a reload swaps it).
+    pub fn config(&self) -> Arc<Config> {
+        self.slots.config()
+    }
+
+    /// The config file the daemon reads at start and reload.
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+
+    /// The reload lock and history.
+    pub fn reloads(&self) -> &Reloads {
+        &self.reloads
+    }
+
+    /// Whether the daemon is shutting down.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.is_triggered()
+    }
+
+    /// Put a reloaded config in force: slots read it when they start, cards
+    /// follow its assignment, the router its limits.
+    pub fn put_in_force(&self, config: Config) {
+        self.cards.reassign(&config);
+        self.slots.set_config(config);
+        self.router.sync_queues();
     }
 
     /// The card table.
@@ -88,7 +113,18 @@ impl DaemonState {
             }
         }
         let slots = self.slots();
-        format!("{}; {} slot(s) configured", parts.join(", "), slots.len())
+        let ready = slots.iter().filter(|s| s.state == SlotState::Ready).count();
+        let mut line = format!(
+            "{}; {ready} of {} slot(s) ready",
+            parts.join(", "),
+            slots.len()
+        );
+        if let Some(problems) = self.reloads.last_refused() {
+            line.push_str(&format!(
+                "; last reload refused: {problems} problems (ttctl reload)"
+            ));
+        }
+        line
     }
 
     /// The full status message.
@@ -103,7 +139,7 @@ impl DaemonState {
                 summary,
                 driver_version: self.cards.hardware().driver_version().unwrap_or_default(),
                 inference_address: self.inference_address.clone(),
-                lock_dir: self.config.daemon.lock_dir.display().to_string(),
+                lock_dir: self.config().daemon.lock_dir.display().to_string(),
             }),
             cards: self
                 .cards
@@ -112,6 +148,7 @@ impl DaemonState {
                 .map(api::convert::card)
                 .collect(),
             slots: self.slots().iter().map(api::convert::slot).collect(),
+            reloads: self.reloads.history(),
         }
     }
 }
@@ -121,6 +158,9 @@ const CLEAN_SHUTDOWN: &str = "clean-shutdown";
 /// Run the daemon until SIGTERM or SIGINT.
 pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let started = SystemTime::now();
+    // SIGHUP's default action ends the process; catch it from the start.
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("cannot install the SIGHUP handler")?;
     notify::status("starting: discovering cards");
     for (key, dir) in [
         ("daemon.state_dir", &config.daemon.state_dir),
@@ -176,17 +216,21 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
 
     let (reporter, health) = tonic_health::server::health_reporter();
     let slots = SlotManager::new(&config, cards.clone(), reporter.clone());
+    let (trigger, shutdown) = shutdown::channel();
     let state = Arc::new(DaemonState {
         router: Router::new(slots.clone()),
         slots,
-        config,
         config_path: config_path.to_path_buf(),
         cards,
         started,
         inference_address: inference_address.clone(),
+        reloads: Reloads::default(),
+        shutdown: shutdown.clone(),
     });
+    // A reload asked for while starting waits for startup to finish.
+    let startup_turn = state.reloads.turn().await;
+    let hangups = tokio::spawn(reload_on_sighup(state.clone(), hangups));
 
-    let (trigger, shutdown) = shutdown::channel();
     api::init_health(&reporter, &state).await;
     let control_task = tokio::spawn(api::serve_control(
         control_listener,
@@ -201,7 +245,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         shutdown.clone(),
     ));
     tracing::info!(
-        control_socket = %state.config.daemon.control_socket.display(),
+        control_socket = %state.config().daemon.control_socket.display(),
         inference = %inference_address,
         "listening"
     );
@@ -217,6 +261,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let summary = state.summary();
     notify::ready(&summary);
     tracing::info!(%summary, "ready");
+    drop(startup_turn);
 
     shutdown.clone().wait().await;
     notify::stopping("stopping: draining slots, stopping workers, releasing card locks");
@@ -225,7 +270,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     // the workers drain (each worker finishes or cancels its sequences
     // within its model's drain timeout), then the workers stop cleanly.
     let limit = state
-        .config
+        .config()
         .models
         .values()
         .map(|m| m.drain_timeout_secs + 2 * m.restart.stop_timeout_secs + 10)
@@ -241,9 +286,10 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         }
     }
     signals.abort();
+    hangups.abort();
     ticker.abort();
     state.cards.release_all();
-    let _ = std::fs::remove_file(&state.config.daemon.control_socket);
+    let _ = std::fs::remove_file(&state.config().daemon.control_socket);
     std::fs::write(
         &clean_record,
         format!("{}\n", crate::cards::unix_ms(SystemTime::now())),
@@ -271,7 +317,7 @@ async fn wait_until_ready(state: &Arc<DaemonState>, shutdown: &Shutdown) {
                 || (s.state == SlotState::Failed && s.retry_at.is_none())
         };
         let ready = slots.is_empty()
-            || match state.config.daemon.ready_when {
+            || match state.config().daemon.ready_when {
                 ReadyWhen::All => slots.iter().all(settled),
                 ReadyWhen::Any => {
                     slots.iter().any(|s| s.state == SlotState::Ready) || slots.iter().all(settled)
@@ -303,10 +349,24 @@ async fn wait_for_signal(trigger: shutdown::ShutdownTrigger) {
     trigger.trigger();
 }
 
+/// SIGHUP (also what `systemctl reload` sends under Type=notify-reload)
+/// reloads the config. Signals that arrive during a reload are merged into
+/// one more reload after it, which reads the file as it is then.
+async fn reload_on_sighup(state: Arc<DaemonState>, mut hangups: tokio::signal::unix::Signal) {
+    while hangups.recv().await.is_some() {
+        tracing::info!("SIGHUP received");
+        let options = crate::reload::Options {
+            dry_run: false,
+            wait: true,
+        };
+        crate::reload::reload(&state, "SIGHUP", options).await;
+    }
+}
+
 /// Reset managed cards at startup as the policy says. Groups (a slot's cards)
 /// reset concurrently; a TP=2 slot's cards share one tt-smi call.
 async fn startup_resets(state: &Arc<DaemonState>, previous_was_clean: bool, shutdown: &Shutdown) {
-    let policy = state.config.reset.policy;
+    let policy = state.config().reset.policy;
     let reset = match policy {
         ResetPolicy::Always => true,
         ResetPolicy::IfUnclean => !previous_was_clean,
@@ -359,7 +419,7 @@ async fn tick_loop(
     starting: Arc<std::sync::atomic::AtomicBool>,
     shutdown: Shutdown,
 ) {
-    let tick = Duration::from_millis(state.config.daemon.tick_ms);
+    let tick = Duration::from_millis(state.config().daemon.tick_ms);
     let mut interval = tokio::time::interval(tick);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_summary = String::new();

@@ -21,6 +21,7 @@ pub mod ctl;
 pub mod daemon;
 pub mod demo;
 pub mod notify;
+pub mod reload;
 pub mod router;
 pub mod shutdown;
 pub mod slots;

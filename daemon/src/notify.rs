@@ -1,10 +1,10 @@
-//! Telling systemd what the daemon is doing (`Type=notify`).
+//! Telling systemd what the daemon is doing (`Type=notify-reload`).
 //!
 //! Startup is long and lumpy (resets, later cold cache builds), so besides
 //! READY=1 the daemon keeps systemd informed: STATUS= with a one-line summary,
-//! EXTEND_TIMEOUT_USEC= while long work runs, WATCHDOG=1 while healthy, and
-//! STOPPING=1 at shutdown. Outside systemd (no NOTIFY_SOCKET) every call is a
-//! no-op.
+//! EXTEND_TIMEOUT_USEC= while long work runs, WATCHDOG=1 while healthy,
+//! RELOADING=1 then READY=1 around a reload, and STOPPING=1 at shutdown.
+//! Outside systemd (no NOTIFY_SOCKET) every call is a no-op.
 
 use sd_notify::NotifyState;
 use std::time::Duration;
@@ -21,6 +21,18 @@ fn send(states: &[NotifyState]) {
 /// READY=1 with a status line.
 pub fn ready(status: &str) {
     send(&[NotifyState::Ready, NotifyState::Status(status)]);
+}
+
+/// RELOADING=1 with the monotonic time (Type=notify-reload: systemd then
+/// holds `systemctl reload` until the next READY=1).
+pub fn reloading(status: &str) {
+    match NotifyState::monotonic_usec_now() {
+        Ok(now) => send(&[NotifyState::Reloading, now, NotifyState::Status(status)]),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the monotonic clock for RELOADING=1");
+            send(&[NotifyState::Reloading, NotifyState::Status(status)]);
+        }
+    }
 }
 
 /// STATUS=<line>.

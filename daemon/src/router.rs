@@ -20,7 +20,8 @@ use tt_serving_proto::v1 as pb;
 /// Routes requests; one per daemon.
 pub struct Router {
     slots: Arc<SlotManager>,
-    queues: BTreeMap<String, Arc<Semaphore>>,
+    /// Per model: the queue's places and the `max_queue` it was made for.
+    queues: std::sync::Mutex<BTreeMap<String, (u32, Arc<Semaphore>)>>,
     next_id: AtomicU64,
 }
 
@@ -43,17 +44,37 @@ pub type ChunkStream = tokio_stream::wrappers::ReceiverStream<Result<pb::Generat
 impl Router {
     /// A router over these slots.
     pub fn new(slots: Arc<SlotManager>) -> Router {
-        let queues = slots
-            .config()
-            .models
-            .iter()
-            .map(|(name, m)| (name.clone(), Arc::new(Semaphore::new(m.max_queue as usize))))
-            .collect();
-        Router {
+        let router = Router {
             slots,
-            queues,
+            queues: std::sync::Mutex::new(BTreeMap::new()),
             next_id: AtomicU64::new(1),
+        };
+        router.sync_queues();
+        router
+    }
+
+    /// Make the queues match the config in force (after a reload): a model
+    /// whose `max_queue` changed gets a new queue (requests waiting in the
+    /// old one keep their places), removed models lose theirs.
+    pub fn sync_queues(&self) {
+        let config = self.slots.config();
+        let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        queues.retain(|name, (size, _)| {
+            config
+                .models
+                .get(name)
+                .is_some_and(|m| m.max_queue == *size)
+        });
+        for (name, m) in &config.models {
+            queues
+                .entry(name.clone())
+                .or_insert_with(|| (m.max_queue, Arc::new(Semaphore::new(m.max_queue as usize))));
         }
+    }
+
+    fn queue(&self, model: &str) -> Option<Arc<Semaphore>> {
+        let queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        queues.get(model).map(|(_, q)| q.clone())
     }
 
     fn validate(&self, request: &pb::GenerateRequest) -> Result<(), Status> {
@@ -151,11 +172,14 @@ impl Router {
         self.validate(&request)?;
         let arrived = Instant::now();
         let model = request.model.clone();
-        let m = &self.slots.config().models[&model];
+        let config = self.slots.config();
+        let (Some(m), Some(queue)) = (config.models.get(&model), self.queue(&model)) else {
+            // Removed by a reload between validation and here.
+            return Err(Status::not_found(format!("unknown model `{model}`")));
+        };
         if !self.has_ready_slot(&model) {
             return Err(self.not_ready(&model));
         }
-        let queue = self.queues[&model].clone();
         let permit = queue.try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(
                 "model `{model}` has {} requests waiting (max_queue); retry in a few seconds",

@@ -159,13 +159,8 @@ impl Control for ControlService {
             .find(|s| s.model == model)
             .map(|s| s.name)
             .ok_or_else(|| {
-                let known: Vec<&str> = self
-                    .state
-                    .config()
-                    .models
-                    .keys()
-                    .map(String::as_str)
-                    .collect();
+                let config = self.state.config();
+                let known: Vec<&str> = config.models.keys().map(String::as_str).collect();
                 Status::not_found(format!(
                     "unknown model `{model}`; known models: {}",
                     known.join(", ")
@@ -236,6 +231,25 @@ impl Control for ControlService {
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(crate::borrow::run(self.state.clone(), start, inbound, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn reload(
+        &self,
+        request: Request<pb::ReloadRequest>,
+    ) -> Result<Response<pb::ReloadReport>, Status> {
+        let request = request.into_inner();
+        let options = crate::reload::Options {
+            dry_run: request.dry_run,
+            wait: !request.no_wait,
+        };
+        // Its own task: a client that goes away must not cancel a reload
+        // halfway through applying it.
+        let state = self.state.clone();
+        let report =
+            tokio::spawn(async move { crate::reload::reload(&state, "ttctl", options).await })
+                .await
+                .map_err(|e| Status::internal(format!("the reload task failed: {e}")))?;
+        Ok(Response::new(report))
     }
 
     async fn restart_slot(

@@ -17,7 +17,7 @@ use lock::{CardLock, LockError, LockHolder};
 use reset::{ResetEvent, ResetFailure, ResetOutcome, Resetter};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
@@ -106,12 +106,8 @@ pub struct CardManager {
     lock_dir: PathBuf,
     quarantine_dir: PathBuf,
     resetter: Resetter,
-    /// BDF -> slot name, from the config (indices resolved at startup).
-    slots_of: BTreeMap<String, String>,
-    /// Slot name -> its cards' BDFs in rank order.
-    slot_cards: BTreeMap<String, Vec<String>>,
-    /// Manage every discovered card (no models configured).
-    manage_all: bool,
+    /// Which slot each card belongs to; a reload changes it.
+    assignment: RwLock<Assignment>,
     table: Mutex<BTreeMap<String, Entry>>,
     changed: watch::Sender<u64>,
 }
@@ -122,32 +118,7 @@ impl CardManager {
     pub fn new(config: &Config) -> std::io::Result<Arc<CardManager>> {
         let hw = HardwareRoot::from(&config.hardware);
         let found = hw.discover()?;
-        let mut slots_of = BTreeMap::new();
-        let mut slot_cards = BTreeMap::new();
-        let mut missing = Vec::new();
-        for (model, m) in &config.models {
-            let sets = m.card_sets();
-            for (i, set) in sets.iter().enumerate() {
-                let slot = crate::slots::slot_name(model, i, sets.len());
-                let mut bdfs = Vec::new();
-                for card in set {
-                    match resolve(card, &found) {
-                        Some(bdf) => {
-                            if !found.iter().any(|c| c.bdf == bdf) {
-                                missing.push((card.clone(), slot.clone()));
-                            }
-                            slots_of.insert(bdf.clone(), slot.clone());
-                            bdfs.push(bdf);
-                        }
-                        None => {
-                            missing.push((card.clone(), slot.clone()));
-                            bdfs.push(format!("index {card}"));
-                        }
-                    }
-                }
-                slot_cards.insert(slot, bdfs);
-            }
-        }
+        let (assignment, missing) = Assignment::from_config(config, &found);
         let manager = Arc::new(CardManager {
             resetter: Resetter::new(
                 hw.clone(),
@@ -157,28 +128,13 @@ impl CardManager {
             hw,
             lock_dir: config.daemon.lock_dir.clone(),
             quarantine_dir: config.daemon.state_dir.join("quarantine"),
-            manage_all: config.models.is_empty(),
-            slots_of,
-            slot_cards,
+            assignment: RwLock::new(assignment),
             table: Mutex::new(BTreeMap::new()),
             changed: watch::channel(0).0,
         });
         {
             let mut table = manager.lock_table();
-            for (card, slot) in missing {
-                let key = match &card {
-                    CardRef::Index(i) => format!("index {i}"),
-                    CardRef::Bdf(b) => crate::config::parse_bdf(b).unwrap_or_else(|| b.clone()),
-                };
-                let mut entry = manager.new_entry(&key, None);
-                entry.view.slot = Some(slot);
-                entry.view.state = CardState::Missing;
-                entry.view.reason = format!(
-                    "configured card {card} is not present under {}; check the config and `lspci -d 1e52:`",
-                    manager.hw.sys_root.join("class/tenstorrent").display()
-                );
-                table.insert(key, entry);
-            }
+            manager.add_missing(&mut table, missing);
         }
         manager.apply_discovery(found);
         Ok(manager)
@@ -239,8 +195,13 @@ impl CardManager {
         &self.hw
     }
 
+    fn assignment(&self) -> std::sync::RwLockReadGuard<'_, Assignment> {
+        self.assignment.read().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn new_entry(&self, bdf: &str, info: Option<CardInfo>) -> Entry {
-        let managed = self.manage_all || self.slots_of.contains_key(bdf);
+        let assignment = self.assignment();
+        let managed = assignment.manages(bdf);
         Entry {
             view: CardView {
                 bdf: bdf.to_string(),
@@ -254,7 +215,7 @@ impl CardManager {
                 holder: None,
                 held_by_daemon: false,
                 processes: Vec::new(),
-                slot: self.slots_of.get(bdf).cloned(),
+                slot: assignment.slots_of.get(bdf).cloned(),
                 heartbeat_ok: false,
                 reset_failures: 0,
                 last_reset_output: String::new(),
@@ -412,8 +373,73 @@ impl CardManager {
 
     /// Each configured slot's cards in rank order (a configured index that
     /// was not found appears as `index N`).
-    pub fn slot_cards(&self) -> &BTreeMap<String, Vec<String>> {
-        &self.slot_cards
+    pub fn slot_cards(&self) -> BTreeMap<String, Vec<String>> {
+        self.assignment().slot_cards.clone()
+    }
+
+    fn add_missing(&self, table: &mut BTreeMap<String, Entry>, missing: Vec<(CardRef, String)>) {
+        for (card, slot) in missing {
+            let key = match &card {
+                CardRef::Index(i) => format!("index {i}"),
+                CardRef::Bdf(b) => crate::config::parse_bdf(b).unwrap_or_else(|| b.clone()),
+            };
+            if table.get(&key).is_some_and(|e| e.view.info.is_some()) {
+                continue;
+            }
+            let mut entry = self.new_entry(&key, None);
+            entry.view.slot = Some(slot);
+            entry.view.state = CardState::Missing;
+            entry.view.reason = format!(
+                "configured card {card} is not present under {}; check the config and `lspci -d 1e52:`",
+                self.hw.sys_root.join("class/tenstorrent").display()
+            );
+            table.insert(key, entry);
+        }
+    }
+
+    /// Apply a reloaded config's card assignment. Cards no slot uses any
+    /// more are unlocked (their slots were stopped first) and become
+    /// Unmanaged; newly used cards are locked for their slot, or shown as
+    /// held elsewhere until their holder lets go.
+    pub fn reassign(&self, config: &Config) {
+        {
+            let mut table = self.lock_table();
+            let found: Vec<CardInfo> = table.values().filter_map(|e| e.view.info.clone()).collect();
+            let (assignment, missing) = Assignment::from_config(config, &found);
+            *self.assignment.write().unwrap_or_else(|e| e.into_inner()) = assignment;
+            // Placeholders of configured-but-absent cards are rebuilt.
+            table.retain(|_, e| e.view.info.is_some());
+            let assignment = self.assignment();
+            for entry in table.values_mut() {
+                let bdf = entry.view.bdf.clone();
+                let managed = assignment.manages(&bdf);
+                entry.view.slot = assignment.slots_of.get(&bdf).cloned();
+                if entry.managed && !managed && !entry.busy {
+                    if entry.lock.take().is_some() {
+                        tracing::info!(card = %bdf, "released card lock: no slot uses the card any more");
+                    }
+                    entry.view.held_by_daemon = false;
+                    entry.view.holder = None;
+                }
+                entry.managed = managed;
+            }
+            drop(assignment);
+            self.add_missing(&mut table, missing);
+            let bdfs: Vec<String> = table.keys().cloned().collect();
+            for bdf in bdfs {
+                if let Some(entry) = table.get_mut(&bdf) {
+                    if entry.managed && entry.lock.is_some() {
+                        // A managed card keeps its lock; its state follows
+                        // its (new) slot.
+                        if matches!(entry.view.state, CardState::Ready | CardState::Idle) {
+                            entry.view.state = self.healthy_state(entry);
+                        }
+                    }
+                    self.settle(entry);
+                }
+            }
+        }
+        self.notify();
     }
 
     /// Every card, sorted by BDF.
@@ -628,6 +654,55 @@ impl CardManager {
             entry.lock = None;
             entry.view.held_by_daemon = false;
         }
+    }
+}
+
+/// Which slot uses which card, from the config.
+#[derive(Default)]
+struct Assignment {
+    /// BDF -> slot name (indices resolved against the discovery at hand).
+    slots_of: BTreeMap<String, String>,
+    /// Slot name -> its cards' BDFs in rank order.
+    slot_cards: BTreeMap<String, Vec<String>>,
+    /// Manage every discovered card (no models configured).
+    manage_all: bool,
+}
+
+impl Assignment {
+    /// The assignment a config gives, and the configured cards not found.
+    fn from_config(config: &Config, found: &[CardInfo]) -> (Assignment, Vec<(CardRef, String)>) {
+        let mut a = Assignment {
+            manage_all: config.models.is_empty(),
+            ..Assignment::default()
+        };
+        let mut missing = Vec::new();
+        for (model, m) in &config.models {
+            for (i, set) in m.card_sets().iter().enumerate() {
+                let slot = crate::slots::slot_name(model, i, !m.replicas.is_empty());
+                let mut bdfs = Vec::new();
+                for card in set {
+                    match resolve(card, found) {
+                        Some(bdf) => {
+                            if !found.iter().any(|c| c.bdf == bdf) {
+                                missing.push((card.clone(), slot.clone()));
+                            }
+                            a.slots_of.insert(bdf.clone(), slot.clone());
+                            bdfs.push(bdf);
+                        }
+                        None => {
+                            missing.push((card.clone(), slot.clone()));
+                            bdfs.push(format!("index {card}"));
+                        }
+                    }
+                }
+                a.slot_cards.insert(slot, bdfs);
+            }
+        }
+        (a, missing)
+    }
+
+    fn manages(&self, bdf: &str) -> bool {
+        self.manage_all || self.slots_of.contains_key(bdf)
     }
 }
 

@@ -248,6 +248,10 @@ pub struct ModelConfig {
     /// How long in-flight requests may run when the slot drains, in seconds.
     #[serde(default = "default_drain_timeout_secs")]
     pub drain_timeout_secs: u64,
+    /// On reload: when this model's changed definition fails to come up,
+    /// bring the old definition back instead of leaving the slot Failed.
+    #[serde(default)]
+    pub rollback_on_failure: bool,
 }
 
 fn default_max_queue() -> u32 {

@@ -89,6 +89,40 @@ pub enum Command {
     /// The tensor cache: list, verify and remove variants.
     #[command(subcommand)]
     Cache(CacheCommand),
+
+    /// Re-read the daemon's config file and apply only what changed.
+    ///
+    /// Slots whose definition is unchanged keep running untouched; a change
+    /// to only max_queue, max_in_flight or rollback_on_failure is applied
+    /// live; any other change drains and restarts the slot (a changed
+    /// cache flag means one cold build); removed slots drain and stop and
+    /// their cards are released; added slots start. Changes to the daemon,
+    /// hardware and reset sections are listed as needing a restart and are
+    /// not applied. An invalid file is refused as a whole and the old
+    /// config keeps serving. Prints the plan and, once the started slots
+    /// are Ready or have failed, each slot's result. SIGHUP and `systemctl
+    /// reload tenstorrent-serving` do the same. Exits 1 when the file is
+    /// refused or a started slot failed to come up.
+    #[command(after_help = EXIT_CODES)]
+    Reload(ReloadArgs),
+}
+
+/// Options of `ttctl reload`.
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub struct ReloadArgs {
+    /// Print the plan (which slots stay, restart, stop, start, and why)
+    /// without applying it.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Return once the plan is applied (stops done, starts begun) instead
+    /// of waiting for the started slots to be Ready.
+    #[arg(long)]
+    pub no_wait: bool,
+
+    /// Print the daemon's report as one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of `ttctl status`.

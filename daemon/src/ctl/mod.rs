@@ -34,6 +34,7 @@ mod card;
 mod client;
 mod generate;
 mod logs;
+mod reload;
 mod render;
 mod slot;
 mod status;
@@ -49,14 +50,16 @@ use std::time::Duration;
 use tonic::Code;
 
 pub use args::{
-    CacheCommand, CardCommand, Cli, Command, GenerateArgs, LogsArgs, SlotCommand, StatusArgs,
+    CacheCommand, CardCommand, Cli, Command, GenerateArgs, LogsArgs, ReloadArgs, SlotCommand,
+    StatusArgs,
 };
 pub use client::{connect, ConnectError, DEFAULT_SOCKET};
 pub use render::{
     cache_json, cache_removed_line, cache_table, cache_verdict, card_state_word,
     finish_reason_word, generate_summary, log_line, reset_progress_line, slot_restart_line,
     slot_state_word, status_json, status_table, CacheJson, CacheVariantJson, CacheVerdict,
-    CardJson, CardProcessJson, DaemonJson, LockHolderJson, SlotJson, StatusJson, TelemetryJson,
+    CardJson, CardProcessJson, DaemonJson, LockHolderJson, ReloadJson, ReloadStepJson, SlotJson,
+    StatusJson, TelemetryJson,
 };
 
 /// Run one ttctl command to completion, printing results to stdout, notes
@@ -118,6 +121,7 @@ async fn execute(
         Command::Cache(CacheCommand::Build { model }) => {
             cache::build(&mut client, &model, socket, out).await
         }
+        Command::Reload(args) => reload::run(&mut client, args, socket, out).await,
     }
 }
 

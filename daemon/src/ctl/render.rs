@@ -10,6 +10,13 @@
 //! fields. Field names mirror control.proto; enum values are the same
 //! lowercase words the tables print.
 
+mod reload;
+
+pub use reload::{
+    last_reload_line, reload_failed_slots, reload_json, reload_report_text, ReloadJson,
+    ReloadStepJson,
+};
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -93,6 +100,11 @@ pub fn status_table(status: &StatusResponse, now_unix_ms: u64) -> String {
     out.push_str(&cards_table(&status.cards));
     out.push('\n');
     out.push_str(&slots_table(&status.slots, &status.cards, now_unix_ms));
+    if let Some(line) = last_reload_line(&status.reloads, now_unix_ms) {
+        out.push('\n');
+        out.push_str(&line);
+        out.push('\n');
+    }
     out
 }
 
@@ -403,6 +415,9 @@ pub struct StatusJson {
     pub cards: Vec<CardJson>,
     /// Every slot, in the daemon's order (by name).
     pub slots: Vec<SlotJson>,
+    /// Recent reloads, oldest first. Absent in output of older ttctl.
+    #[serde(default)]
+    pub reloads: Vec<ReloadJson>,
 }
 
 /// Mirrors `DaemonInfo`.
@@ -544,6 +559,7 @@ pub fn status_json(status: &StatusResponse) -> StatusJson {
         },
         cards: status.cards.iter().map(card_json).collect(),
         slots: status.slots.iter().map(slot_json).collect(),
+        reloads: status.reloads.iter().map(reload_json).collect(),
     }
 }
 

@@ -14,9 +14,9 @@ use tt_serving_proto::v1::generate_response::Chunk;
 use tt_serving_proto::v1::{
     BorrowEvent, BorrowRequest, CacheVariant, Card, CardState, DaemonInfo, FinishReason,
     GenerateRequest, GenerateResponse, GenerationFinal, ListCacheRequest, ListCacheResponse,
-    LogLine, LogsRequest, RemoveCacheRequest, RemoveCacheResponse, ResetCardRequest, ResetPhase,
-    ResetProgress, Slot, SlotReply, SlotRequest, SlotState, StatusRequest, StatusResponse, Timings,
-    TokenDelta, Usage,
+    LogLine, LogsRequest, ReloadReport, ReloadRequest, RemoveCacheRequest, RemoveCacheResponse,
+    ResetCardRequest, ResetPhase, ResetProgress, Slot, SlotReply, SlotRequest, SlotState,
+    StatusRequest, StatusResponse, Timings, TokenDelta, Usage,
 };
 
 use super::*;
@@ -137,6 +137,7 @@ fn snapshot(slot_state: SlotState) -> StatusResponse {
             state: slot_state as i32,
             ..Default::default()
         }],
+        reloads: vec![],
     }
 }
 
@@ -152,6 +153,12 @@ fn progress(bdf: &str, phase: ResetPhase, attempt: u32, message: &str) -> ResetP
 
 #[tonic::async_trait]
 impl Control for FakeDaemon {
+    // ttctl reload is tested against the real daemon (tests/reload.rs); this
+    // stands for a daemon older than the command.
+    async fn reload(&self, _: Request<ReloadRequest>) -> Result<Response<ReloadReport>, Status> {
+        Err(Status::unimplemented("reload"))
+    }
+
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         Ok(Response::new(snapshot(SlotState::Ready)))
     }

@@ -13,21 +13,25 @@ use crate::config::Config;
 use crate::worker::logs::LogRing;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, SystemTime};
 use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 use tt_serving_proto::v1::engine_client::EngineClient;
 
-/// The name of replica `index` of `model` with `replicas` replicas in all:
-/// the model's name alone when there is one replica, `model/N` otherwise.
-pub fn slot_name(model: &str, index: usize, replicas: usize) -> String {
-    if replicas == 1 {
-        model.to_string()
-    } else {
+/// The name of replica `index` of a model: the model's name alone when the
+/// model gives `cards` (one replica), `model/N` when it gives `replicas`. A
+/// name depends only on the replica's own position, so adding a replica at
+/// the end of `replicas` leaves the others' names (and, on reload, their
+/// workers) alone.
+pub fn slot_name(model: &str, index: usize, numbered: bool) -> String {
+    if numbered {
         format!("{model}/{index}")
+    } else {
+        model.to_string()
     }
 }
 
@@ -112,11 +116,45 @@ struct SlotEntry {
     in_flight: Arc<AtomicU32>,
     logs: Arc<LogRing>,
     commands: Option<mpsc::UnboundedSender<SlotCommand>>,
+    /// The supervisor task, while one runs.
+    task: Option<JoinHandle<()>>,
+    /// Why the slot is being stopped (shown while it drains).
+    stop_reason: Option<String>,
+}
+
+impl SlotEntry {
+    fn new(name: &str, model: &str, cards: Vec<String>, logs: Arc<LogRing>) -> SlotEntry {
+        SlotEntry {
+            view: SlotView {
+                cards,
+                name: name.to_string(),
+                model: model.to_string(),
+                state: SlotState::Pending,
+                since: SystemTime::now(),
+                reason: "configured".into(),
+                cache_mode: String::new(),
+                attempt: 0,
+                retry_at: None,
+                worker_pid: 0,
+                worker_rss_bytes: 0,
+                in_flight: 0,
+                last_error: String::new(),
+                variant: String::new(),
+            },
+            engine: None,
+            in_flight: Arc::new(AtomicU32::new(0)),
+            logs,
+            commands: None,
+            task: None,
+            stop_reason: None,
+        }
+    }
 }
 
 /// Owner of all slot state.
 pub struct SlotManager {
-    config: Config,
+    /// The config in force; a reload swaps it.
+    config: RwLock<Arc<Config>>,
     cards: Arc<CardManager>,
     slots: Mutex<BTreeMap<String, SlotEntry>>,
     health: HealthReporter,
@@ -141,6 +179,19 @@ pub struct Route {
 /// Log lines kept per slot for `ttctl logs`.
 const LOG_LINES: usize = 2000;
 
+/// Every slot a config defines: (slot name, model name), in name order.
+pub fn configured_slots(config: &Config) -> Vec<(String, String)> {
+    let mut slots = Vec::new();
+    for (model, m) in &config.models {
+        let numbered = !m.replicas.is_empty();
+        for i in 0..m.card_sets().len() {
+            slots.push((slot_name(model, i, numbered), model.clone()));
+        }
+    }
+    slots.sort();
+    slots
+}
+
 impl SlotManager {
     /// Every configured slot, Pending.
     pub fn new(
@@ -148,42 +199,18 @@ impl SlotManager {
         cards: Arc<CardManager>,
         health: HealthReporter,
     ) -> Arc<SlotManager> {
-        let now = SystemTime::now();
         let mut slots = BTreeMap::new();
-        for (model, m) in &config.models {
-            let sets = m.card_sets();
-            for i in 0..sets.len() {
-                let name = slot_name(model, i, sets.len());
-                let view = SlotView {
-                    cards: cards.slot_cards().get(&name).cloned().unwrap_or_default(),
-                    name: name.clone(),
-                    model: model.clone(),
-                    state: SlotState::Pending,
-                    since: now,
-                    reason: "configured".into(),
-                    cache_mode: String::new(),
-                    attempt: 0,
-                    retry_at: None,
-                    worker_pid: 0,
-                    worker_rss_bytes: 0,
-                    in_flight: 0,
-                    last_error: String::new(),
-                    variant: String::new(),
-                };
-                slots.insert(
-                    name,
-                    SlotEntry {
-                        view,
-                        engine: None,
-                        in_flight: Arc::new(AtomicU32::new(0)),
-                        logs: Arc::new(LogRing::new(LOG_LINES)),
-                        commands: None,
-                    },
-                );
-            }
+        for (name, model) in configured_slots(config) {
+            let entry = SlotEntry::new(
+                &name,
+                &model,
+                cards.slot_cards().get(&name).cloned().unwrap_or_default(),
+                Arc::new(LogRing::new(LOG_LINES)),
+            );
+            slots.insert(name, entry);
         }
         Arc::new(SlotManager {
-            config: config.clone(),
+            config: RwLock::new(Arc::new(config.clone())),
             cards,
             slots: Mutex::new(slots),
             health,
@@ -200,12 +227,84 @@ impl SlotManager {
     pub fn start_all(self: &Arc<Self>) {
         let names: Vec<String> = self.table().keys().cloned().collect();
         for name in names {
-            let (tx, rx) = mpsc::unbounded_channel();
-            if let Some(entry) = self.table().get_mut(&name) {
-                entry.commands = Some(tx);
-            }
-            tokio::spawn(supervisor::run(self.clone(), name, rx));
+            self.spawn_supervisor(&name);
         }
+    }
+
+    fn spawn_supervisor(self: &Arc<Self>, name: &str) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut table = self.table();
+        if let Some(entry) = table.get_mut(name) {
+            entry.commands = Some(tx);
+            entry.stop_reason = None;
+            entry.task = Some(tokio::spawn(supervisor::run(
+                self.clone(),
+                name.to_string(),
+                rx,
+            )));
+        }
+    }
+
+    /// Add a slot (reload) and start its supervisor. A slot replacing one of
+    /// the same name keeps that slot's log lines, so `ttctl logs` shows the
+    /// old worker's last words next to the new one's.
+    pub fn add_slot(self: &Arc<Self>, name: &str, model: &str, logs: Option<Arc<LogRing>>) {
+        let cards = self
+            .cards
+            .slot_cards()
+            .get(name)
+            .cloned()
+            .unwrap_or_default();
+        let logs = logs.unwrap_or_else(|| Arc::new(LogRing::new(LOG_LINES)));
+        self.table()
+            .insert(name.to_string(), SlotEntry::new(name, model, cards, logs));
+        self.spawn_supervisor(name);
+        self.publish(model);
+    }
+
+    /// Remove a stopped slot (reload); returns its log ring.
+    pub fn remove_slot(&self, name: &str) -> Option<Arc<LogRing>> {
+        let entry = self.table().remove(name)?;
+        self.publish(&entry.view.model);
+        Some(entry.logs)
+    }
+
+    /// Drain and stop these slots (name, why: shown while it drains), and
+    /// wait for their supervisors to end (at most `limit`; a supervisor still
+    /// running then is aborted, which kills its worker). Returns the slots
+    /// that had to be aborted.
+    pub async fn stop_slots(&self, slots: &[(String, String)], limit: Duration) -> Vec<String> {
+        let mut tasks = Vec::new();
+        for (name, why) in slots {
+            let task = {
+                let mut table = self.table();
+                let Some(entry) = table.get_mut(name) else {
+                    continue;
+                };
+                entry.stop_reason = Some(why.clone());
+                entry.task.take()
+            };
+            let _ = self.command(name, SlotCommand::Stop);
+            if let Some(task) = task {
+                tasks.push((name.clone(), task));
+            }
+        }
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut aborted = Vec::new();
+        for (name, mut task) in tasks {
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                tracing::error!(slot = %name, limit_secs = limit.as_secs(), "slot did not stop in time; aborting its supervisor");
+                task.abort();
+                let _ = task.await;
+                aborted.push(name);
+            }
+        }
+        aborted
+    }
+
+    /// Why a slot is being stopped, if someone said.
+    pub fn stop_reason(&self, slot: &str) -> Option<String> {
+        self.table().get(slot).and_then(|e| e.stop_reason.clone())
     }
 
     /// The only place a slot's state changes.
@@ -302,8 +401,17 @@ impl SlotManager {
     }
 
     /// The config in force.
-    pub fn config(&self) -> &Config {
-        &self.config
+    pub fn config(&self) -> Arc<Config> {
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Put a new config in force (reload). Running supervisors keep the
+    /// model definition they started with; new ones read this.
+    pub fn set_config(&self, config: Config) {
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
     }
 
     /// The card table.

@@ -91,11 +91,7 @@ pub async fn run(
         .unwrap_or_else(|| config.daemon.state_dir.join("workers"));
     let plan = SlotPlan {
         socket: socket_dir.join(format!("{}.sock", slot.replace('/', "_"))),
-        worker_command: if m.worker.is_empty() {
-            worker::default_worker_command()
-        } else {
-            m.worker.clone()
-        },
+        worker_command: worker::command_for(&m),
         slot: slot.clone(),
         model: view.model.clone(),
         cards: view.cards.clone(),
@@ -111,7 +107,11 @@ pub async fn run(
         );
         return;
     }
-    let mut dirty = false;
+    // Cards an earlier worker on them left dirty (a slot replaced by a
+    // reload, or a previous daemon run) are reset before this slot's first
+    // start too.
+    let recorded_dirty = mgr.cards().dirty_cards();
+    let mut dirty = plan.cards.iter().any(|c| recorded_dirty.contains(c));
     let mut failures: VecDeque<Instant> = VecDeque::new();
     loop {
         if !wait_for_cards(&mgr, &plan, &mut commands).await {
@@ -786,7 +786,10 @@ async fn stop_worker(
             Outcome::Lent
         }
         Some(SlotCommand::Stop) | None => {
-            let exit = drain_and_stop(mgr, plan, worker, engine, "stop requested").await;
+            let why = mgr
+                .stop_reason(&plan.slot)
+                .unwrap_or_else(|| "stop requested".into());
+            let exit = drain_and_stop(mgr, plan, worker, engine, &why).await;
             if exit.leaves_cards_dirty() {
                 tracing::warn!(slot = %plan.slot, exit = %exit.describe(), "worker did not stop cleanly; its cards will be reset at the next start");
                 mgr.cards().mark_dirty(&plan.cards);

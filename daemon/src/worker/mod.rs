@@ -129,6 +129,15 @@ pub fn default_worker_command() -> Vec<String> {
     vec![dir.join("tt-worker").display().to_string()]
 }
 
+/// The worker command a model runs: its own, or the default.
+pub fn command_for(m: &crate::config::ModelConfig) -> Vec<String> {
+    if m.worker.is_empty() {
+        default_worker_command()
+    } else {
+        m.worker.clone()
+    }
+}
+
 impl Worker {
     /// Start a worker in its own process group, with a cleared environment
     /// and the parent-death signal set, capturing its output into `logs`.

@@ -147,6 +147,7 @@ fn status() -> StatusResponse {
             quarantined_card(),
         ],
         slots: vec![ready_slot(), failed_slot()],
+        reloads: vec![],
     }
 }
 

@@ -1,0 +1,55 @@
+//! `ttctl reload`: have the daemon re-read its config and apply what
+//! changed, and show the plan and each slot's result.
+
+use std::io::Write;
+use std::path::Path;
+
+use tonic::transport::Channel;
+use tt_serving_proto::v1::control_client::ControlClient;
+use tt_serving_proto::v1::{ReloadOutcome, ReloadRequest};
+
+use super::args::ReloadArgs;
+use super::render::{reload_failed_slots, reload_json, reload_report_text};
+use super::{emit, Failure};
+
+/// Ask for the reload and wait for the report: with waiting, the daemon
+/// answers once the started slots are Ready or have failed, which for a
+/// cold build can take as long as the build. No timeout on our side.
+pub(super) async fn run(
+    client: &mut ControlClient<Channel>,
+    args: ReloadArgs,
+    socket: &Path,
+    out: &mut (dyn Write + Send),
+) -> Result<(), Failure> {
+    let report = client
+        .reload(ReloadRequest {
+            dry_run: args.dry_run,
+            no_wait: args.no_wait,
+        })
+        .await
+        .map_err(|status| Failure::from_status(status, socket))?
+        .into_inner();
+    let text = if args.json {
+        let json = serde_json::to_string_pretty(&reload_json(&report))
+            .map_err(|e| Failure::Failed(format!("cannot encode the report as JSON: {e}")))?;
+        format!("{json}\n")
+    } else {
+        reload_report_text(&report)
+    };
+    if report.outcome == ReloadOutcome::Refused as i32 {
+        if args.json {
+            emit(out, &text)?;
+        }
+        return Err(Failure::Failed(text.trim_end().to_string()));
+    }
+    emit(out, &text)?;
+    let failed = reload_failed_slots(&report);
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::Failed(format!(
+            "the reload was applied but slot(s) {} did not come up; see `ttctl status` and `ttctl logs SLOT`",
+            failed.join(", ")
+        )))
+    }
+}

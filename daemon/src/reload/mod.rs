@@ -1,0 +1,400 @@
+//! Live reconfiguration: SIGHUP, `ttctl reload` and `systemctl reload`
+//! (Type=notify-reload) all land in [`reload`].
+//!
+//! The new file is validated completely first; an invalid one is refused as
+//! a whole and the old config keeps serving. Otherwise the [`plan`] says,
+//! per slot, keep / update / restart / stop / start, and it is applied in an
+//! order that never has two owners for a card: stop what goes away or
+//! changes (draining in-flight requests), put the new config in force
+//! (cards of removed slots are unlocked, cards of new ones locked), start
+//! what is new or changed, then wait for those slots to settle. A model
+//! with `rollback_on_failure` whose new definition fails comes back with its
+//! old one. Reloads take a lock, so two never interleave.
+
+pub mod plan;
+
+use crate::config::{Config, ModelConfig};
+use crate::daemon::DaemonState;
+use crate::notify;
+use crate::slots::{configured_slots, SlotState, SlotView};
+use plan::{Action, Plan};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tt_serving_proto::v1 as pb;
+
+/// Reloads kept for `ttctl status`.
+const HISTORY: usize = 16;
+
+/// The reload lock and the record of past reloads.
+#[derive(Default)]
+pub struct Reloads {
+    lock: tokio::sync::Mutex<()>,
+    history: Mutex<VecDeque<pb::ReloadReport>>,
+}
+
+impl Reloads {
+    /// Wait for the turn to change the config (held by a reload, and by
+    /// startup until READY=1).
+    pub async fn turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.lock.lock().await
+    }
+
+    /// Past reloads, oldest first.
+    pub fn history(&self) -> Vec<pb::ReloadReport> {
+        self.history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Problems of the last reload when it was refused (for STATUS=).
+    pub fn last_refused(&self) -> Option<usize> {
+        let history = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        history
+            .iter()
+            .rev()
+            .find(|r| r.outcome != pb::ReloadOutcome::DryRun as i32)
+            .filter(|r| r.outcome == pb::ReloadOutcome::Refused as i32)
+            .map(|r| r.problems.len())
+    }
+
+    fn record(&self, report: &pb::ReloadReport) {
+        let mut history = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        history.push_back(report.clone());
+        while history.len() > HISTORY {
+            history.pop_front();
+        }
+    }
+}
+
+/// How to reload.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Only compute the plan.
+    pub dry_run: bool,
+    /// Wait for started slots to be Ready or failed before answering.
+    pub wait: bool,
+}
+
+/// Re-read the config file and apply what changed. Never fails: the report
+/// says what happened.
+pub async fn reload(state: &Arc<DaemonState>, trigger: &str, options: Options) -> pb::ReloadReport {
+    let _turn = state.reloads().turn().await;
+    let mut report = pb::ReloadReport {
+        trigger: trigger.to_string(),
+        started_unix_ms: crate::cards::unix_ms(SystemTime::now()),
+        config_path: state.config_path().display().to_string(),
+        ..Default::default()
+    };
+    if !options.dry_run {
+        notify::reloading("reloading the config");
+    }
+    tracing::info!(trigger, dry_run = options.dry_run, path = %report.config_path, "reload requested");
+    let new = match crate::config::load(state.config_path()) {
+        Ok(new) => new,
+        Err(e) => {
+            report.outcome = pb::ReloadOutcome::Refused as i32;
+            report.problems = match e.problems() {
+                [] => vec![e.to_string()],
+                problems => problems.iter().map(ToString::to_string).collect(),
+            };
+            for problem in &report.problems {
+                tracing::error!(%problem, "reload refused: the new config is invalid; the old one keeps serving");
+            }
+            report.summary = format!("refused: {} problem(s)", report.problems.len());
+            return finish(state, report, options);
+        }
+    };
+    let old = state.config();
+    let plan = plan::diff(&old, &new, &|model, m| variant_key(&old, model, m));
+    report.summary = plan.summary();
+    report.needs_restart = plan.needs_restart.clone();
+    report.steps = plan
+        .steps
+        .iter()
+        .map(|s| pb::ReloadStep {
+            slot: s.slot.clone(),
+            model: s.model.clone(),
+            action: s.action.word().to_string(),
+            reason: s.reason.clone(),
+            result: String::new(),
+        })
+        .collect();
+    for line in &plan.needs_restart {
+        tracing::warn!(change = %line, "config change needs a daemon restart; not applied");
+    }
+    if options.dry_run {
+        report.outcome = pb::ReloadOutcome::DryRun as i32;
+        return finish(state, report, options);
+    }
+    if !plan.changes_slots() {
+        report.outcome = pb::ReloadOutcome::Unchanged as i32;
+        for step in &mut report.steps {
+            step.result = "untouched".into();
+        }
+        return finish(state, report, options);
+    }
+    for step in &plan.steps {
+        if step.action != Action::Keep {
+            tracing::info!(slot = %step.slot, action = step.action.word(), reason = %step.reason, "reload plan");
+        }
+    }
+    let results = apply(state, &old, &new, &plan, options).await;
+    for step in &mut report.steps {
+        step.result = results.get(&step.slot).cloned().unwrap_or_default();
+    }
+    report.outcome = pb::ReloadOutcome::Applied as i32;
+    finish(state, report, options)
+}
+
+fn finish(
+    state: &Arc<DaemonState>,
+    mut report: pb::ReloadReport,
+    options: Options,
+) -> pb::ReloadReport {
+    report.finished_unix_ms = crate::cards::unix_ms(SystemTime::now());
+    state.reloads().record(&report);
+    if !options.dry_run {
+        if report.outcome == pb::ReloadOutcome::Refused as i32 {
+            notify::ready(&format!(
+                "reload refused: {} problems",
+                report.problems.len()
+            ));
+        } else {
+            notify::ready(&state.summary());
+        }
+    }
+    tracing::info!(outcome = ?report.outcome(), summary = %report.summary, "reload finished");
+    state.cards().notify_changed();
+    report
+}
+
+fn variant_key(config: &Config, model: &str, m: &ModelConfig) -> String {
+    crate::cache::Variant::for_model(
+        &config.daemon.cache_dir,
+        model,
+        m,
+        &crate::worker::command_for(m),
+    )
+    .key
+}
+
+/// Apply a plan; returns each touched slot's result in words.
+async fn apply(
+    state: &Arc<DaemonState>,
+    old: &Config,
+    new: &Config,
+    plan: &Plan,
+    options: Options,
+) -> BTreeMap<String, String> {
+    let slots = state.slot_manager().clone();
+    let mut results = BTreeMap::new();
+    for slot in plan.slots(Action::Keep) {
+        results.insert(slot, "untouched".to_string());
+    }
+    for slot in plan.slots(Action::Update) {
+        results.insert(slot, "limits updated live; worker untouched".to_string());
+    }
+
+    // 1. Stop what goes away or changes. In-flight requests finish (up to
+    //    each model's drain timeout); new ones go to other replicas.
+    let mut stops = Vec::new();
+    for step in &plan.steps {
+        let why = match step.action {
+            Action::Stop => "reload: removed from the config; draining".to_string(),
+            Action::Restart => format!("reload: draining to restart ({})", step.reason),
+            _ => continue,
+        };
+        stops.push((step.slot.clone(), why));
+    }
+    let aborted = slots.stop_slots(&stops, stop_limit(old)).await;
+
+    // 2. Put the new config in force: cards follow the new assignment and
+    //    the router the new limits.
+    let mut in_force = plan::in_force(old, new);
+    state.put_in_force(in_force.clone());
+
+    // 3. Start what is new or changed.
+    let mut logs = BTreeMap::new();
+    for slot in plan.slots(Action::Stop) {
+        slots.remove_slot(&slot);
+        results.insert(
+            slot.clone(),
+            if aborted.contains(&slot) {
+                "did not stop in time; killed, cards released".to_string()
+            } else {
+                "drained and stopped; cards released".to_string()
+            },
+        );
+    }
+    for slot in plan.slots(Action::Restart) {
+        logs.insert(slot.clone(), slots.remove_slot(&slot));
+    }
+    let started: Vec<(String, String)> = plan
+        .steps
+        .iter()
+        .filter(|s| matches!(s.action, Action::Restart | Action::Start))
+        .map(|s| (s.slot.clone(), s.model.clone()))
+        .collect();
+    for (slot, model) in &started {
+        slots.add_slot(slot, model, logs.remove(slot).flatten());
+    }
+    if !options.wait {
+        for (slot, _) in &started {
+            results.insert(
+                slot.clone(),
+                "started; not waiting for readiness (--no-wait)".into(),
+            );
+        }
+        return results;
+    }
+
+    // 4. Wait for the started slots; roll back models that asked for it.
+    let rollback_models: Vec<String> = plan
+        .steps
+        .iter()
+        .filter(|s| s.action == Action::Restart)
+        .filter(|s| {
+            new.models
+                .get(&s.model)
+                .is_some_and(|m| m.rollback_on_failure)
+        })
+        .filter(|s| old.models.contains_key(&s.model))
+        .map(|s| s.model.clone())
+        .collect();
+    let names: Vec<String> = started.iter().map(|(s, _)| s.clone()).collect();
+    let outcome = wait_settled(state, &names, &rollback_models).await;
+    let mut rolled_back = Vec::new();
+    for (slot, model) in &started {
+        let Some(view) = outcome.get(slot) else {
+            continue;
+        };
+        if rollback_models.contains(model)
+            && view.state != SlotState::Ready
+            && !rolled_back.contains(model)
+        {
+            rolled_back.push(model.clone());
+        }
+        results.insert(slot.clone(), describe(view));
+    }
+    for model in rolled_back {
+        let failed: Vec<String> = started
+            .iter()
+            .filter(|(_, m)| *m == model)
+            .map(|(s, _)| s.clone())
+            .collect();
+        let why = failed
+            .iter()
+            .filter_map(|s| outcome.get(s))
+            .find(|v| v.state != SlotState::Ready)
+            .map(describe)
+            .unwrap_or_default();
+        tracing::warn!(%model, %why, "new definition failed; rolling back (rollback_on_failure)");
+        let stops: Vec<(String, String)> = failed
+            .iter()
+            .map(|s| {
+                (
+                    s.clone(),
+                    "reload: rolling back to the previous definition".into(),
+                )
+            })
+            .collect();
+        slots.stop_slots(&stops, stop_limit(&in_force)).await;
+        let mut logs = BTreeMap::new();
+        for slot in &failed {
+            logs.insert(slot.clone(), slots.remove_slot(slot));
+        }
+        if let Some(previous) = old.models.get(&model) {
+            in_force.models.insert(model.clone(), previous.clone());
+        }
+        state.put_in_force(in_force.clone());
+        let restored: Vec<String> = configured_slots(&in_force)
+            .into_iter()
+            .filter(|(_, m)| *m == model)
+            .map(|(s, _)| s)
+            .collect();
+        for slot in &restored {
+            slots.add_slot(slot, &model, logs.remove(slot).flatten());
+        }
+        let back = wait_settled(state, &restored, &[]).await;
+        for slot in failed.iter().chain(&restored) {
+            let now = back
+                .get(slot)
+                .map(describe)
+                .unwrap_or_else(|| "removed".into());
+            results.insert(
+                slot.clone(),
+                format!("rolled back ({why}); previous definition: {now}"),
+            );
+        }
+    }
+    results
+}
+
+/// How long stopping may take before a supervisor is aborted: the longest
+/// drain plus two stop grace periods, as at shutdown.
+fn stop_limit(config: &Config) -> Duration {
+    let secs = config
+        .models
+        .values()
+        .map(|m| m.drain_timeout_secs + 2 * m.restart.stop_timeout_secs + 10)
+        .max()
+        .unwrap_or(10);
+    Duration::from_secs(secs)
+}
+
+/// Wait until each slot is Ready or has given up (failed for good,
+/// quarantined); slots of `fail_fast` models also count as settled at their
+/// first failure (their reload rolls back). Returns the views then.
+async fn wait_settled(
+    state: &Arc<DaemonState>,
+    names: &[String],
+    fail_fast: &[String],
+) -> BTreeMap<String, SlotView> {
+    let mut changes = state.subscribe();
+    loop {
+        changes.borrow_and_update();
+        let views: BTreeMap<String, SlotView> = state
+            .slots()
+            .into_iter()
+            .filter(|v| names.contains(&v.name))
+            .map(|v| (v.name.clone(), v))
+            .collect();
+        let settled = views.values().all(|v| match v.state {
+            SlotState::Ready | SlotState::Quarantined | SlotState::Stopped => true,
+            SlotState::Failed => v.retry_at.is_none() || fail_fast.contains(&v.model),
+            _ => false,
+        });
+        if settled || state.is_shutting_down() {
+            return views;
+        }
+        // Cold builds can take long; keep systemd's reload job alive.
+        notify::extend_timeout(Duration::from_secs(30));
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return views },
+            _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+        }
+    }
+}
+
+fn describe(view: &SlotView) -> String {
+    match view.state {
+        SlotState::Ready => format!(
+            "Ready ({} start{})",
+            if view.cache_mode.is_empty() {
+                "unknown"
+            } else {
+                &view.cache_mode
+            },
+            if view.variant.is_empty() {
+                String::new()
+            } else {
+                format!(", cache variant {}", view.variant)
+            }
+        ),
+        state => format!("{state:?}: {}", view.reason),
+    }
+}
