@@ -369,6 +369,16 @@ let
           '';
         };
 
+        rollbackOnFailure = mkOption {
+          type = types.bool;
+          default = false;
+          description = ''
+            On reload (a `nixos-rebuild switch` that changes this model):
+            when the changed definition fails to come up, bring the previous
+            definition back instead of leaving the slot Failed.
+          '';
+        };
+
         drainTimeoutSecs = mkOption {
           type = types.nullOr types.ints.positive;
           default = null;
@@ -427,6 +437,7 @@ let
         };
         max_queue = m.maxQueue;
         drain_timeout_secs = m.drainTimeoutSecs;
+        rollback_on_failure = if m.rollbackOnFailure then true else null;
       }
       // lib.optionalAttrs (m.cards != [ ]) { inherit (m) cards; }
       // lib.optionalAttrs (m.replicas != [ ]) { inherit (m) replicas; }
@@ -877,16 +888,23 @@ in
         ]
         ++ lib.optional cfg.hugepages.enable "tenstorrent-hugepages.service";
         wants = lib.optional cfg.hugepages.enable "tenstorrent-hugepages.service";
-        # Any change of the rendered config restarts the daemon (there is no
-        # reload): slots drain, workers stop cleanly, and the new config's
-        # slots come up, warm where their cache variant exists.
-        restartTriggers = [ configFile ];
+        # A switch that changes only models reloads the daemon (SIGHUP,
+        # Type=notify-reload): unchanged slots keep serving, changed ones
+        # restart, removed ones stop, added ones start. Settings the daemon
+        # cannot change live (the daemon, hardware and reset sections)
+        # restart it instead. See docs/nixos.md.
+        reloadTriggers = [ configFile ];
+        restartTriggers = [
+          (builtins.hashString "sha256" (builtins.toJSON (removeAttrs finalSettings [ "models" ])))
+        ];
         environment = {
           HOME = toString d.state_dir;
         };
         unitConfig.RequiresMountsFor = lib.optional cfg.hugepages.enable (toString cfg.hugepages.mountPoint);
         serviceConfig = {
-          Type = "notify";
+          # systemd sends SIGHUP on reload and waits for RELOADING=1 then
+          # READY=1, so `systemctl reload` returns once the reload is done.
+          Type = "notify-reload";
           NotifyAccess = "main";
           ExecStart = "${cfg.package}/bin/tt-servingd run --config /etc/tt-serving/config.toml";
           User = cfg.user;

@@ -301,6 +301,19 @@ backoff_ms = 50
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Write a new config in place (for reload tests); the daemon reads it
+    /// at its next reload.
+    pub fn rewrite_config(&self, hw: &FakeHw, opts: &DaemonOptions) {
+        let rewritten = Daemon::configure(hw, &self.dir, opts);
+        assert_eq!(rewritten.config, self.config);
+    }
+
+    /// Send the daemon a signal.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.pid() as i32);
+        nix::sys::signal::kill(pid, signal).expect("signal tt-servingd");
+    }
+
     /// SIGKILL the daemon and reap it.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {

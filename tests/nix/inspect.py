@@ -57,7 +57,7 @@ def example(d, out_toml):
     u = d["unit"]
     sc = u["serviceConfig"]
     want = {
-        "Type": "notify",
+        "Type": "notify-reload",
         "NotifyAccess": "main",
         "Restart": "on-failure",
         "DevicePolicy": "closed",
@@ -85,7 +85,12 @@ def example(d, out_toml):
 
     etc = d["etc"].get("tt-serving/config.toml", {}).get("source")
     check(etc is not None, "environment.etc.\"tt-serving/config.toml\" missing")
-    check(etc in u.get("restartTriggers", []), "the rendered config is not a restart trigger")
+    # A models-only change reloads (SIGHUP) instead of restarting: the config
+    # is a reload trigger, and the restart trigger covers only the sections
+    # the daemon cannot change live.
+    check(etc in u.get("reloadTriggers", []), "the rendered config is not a reload trigger")
+    check(etc not in u.get("restartTriggers", []), "the rendered config is a restart trigger: every switch would restart the daemon")
+    check(len(u.get("restartTriggers", [])) == 1, f"restartTriggers = {u.get('restartTriggers')!r}, want the daemon-level sections' hash")
     check(any(p.startswith("tt-serving") for p in d["systemPackages"]), "package (ttctl) not on the system path")
     group = s["daemon"].get("control_socket_group")
     if group:
