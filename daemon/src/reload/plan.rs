@@ -112,8 +112,9 @@ const LIVE_KEYS: &[&str] = &["max_queue", "max_in_flight", "rollback_on_failure"
 /// shown.
 const SECRET_KEYS: &[&str] = &["env", "cold_env", "warm_env"];
 
-/// Sections of the config that only a restart applies.
-const RESTART_SECTIONS: &[&str] = &["daemon", "hardware", "reset"];
+/// The one section a reload applies; every other one (daemon, hardware,
+/// reset, and any added later) waits for a restart.
+const LIVE_SECTION: &str = "models";
 
 /// Compare two configs. `variant` gives the cache variant a model definition
 /// selects, so that the plan can say when a restart means a cold build.
@@ -166,12 +167,14 @@ pub fn diff(old: &Config, new: &Config, variant: &dyn Fn(&str, &ModelConfig) -> 
     }
     steps.sort_by(|a, b| a.slot.cmp(&b.slot));
     let mut needs_restart = Vec::new();
-    let (old_v, new_v) = (to_value(old), to_value(new));
-    for section in RESTART_SECTIONS {
-        let (o, n) = (field(&old_v, section), field(&new_v, section));
-        for (key, change) in changed_keys(&o, &n) {
-            needs_restart.push(format!("{section}.{key}: {change}"));
+    let (mut old_v, mut new_v) = (to_value(old), to_value(new));
+    for v in [&mut old_v, &mut new_v] {
+        if let toml::Value::Table(t) = v {
+            t.remove(LIVE_SECTION);
         }
+    }
+    for (key, change) in changed_keys(&old_v, &new_v) {
+        needs_restart.push(format!("{key}: {change}"));
     }
     Plan {
         steps,
@@ -180,7 +183,8 @@ pub fn diff(old: &Config, new: &Config, variant: &dyn Fn(&str, &ModelConfig) -> 
 }
 
 /// The config a reload puts in force: the new models with the old
-/// daemon-level sections (those wait for a restart).
+/// daemon-level sections (those wait for a restart). Every section but
+/// `models` must be copied from `old` here.
 pub fn in_force(old: &Config, new: &Config) -> Config {
     Config {
         models: new.models.clone(),
@@ -219,13 +223,6 @@ fn to_value<T: serde::Serialize>(value: &T) -> toml::Value {
     // Config types serialise to TOML tables by construction (they were
     // parsed from TOML); an empty table keeps the diff total anyway.
     toml::Value::try_from(value).unwrap_or_else(|_| toml::Value::Table(toml::Table::new()))
-}
-
-fn field(value: &toml::Value, key: &str) -> toml::Value {
-    value
-        .get(key)
-        .cloned()
-        .unwrap_or_else(|| toml::Value::Table(toml::Table::new()))
 }
 
 /// (dotted key, "old → new") for every leaf that differs. Tables recurse;
