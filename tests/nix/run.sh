@@ -134,6 +134,25 @@ else
     printf '%s\n' "${problems:-$json}" | tail -15 | sed 's/^/    /'
 fi
 
+# What a switch does: a model change moves only the reload trigger, a
+# daemon-level change moves the restart trigger.
+if json=$(eval_json tests/nix/triggers.nix --argstr libPath "$lib" 2>&1) &&
+    problems=$(python3 -c '
+import json, sys
+t = json.load(sys.stdin)
+b, m, d = t["base"], t["modelChange"], t["daemonChange"]
+bad = []
+if m["restart"] != b["restart"]: bad.append("a model flag change moves the restart trigger (the switch would restart the daemon)")
+if m["reload"] == b["reload"]: bad.append("a model flag change does not move the reload trigger (the switch would not reload)")
+if d["restart"] == b["restart"]: bad.append("a daemon-level change does not move the restart trigger (it would only be reported, never applied)")
+print("\n".join(bad)); sys.exit(1 if bad else 0)
+' <<<"$json"); then
+    pass "switch: a model change reloads, a daemon-level change restarts"
+else
+    fail "switch triggers"
+    printf '%s\n' "${problems:-$json}" | tail -15 | sed 's/^/    /'
+fi
+
 for bad in tests/nix/broken/*.nix; do
     expected=$(sed -n 's/^# expect: //p' "$bad" | head -1)
     if [ -z "$expected" ]; then
