@@ -419,3 +419,69 @@ fn a_failing_new_definition_is_reported_failed_or_rolled_back() {
     assert_eq!(pid(&a_after), pid(&a_before));
     assert_eq!(a_after["since_unix_ms"], a_before["since_unix_ms"]);
 }
+
+#[test]
+fn replicas_of_a_changed_model_restart_one_at_a_time_and_the_model_keeps_answering() {
+    let hw = FakeHw::new(2);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let config = |greeting: &str| {
+        format!(
+            "\n[models.r]\ntp = 1\nreplicas = [[\"{}\"], [\"{}\"]]\ncheckpoint = \"{}\"\nworker = [\"{}\"]\ndrain_timeout_secs = 5\nenv = {{ GREETING = \"{greeting}\", TTW_TEST_FAULTS = \"1\", TTW_FAULT_SLOW_LOAD_MS = \"1500\" }}\n",
+            FakeHw::bdf(0),
+            FakeHw::bdf(1),
+            model.display(),
+            tt_serving_tests::bin("tt-worker").display()
+        )
+    };
+    let daemon = Daemon::start(&hw, options(config("hello")));
+    let before: Vec<u64> = ["r/0", "r/1"]
+        .iter()
+        .map(|s| pid(&daemon.wait_slot_state(s, "ready")))
+        .collect();
+    let address = daemon.inference_address();
+
+    daemon.rewrite_config(&hw, &options(config("bonjour")));
+    let socket = daemon.socket.clone();
+    let reloading = std::thread::spawn(move || {
+        std::process::Command::new(tt_serving_tests::bin("ttctl"))
+            .arg("--socket")
+            .arg(&socket)
+            .args(["reload", "--json"])
+            .output()
+            .expect("run ttctl reload")
+    });
+    let rt = runtime();
+    let mut answered = 0;
+    while !reloading.is_finished() {
+        // At every moment one replica serves...
+        let states: Vec<Value> = ["r/0", "r/1"]
+            .iter()
+            .map(|s| daemon.slot(s)["state"].clone())
+            .collect();
+        assert!(
+            states.iter().any(|s| s == "ready"),
+            "no replica ready: {states:?}"
+        );
+        // ...so requests keep being answered.
+        rt.block_on(generate(&address, "r", "hello", 2))
+            .expect("the model answers during the rolling restart");
+        answered += 1;
+    }
+    let out = reloading.join().expect("ttctl thread");
+    assert_eq!(out.status.code(), Some(0), "{}", output_text(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("report JSON");
+    assert_eq!(
+        actions(&report),
+        vec![
+            ("r/0".into(), "restart".into()),
+            ("r/1".into(), "restart".into())
+        ]
+    );
+    assert!(answered > 0);
+    for (slot, old) in ["r/0", "r/1"].iter().zip(before) {
+        let now = daemon.wait_slot_state(slot, "ready");
+        assert_ne!(pid(&now), old, "{slot} runs the new definition");
+        assert_eq!(now["cache_mode"], "warm", "env is not cache-affecting");
+    }
+}

@@ -377,6 +377,17 @@ impl CardManager {
         self.assignment().slot_cards.clone()
     }
 
+    /// Each slot's cards under another config (indices resolved against the
+    /// cards present now), without applying it.
+    pub fn assignment_of(&self, config: &Config) -> BTreeMap<String, Vec<String>> {
+        let found: Vec<CardInfo> = self
+            .lock_table()
+            .values()
+            .filter_map(|e| e.view.info.clone())
+            .collect();
+        Assignment::from_config(config, &found).0.slot_cards
+    }
+
     fn add_missing(&self, table: &mut BTreeMap<String, Entry>, missing: Vec<(CardRef, String)>) {
         for (card, slot) in missing {
             let key = match &card {

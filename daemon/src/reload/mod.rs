@@ -183,6 +183,19 @@ fn variant_key(config: &Config, model: &str, m: &ModelConfig) -> String {
 }
 
 /// Apply a plan; returns each touched slot's result in words.
+///
+/// Order, so that no card ever has two owners and a model with several
+/// replicas keeps serving:
+/// 1. stop removed slots, and restarted slots whose cards change;
+/// 2. put the new config in force (cards of removed slots are unlocked,
+///    new ones locked);
+/// 3. start added slots and the restarted slots stopped in 1;
+/// 4. restart the other changed slots in waves, one replica of each model
+///    per wave, each wave Ready before the next (without waiting: at once);
+///    a model whose replica fails stops rolling, and its remaining replicas
+///    keep their old definition;
+/// 5. wait for everything started, then roll back the models that asked
+///    for it and failed.
 async fn apply(
     state: &Arc<DaemonState>,
     old: &Config,
@@ -198,27 +211,42 @@ async fn apply(
     for slot in plan.slots(Action::Update) {
         results.insert(slot, "limits updated live; worker untouched".to_string());
     }
-
-    // 1. Stop what goes away or changes. In-flight requests finish (up to
-    //    each model's drain timeout); new ones go to other replicas.
-    let mut stops = Vec::new();
-    for step in &plan.steps {
-        let why = match step.action {
-            Action::Stop => "reload: removed from the config; draining".to_string(),
-            Action::Restart => format!("reload: draining to restart ({})", step.reason),
-            _ => continue,
-        };
-        stops.push((step.slot.clone(), why));
-    }
-    let aborted = slots.stop_slots(&stops, stop_limit(old)).await;
-
-    // 2. Put the new config in force: cards follow the new assignment and
-    //    the router the new limits.
+    let old_cards = state.cards().slot_cards();
     let mut in_force = plan::in_force(old, new);
-    state.put_in_force(in_force.clone());
+    let new_cards = state.cards().assignment_of(&in_force);
+    let reason_of = |slot: &str| {
+        plan.steps
+            .iter()
+            .find(|s| s.slot == slot)
+            .map(|s| s.reason.clone())
+            .unwrap_or_default()
+    };
+    let model_of = |slot: &str| {
+        plan.steps
+            .iter()
+            .find(|s| s.slot == slot)
+            .map(|s| s.model.clone())
+            .unwrap_or_default()
+    };
+    let restarts = plan.slots(Action::Restart);
+    let (moving, rolling): (Vec<String>, Vec<String>) = restarts
+        .iter()
+        .cloned()
+        .partition(|s| !options.wait || old_cards.get(s) != new_cards.get(s));
 
-    // 3. Start what is new or changed.
-    let mut logs = BTreeMap::new();
+    // 1. Stop what goes away, and what changes its cards.
+    let mut stops: Vec<(String, String)> = plan
+        .slots(Action::Stop)
+        .into_iter()
+        .map(|s| (s, "reload: removed from the config; draining".to_string()))
+        .collect();
+    stops.extend(moving.iter().map(|s| {
+        (
+            s.clone(),
+            format!("reload: draining to restart ({})", reason_of(s)),
+        )
+    }));
+    let aborted = slots.stop_slots(&stops, stop_limit(old)).await;
     for slot in plan.slots(Action::Stop) {
         slots.remove_slot(&slot);
         results.insert(
@@ -230,20 +258,72 @@ async fn apply(
             },
         );
     }
-    for slot in plan.slots(Action::Restart) {
-        logs.insert(slot.clone(), slots.remove_slot(&slot));
+
+    // 2. The new config in force.
+    state.put_in_force(in_force.clone());
+
+    // 3. Start what is new, and what moved cards.
+    let mut started: Vec<String> = plan.slots(Action::Start);
+    started.extend(moving.iter().cloned());
+    for slot in &started {
+        let logs = slots.remove_slot(slot);
+        slots.add_slot(slot, &model_of(slot), logs);
     }
-    let started: Vec<(String, String)> = plan
-        .steps
+
+    // 4. Rolling restarts, one replica per model per wave.
+    let mut waves: Vec<Vec<String>> = Vec::new();
+    let mut per_model: BTreeMap<String, usize> = BTreeMap::new();
+    for slot in &rolling {
+        let k = per_model.entry(model_of(slot)).or_insert(0);
+        if waves.len() <= *k {
+            waves.push(Vec::new());
+        }
+        waves[*k].push(slot.clone());
+        *k += 1;
+    }
+    let rollback_models: Vec<String> = new
+        .models
         .iter()
-        .filter(|s| matches!(s.action, Action::Restart | Action::Start))
-        .map(|s| (s.slot.clone(), s.model.clone()))
+        .filter(|(name, m)| m.rollback_on_failure && old.models.contains_key(*name))
+        .map(|(name, _)| name.clone())
         .collect();
-    for (slot, model) in &started {
-        slots.add_slot(slot, model, logs.remove(slot).flatten());
+    let mut halted: Vec<String> = Vec::new();
+    let mut settled: BTreeMap<String, SlotView> = BTreeMap::new();
+    for wave in waves {
+        let (go, skip): (Vec<String>, Vec<String>) = wave
+            .into_iter()
+            .partition(|s| !halted.contains(&model_of(s)));
+        for slot in skip {
+            results.insert(
+                slot,
+                "not restarted: another replica of the model failed with the new definition; this one keeps the old one (fix the config and reload)".into(),
+            );
+        }
+        let stops: Vec<(String, String)> = go
+            .iter()
+            .map(|s| {
+                (
+                    s.clone(),
+                    format!("reload: draining to restart ({})", reason_of(s)),
+                )
+            })
+            .collect();
+        slots.stop_slots(&stops, stop_limit(old)).await;
+        for slot in &go {
+            let logs = slots.remove_slot(slot);
+            slots.add_slot(slot, &model_of(slot), logs);
+        }
+        let views = wait_settled(state, &go, &rollback_models).await;
+        for (slot, view) in views {
+            if view.state != SlotState::Ready {
+                halted.push(view.model.clone());
+            }
+            settled.insert(slot, view);
+        }
+        started.extend(go);
     }
     if !options.wait {
-        for (slot, _) in &started {
+        for slot in &started {
             results.insert(
                 slot.clone(),
                 "started; not waiting for readiness (--no-wait)".into(),
@@ -252,86 +332,101 @@ async fn apply(
         return results;
     }
 
-    // 4. Wait for the started slots; roll back models that asked for it.
-    let rollback_models: Vec<String> = plan
-        .steps
+    // 5. Wait, then roll back the models that asked for it.
+    let rest: Vec<String> = started
         .iter()
-        .filter(|s| s.action == Action::Restart)
-        .filter(|s| {
-            new.models
-                .get(&s.model)
-                .is_some_and(|m| m.rollback_on_failure)
-        })
-        .filter(|s| old.models.contains_key(&s.model))
-        .map(|s| s.model.clone())
+        .filter(|s| !settled.contains_key(*s))
+        .cloned()
         .collect();
-    let names: Vec<String> = started.iter().map(|(s, _)| s.clone()).collect();
-    let outcome = wait_settled(state, &names, &rollback_models).await;
-    let mut rolled_back = Vec::new();
-    for (slot, model) in &started {
-        let Some(view) = outcome.get(slot) else {
+    settled.extend(wait_settled(state, &rest, &rollback_models).await);
+    let mut failed_models: Vec<String> = Vec::new();
+    for slot in &started {
+        let Some(view) = settled.get(slot) else {
             continue;
         };
-        if rollback_models.contains(model)
-            && view.state != SlotState::Ready
-            && !rolled_back.contains(model)
-        {
-            rolled_back.push(model.clone());
+        if view.state != SlotState::Ready && !failed_models.contains(&view.model) {
+            failed_models.push(view.model.clone());
         }
         results.insert(slot.clone(), describe(view));
     }
-    for model in rolled_back {
-        let failed: Vec<String> = started
+    for model in failed_models
+        .into_iter()
+        .filter(|m| rollback_models.contains(m))
+    {
+        let changed: Vec<String> = started
             .iter()
-            .filter(|(_, m)| *m == model)
-            .map(|(s, _)| s.clone())
+            .filter(|s| model_of(s) == model)
+            .cloned()
             .collect();
-        let why = failed
+        let why = changed
             .iter()
-            .filter_map(|s| outcome.get(s))
+            .filter_map(|s| settled.get(s))
             .find(|v| v.state != SlotState::Ready)
             .map(describe)
             .unwrap_or_default();
         tracing::warn!(%model, %why, "new definition failed; rolling back (rollback_on_failure)");
-        let stops: Vec<(String, String)> = failed
-            .iter()
-            .map(|s| {
-                (
-                    s.clone(),
-                    "reload: rolling back to the previous definition".into(),
-                )
-            })
-            .collect();
-        slots.stop_slots(&stops, stop_limit(&in_force)).await;
-        let mut logs = BTreeMap::new();
-        for slot in &failed {
-            logs.insert(slot.clone(), slots.remove_slot(slot));
-        }
-        if let Some(previous) = old.models.get(&model) {
-            in_force.models.insert(model.clone(), previous.clone());
-        }
-        state.put_in_force(in_force.clone());
-        let restored: Vec<String> = configured_slots(&in_force)
-            .into_iter()
-            .filter(|(_, m)| *m == model)
-            .map(|(s, _)| s)
-            .collect();
-        for slot in &restored {
-            slots.add_slot(slot, &model, logs.remove(slot).flatten());
-        }
-        let back = wait_settled(state, &restored, &[]).await;
-        for slot in failed.iter().chain(&restored) {
-            let now = back
-                .get(slot)
-                .map(describe)
-                .unwrap_or_else(|| "removed".into());
+        let restored = rollback(state, old, &mut in_force, &model, &changed).await;
+        for (slot, now) in restored {
             results.insert(
-                slot.clone(),
+                slot,
                 format!("rolled back ({why}); previous definition: {now}"),
             );
         }
     }
     results
+}
+
+/// Bring a model's old definition back: stop the slots the reload started
+/// for it (and the added ones), put the old definition in force, start the
+/// old slots that are not running. Replicas the reload never touched keep
+/// running. Returns (slot, how it ended up).
+async fn rollback(
+    state: &Arc<DaemonState>,
+    old: &Config,
+    in_force: &mut Config,
+    model: &str,
+    changed: &[String],
+) -> Vec<(String, String)> {
+    let slots = state.slot_manager().clone();
+    let stops: Vec<(String, String)> = changed
+        .iter()
+        .map(|s| {
+            (
+                s.clone(),
+                "reload: rolling back to the previous definition".into(),
+            )
+        })
+        .collect();
+    slots.stop_slots(&stops, stop_limit(in_force)).await;
+    let mut logs = BTreeMap::new();
+    for slot in changed {
+        logs.insert(slot.clone(), slots.remove_slot(slot));
+    }
+    if let Some(previous) = old.models.get(model) {
+        in_force.models.insert(model.to_string(), previous.clone());
+    }
+    state.put_in_force(in_force.clone());
+    let running: Vec<String> = state.slots().into_iter().map(|v| v.name).collect();
+    let restored: Vec<String> = configured_slots(in_force)
+        .into_iter()
+        .filter(|(s, m)| m == model && !running.contains(s))
+        .map(|(s, _)| s)
+        .collect();
+    for slot in &restored {
+        slots.add_slot(slot, model, logs.remove(slot).flatten());
+    }
+    let back = wait_settled(state, &restored, &[]).await;
+    changed
+        .iter()
+        .chain(&restored)
+        .map(|slot| {
+            let now = back
+                .get(slot)
+                .map(describe)
+                .unwrap_or_else(|| "removed (not in the previous definition)".into());
+            (slot.clone(), now)
+        })
+        .collect()
 }
 
 /// How long stopping may take before a supervisor is aborted: the longest
