@@ -171,6 +171,9 @@ sys_root = "{sys}"
 proc_root = "{proc}"
 tt_smi = "{smi}"
 
+[metrics]
+listen = "127.0.0.1:0"
+
 [reset]
 policy = "{policy}"
 come_back_timeout_secs = {come_back}

@@ -33,6 +33,7 @@ pub struct DaemonState {
     router: Router,
     started: SystemTime,
     inference_address: String,
+    metrics_address: String,
     reloads: Reloads,
     shutdown: Shutdown,
 }
@@ -139,6 +140,7 @@ impl DaemonState {
                 summary,
                 driver_version: self.cards.hardware().driver_version().unwrap_or_default(),
                 inference_address: self.inference_address.clone(),
+                metrics_address: self.metrics_address.clone(),
                 lock_dir: self.config().daemon.lock_dir.display().to_string(),
             }),
             cards: self
@@ -149,6 +151,21 @@ impl DaemonState {
                 .collect(),
             slots: self.slots().iter().map(api::convert::slot).collect(),
             reloads: self.reloads.history(),
+            queues: self
+                .router
+                .waiting()
+                .into_iter()
+                .map(|(model, waiting)| pb::ModelQueue {
+                    max_queue: self
+                        .config()
+                        .models
+                        .get(&model)
+                        .map(|m| m.max_queue)
+                        .unwrap_or(0),
+                    model,
+                    waiting,
+                })
+                .collect(),
         }
     }
 }
@@ -209,6 +226,25 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
                 config.daemon.listen
             )
         })?;
+    let metrics_listener = if config.metrics.listen.is_empty() {
+        None
+    } else {
+        Some(
+            TcpListener::bind(&config.metrics.listen)
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot listen on {} (metrics.listen); is another exporter using the port? Set another address, or \"\" to turn metrics off",
+                        config.metrics.listen
+                    )
+                })?,
+        )
+    };
+    let metrics_address = metrics_listener
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     let inference_address = public_listener
         .local_addr()
         .map(|a| a.to_string())
@@ -224,6 +260,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         cards,
         started,
         inference_address: inference_address.clone(),
+        metrics_address: metrics_address.clone(),
         reloads: Reloads::default(),
         shutdown: shutdown.clone(),
     });
@@ -244,9 +281,17 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         health,
         shutdown.clone(),
     ));
+    if let Some(listener) = metrics_listener {
+        tokio::spawn(api::metrics::serve(
+            listener,
+            state.clone(),
+            shutdown.clone(),
+        ));
+    }
     tracing::info!(
         control_socket = %state.config().daemon.control_socket.display(),
         inference = %inference_address,
+        metrics = %metrics_address,
         "listening"
     );
 

@@ -117,6 +117,9 @@ state_dir = "{dir}/state"
 cache_dir = "{dir}/cache"
 lock_dir = "{dir}/locks"
 
+[metrics]
+listen = "127.0.0.1:0"                 # any free port; `ttctl status` shows it
+
 [hardware]
 {hardware_lines}
 [models.smollm2]

@@ -20,6 +20,7 @@ pub mod config;
 pub mod ctl;
 pub mod daemon;
 pub mod demo;
+pub mod metrics;
 pub mod notify;
 pub mod reload;
 pub mod router;

@@ -72,6 +72,18 @@ impl Router {
         }
     }
 
+    /// Requests waiting in each model's queue.
+    pub fn waiting(&self) -> Vec<(String, u32)> {
+        let queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        queues
+            .iter()
+            .map(|(model, (size, queue))| {
+                let free = u32::try_from(queue.available_permits()).unwrap_or(u32::MAX);
+                (model.clone(), size.saturating_sub(free))
+            })
+            .collect()
+    }
+
     fn queue(&self, model: &str) -> Option<Arc<Semaphore>> {
         let queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         queues.get(model).map(|(_, q)| q.clone())
@@ -164,7 +176,26 @@ impl Router {
     }
 
     /// Route one request and return the stream of chunks for the client.
+    /// Every request is counted in the metrics by model (configured models
+    /// only, so labels stay bounded) and outcome.
     pub async fn generate(
+        &self,
+        request: pb::GenerateRequest,
+        timeout: Option<Duration>,
+    ) -> Result<ChunkStream, Status> {
+        let model = if self.slots.config().models.contains_key(&request.model) {
+            request.model.clone()
+        } else {
+            String::new()
+        };
+        let result = self.admit(request, timeout).await;
+        if let Err(status) = &result {
+            crate::metrics::get().request(&model, refusal_outcome(status.code()));
+        }
+        result
+    }
+
+    async fn admit(
         &self,
         request: pb::GenerateRequest,
         timeout: Option<Duration>,
@@ -216,6 +247,7 @@ impl Router {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut engine = route.engine.clone();
         let slot = route.slot.clone();
+        let stats = route.stats.clone();
         let engine_request = pb::EngineGenerateRequest {
             request: Some(request),
             request_id: format!("req-{id}"),
@@ -228,50 +260,104 @@ impl Router {
         let (tx, rx) = mpsc::channel(32);
         tokio::spawn(async move {
             let _guard = guard;
+            let metrics = crate::metrics::get();
+            let mut last_tokens: Option<Instant> = None;
+            let mut finished = false;
             let forward = async {
                 loop {
                     let next = tokio::select! {
                         next = upstream.message() => next,
                         // The client went away: dropping `upstream` cancels
                         // the sequence in the worker.
-                        _ = tx.closed() => return,
+                        _ = tx.closed() => return "cancelled",
                     };
                     match next {
                         Ok(Some(mut chunk)) => {
-                            if let Some(pb::generate_response::Chunk::Final(f)) =
-                                chunk.chunk.as_mut()
-                            {
-                                f.slot = slot.clone();
-                                if let Some(t) = f.timings.as_mut() {
-                                    t.queue_us += queued_us;
+                            match chunk.chunk.as_mut() {
+                                Some(pb::generate_response::Chunk::Delta(d)) => {
+                                    let now = Instant::now();
+                                    let n = d.token_ids.len().max(1);
+                                    match last_tokens {
+                                        None => {
+                                            metrics.first_token(&model, arrived.elapsed());
+                                            stats.first_token(arrived.elapsed());
+                                            stats.tokens(None, n);
+                                        }
+                                        Some(previous) => {
+                                            metrics.inter_token(&model, now - previous, n);
+                                            stats.tokens(Some(now - previous), n);
+                                        }
+                                    }
+                                    last_tokens = Some(now);
                                 }
+                                Some(pb::generate_response::Chunk::Final(f)) => {
+                                    f.slot = slot.clone();
+                                    if let Some(t) = f.timings.as_mut() {
+                                        t.queue_us += queued_us;
+                                    }
+                                    let usage = f.usage.unwrap_or_default();
+                                    metrics.tokens(
+                                        &model,
+                                        usage.prompt_tokens,
+                                        usage.completion_tokens,
+                                    );
+                                    metrics.end_to_end(&model, arrived.elapsed());
+                                    stats.finished();
+                                }
+                                None => {}
                             }
+                            finished |=
+                                matches!(chunk.chunk, Some(pb::generate_response::Chunk::Final(_)));
                             if tx.send(Ok(chunk)).await.is_err() {
-                                return;
+                                return if finished { "ok" } else { "cancelled" };
                             }
                         }
-                        Ok(None) => return,
+                        Ok(None) if finished => return "ok",
+                        // The stream ended without its final chunk.
+                        Ok(None) => return "worker_error",
                         Err(status) => {
+                            let outcome = match status.code() {
+                                tonic::Code::Cancelled => "cancelled",
+                                tonic::Code::DeadlineExceeded => "deadline",
+                                _ => "worker_error",
+                            };
                             let _ = tx.send(Err(worker_error(&slot, status))).await;
-                            return;
+                            return outcome;
                         }
                     }
                 }
             };
-            match deadline {
-                Some(d) => {
-                    if tokio::time::timeout_at(d, forward).await.is_err() {
+            let outcome = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, forward).await {
+                    Ok(outcome) => outcome,
+                    Err(_) => {
                         let _ = tx
                             .send(Err(Status::deadline_exceeded(
                                 "the request's deadline passed during generation",
                             )))
                             .await;
+                        "deadline"
                     }
-                }
+                },
                 None => forward.await,
-            }
+            };
+            metrics.request(&model, outcome);
         });
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+    }
+}
+
+/// The metrics outcome of a request refused before it streamed.
+fn refusal_outcome(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::NotFound => "unknown_model",
+        Code::InvalidArgument => "invalid",
+        Code::Unavailable => "unavailable",
+        Code::ResourceExhausted => "queue_full",
+        Code::DeadlineExceeded => "deadline",
+        Code::Cancelled => "cancelled",
+        _ => "worker_error",
     }
 }
 

@@ -64,6 +64,7 @@ fn card_state(state: CardState) -> pb::CardState {
 
 /// A slot as the control protocol shows it.
 pub fn slot(view: &SlotView) -> pb::Slot {
+    let stats = view.stats.view();
     pb::Slot {
         name: view.name.clone(),
         model: view.model.clone(),
@@ -78,6 +79,10 @@ pub fn slot(view: &SlotView) -> pb::Slot {
         worker_rss_bytes: view.worker_rss_bytes,
         requests_in_flight: view.in_flight,
         last_error: view.last_error.clone(),
+        generated_tokens: stats.generated_tokens,
+        requests_served: stats.requests,
+        ttft_p50_ms: stats.ttft_p50_ms,
+        itl_p50_ms: stats.itl_p50_ms,
     }
 }
 

@@ -4,6 +4,7 @@
 mod control;
 pub mod convert;
 mod inference;
+pub mod metrics;
 
 use crate::daemon::DaemonState;
 use crate::shutdown::Shutdown;

@@ -523,10 +523,15 @@ impl CardManager {
         }
         self.notify();
         tracing::info!(cards = %bdfs.join(","), manual, "resetting cards");
+        let began = std::time::Instant::now();
+        let metrics = crate::metrics::get();
         let result = {
             let mut forward = |event: ResetEvent| {
                 if event.phase == reset::Phase::WaitingForDevice {
                     self.set_state(bdfs, CardState::Probing, &event.message);
+                }
+                if event.phase == reset::Phase::Retrying {
+                    bdfs.iter().for_each(|b| metrics.reset_proof_failure(b));
                 }
                 tracing::info!(cards = %bdfs.join(","), attempt = event.attempt, phase = ?event.phase, "{}", event.message);
                 on_event(event);
@@ -534,6 +539,13 @@ impl CardManager {
             self.resetter.reset_and_prove(bdfs, &mut forward).await
         };
         drop(temporary_locks);
+        for bdf in bdfs {
+            if result.is_err() {
+                // The last attempt's proof failed too.
+                metrics.reset_proof_failure(bdf);
+            }
+            metrics.card_reset(bdf, result.is_ok(), began.elapsed());
+        }
         {
             let mut table = self.lock_table();
             for bdf in bdfs {

@@ -19,6 +19,9 @@ pub struct Config {
     /// How cards are reset and proven back.
     #[serde(default)]
     pub reset: ResetConfig,
+    /// The Prometheus endpoint.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
     /// The models to serve, by name. Empty is valid: the daemon then manages
     /// and reports every discovered card and can reset them.
     #[serde(default)]
@@ -69,6 +72,23 @@ impl Default for DaemonConfig {
             log_format: LogFormat::Plain,
             ready_when: ReadyWhen::All,
             tick_ms: 1000,
+        }
+    }
+}
+
+/// The Prometheus endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Address of the HTTP endpoint serving `/metrics`; loopback by
+    /// default, empty to turn it off.
+    pub listen: String,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: "127.0.0.1:9464".into(),
         }
     }
 }

@@ -42,7 +42,7 @@ pub const RESERVED_ENV: &[&str] = &[
     "TT_CACHE_MODE",
 ];
 
-const SECTIONS: &[&str] = &["daemon", "hardware", "reset", "models"];
+const SECTIONS: &[&str] = &["daemon", "hardware", "reset", "metrics", "models"];
 
 /// Deserialize section by section so a type error in one section does not
 /// hide the others, and so each error carries its key path.
@@ -55,6 +55,7 @@ pub(super) fn deserialize(text: &str) -> Result<Config, Vec<Problem>> {
             "daemon" => section(key, value, &mut problems, &mut config.daemon),
             "hardware" => section(key, value, &mut problems, &mut config.hardware),
             "reset" => section(key, value, &mut problems, &mut config.reset),
+            "metrics" => section(key, value, &mut problems, &mut config.metrics),
             "models" => match value.as_table() {
                 Some(models) => {
                     for (name, model) in models {
@@ -196,6 +197,15 @@ pub(super) fn check(config: &Config) -> Vec<Problem> {
     check_daemon(&config.daemon, &mut problems);
     check_hardware(&config.hardware, &mut problems);
     check_reset(&config.reset, &mut problems);
+    if !config.metrics.listen.is_empty() && config.metrics.listen.parse::<SocketAddr>().is_err() {
+        problems.push(problem(
+            "metrics.listen",
+            format!(
+                "`{}` is not an IP address and port; use e.g. \"127.0.0.1:9464\", or \"\" to turn the endpoint off",
+                config.metrics.listen
+            ),
+        ));
+    }
     // Which model key first claimed each card, to report cards used twice.
     let mut claimed: BTreeMap<String, String> = BTreeMap::new();
     for (name, model) in &config.models {

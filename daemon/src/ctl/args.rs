@@ -90,6 +90,18 @@ pub enum Command {
     #[command(subcommand)]
     Cache(CacheCommand),
 
+    /// A live picture for a terminal: per slot tokens/s, requests/s,
+    /// requests in flight, the model's queue, median time to first token
+    /// and inter-token latency, worker memory. Redraws every --interval
+    /// seconds until Ctrl-C (or --iterations frames).
+    ///
+    /// Rates are computed from the daemon's counters between two frames, so
+    /// the first frame shows `-` for them. Latencies are medians over each
+    /// slot's recent requests as the daemon sees them (queueing included).
+    /// Prometheus gets the full histograms at `metrics.listen`.
+    #[command(after_help = EXIT_CODES)]
+    Top(TopArgs),
+
     /// Re-read the daemon's config file and apply only what changed.
     ///
     /// Slots whose definition is unchanged keep running untouched; a change
@@ -105,6 +117,26 @@ pub enum Command {
     /// refused or a started slot failed to come up.
     #[command(after_help = EXIT_CODES)]
     Reload(ReloadArgs),
+}
+
+/// Options of `ttctl top`.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct TopArgs {
+    /// Seconds between frames.
+    #[arg(long, value_name = "SECS", default_value_t = 2.0, value_parser = parse_interval)]
+    pub interval: f64,
+
+    /// Stop after N frames (0: until Ctrl-C).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub iterations: u32,
+}
+
+fn parse_interval(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if (0.1..=3600.0).contains(&v) => Ok(v),
+        Ok(v) => Err(format!("{v} is outside 0.1..3600 seconds")),
+        Err(e) => Err(format!("not a number of seconds: {e}")),
+    }
 }
 
 /// Options of `ttctl reload`.

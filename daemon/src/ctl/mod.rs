@@ -40,6 +40,7 @@ mod slot;
 mod status;
 #[cfg(test)]
 mod tests;
+mod top;
 
 use std::future::Future;
 use std::io::{self, IsTerminal, Write};
@@ -51,7 +52,7 @@ use tonic::Code;
 
 pub use args::{
     CacheCommand, CardCommand, Cli, Command, GenerateArgs, LogsArgs, ReloadArgs, SlotCommand,
-    StatusArgs,
+    StatusArgs, TopArgs,
 };
 pub use client::{connect, ConnectError, DEFAULT_SOCKET};
 pub use render::{
@@ -122,6 +123,7 @@ async fn execute(
             cache::build(&mut client, &model, socket, out).await
         }
         Command::Reload(args) => reload::run(&mut client, args, socket, out).await,
+        Command::Top(args) => top::run(&mut client, args, socket, out, is_tty).await,
     }
 }
 

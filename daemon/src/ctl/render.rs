@@ -11,11 +11,14 @@
 //! lowercase words the tables print.
 
 mod reload;
+mod top;
 
 pub use reload::{
     last_reload_line, reload_failed_slots, reload_json, reload_report_text, ReloadJson,
     ReloadStepJson,
 };
+
+pub use top::top_frame;
 
 use std::collections::BTreeMap;
 
@@ -122,6 +125,9 @@ fn header_line(daemon: Option<&DaemonInfo>, now_unix_ms: u64) -> String {
     }
     if !d.inference_address.is_empty() {
         facts.push(format!("inference on {}", d.inference_address));
+    }
+    if !d.metrics_address.is_empty() {
+        facts.push(format!("metrics on {}", d.metrics_address));
     }
     if d.started_unix_ms != 0 {
         let up = now_unix_ms.saturating_sub(d.started_unix_ms);
@@ -437,6 +443,9 @@ pub struct DaemonJson {
     pub driver_version: String,
     /// The address the inference port is bound to.
     pub inference_address: String,
+    /// Address of the Prometheus endpoint; empty when off.
+    #[serde(default)]
+    pub metrics_address: String,
 }
 
 /// Mirrors `Card`.
@@ -542,6 +551,18 @@ pub struct SlotJson {
     pub requests_in_flight: u32,
     /// The last error, kept after recovery.
     pub last_error: String,
+    /// Tokens generated since the slot was configured.
+    #[serde(default)]
+    pub generated_tokens: u64,
+    /// Requests finished since the slot was configured.
+    #[serde(default)]
+    pub requests_served: u64,
+    /// Median time to first token over recent requests, ms (0: none).
+    #[serde(default)]
+    pub ttft_p50_ms: f64,
+    /// Median inter-token latency over recent tokens, ms (0: none).
+    #[serde(default)]
+    pub itl_p50_ms: f64,
 }
 
 /// The JSON form of a status snapshot.
@@ -556,6 +577,7 @@ pub fn status_json(status: &StatusResponse) -> StatusJson {
             summary: d.summary,
             driver_version: d.driver_version,
             inference_address: d.inference_address,
+            metrics_address: d.metrics_address,
         },
         cards: status.cards.iter().map(card_json).collect(),
         slots: status.slots.iter().map(slot_json).collect(),
@@ -618,6 +640,10 @@ fn slot_json(slot: &Slot) -> SlotJson {
         worker_rss_bytes: slot.worker_rss_bytes,
         requests_in_flight: slot.requests_in_flight,
         last_error: slot.last_error.clone(),
+        generated_tokens: slot.generated_tokens,
+        requests_served: slot.requests_served,
+        ttft_p50_ms: slot.ttft_p50_ms,
+        itl_p50_ms: slot.itl_p50_ms,
     }
 }
 

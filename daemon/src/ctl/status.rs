@@ -140,7 +140,7 @@ fn to_json(status: &StatusResponse, pretty: bool) -> Result<String, Failure> {
     text.map_err(|err| Failure::Failed(format!("cannot encode the status as JSON: {err}")))
 }
 
-fn now_unix_ms() -> u64 {
+pub(super) fn now_unix_ms() -> u64 {
     // A clock before 1970 only makes "ago" columns odd; not worth failing.
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

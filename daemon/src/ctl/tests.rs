@@ -138,6 +138,7 @@ fn snapshot(slot_state: SlotState) -> StatusResponse {
             ..Default::default()
         }],
         reloads: vec![],
+        queues: vec![],
     }
 }
 

@@ -6,6 +6,7 @@
 //! (a model is SERVING only while one of its slots is Ready). Each slot's
 //! [`supervisor`] task drives its lifecycle; the router only reads.
 
+pub mod stats;
 pub mod supervisor;
 
 use crate::cards::CardManager;
@@ -95,6 +96,8 @@ pub struct SlotView {
     pub last_error: String,
     /// The cache variant key in use.
     pub variant: String,
+    /// Recent request figures.
+    pub stats: Arc<stats::SlotStats>,
 }
 
 /// Operator and daemon requests to a slot's supervisor.
@@ -140,6 +143,7 @@ impl SlotEntry {
                 in_flight: 0,
                 last_error: String::new(),
                 variant: String::new(),
+                stats: Arc::new(stats::SlotStats::default()),
             },
             engine: None,
             in_flight: Arc::new(AtomicU32::new(0)),
@@ -174,6 +178,8 @@ pub struct Route {
     pub engine: EngineClient<Channel>,
     /// The slot's in-flight counter (the caller increments and decrements).
     pub in_flight: Arc<AtomicU32>,
+    /// The slot's recent figures (the caller records into them).
+    pub stats: Arc<stats::SlotStats>,
 }
 
 /// Log lines kept per slot for `ttctl logs`.
@@ -485,6 +491,7 @@ impl SlotManager {
                             slot: name.clone(),
                             engine,
                             in_flight: e.in_flight.clone(),
+                            stats: e.view.stats.clone(),
                         },
                     )
                 })

@@ -29,8 +29,13 @@ enum Outcome {
     Stopped,
     /// Stopped to start again at once (operator restart, RSS limit).
     Restart { reason: String },
-    /// Failed; `dirty` when the cards must be reset first.
-    Failed { reason: String, dirty: bool },
+    /// Failed; `dirty` when the cards must be reset first; `cause` for the
+    /// restart metric (exit_code, signal, watchdog, rss, start_failed).
+    Failed {
+        reason: String,
+        dirty: bool,
+        cause: &'static str,
+    },
     /// Stopped because the cards are lent out.
     Lent,
 }
@@ -162,8 +167,13 @@ pub async fn run(
                 }
                 failures.clear();
             }
-            Outcome::Failed { reason, dirty: d } => {
+            Outcome::Failed {
+                reason,
+                dirty: d,
+                cause,
+            } => {
                 dirty |= d;
+                crate::metrics::get().worker_restart(&slot, &plan.model, cause);
                 mgr.update(&slot, |v| {
                     v.last_error = reason.clone();
                     v.worker_pid = 0;
@@ -401,6 +411,15 @@ async fn start_and_serve(
 ) -> Outcome {
     let build = mgr.take_build(&plan.slot);
     let outcome = start(mgr, plan, commands, build.is_some()).await;
+    if let Outcome::Failed {
+        cause: "start_failed",
+        ..
+    } = &outcome
+    {
+        if mgr.view(&plan.slot).is_some_and(|v| v.cache_mode == "cold") {
+            crate::metrics::get().cache_build(&plan.model, false, Duration::ZERO);
+        }
+    }
     if let Some(reply) = build {
         let _ = reply.send(match &outcome {
             Outcome::Restart { reason } if reason.starts_with("cache built") => Ok(reason.clone()),
@@ -429,6 +448,7 @@ async fn start(
             return Outcome::Failed {
                 reason,
                 dirty: false,
+                cause: "start_failed",
             }
         }
     };
@@ -452,6 +472,7 @@ async fn start(
         return Outcome::Failed {
             reason: "slot vanished".into(),
             dirty: false,
+            cause: "start_failed",
         };
     };
     let started = Instant::now();
@@ -461,6 +482,7 @@ async fn start(
             return Outcome::Failed {
                 reason: e.to_string(),
                 dirty: false,
+                cause: "start_failed",
             }
         }
     };
@@ -486,14 +508,14 @@ async fn start(
                     log_tail(&worker)
                 ),
                 dirty: true,
+                cause: "start_failed",
             };
         }
         tokio::select! {
             exit = worker.wait() => {
                 return Outcome::Failed {
                     reason: format!("worker {} while loading; last output: {}", exit.describe(), log_tail(&worker)),
-                    dirty: exit.leaves_cards_dirty(),
-                };
+                    dirty: exit.leaves_cards_dirty(), cause: "start_failed" };
             }
             cmd = commands.recv() => return stop_worker(mgr, plan, &mut worker, None, cmd).await,
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
@@ -527,6 +549,7 @@ async fn start(
         return Outcome::Failed {
             reason: "lost the worker's socket".into(),
             dirty: true,
+            cause: "start_failed",
         };
     };
 
@@ -539,21 +562,19 @@ async fn start(
             Ok(Ok(text)) => text,
             Ok(Err(e)) => {
                 worker.terminate(Duration::from_secs(m.restart.stop_timeout_secs)).await;
-                return Outcome::Failed { reason: format!("readiness ping failed: {e}"), dirty: true };
+                return Outcome::Failed { reason: format!("readiness ping failed: {e}"), dirty: true, cause: "start_failed" };
             }
             Err(_) => {
                 worker.terminate(Duration::from_secs(m.restart.stop_timeout_secs)).await;
                 return Outcome::Failed {
                     reason: format!("readiness ping did not finish within readiness.deadline_secs ({}s)", m.readiness.deadline_secs),
-                    dirty: true,
-                };
+                    dirty: true, cause: "start_failed" };
             }
         },
         exit = worker.wait() => {
             return Outcome::Failed {
                 reason: format!("worker {} during the readiness ping; last output: {}", exit.describe(), log_tail(&worker)),
-                dirty: exit.leaves_cards_dirty(),
-            };
+                dirty: exit.leaves_cards_dirty(), cause: "start_failed" };
         }
     };
     if let Some(expect) = &m.readiness.expect {
@@ -581,6 +602,7 @@ async fn start(
             return fail_after_stop(mgr, plan, &mut worker, Some(&mut engine), reason).await;
         }
         tracing::info!(slot = %slot, variant = %variant.key, "cache variant marked complete");
+        crate::metrics::get().cache_build(&plan.model, true, started.elapsed());
         if build_only {
             drop(build_lock);
             let reason = format!(
@@ -601,6 +623,7 @@ async fn start(
                 Outcome::Failed {
                     reason: format!("{reason}, but the build worker {}", exit.describe()),
                     dirty: true,
+                    cause: "start_failed",
                 }
             } else {
                 Outcome::Restart { reason }
@@ -627,6 +650,7 @@ async fn start(
         }
     }
     drop(build_lock);
+    crate::metrics::get().slot_start(slot, &plan.model, mode);
     mgr.transition(
         slot,
         SlotState::Ready,
@@ -712,6 +736,7 @@ async fn fail_after_stop(
     Outcome::Failed {
         reason,
         dirty: exit.leaves_cards_dirty(),
+        cause: "start_failed",
     }
 }
 
@@ -764,6 +789,7 @@ async fn stop_worker(
                 Outcome::Failed {
                     reason: format!("worker {} when stopped for a restart", exit.describe()),
                     dirty: true,
+                    cause: exit.metric_cause(),
                 }
             } else {
                 Outcome::Restart {
@@ -820,6 +846,7 @@ async fn serve(
                 return Outcome::Failed {
                     reason: format!("worker {}; last output: {}", exit.describe(), log_tail(worker)),
                     dirty: exit.leaves_cards_dirty(),
+                    cause: exit.metric_cause(),
                 };
             }
             cmd = commands.recv() => return stop_worker(mgr, plan, worker, Some(engine), cmd).await,
@@ -841,9 +868,13 @@ async fn serve(
                     Outcome::Failed {
                         reason,
                         dirty: true,
+                        cause: "rss",
                     }
                 } else {
-                    Outcome::Restart { reason }
+                    {
+                        crate::metrics::get().worker_restart(&plan.slot, &plan.model, "rss");
+                        Outcome::Restart { reason }
+                    }
                 };
             }
         }
@@ -883,8 +914,7 @@ async fn serve(
                         "worker hung: {active} sequence(s) active and no decode progress for {}s (restart.stall_timeout_secs); killed it",
                         stall.as_secs()
                     ),
-                    dirty: true,
-                };
+                    dirty: true, cause: "watchdog" };
             }
         }
     }

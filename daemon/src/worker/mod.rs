@@ -55,6 +55,15 @@ pub enum ExitCause {
 }
 
 impl ExitCause {
+    /// The restart cause for the metrics: `exit_code` or `signal`.
+    pub fn metric_cause(&self) -> &'static str {
+        match self {
+            ExitCause::RequestedStop => "requested",
+            ExitCause::Code(_) => "exit_code",
+            ExitCause::Signal { .. } => "signal",
+        }
+    }
+
     /// Classify an exit status given whether a stop was requested.
     pub fn classify(status: ExitStatus, stop_requested: bool, signalled: bool) -> ExitCause {
         match (status.code(), status.signal()) {

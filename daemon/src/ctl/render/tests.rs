@@ -13,6 +13,7 @@ fn daemon() -> DaemonInfo {
         summary: "1/2 slots ready".into(),
         driver_version: "2.0.0".into(),
         inference_address: "127.0.0.1:50051".into(),
+        metrics_address: "127.0.0.1:9464".into(),
         lock_dir: "/run/lock/tenstorrent".into(),
     }
 }
@@ -148,6 +149,7 @@ fn status() -> StatusResponse {
         ],
         slots: vec![ready_slot(), failed_slot()],
         reloads: vec![],
+        queues: vec![],
     }
 }
 
@@ -169,8 +171,8 @@ fn header_names_version_pid_driver_uptime_and_summary() {
     assert_eq!(
         table.lines().next(),
         Some(
-            "tt-servingd 0.1.0 (pid 812, driver 2.0.0, inference on 127.0.0.1:50051, up 2h03m): \
-              1/2 slots ready"
+            "tt-servingd 0.1.0 (pid 812, driver 2.0.0, inference on 127.0.0.1:50051, \
+             metrics on 127.0.0.1:9464, up 2h03m): 1/2 slots ready"
         )
     );
 }

@@ -1,0 +1,161 @@
+//! `ttctl top`'s frame: one row per slot with rates computed from two
+//! status snapshots.
+
+use tt_serving_proto::v1::StatusResponse;
+
+use super::{bytes_words, duration_words, slot_state_word, Table};
+
+/// A frame of `ttctl top` from the current snapshot and, when there is one,
+/// the previous snapshot and the seconds between the two.
+pub fn top_frame(
+    now: &StatusResponse,
+    before: Option<(&StatusResponse, f64)>,
+    now_unix_ms: u64,
+) -> String {
+    let mut out = String::new();
+    if let Some(d) = &now.daemon {
+        let up = now_unix_ms.saturating_sub(d.started_unix_ms);
+        out.push_str(&format!(
+            "tt-servingd {} (pid {}, up {}): {}\n\n",
+            d.version,
+            d.pid,
+            duration_words(up),
+            d.summary
+        ));
+    }
+    let mut table = Table::new(&[
+        "SLOT",
+        "STATE",
+        "IN-FLIGHT",
+        "QUEUE",
+        "TOK/S",
+        "REQ/S",
+        "TTFT p50",
+        "ITL p50",
+        "TOKENS",
+        "RSS",
+    ]);
+    let mut total_rate = 0.0;
+    let mut any_rate = false;
+    for slot in &now.slots {
+        let previous = before.and_then(|(snapshot, secs)| {
+            snapshot
+                .slots
+                .iter()
+                .find(|s| s.name == slot.name)
+                .map(|s| (s, secs))
+        });
+        let rate = |now: u64, then: u64, secs: f64| {
+            // A slot replaced by a reload starts its counters again.
+            (now >= then && secs > 0.0).then(|| (now - then) as f64 / secs)
+        };
+        let tokens =
+            previous.and_then(|(p, secs)| rate(slot.generated_tokens, p.generated_tokens, secs));
+        let requests =
+            previous.and_then(|(p, secs)| rate(slot.requests_served, p.requests_served, secs));
+        if let Some(t) = tokens {
+            total_rate += t;
+            any_rate = true;
+        }
+        let queue = now
+            .queues
+            .iter()
+            .find(|q| q.model == slot.model)
+            .map_or("-".to_string(), |q| {
+                format!("{}/{}", q.waiting, q.max_queue)
+            });
+        table.row(vec![
+            slot.name.clone(),
+            slot_state_word(slot.state).to_string(),
+            slot.requests_in_flight.to_string(),
+            queue,
+            tokens.map_or("-".to_string(), |t| format!("{t:.1}")),
+            requests.map_or("-".to_string(), |r| format!("{r:.2}")),
+            millis(slot.ttft_p50_ms),
+            millis(slot.itl_p50_ms),
+            slot.generated_tokens.to_string(),
+            bytes_words(slot.worker_rss_bytes),
+        ]);
+    }
+    if now.slots.is_empty() {
+        out.push_str("no slots configured\n");
+    } else {
+        out.push_str(&table.render());
+    }
+    if any_rate {
+        out.push_str(&format!("\ntotal: {total_rate:.1} tokens/s\n"));
+    }
+    out
+}
+
+fn millis(ms: f64) -> String {
+    if ms <= 0.0 {
+        "-".to_string()
+    } else if ms < 10.0 {
+        format!("{ms:.2} ms")
+    } else {
+        format!("{ms:.0} ms")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tt_serving_proto::v1::{ModelQueue, Slot, SlotState};
+
+    fn snapshot(tokens: u64, requests: u64) -> StatusResponse {
+        StatusResponse {
+            slots: vec![Slot {
+                name: "m/0".into(),
+                model: "m".into(),
+                state: SlotState::Ready as i32,
+                requests_in_flight: 3,
+                generated_tokens: tokens,
+                requests_served: requests,
+                ttft_p50_ms: 41.7,
+                itl_p50_ms: 5.25,
+                worker_rss_bytes: 158 << 20,
+                ..Default::default()
+            }],
+            queues: vec![ModelQueue {
+                model: "m".into(),
+                waiting: 2,
+                max_queue: 64,
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rates_come_from_the_difference_between_two_snapshots() {
+        let before = snapshot(1000, 10);
+        let now = snapshot(1400, 12);
+        let frame = top_frame(&now, Some((&before, 2.0)), 0);
+        let row = frame
+            .lines()
+            .find(|l| l.starts_with("m/0"))
+            .unwrap_or_default()
+            .to_string();
+        let cells: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                "m/0", "ready", "3", "2/64", "200.0", "1.00", "42", "ms", "5.25", "ms", "1400",
+                "158", "MiB"
+            ],
+            "{frame}"
+        );
+        assert!(frame.contains("total: 200.0 tokens/s"), "{frame}");
+    }
+
+    #[test]
+    fn the_first_frame_has_no_rates() {
+        let frame = top_frame(&snapshot(5, 1), None, 0);
+        let row = frame
+            .lines()
+            .find(|l| l.starts_with("m/0"))
+            .unwrap_or_default();
+        assert!(row.contains(" - "), "{frame}");
+        assert!(!frame.contains("total:"), "{frame}");
+    }
+}

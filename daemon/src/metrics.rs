@@ -1,0 +1,485 @@
+//! Prometheus metrics at `/metrics` on `metrics.listen` (loopback by
+//! default), in the names users of vLLM, TGI and Triton already chart,
+//! prefixed `tt_serving_`.
+//!
+//! Events (requests, tokens, latencies, restarts, resets, cache builds,
+//! starts) are counted where they happen through [`get`], one registry for
+//! the process. States (slot state, queue depth, requests running, worker
+//! RSS, card temperature and power) are read from the slot and card tables
+//! at each scrape, so they can never drift from what `ttctl status` shows,
+//! and slots or cards that went away disappear from the output.
+
+use crate::cards::CardView;
+use crate::slots::{SlotState, SlotView};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+use std::sync::atomic::AtomicU64;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+/// `{model}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    /// Model name (configured models only, so the set stays bounded).
+    pub model: String,
+}
+
+/// `{model, outcome}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// Model name.
+    pub model: String,
+    /// How it ended.
+    pub outcome: String,
+}
+
+/// `{slot, model}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SlotLabels {
+    /// Slot name.
+    pub slot: String,
+    /// Model name.
+    pub model: String,
+}
+
+/// `{slot, model, state}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SlotStateLabels {
+    /// Slot name.
+    pub slot: String,
+    /// Model name.
+    pub model: String,
+    /// Lifecycle state, lowercase.
+    pub state: String,
+}
+
+/// `{slot, model, cause}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RestartLabels {
+    /// Slot name.
+    pub slot: String,
+    /// Model name.
+    pub model: String,
+    /// Why the worker was restarted.
+    pub cause: String,
+}
+
+/// `{slot, model, mode}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StartLabels {
+    /// Slot name.
+    pub slot: String,
+    /// Model name.
+    pub model: String,
+    /// `warm` or `cold`.
+    pub mode: String,
+}
+
+/// `{card}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CardLabels {
+    /// PCI address.
+    pub card: String,
+}
+
+/// `{card, outcome}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CardOutcomeLabels {
+    /// PCI address.
+    pub card: String,
+    /// `proven` or `failed`.
+    pub outcome: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Every metric the daemon exports.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<OutcomeLabels, Counter>,
+    prompt_tokens: Family<ModelLabels, Counter>,
+    generation_tokens: Family<ModelLabels, Counter>,
+    ttft: Family<ModelLabels, Histogram>,
+    itl: Family<ModelLabels, Histogram>,
+    e2e: Family<ModelLabels, Histogram>,
+    waiting: Family<ModelLabels, Gauge>,
+    running: Family<ModelLabels, Gauge>,
+    slot_state: Family<SlotStateLabels, Gauge>,
+    worker_rss: Family<SlotLabels, Gauge>,
+    worker_restarts: Family<RestartLabels, Counter>,
+    slot_starts: Family<StartLabels, Counter>,
+    card_resets: Family<CardOutcomeLabels, Counter>,
+    reset_proof_failures: Family<CardLabels, Counter>,
+    reset_duration: Family<CardLabels, Histogram>,
+    cache_builds: Family<OutcomeLabels, Counter>,
+    cache_build_duration: Family<ModelLabels, Histogram>,
+    card_temperature: Family<CardLabels, FloatGauge>,
+    card_power: Family<CardLabels, FloatGauge>,
+}
+
+fn latency_histogram() -> Histogram {
+    // 1 ms .. ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+fn token_latency_histogram() -> Histogram {
+    // 0.5 ms .. ~4 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+}
+
+fn slow_histogram() -> Histogram {
+    // 0.5 s .. ~2.3 h: resets and cold builds.
+    Histogram::new(exponential_buckets(0.5, 2.0, 15))
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("tt_serving");
+        let m = Metrics {
+            requests: Family::default(),
+            prompt_tokens: Family::default(),
+            generation_tokens: Family::default(),
+            ttft: Family::new_with_constructor(latency_histogram),
+            itl: Family::new_with_constructor(token_latency_histogram),
+            e2e: Family::new_with_constructor(latency_histogram),
+            waiting: Family::default(),
+            running: Family::default(),
+            slot_state: Family::default(),
+            worker_rss: Family::default(),
+            worker_restarts: Family::default(),
+            slot_starts: Family::default(),
+            card_resets: Family::default(),
+            reset_proof_failures: Family::default(),
+            reset_duration: Family::new_with_constructor(slow_histogram),
+            cache_builds: Family::default(),
+            cache_build_duration: Family::new_with_constructor(slow_histogram),
+            card_temperature: Family::default(),
+            card_power: Family::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "requests",
+            "Inference requests by model and outcome (ok, cancelled, invalid, unknown_model, unavailable, queue_full, deadline, worker_error)",
+            m.requests.clone(),
+        );
+        r.register(
+            "prompt_tokens",
+            "Prompt tokens of finished requests",
+            m.prompt_tokens.clone(),
+        );
+        r.register(
+            "generation_tokens",
+            "Generated tokens of finished requests",
+            m.generation_tokens.clone(),
+        );
+        r.register_with_unit(
+            "time_to_first_token",
+            "From arrival at the daemon to the first generated token",
+            Unit::Seconds,
+            m.ttft.clone(),
+        );
+        r.register_with_unit(
+            "inter_token_latency",
+            "Time between generated tokens as the client sees them",
+            Unit::Seconds,
+            m.itl.clone(),
+        );
+        r.register_with_unit(
+            "e2e_request_latency",
+            "From arrival at the daemon to the end of the response",
+            Unit::Seconds,
+            m.e2e.clone(),
+        );
+        r.register(
+            "num_requests_waiting",
+            "Requests in the model's queue, waiting for a slot",
+            m.waiting.clone(),
+        );
+        r.register(
+            "num_requests_running",
+            "Requests being served by the model's slots",
+            m.running.clone(),
+        );
+        r.register(
+            "slot_state",
+            "1 for the state each slot is in, 0 for the others",
+            m.slot_state.clone(),
+        );
+        r.register_with_unit(
+            "worker_resident_memory",
+            "Resident memory of each slot's worker",
+            Unit::Bytes,
+            m.worker_rss.clone(),
+        );
+        r.register(
+            "worker_restarts",
+            "Worker restarts by cause (exit_code, signal, watchdog, rss, start_failed)",
+            m.worker_restarts.clone(),
+        );
+        r.register(
+            "slot_starts",
+            "Slot starts that reached Ready, by cache mode (warm, cold)",
+            m.slot_starts.clone(),
+        );
+        r.register(
+            "card_resets",
+            "Card resets by outcome (proven: back and proven; failed: quarantined)",
+            m.card_resets.clone(),
+        );
+        r.register(
+            "card_reset_proof_failures",
+            "Reset attempts whose proof failed (device, sysfs, heartbeat or probe)",
+            m.reset_proof_failures.clone(),
+        );
+        r.register_with_unit(
+            "card_reset_duration",
+            "Duration of card resets, from tt-smi to proof or give-up",
+            Unit::Seconds,
+            m.reset_duration.clone(),
+        );
+        r.register(
+            "cache_builds",
+            "Cold tensor-cache builds by outcome (ok, failed)",
+            m.cache_builds.clone(),
+        );
+        r.register_with_unit(
+            "cache_build_duration",
+            "Duration of successful cold builds, worker start to marker",
+            Unit::Seconds,
+            m.cache_build_duration.clone(),
+        );
+        r.register_with_unit(
+            "card_temperature",
+            "ASIC temperature from hwmon",
+            Unit::Celsius,
+            m.card_temperature.clone(),
+        );
+        r.register(
+            "card_power_watts",
+            "Board power from hwmon",
+            m.card_power.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// A request ended.
+    pub fn request(&self, model: &str, outcome: &str) {
+        self.requests
+            .get_or_create(&OutcomeLabels {
+                model: model.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// A request finished with its final chunk.
+    pub fn tokens(&self, model: &str, prompt: u32, generated: u32) {
+        let labels = model_labels(model);
+        self.prompt_tokens
+            .get_or_create(&labels)
+            .inc_by(prompt.into());
+        self.generation_tokens
+            .get_or_create(&labels)
+            .inc_by(generated.into());
+    }
+
+    /// Time to the first token.
+    pub fn first_token(&self, model: &str, after: Duration) {
+        self.ttft
+            .get_or_create(&model_labels(model))
+            .observe(after.as_secs_f64());
+    }
+
+    /// `tokens` tokens arrived `gap` after the previous ones.
+    pub fn inter_token(&self, model: &str, gap: Duration, tokens: usize) {
+        let per_token = gap.as_secs_f64() / tokens.max(1) as f64;
+        let histogram = self.itl.get_or_create(&model_labels(model));
+        for _ in 0..tokens.max(1) {
+            histogram.observe(per_token);
+        }
+    }
+
+    /// End-to-end latency of a request.
+    pub fn end_to_end(&self, model: &str, took: Duration) {
+        self.e2e
+            .get_or_create(&model_labels(model))
+            .observe(took.as_secs_f64());
+    }
+
+    /// A worker is being restarted for `cause`.
+    pub fn worker_restart(&self, slot: &str, model: &str, cause: &str) {
+        self.worker_restarts
+            .get_or_create(&RestartLabels {
+                slot: slot.to_string(),
+                model: model.to_string(),
+                cause: cause.to_string(),
+            })
+            .inc();
+    }
+
+    /// A slot reached Ready after a `mode` (warm or cold) start.
+    pub fn slot_start(&self, slot: &str, model: &str, mode: &str) {
+        self.slot_starts
+            .get_or_create(&StartLabels {
+                slot: slot.to_string(),
+                model: model.to_string(),
+                mode: mode.to_string(),
+            })
+            .inc();
+    }
+
+    /// A reset ended: proven back or given up; how long it took.
+    pub fn card_reset(&self, card: &str, proven: bool, took: Duration) {
+        self.card_resets
+            .get_or_create(&CardOutcomeLabels {
+                card: card.to_string(),
+                outcome: if proven { "proven" } else { "failed" }.into(),
+            })
+            .inc();
+        self.reset_duration
+            .get_or_create(&card_labels(card))
+            .observe(took.as_secs_f64());
+    }
+
+    /// One reset attempt's proof failed.
+    pub fn reset_proof_failure(&self, card: &str) {
+        self.reset_proof_failures
+            .get_or_create(&card_labels(card))
+            .inc();
+    }
+
+    /// A cold build ended; `took` is counted for successful builds.
+    pub fn cache_build(&self, model: &str, ok: bool, took: Duration) {
+        self.cache_builds
+            .get_or_create(&OutcomeLabels {
+                model: model.to_string(),
+                outcome: if ok { "ok" } else { "failed" }.into(),
+            })
+            .inc();
+        if ok {
+            self.cache_build_duration
+                .get_or_create(&model_labels(model))
+                .observe(took.as_secs_f64());
+        }
+    }
+
+    /// Set the state gauges from the tables as they are now.
+    fn refresh(&self, slots: &[SlotView], cards: &[CardView], waiting: &[(String, u32)]) {
+        self.slot_state.clear();
+        self.worker_rss.clear();
+        self.running.clear();
+        self.waiting.clear();
+        self.card_temperature.clear();
+        self.card_power.clear();
+        for s in slots {
+            for state in ALL_STATES {
+                self.slot_state
+                    .get_or_create(&SlotStateLabels {
+                        slot: s.name.clone(),
+                        model: s.model.clone(),
+                        state: state_word(state).to_string(),
+                    })
+                    .set(i64::from(s.state == state));
+            }
+            let labels = SlotLabels {
+                slot: s.name.clone(),
+                model: s.model.clone(),
+            };
+            self.worker_rss
+                .get_or_create(&labels)
+                .set(i64::try_from(s.worker_rss_bytes).unwrap_or(i64::MAX));
+            self.running
+                .get_or_create(&model_labels(&s.model))
+                .inc_by(i64::from(s.in_flight));
+        }
+        for (model, n) in waiting {
+            self.waiting
+                .get_or_create(&model_labels(model))
+                .set(i64::from(*n));
+        }
+        for c in cards {
+            let Some(t) = c.info.as_ref().map(|i| &i.telemetry) else {
+                continue;
+            };
+            if let Some(v) = t.temperature_c {
+                self.card_temperature
+                    .get_or_create(&card_labels(&c.bdf))
+                    .set(v);
+            }
+            if let Some(v) = t.power_w {
+                self.card_power.get_or_create(&card_labels(&c.bdf)).set(v);
+            }
+        }
+    }
+
+    /// The text exposition (OpenMetrics) with the state gauges refreshed.
+    pub fn render(
+        &self,
+        slots: &[SlotView],
+        cards: &[CardView],
+        waiting: &[(String, u32)],
+    ) -> String {
+        self.refresh(slots, cards, waiting);
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+            tracing::error!(error = %e, "cannot encode metrics");
+        }
+        out
+    }
+}
+
+const ALL_STATES: [SlotState; 12] = [
+    SlotState::Pending,
+    SlotState::Locking,
+    SlotState::Resetting,
+    SlotState::Probing,
+    SlotState::Starting,
+    SlotState::Loading,
+    SlotState::Verifying,
+    SlotState::Ready,
+    SlotState::Draining,
+    SlotState::Stopped,
+    SlotState::Failed,
+    SlotState::Quarantined,
+];
+
+fn state_word(state: SlotState) -> &'static str {
+    match state {
+        SlotState::Pending => "pending",
+        SlotState::Locking => "locking",
+        SlotState::Resetting => "resetting",
+        SlotState::Probing => "probing",
+        SlotState::Starting => "starting",
+        SlotState::Loading => "loading",
+        SlotState::Verifying => "verifying",
+        SlotState::Ready => "ready",
+        SlotState::Draining => "draining",
+        SlotState::Stopped => "stopped",
+        SlotState::Failed => "failed",
+        SlotState::Quarantined => "quarantined",
+    }
+}
+
+fn model_labels(model: &str) -> ModelLabels {
+    ModelLabels {
+        model: model.to_string(),
+    }
+}
+
+fn card_labels(card: &str) -> CardLabels {
+    CardLabels {
+        card: card.to_string(),
+    }
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process's metrics.
+pub fn get() -> &'static Metrics {
+    &METRICS
+}

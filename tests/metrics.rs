@@ -1,0 +1,237 @@
+//! Operating signals end to end: `/metrics` scraped over real HTTP from a
+//! real daemon with real workers on fake cards, and `ttctl top`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use tonic::Code;
+use tt_serving_tests::{
+    generate, model_table, output_text, tiny_model, wait_until, Daemon, DaemonOptions, FakeHw,
+};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Runtime::new().expect("tokio runtime")
+}
+
+/// GET `path` from the daemon's metrics endpoint: (status line, headers and
+/// body as one text).
+fn http_get(daemon: &Daemon, path: &str) -> String {
+    let address = daemon.status()["daemon"]["metrics_address"]
+        .as_str()
+        .expect("metrics address in status")
+        .to_string();
+    let mut stream = TcpStream::connect(&address).expect("connect to the metrics endpoint");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read response");
+    response
+}
+
+/// The value of the sample whose line starts with `series ` (exact labels).
+fn sample(scrape: &str, series: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn metrics_count_requests_tokens_latency_states_restarts_resets_and_builds() {
+    let hw = FakeHw::new(2);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let extra = "[models.m.restart]\nbackoff_ms = 50\n";
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: model_table("m", 1, &[0], &model, extra),
+            ..Default::default()
+        },
+    );
+    let first = daemon.wait_slot_state("m", "ready");
+    let address = daemon.inference_address();
+    let rt = runtime();
+    let mut generated = 0;
+    for _ in 0..2 {
+        let answer = rt
+            .block_on(generate(&address, "m", "hello world", 6))
+            .expect("answered");
+        generated += answer.last.usage.map(|u| u.completion_tokens).unwrap_or(0);
+    }
+    let err = rt
+        .block_on(generate(&address, "nope", "hello", 4))
+        .expect_err("unknown model");
+    assert_eq!(err.code(), Code::NotFound);
+
+    // A worker killed from outside, and a reset of the spare card.
+    let pid = first["worker_pid"].as_u64().unwrap_or(0) as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the worker");
+    wait_until("the slot to come back", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "ready" && slot["worker_pid"] != first["worker_pid"]).then_some(())
+    });
+    let reset = daemon.ttctl(&["card", "reset", "1"]);
+    assert!(reset.status.success(), "{}", output_text(&reset));
+
+    let response = http_get(&daemon, "/metrics");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response.contains("application/openmetrics-text"),
+        "{response}"
+    );
+    let m = "model=\"m\"";
+    let expect = |series: &str, value: f64| {
+        assert_eq!(
+            sample(&response, series),
+            Some(value),
+            "{series} in\n{response}"
+        );
+    };
+    expect(
+        &format!("tt_serving_requests_total{{{m},outcome=\"ok\"}}"),
+        2.0,
+    );
+    expect(
+        "tt_serving_requests_total{model=\"\",outcome=\"unknown_model\"}",
+        1.0,
+    );
+    expect(
+        &format!("tt_serving_generation_tokens_total{{{m}}}"),
+        f64::from(generated),
+    );
+    expect(
+        &format!("tt_serving_time_to_first_token_seconds_count{{{m}}}"),
+        2.0,
+    );
+    expect(
+        &format!("tt_serving_e2e_request_latency_seconds_count{{{m}}}"),
+        2.0,
+    );
+    expect(
+        &format!("tt_serving_slot_state{{slot=\"m\",{m},state=\"ready\"}}"),
+        1.0,
+    );
+    expect(
+        &format!("tt_serving_slot_state{{slot=\"m\",{m},state=\"failed\"}}"),
+        0.0,
+    );
+    expect(
+        &format!("tt_serving_worker_restarts_total{{slot=\"m\",{m},cause=\"signal\"}}"),
+        1.0,
+    );
+    // The first start built the cache cold; the restart after the kill
+    // was warm.
+    expect(
+        &format!("tt_serving_slot_starts_total{{slot=\"m\",{m},mode=\"cold\"}}"),
+        1.0,
+    );
+    expect(
+        &format!("tt_serving_slot_starts_total{{slot=\"m\",{m},mode=\"warm\"}}"),
+        1.0,
+    );
+    expect(
+        &format!("tt_serving_cache_builds_total{{{m},outcome=\"ok\"}}"),
+        1.0,
+    );
+    // Card 0 was reset after the unclean exit, card 1 by hand.
+    for card in [FakeHw::bdf(0), FakeHw::bdf(1)] {
+        expect(
+            &format!("tt_serving_card_resets_total{{card=\"{card}\",outcome=\"proven\"}}"),
+            1.0,
+        );
+        expect(
+            &format!("tt_serving_card_reset_duration_seconds_count{{card=\"{card}\"}}"),
+            1.0,
+        );
+        let temperature = sample(
+            &response,
+            &format!("tt_serving_card_temperature_celsius{{card=\"{card}\"}}"),
+        );
+        assert!(temperature.is_some_and(|t| t > 0.0), "{response}");
+    }
+    assert!(
+        sample(
+            &response,
+            &format!("tt_serving_worker_resident_memory_bytes{{slot=\"m\",{m}}}")
+        )
+        .is_some_and(|b| b > 0.0),
+        "{response}"
+    );
+    assert!(response.trim_end().ends_with("# EOF"), "{response}");
+
+    let missing = http_get(&daemon, "/");
+    assert!(missing.starts_with("HTTP/1.1 404"), "{missing}");
+    assert!(missing.contains("/metrics"), "{missing}");
+}
+
+#[test]
+fn ttctl_top_shows_rates_queue_and_latency_per_slot() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: model_table("m", 1, &[0], &model, ""),
+            ..Default::default()
+        },
+    );
+    daemon.wait_slot_state("m", "ready");
+    let address = daemon.inference_address();
+    let rt = runtime();
+    rt.block_on(generate(&address, "m", "hello", 8))
+        .expect("answered");
+    let top = std::process::Command::new(tt_serving_tests::bin("ttctl"))
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["top", "--interval", "0.5", "--iterations", "2"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start ttctl top");
+    // Keep the slot busy while top samples twice.
+    let busy = rt.spawn(async move {
+        for _ in 0..20 {
+            let _ = generate(&address, "m", "more text please", 16).await;
+        }
+    });
+    let out = top.wait_with_output().expect("ttctl top ends");
+    rt.block_on(busy).expect("load finished");
+    assert!(out.status.success(), "{}", output_text(&out));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let frames: Vec<&str> = text.split("\n\n").filter(|f| f.contains("SLOT")).collect();
+    assert_eq!(frames.len(), 2, "{text}");
+    for header in ["TOK/S", "QUEUE", "TTFT p50", "ITL p50"] {
+        assert!(frames[0].contains(header), "{text}");
+    }
+    let row = |frame: &str| -> Vec<String> {
+        frame
+            .lines()
+            .find(|l| l.starts_with("m "))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let (first, second) = (row(frames[0]), row(frames[1]));
+    assert_eq!(first.get(1).map(String::as_str), Some("ready"), "{text}");
+    assert_eq!(first.get(3).map(String::as_str), Some("0/64"), "{text}");
+    assert_eq!(
+        first.get(4).map(String::as_str),
+        Some("-"),
+        "no rate in the first frame: {text}"
+    );
+    assert!(
+        second.get(4).and_then(|r| r.parse::<f64>().ok()).is_some(),
+        "a rate in the second frame: {text}"
+    );
+    assert!(text.contains(" ms"), "a latency is shown: {text}");
+}
