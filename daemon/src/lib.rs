@@ -20,6 +20,8 @@ pub mod config;
 pub mod ctl;
 pub mod daemon;
 pub mod demo;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod metrics;
 pub mod notify;
 pub mod reload;
