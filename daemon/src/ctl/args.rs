@@ -108,9 +108,9 @@ pub enum Command {
     /// to only max_queue, max_in_flight or rollback_on_failure is applied
     /// live; any other change drains and restarts the slot (a changed
     /// cache flag means one cold build); removed slots drain and stop and
-    /// their cards are released; added slots start. Changes to the daemon,
-    /// hardware and reset sections are listed as needing a restart and are
-    /// not applied. An invalid file is refused as a whole and the old
+    /// their cards are released; added slots start. Changes outside
+    /// `[models]` (daemon, hardware, reset, metrics, ...) are listed as
+    /// needing a restart and are not applied. An invalid file is refused as a whole and the old
     /// config keeps serving. Prints the plan and, once the started slots
     /// are Ready or have failed, each slot's result. SIGHUP and `systemctl
     /// reload tenstorrent-serving` do the same. Exits 1 when the file is
