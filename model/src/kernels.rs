@@ -14,7 +14,7 @@
 //! activation row of the step (up to [`ROWS_PER_PASS`] at a time, the rest
 //! while the weight row is still in L1), so a batch of sequences reads the
 //! weights once per step instead of once per sequence. Rows of the weight
-//! matrix are spread over candle's thread pool.
+//! matrix are spread over [`crate::pool`]'s threads.
 //!
 //! Every output element is computed by the same sequence of floating-point
 //! operations whatever the batch size, the number of threads or the row
@@ -301,7 +301,7 @@ pub fn matmul_fused(x: &[f32], m: usize, k: usize, tasks: &mut [Task<'_>]) {
         if work < 64 * 1024 {
             run(0..total);
         } else {
-            candle_core::utils::barrier_pool().execute_chunked(total, run);
+            crate::pool::global().run(total, &run);
         }
     });
 }

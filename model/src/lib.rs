@@ -26,6 +26,7 @@
 //!   preallocated KV cache, SwiGLU MLP) over candle's quantized matmuls.
 //! - [`kernels`]: our AVX2 Q4_1 matmul (batched, deterministic), with a
 //!   scalar fallback.
+//! - [`pool`]: the threads a matmul is split over (yielding waits).
 //! - [`tp`]: rank threads and the all-reduce between them.
 //! - [`scheduler`]: continuous batching on the engine thread, bounded
 //!   admission, drain.
@@ -44,6 +45,7 @@ pub mod gguf;
 pub mod kernels;
 pub mod model;
 pub mod output;
+pub mod pool;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;

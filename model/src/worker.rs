@@ -41,7 +41,8 @@ fn die_with_parent() {
     }
 }
 
-/// candle's matmul pool spans every core. With several ranks that pool would
+/// The matmul pools (ours, [`crate::pool`], and candle's for the dtypes our
+/// kernels do not take) span every core. With several ranks that pool would
 /// run one rank's matmul at a time; giving each rank its share of the cores
 /// instead lets the ranks compute side by side, as they would on their own
 /// cards. Must run before the first matmul (candle reads it once).
