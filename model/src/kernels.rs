@@ -166,7 +166,11 @@ impl<'a> WeightView<'a> {
         k: usize,
         cols: std::ops::Range<usize>,
     ) -> Option<Self> {
-        if k % QK != 0 || cols.start % QK != 0 || cols.end % QK != 0 || cols.end > k {
+        if !k.is_multiple_of(QK)
+            || !cols.start.is_multiple_of(QK)
+            || !cols.end.is_multiple_of(QK)
+            || cols.end > k
+        {
             return None;
         }
         let bb = format.block_bytes();
