@@ -103,6 +103,29 @@ pub fn dtype_name(dtype: GgmlDType) -> &'static str {
     }
 }
 
+/// The dtype a [`dtype_name`] names.
+pub fn dtype_from_name(name: &str) -> Option<GgmlDType> {
+    [
+        GgmlDType::F32,
+        GgmlDType::F16,
+        GgmlDType::BF16,
+        GgmlDType::Q4_0,
+        GgmlDType::Q4_1,
+        GgmlDType::Q5_0,
+        GgmlDType::Q5_1,
+        GgmlDType::Q8_0,
+        GgmlDType::Q8_1,
+        GgmlDType::Q2K,
+        GgmlDType::Q3K,
+        GgmlDType::Q4K,
+        GgmlDType::Q5K,
+        GgmlDType::Q6K,
+        GgmlDType::Q8K,
+    ]
+    .into_iter()
+    .find(|d| dtype_name(*d) == name)
+}
+
 /// The GGML numeric id of a dtype (stable across ggml versions).
 fn dtype_id(dtype: GgmlDType) -> u32 {
     match dtype {
@@ -174,6 +197,37 @@ pub fn write(dir: &Path, spec: &ShardSpec, data: &[u8]) -> Result<String, CacheE
     Ok(name)
 }
 
+/// The cached checkpoint header (config, tokenizer, tensor directory),
+/// written by a cold start so a warm start never parses the checkpoint.
+pub const META_FILE: &str = "checkpoint-header.json";
+
+/// Writes the cached checkpoint header: temp name, fsync, rename.
+pub fn write_meta(dir: &Path, json: &[u8]) -> Result<String, CacheError> {
+    let path = dir.join(META_FILE);
+    let tmp = dir.join(format!(".{META_FILE}.tmp.{}", std::process::id()));
+    let io = |source| CacheError::Io {
+        file: path.clone(),
+        source,
+    };
+    let mut f = File::create(&tmp).map_err(io)?;
+    f.write_all(json).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    drop(f);
+    std::fs::rename(&tmp, &path).map_err(io)?;
+    Ok(META_FILE.to_string())
+}
+
+/// Reads the cached checkpoint header; a missing file is
+/// [`CacheError::Missing`] naming it.
+pub fn read_meta(dir: &Path) -> Result<(PathBuf, Vec<u8>), CacheError> {
+    let path = dir.join(META_FILE);
+    match std::fs::read(&path) {
+        Ok(b) => Ok((path, b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(CacheError::Missing(path)),
+        Err(source) => Err(CacheError::Io { file: path, source }),
+    }
+}
+
 /// Makes the renames of a cold build durable.
 pub fn sync_dir(dir: &Path) -> Result<(), CacheError> {
     let io = |source| CacheError::Io {
@@ -222,7 +276,9 @@ pub fn map(dir: &Path, spec: &ShardSpec) -> Result<Mapped, CacheError> {
     }
     // SAFETY: the cache directory belongs to this worker's variant; the
     // daemon serialises builds of a variant, so nobody truncates the file
-    // while it is mapped. The bytes are copied out before the map is dropped.
+    // while it is mapped; a rebuild renames a new file over it, which leaves
+    // this mapping intact. The mapping lives as long as the worker's
+    // weights: the Q4_1 kernels read it in place.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| CacheError::Io {
         file: path.clone(),
         source,

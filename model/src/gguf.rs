@@ -62,7 +62,7 @@ pub enum GgufError {
 }
 
 /// Hyperparameters of a Llama-family model.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ModelConfig {
     /// `general.name`, or the file stem when absent.
     pub name: String,
@@ -94,7 +94,7 @@ pub struct ModelConfig {
 }
 
 /// The tokenizer as the GGUF metadata describes it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TokenizerSpec {
     /// `tokenizer.ggml.model`, e.g. `gpt2` for byte-level BPE.
     pub model: String,
@@ -197,6 +197,79 @@ impl Checkpoint {
             .sum()
     }
 
+    /// The header as JSON, stored in the tensor cache by a cold start so a
+    /// warm start need not parse the checkpoint (see [`Checkpoint::from_meta`]).
+    pub fn to_meta(&self) -> Result<Vec<u8>, String> {
+        let file_len = std::fs::metadata(&self.path)
+            .map_err(|e| format!("{}: {e}", self.path.display()))?
+            .len();
+        let meta = HeaderCache {
+            format: META_FORMAT,
+            checkpoint_len: file_len,
+            config: self.config.clone(),
+            tokenizer: self.tokenizer.clone(),
+            tensors: self
+                .tensors
+                .iter()
+                .map(|(name, e)| {
+                    (
+                        name.clone(),
+                        CachedTensor {
+                            dtype: crate::cache::dtype_name(e.dtype).to_string(),
+                            shape: e.shape.clone(),
+                            offset: e.offset,
+                            len: e.len,
+                        },
+                    )
+                })
+                .collect(),
+        };
+        serde_json::to_vec(&meta).map_err(|e| e.to_string())
+    }
+
+    /// The header of `path` from [`Checkpoint::to_meta`]'s JSON, checked
+    /// against the checkpoint's size (a replaced checkpoint is an error, not
+    /// a model served with the wrong tokenizer).
+    pub fn from_meta(path: &Path, json: &[u8]) -> Result<Self, String> {
+        let meta: HeaderCache = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+        if meta.format != META_FORMAT {
+            return Err(format!(
+                "format {} is not the {META_FORMAT} this worker writes",
+                meta.format
+            ));
+        }
+        let len = std::fs::metadata(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?
+            .len();
+        if len != meta.checkpoint_len {
+            return Err(format!(
+                "it describes a checkpoint of {} bytes but {} has {len}",
+                meta.checkpoint_len,
+                path.display()
+            ));
+        }
+        let mut tensors = HashMap::with_capacity(meta.tensors.len());
+        for (name, t) in meta.tensors {
+            let dtype = crate::cache::dtype_from_name(&t.dtype)
+                .ok_or_else(|| format!("tensor `{name}` has unknown dtype `{}`", t.dtype))?;
+            tensors.insert(
+                name,
+                TensorEntry {
+                    dtype,
+                    shape: t.shape,
+                    offset: t.offset,
+                    len: t.len,
+                },
+            );
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            config: meta.config,
+            tokenizer: meta.tokenizer,
+            tensors,
+        })
+    }
+
     /// The directory entry of `name`, or an error naming the tensor.
     pub fn entry(&self, name: &str) -> Result<&TensorEntry, GgufError> {
         self.tensors.get(name).ok_or_else(|| GgufError::Tensor {
@@ -205,6 +278,26 @@ impl Checkpoint {
             problem: "missing from the checkpoint".into(),
         })
     }
+}
+
+/// Version of the cached header's layout.
+const META_FORMAT: u32 = 1;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct HeaderCache {
+    format: u32,
+    checkpoint_len: u64,
+    config: ModelConfig,
+    tokenizer: TokenizerSpec,
+    tensors: HashMap<String, CachedTensor>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CachedTensor {
+    dtype: String,
+    shape: Vec<usize>,
+    offset: u64,
+    len: usize,
 }
 
 fn entry(

@@ -24,6 +24,9 @@
 //!   mapping and checking.
 //! - [`model`]: one rank's forward pass (RMSNorm, RoPE, GQA with a
 //!   preallocated KV cache, SwiGLU MLP) over candle's quantized matmuls.
+//! - [`kernels`]: our AVX2 Q4_1 matmul (batched, deterministic), with a
+//!   scalar fallback.
+//! - [`pool`]: the threads a matmul is split over (yielding waits).
 //! - [`tp`]: rank threads and the all-reduce between them.
 //! - [`scheduler`]: continuous batching on the engine thread, bounded
 //!   admission, drain.
@@ -39,8 +42,10 @@ pub mod chat_template;
 pub mod cli;
 pub mod faults;
 pub mod gguf;
+pub mod kernels;
 pub mod model;
 pub mod output;
+pub mod pool;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;

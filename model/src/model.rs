@@ -12,8 +12,9 @@
 //! whole batch. Only attention is per sequence.
 
 use crate::gguf::ModelConfig;
-use crate::weights::{self, Partition, RankTensors};
-use candle_core::quantized::{QMatMul, QTensor};
+use crate::kernels::{self, Format, Task, WeightView};
+use crate::weights::{self, Partition, RankTensors, RawTensor, TensorBytes};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use half::f16;
 use std::sync::Arc;
@@ -96,30 +97,125 @@ pub struct StepSeq {
 
 /// A linear layer `y = x Wᵀ` with `W` of shape `(out, in)`.
 struct Linear {
-    mm: QMatMul,
+    kind: LinearKind,
     out: usize,
     inp: usize,
 }
 
+enum LinearKind {
+    /// candle's quantized matmul (F16, K-quants, ...).
+    Candle(QMatMul),
+    /// Our kernels over the loaded bytes (a column range of them).
+    Quant {
+        format: Format,
+        bytes: Arc<TensorBytes>,
+        /// Input width of the whole stored tensor.
+        width: usize,
+        cols: std::ops::Range<usize>,
+    },
+}
+
+/// The formats our kernels take.
+fn kernel_format(dtype: GgmlDType) -> Option<Format> {
+    match dtype {
+        GgmlDType::Q4_1 => Some(Format::Q4_1),
+        GgmlDType::Q8_0 => Some(Format::Q8_0),
+        _ => None,
+    }
+}
+
 impl Linear {
-    fn new(t: QTensor) -> Result<Self, ModelError> {
-        Self::shared(Arc::new(t))
+    fn new(t: RawTensor) -> Result<Self, ModelError> {
+        let (_, width) = dims2(&t)?;
+        Self::cols(t, 0..width)
+    }
+
+    /// Columns `cols` (block-aligned) of `t`: a view for our kernels' formats,
+    /// a copy for candle's.
+    fn cols(t: RawTensor, cols: std::ops::Range<usize>) -> Result<Self, ModelError> {
+        let (out, width) = dims2(&t)?;
+        if let Some(format) = kernel_format(t.dtype) {
+            if WeightView::cols(format, t.bytes.as_slice(), out, width, cols.clone()).is_none() {
+                return Err(ModelError::Compute(format!(
+                    "{format:?} tensor of shape {:?} cannot be cut at columns {cols:?}",
+                    t.shape
+                )));
+            }
+            return Ok(Self {
+                inp: cols.len(),
+                kind: LinearKind::Quant {
+                    format,
+                    bytes: t.bytes,
+                    width,
+                    cols,
+                },
+                out,
+            });
+        }
+        let q = t.to_qtensor()?;
+        if cols == (0..width) {
+            Self::shared(Arc::new(q))
+        } else {
+            Self::shared(Arc::new(weights::slice_cols(&q, cols)?))
+        }
     }
 
     fn shared(t: Arc<QTensor>) -> Result<Self, ModelError> {
         let (out, inp) = t.shape().dims2()?;
         Ok(Self {
-            mm: QMatMul::from_arc(t)?,
+            kind: LinearKind::Candle(QMatMul::from_arc(t)?),
             out,
             inp,
         })
     }
 
+    /// The kernel view, for our formats.
+    fn view(&self) -> Result<Option<WeightView<'_>>, ModelError> {
+        match &self.kind {
+            LinearKind::Candle(_) => Ok(None),
+            LinearKind::Quant {
+                format,
+                bytes,
+                width,
+                cols,
+            } => WeightView::cols(*format, bytes.as_slice(), self.out, *width, cols.clone())
+                .map(Some)
+                .ok_or_else(|| ModelError::Compute("weight view out of bounds".into())),
+        }
+    }
+
     /// `x` holds `rows` rows of `inp` values; returns `rows` rows of `out`.
     fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
         debug_assert_eq!(x.len(), rows * self.inp);
-        let t = Tensor::from_slice(x, (rows, self.inp), &Device::Cpu)?;
-        Ok(self.mm.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
+        match (&self.kind, self.view()?) {
+            (_, Some(view)) => {
+                let mut y = vec![0.0f32; rows * self.out];
+                kernels::matmul(&view, x, rows, &mut y);
+                Ok(y)
+            }
+            (LinearKind::Candle(mm), None) => {
+                let t = Tensor::from_slice(x, (rows, self.inp), &Device::Cpu)?;
+                Ok(mm.forward(&t)?.flatten_all()?.to_vec1::<f32>()?)
+            }
+            (LinearKind::Quant { .. }, None) => {
+                Err(ModelError::Compute("weight view missing".into()))
+            }
+        }
+    }
+}
+
+/// The token embedding: rows looked up in place for our kernels' formats.
+enum Embedding {
+    Quant(Linear),
+    Candle(Arc<QTensor>),
+}
+
+fn dims2(t: &RawTensor) -> Result<(usize, usize), ModelError> {
+    match t.shape.as_slice() {
+        &[rows, cols] => Ok((rows, cols)),
+        other => Err(ModelError::Compute(format!(
+            "expected a matrix, got shape {other:?}"
+        ))),
     }
 }
 
@@ -159,13 +255,13 @@ struct RowParallel {
 }
 
 impl RowParallel {
-    fn new(t: QTensor, cols: Vec<std::ops::Range<usize>>) -> Result<Self, ModelError> {
-        let (out, inp) = t.shape().dims2()?;
+    fn new(t: RawTensor, cols: Vec<std::ops::Range<usize>>) -> Result<Self, ModelError> {
+        let (out, inp) = dims2(&t)?;
         let parts = if cols.len() == 1 {
             vec![(0..inp, Linear::new(t)?)]
         } else {
             cols.into_iter()
-                .map(|c| Ok((c.clone(), Linear::new(weights::slice_cols(&t, c)?)?)))
+                .map(|c| Ok((c.clone(), Linear::cols(t.clone(), c)?)))
                 .collect::<Result<Vec<_>, ModelError>>()?
         };
         Ok(Self { parts, inp, out })
@@ -175,6 +271,28 @@ impl RowParallel {
     fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<Vec<f32>>, ModelError> {
         if let [(_, one)] = self.parts.as_slice() {
             return Ok(vec![one.forward(x, rows)?]);
+        }
+        let views = self
+            .parts
+            .iter()
+            .map(|(_, l)| l.view())
+            .collect::<Result<Option<Vec<_>>, _>>()?;
+        if let Some(views) = views {
+            // One quantization of x and one parallel region for all parts.
+            let mut outs: Vec<Vec<f32>> = views.iter().map(|v| vec![0.0; rows * v.n]).collect();
+            let mut tasks: Vec<Task<'_>> = views
+                .into_iter()
+                .zip(outs.iter_mut())
+                .zip(&self.parts)
+                .map(|((w, out), (cols, _))| Task {
+                    w,
+                    col: cols.start,
+                    out,
+                })
+                .collect();
+            kernels::matmul_fused(x, rows, self.inp, &mut tasks);
+            drop(tasks);
+            return Ok(outs);
         }
         self.parts
             .iter()
@@ -300,14 +418,16 @@ impl Rope {
     /// Tables for `ctx` positions of heads of width `head_dim`.
     pub fn new(head_dim: usize, ctx: usize, theta: f32) -> Self {
         let half = head_dim / 2;
+        let freqs: Vec<f64> = (0..half)
+            .map(|i| 1.0 / (theta as f64).powf(2.0 * i as f64 / head_dim as f64))
+            .collect();
         let mut cos = Vec::with_capacity(ctx * half);
         let mut sin = Vec::with_capacity(ctx * half);
         for pos in 0..ctx {
-            for i in 0..half {
-                let freq = 1.0 / (theta as f64).powf(2.0 * i as f64 / head_dim as f64);
-                let angle = pos as f64 * freq;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+            for &freq in &freqs {
+                let (s, c) = (pos as f64 * freq).sin_cos();
+                cos.push(c as f32);
+                sin.push(s as f32);
             }
         }
         Self { cos, sin, half }
@@ -331,7 +451,7 @@ impl Rope {
 pub struct Rank {
     cfg: ModelConfig,
     part: Partition,
-    embed: Arc<QTensor>,
+    embed: Embedding,
     lm_head: Linear,
     output_norm: Vec<f32>,
     blocks: Vec<Block>,
@@ -341,7 +461,7 @@ pub struct Rank {
     n_kv: usize,
 }
 
-fn take(t: &mut RankTensors, rank: usize, name: &str) -> Result<QTensor, ModelError> {
+fn take(t: &mut RankTensors, rank: usize, name: &str) -> Result<RawTensor, ModelError> {
     t.remove(name).ok_or_else(|| ModelError::MissingTensor {
         rank,
         tensor: name.into(),
@@ -407,13 +527,18 @@ impl Rank {
                 )?,
             });
         }
-        let embed = Arc::new(take(&mut t, r, "token_embd.weight")?);
-        let lm_head = if cfg.tied_embeddings {
-            // The LM head reads the same rows: share them rather than hold a
-            // second copy of the largest tensor.
-            Linear::shared(embed.clone())?
+        let embed_raw = take(&mut t, r, "token_embd.weight")?;
+        let embed = if kernel_format(embed_raw.dtype).is_some() {
+            Embedding::Quant(Linear::new(embed_raw.clone())?)
         } else {
-            Linear::new(take(&mut t, r, "output.weight")?)?
+            Embedding::Candle(Arc::new(embed_raw.to_qtensor()?))
+        };
+        // A tied LM head reads the same rows: share them rather than hold a
+        // second copy of the largest tensor.
+        let lm_head = match (&embed, cfg.tied_embeddings) {
+            (Embedding::Candle(q), true) => Linear::shared(q.clone())?,
+            (Embedding::Quant(_), true) => Linear::new(embed_raw)?,
+            (_, false) => Linear::new(take(&mut t, r, "output.weight")?)?,
         };
         let n_q = part.q_heads.len();
         let n_kv = part.kv_heads.len();
@@ -534,12 +659,28 @@ impl Rank {
         if local.is_empty() {
             return Ok(x);
         }
-        let ids = Tensor::new(local.as_slice(), &Device::Cpu)?;
-        let rows = self
-            .embed
-            .embedding(&ids)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
+        let rows = match &self.embed {
+            Embedding::Quant(lin) => {
+                let view = lin
+                    .view()?
+                    .ok_or_else(|| ModelError::Compute("embedding view missing".into()))?;
+                let mut rows = vec![0.0f32; local.len() * h];
+                for (&id, row) in local.iter().zip(rows.chunks_exact_mut(h)) {
+                    if id as usize >= view.n {
+                        return Err(ModelError::Compute(format!(
+                            "token {id} outside the embedding's {} rows",
+                            view.n
+                        )));
+                    }
+                    view.dequantize_row(id as usize, row);
+                }
+                rows
+            }
+            Embedding::Candle(q) => {
+                let ids = Tensor::new(local.as_slice(), &Device::Cpu)?;
+                q.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()?
+            }
+        };
         let mut next = 0;
         for (i, &t) in tokens.iter().enumerate() {
             if vocab.contains(&(t as usize)) {

@@ -233,15 +233,18 @@ fn byte_of_char(c: char) -> Option<u8> {
     if cp < 256 && is_printable_byte(cp) {
         return Some(cp as u8);
     }
-    if (256..256 + 68).contains(&cp) {
-        // The n-th non-printable byte maps to 256 + n.
-        let n = cp - 256;
-        return (0u32..256)
+    // The n-th non-printable byte maps to 256 + n (a table: every token of
+    // the vocabulary goes through here at load).
+    static NON_PRINTABLE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let table = NON_PRINTABLE.get_or_init(|| {
+        (0u32..256)
             .filter(|&b| !is_printable_byte(b))
-            .nth(n as usize)
-            .map(|b| b as u8);
-    }
-    None
+            .map(|b| b as u8)
+            .collect()
+    });
+    cp.checked_sub(256)
+        .and_then(|n| table.get(n as usize))
+        .copied()
 }
 
 /// Turns a stream of token bytes into text, holding back an incomplete

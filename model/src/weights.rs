@@ -578,8 +578,45 @@ fn qtensor(bytes: &[u8], dtype: GgmlDType, shape: &[usize]) -> candle_core::Resu
     QTensor::new(storage, shape.to_vec())
 }
 
+/// A tensor's bytes: built in memory by a cold start, or a mapping of its
+/// cache file on a warm start (never copied: the kernels read the mapping).
+pub enum TensorBytes {
+    /// Built from the checkpoint.
+    Owned(AlignedBytes),
+    /// The cache file, mapped.
+    Mapped(cache::Mapped),
+}
+
+impl TensorBytes {
+    /// The tensor data (GGML block layout), 8-byte aligned.
+    pub fn as_slice(&self) -> &[u8] {
+        match self {
+            TensorBytes::Owned(b) => b.as_slice(),
+            TensorBytes::Mapped(m) => m.data(),
+        }
+    }
+}
+
+/// One loaded tensor of a rank: dtype, shape and its bytes.
+#[derive(Clone)]
+pub struct RawTensor {
+    /// Stored dtype.
+    pub dtype: GgmlDType,
+    /// Shape (rows first).
+    pub shape: Vec<usize>,
+    /// The data, shared (column slices of one tensor share it).
+    pub bytes: std::sync::Arc<TensorBytes>,
+}
+
+impl RawTensor {
+    /// A candle tensor holding a copy of the data.
+    pub fn to_qtensor(&self) -> candle_core::Result<QTensor> {
+        qtensor(self.bytes.as_slice(), self.dtype, &self.shape)
+    }
+}
+
 /// The tensors of one rank, by name.
-pub type RankTensors = HashMap<String, QTensor>;
+pub type RankTensors = HashMap<String, RawTensor>;
 
 /// The outcome of a load.
 pub struct Loaded {
@@ -647,28 +684,38 @@ pub fn load(
                 format!("{label} start: {} (rank {})", spec.tensor, spec.rank),
             );
             step_hook();
-            let q = match &checkpoint_map {
+            let bytes = match &checkpoint_map {
                 Some(map) => {
                     let bytes = build_shard(ckpt, map, spec)?;
                     files_written.push(cache::write(cache_dir, spec, bytes.as_slice())?);
-                    qtensor(bytes.as_slice(), spec.dtype, &spec.shape)
+                    TensorBytes::Owned(bytes)
                 }
                 None => {
                     let mapped = cache::map(cache_dir, spec)?;
                     files_read.push(spec.file_name());
-                    qtensor(mapped.data(), spec.dtype, &spec.shape)
+                    TensorBytes::Mapped(mapped)
                 }
-            }
-            .map_err(|e| WeightsError::Tensor {
-                tensor: spec.tensor.clone(),
-                message: e.to_string(),
-            })?;
-            tensors.insert(spec.tensor.clone(), q);
+            };
+            tensors.insert(
+                spec.tensor.clone(),
+                RawTensor {
+                    dtype: spec.dtype,
+                    shape: spec.shape.clone(),
+                    bytes: std::sync::Arc::new(bytes),
+                },
+            );
             done += 1;
         }
         ranks.push(tensors);
     }
     if mode == CacheMode::Cold {
+        // The header last: a warm start needs it, so a cache whose build
+        // died midway stays unusable rather than half-used.
+        let json = ckpt.to_meta().map_err(|problem| CacheError::BadHeader {
+            file: cache_dir.join(cache::META_FILE),
+            problem,
+        })?;
+        files_written.push(cache::write_meta(cache_dir, &json)?);
         cache::sync_dir(cache_dir)?;
     }
     progress(total, total, format!("{label} start: done"));
@@ -681,6 +728,17 @@ pub fn load(
 }
 
 /// The elements of a 1-D tensor as f32 (norm weights).
-pub fn vector(t: &QTensor) -> candle_core::Result<Vec<f32>> {
-    t.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()
+pub fn vector(t: &RawTensor) -> candle_core::Result<Vec<f32>> {
+    if t.dtype == GgmlDType::F32 {
+        return Ok(t
+            .bytes
+            .as_slice()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect());
+    }
+    t.to_qtensor()?
+        .dequantize(&Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()
 }

@@ -1,7 +1,7 @@
 //! The worker's life: bind the socket, load, serve, drain, exit.
 
 use crate::banners::Banners;
-use crate::cache::CacheMode;
+use crate::cache::{self, CacheMode};
 use crate::chat_template::ChatTemplate;
 use crate::cli::ServeArgs;
 use crate::faults::{self, Faults};
@@ -41,7 +41,8 @@ fn die_with_parent() {
     }
 }
 
-/// candle's matmul pool spans every core. With several ranks that pool would
+/// The matmul pools (ours, [`crate::pool`], and candle's for the dtypes our
+/// kernels do not take) span every core. With several ranks that pool would
 /// run one rank's matmul at a time; giving each rank its share of the cores
 /// instead lets the ranks compute side by side, as they would on their own
 /// cards. Must run before the first matmul (candle reads it once).
@@ -67,9 +68,20 @@ struct Loaded {
 fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Loaded> {
     let started = Instant::now();
     status.set_progress(0, 0, format!("reading {}", args.model.display()));
-    let ckpt = Checkpoint::open(&args.model)?;
+    // A warm start reads the header the cold start cached, never the
+    // checkpoint (whose header alone is ~50k tokenizer strings to parse).
+    let ckpt = match args.cache_mode {
+        CacheMode::Cold => Checkpoint::open(&args.model)?,
+        CacheMode::Warm => {
+            let (file, json) = cache::read_meta(&args.cache_dir)?;
+            Checkpoint::from_meta(&args.model, &json)
+                .map_err(|problem| cache::CacheError::BadHeader { file, problem })?
+        }
+    };
+    let t_header = started.elapsed();
     let cfg = ckpt.config.clone();
     let tokenizer = Tokenizer::from_spec(&ckpt.tokenizer)?;
+    let t_tokenizer = started.elapsed();
     let tok_text = |id: Option<u32>| {
         id.and_then(|i| ckpt.tokenizer.tokens.get(i as usize).cloned())
             .unwrap_or_default()
@@ -82,6 +94,7 @@ fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Lo
     let policy = DtypePolicy {
         mlp_down_q8: args.mlp_down_q8,
     };
+    let t_template = started.elapsed();
     let planned = weights::plan(&ckpt, args.tp, policy)?;
     let steps = planned.specs.iter().map(Vec::len).sum::<usize>().max(1) as u64;
     let pause = Duration::from_millis(faults.slow_load_ms / steps);
@@ -99,7 +112,12 @@ fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Lo
             }
         },
     )?;
+    let t_tensors = started.elapsed();
     let mut files_written = loaded.files_written;
+    let mut files_read = loaded.files_read;
+    if args.cache_mode == CacheMode::Warm {
+        files_read.insert(0, cache::META_FILE.to_string());
+    }
     if args.cache_mode == CacheMode::Warm && faults.warm_extra_file {
         write_stray_file(&args.cache_dir)?;
         files_written.push(faults::STRAY_FILE.to_string());
@@ -126,12 +144,21 @@ fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Lo
             rope.clone(),
         )?);
     }
+    let t_ranks = started.elapsed();
+    tracing::debug!(
+        ?t_header,
+        ?t_tokenizer,
+        ?t_template,
+        ?t_tensors,
+        ?t_ranks,
+        "load phases (cumulative)"
+    );
     let info = LoadedInfo {
         model_name: cfg.name.clone(),
         architecture: cfg.architecture.clone(),
         parameter_count: ckpt.parameter_count(),
         context_length: context as u32,
-        cache_files_read: loaded.files_read,
+        cache_files_read: files_read,
         cache_files_written: files_written,
         load_time_ms: started.elapsed().as_millis() as u64,
     };

@@ -214,6 +214,78 @@ async fn warm_start_with_a_missing_or_short_file_refuses_naming_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_start_reads_the_cached_header_and_refuses_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.gguf");
+    std::fs::copy(tiny_model(), &model).unwrap();
+    let cache = dir.path().join("v");
+    let cold = Worker::start(&Opts::new(&model, 1, &cache, "cold")).await;
+    let written = cold
+        .client()
+        .await
+        .info(pb::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .cache_files_written;
+    drop(cold);
+    let header = tt_worker::cache::META_FILE;
+    assert!(written.iter().any(|f| f == header), "{written:?}");
+    let saved = std::fs::read(cache.join(header)).unwrap();
+
+    // A checkpoint that is not the one the cache was built from.
+    let mut bytes = std::fs::read(&model).unwrap();
+    bytes.push(0);
+    std::fs::write(&model, &bytes).unwrap();
+    let mut w = Worker::spawn(&Opts::new(&model, 1, &cache, "warm"));
+    assert_eq!(w.wait_exit(Duration::from_secs(60)).code(), Some(1));
+    assert!(
+        w.stderr().contains(header) && w.stderr().contains("bytes"),
+        "{}",
+        w.stderr()
+    );
+    bytes.pop();
+    std::fs::write(&model, &bytes).unwrap();
+
+    // No header: an error naming it, and nothing written in its place.
+    std::fs::remove_file(cache.join(header)).unwrap();
+    let mut w = Worker::spawn(&Opts::new(&model, 1, &cache, "warm"));
+    assert_eq!(w.wait_exit(Duration::from_secs(60)).code(), Some(1));
+    assert!(
+        w.stderr().contains(header) && w.stderr().contains("missing"),
+        "{}",
+        w.stderr()
+    );
+    assert!(!cache.join(header).exists());
+
+    // A damaged header is an error too, not a guess.
+    std::fs::write(cache.join(header), &saved[..saved.len() / 2]).unwrap();
+    let mut w = Worker::spawn(&Opts::new(&model, 1, &cache, "warm"));
+    assert_eq!(w.wait_exit(Duration::from_secs(60)).code(), Some(1));
+    assert!(w.stderr().contains(header), "{}", w.stderr());
+
+    // Restored, the warm start serves without opening the checkpoint: an
+    // unreadable header in the GGUF does not matter.
+    std::fs::write(cache.join(header), &saved).unwrap();
+    let mut garbled = bytes.clone();
+    garbled[..8].fill(0);
+    std::fs::write(&model, &garbled).unwrap();
+    let w = Worker::start(&Opts::new(&model, 1, &cache, "warm")).await;
+    let info = w
+        .client()
+        .await
+        .info(pb::InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.model_name, "tt-tiny-llama");
+    assert_eq!(
+        info.cache_files_read.first().map(String::as_str),
+        Some(header)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_of_eight_equals_each_alone_and_outputs_differ() {
     let cache = tempfile::tempdir().unwrap();
     let w = Worker::start(&Opts::new(&tiny_model(), 1, cache.path(), "cold")).await;
