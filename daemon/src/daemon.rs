@@ -161,6 +161,11 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     // SIGHUP's default action ends the process; catch it from the start.
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("cannot install the SIGHUP handler")?;
+    // Secrets and groups first: a tokens file every user can read, a bad
+    // certificate or a missing admin group stops the daemon before it
+    // touches a card.
+    let public_port = api::PublicPort::load(&config)?;
+    let admin_rule = api::AdminRule::resolve(config.daemon.control_admin_group.as_deref())?;
     notify::status("starting: discovering cards");
     for (key, dir) in [
         ("daemon.state_dir", &config.daemon.state_dir),
@@ -235,18 +240,24 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let control_task = tokio::spawn(api::serve_control(
         control_listener,
         state.clone(),
+        admin_rule,
         health.clone(),
         shutdown.clone(),
     ));
+    let tls = public_port.tls();
+    let tokens_required = public_port.tokens_required();
     let public_task = tokio::spawn(api::serve_public(
         public_listener,
         state.clone(),
+        public_port,
         health,
         shutdown.clone(),
     ));
     tracing::info!(
         control_socket = %state.config().daemon.control_socket.display(),
         inference = %inference_address,
+        tls,
+        tokens_required,
         "listening"
     );
 
