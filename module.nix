@@ -475,6 +475,20 @@ let
     ++ lib.optional (cacheDirName == null) d.cache_dir
     ++ lib.optional (runtimeDirName == null) socketDir;
 
+  # Secrets reach the daemon through LoadCredential=: systemd copies each
+  # file (readable by root alone, if it likes) into a directory only the
+  # service's user can read, whatever ProtectHome=/ProtectSystem= hide.
+  credentialsDir = "/run/credentials/tenstorrent-serving.service";
+  credentials =
+    lib.optional (cfg.tokensFile != null) "tokens:${cfg.tokensFile}"
+    ++ lib.optional (cfg.tls.certFile != null) "tls-cert:${cfg.tls.certFile}"
+    ++ lib.optional (cfg.tls.keyFile != null) "tls-key:${cfg.tls.keyFile}";
+  secretFiles = lib.filterAttrs (_: v: v != null) {
+    tokensFile = cfg.tokensFile;
+    "tls.certFile" = cfg.tls.certFile;
+    "tls.keyFile" = cfg.tls.keyFile;
+  };
+
   models = lib.attrValues cfg.models;
   maxOf = default: xs: lib.foldl' lib.max default xs;
 
@@ -658,6 +672,65 @@ in
       '';
     };
 
+    adminGroup = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = "tt-admin";
+      description = ''
+        Group whose members may use `ttctl`'s destructive commands (card
+        reset and borrow, slot restart, cache build and rm, reload); rendered
+        as `daemon.control_admin_group`. The daemon checks the caller's
+        credentials on the control socket, so members also need access to
+        the socket: put them in {option}`controlSocketGroup` too. The group
+        is created. `null`: only root may use those commands; members of
+        {option}`controlSocketGroup` keep the read-only ones (status, logs,
+        cache ls, generate).
+      '';
+    };
+
+    tokensFile = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = "/run/secrets/tt-serving-tokens";
+      description = ''
+        File of bearer tokens for the public port, one per line (`#`
+        comments and blank lines ignored). When set, Inference and
+        reflection need the metadata `authorization: Bearer <token>`;
+        `grpc.health.v1` stays open for load balancers.
+
+        Give a path as a string, outside the Nix store: everything in the
+        store is readable by every local user, so a store path is refused.
+        The file may be owned by root with mode 0600 (as secret managers
+        such as agenix and sops-nix write them): systemd hands it to the
+        daemon with `LoadCredential=`. The daemon reads it when it starts;
+        restart the service after changing the tokens.
+      '';
+    };
+
+    tls = {
+      certFile = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "/var/lib/acme/llm.example.org/fullchain.pem";
+        description = ''
+          PEM certificate chain for TLS on the public port, with
+          {option}`tls.keyFile` (both or neither). A path outside the Nix
+          store, passed to the daemon with `LoadCredential=` and read when
+          it starts. `null`: plaintext.
+        '';
+      };
+      keyFile = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "/var/lib/acme/llm.example.org/key.pem";
+        description = ''
+          PEM private key of {option}`tls.certFile`. A path outside the Nix
+          store (a store path would publish the key to every local user),
+          passed to the daemon with `LoadCredential=`.
+        '';
+      };
+    };
+
     ttSmiPackage = mkOption {
       type = types.nullOr types.package;
       default = pkgs.tt-smi or null;
@@ -773,6 +846,12 @@ in
             defaultText = literalExpression "config.services.tenstorrent-serving.controlSocketGroup";
             description = "Group of the control socket; set {option}`controlSocketGroup` instead.";
           };
+          control_admin_group = mkOption {
+            type = types.nullOr types.str;
+            default = cfg.adminGroup;
+            defaultText = literalExpression "config.services.tenstorrent-serving.adminGroup";
+            description = "Group allowed destructive control operations; set {option}`adminGroup` instead.";
+          };
           state_dir = mkOption {
             type = types.path;
             default = "/var/lib/tt-serving";
@@ -790,6 +869,26 @@ in
               One lock file per card (named by PCI address), shared with
               `ttctl` and benchmark scripts (`flock <lock_dir>/<BDF>.lock CMD`).
             '';
+          };
+        };
+        options.inference = {
+          tokens_file = mkOption {
+            type = types.nullOr types.str;
+            default = if cfg.tokensFile != null then "${credentialsDir}/tokens" else null;
+            defaultText = literalExpression ''"/run/credentials/tenstorrent-serving.service/tokens" when tokensFile is set'';
+            description = "The tokens file as the daemon sees it; set {option}`tokensFile` instead.";
+          };
+          tls_cert = mkOption {
+            type = types.nullOr types.str;
+            default = if cfg.tls.certFile != null then "${credentialsDir}/tls-cert" else null;
+            defaultText = literalExpression ''"/run/credentials/tenstorrent-serving.service/tls-cert" when tls.certFile is set'';
+            description = "The certificate as the daemon sees it; set {option}`tls.certFile` instead.";
+          };
+          tls_key = mkOption {
+            type = types.nullOr types.str;
+            default = if cfg.tls.keyFile != null then "${credentialsDir}/tls-key" else null;
+            defaultText = literalExpression ''"/run/credentials/tenstorrent-serving.service/tls-key" when tls.keyFile is set'';
+            description = "The private key as the daemon sees it; set {option}`tls.keyFile` instead.";
           };
         };
         options.hardware.tt_smi = mkOption {
@@ -824,7 +923,19 @@ in
             if cfg.port == 0 then "not a fixed port" else "a privileged port"
           }; the daemon runs as ${cfg.user} without CAP_NET_BIND_SERVICE. Use a port from 1024 to 65535 (the default is 50051), or put a proxy in front.";
         }
+        {
+          assertion = (cfg.tls.certFile == null) == (cfg.tls.keyFile == null);
+          message = "services.tenstorrent-serving.tls: set both certFile and keyFile for TLS on the public port, or neither for plaintext.";
+        }
       ]
+      ++ lib.mapAttrsToList (name: path: {
+        assertion = isAbsolute path && !(lib.hasPrefix "${builtins.storeDir}/" path);
+        message =
+          if !(isAbsolute path) then
+            "services.tenstorrent-serving.${name} = \"${path}\" is not an absolute path; give the file's full path, e.g. \"/run/secrets/tt-serving-tokens\"."
+          else
+            "services.tenstorrent-serving.${name} = \"${path}\" is in the Nix store, which every local user can read; keep the file outside the store (e.g. /run/secrets/..., written by agenix or sops-nix) and give its path as a string.";
+      }) secretFiles
       ++ lib.concatLists (lib.mapAttrsToList modelAssertions cfg.models)
       ++ lib.mapAttrsToList (id: cs: {
         assertion = false;
@@ -865,7 +976,8 @@ in
       };
       users.groups =
         lib.optionalAttrs (cfg.group == "tt-serving") { tt-serving = { }; }
-        // lib.optionalAttrs (cfg.controlSocketGroup != null) { ${cfg.controlSocketGroup} = { }; };
+        // lib.optionalAttrs (cfg.controlSocketGroup != null) { ${cfg.controlSocketGroup} = { }; }
+        // lib.optionalAttrs (cfg.adminGroup != null) { ${cfg.adminGroup} = { }; };
 
       # The lock dir outlives the daemon (scripts and `ttctl card borrow`
       # take the same locks), so tmpfiles owns it rather than
@@ -912,6 +1024,10 @@ in
           # Membership lets the daemon hand the control socket to the group.
           SupplementaryGroups = lib.optional (cfg.controlSocketGroup != null) cfg.controlSocketGroup;
           EnvironmentFile = lib.optional (cfg.environmentFile != null) cfg.environmentFile;
+          # Tokens, certificate and key, rendered as paths under
+          # /run/credentials/tenstorrent-serving.service/ (mode 0400, the
+          # service's user), read by the daemon once at start.
+          LoadCredential = credentials;
 
           # The daemon pings the watchdog every tick and extends the start
           # timeout (EXTEND_TIMEOUT_USEC) while it resets cards and builds

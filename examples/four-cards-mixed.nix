@@ -1,7 +1,8 @@
 # A four-card host serving other machines: a TP=2 model on the cabled pair
 # and two TP=1 replicas of a small model on the other two cards, with engine
 # flags, banner rules, a cold-build environment, a site probe after resets,
-# and JSON logs for the log shipper.
+# JSON logs for the log shipper, bearer tokens and TLS on the public port,
+# an admin group for destructive ttctl commands, and tighter request limits.
 {
   services.tenstorrent-serving = {
     enable = true;
@@ -10,11 +11,22 @@
     openFirewall = true;
     # RUST_LOG=info,tt_servingd=debug and the like, kept out of the store.
     environmentFile = "/run/secrets/tt-serving.env";
+    # Other machines connect: bearer tokens over TLS, files kept out of the
+    # store (root-owned is fine: systemd hands them over as credentials).
+    tokensFile = "/run/secrets/tt-serving-tokens";
+    tls.certFile = "/var/lib/acme/llm.example.org/fullchain.pem";
+    tls.keyFile = "/var/lib/acme/llm.example.org/key.pem";
+    # Operators in tt-admin (and tenstorrent) may reset cards and reload.
+    adminGroup = "tt-admin";
     hugepages.count = 4;
 
     settings = {
       daemon.log_format = "json";
       daemon.ready_when = "any";
+      limits = {
+        max_prompt_bytes = 131072;
+        max_tokens = 2048;
+      };
       reset = {
         policy = "always";
         probe_command = [

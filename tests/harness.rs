@@ -123,6 +123,8 @@ pub struct DaemonOptions {
     pub come_back_secs: u64,
     /// Extra TOML appended (model tables).
     pub extra: String,
+    /// Extra lines inside the `[daemon]` table.
+    pub daemon_extra: String,
     /// Extra environment for the daemon process.
     pub env: Vec<(String, String)>,
 }
@@ -134,6 +136,7 @@ impl Default for DaemonOptions {
             attempts: 1,
             come_back_secs: 3,
             extra: String::new(),
+            daemon_extra: String::new(),
             env: Vec::new(),
         }
     }
@@ -164,6 +167,7 @@ state_dir = "{state}"
 cache_dir = "{cache}"
 lock_dir = "{locks}"
 tick_ms = 100
+{daemon_extra}
 
 [hardware]
 dev_root = "{dev}"
@@ -194,6 +198,7 @@ backoff_ms = 50
             come_back = opts.come_back_secs,
             attempts = opts.attempts,
             extra = opts.extra,
+            daemon_extra = opts.daemon_extra,
         );
         std::fs::write(&config, text).expect("write config");
         Daemon {
@@ -260,6 +265,21 @@ backoff_ms = 50
             .stdin(Stdio::null())
             .output()
             .expect("run ttctl")
+    }
+
+    /// Run ttctl against this daemon as another user (the test runs as
+    /// root): `uid` and primary group `gid`, no supplementary groups.
+    pub fn ttctl_as(&self, uid: u32, gid: u32, args: &[&str]) -> Output {
+        use std::os::unix::process::CommandExt;
+        Command::new(bin("ttctl"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .uid(uid)
+            .gid(gid)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run ttctl as another user")
     }
 
     /// `ttctl status --json`, parsed.

@@ -178,6 +178,11 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     // SIGHUP's default action ends the process; catch it from the start.
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("cannot install the SIGHUP handler")?;
+    // Secrets and groups first: a tokens file every user can read, a bad
+    // certificate or a missing admin group stops the daemon before it
+    // touches a card.
+    let public_port = api::PublicPort::load(&config)?;
+    let admin_rule = api::AdminRule::resolve(config.daemon.control_admin_group.as_deref())?;
     notify::status("starting: discovering cards");
     for (key, dir) in [
         ("daemon.state_dir", &config.daemon.state_dir),
@@ -272,12 +277,16 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let control_task = tokio::spawn(api::serve_control(
         control_listener,
         state.clone(),
+        admin_rule,
         health.clone(),
         shutdown.clone(),
     ));
+    let tls = public_port.tls();
+    let tokens_required = public_port.tokens_required();
     let public_task = tokio::spawn(api::serve_public(
         public_listener,
         state.clone(),
+        public_port,
         health,
         shutdown.clone(),
     ));
@@ -292,6 +301,8 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         control_socket = %state.config().daemon.control_socket.display(),
         inference = %inference_address,
         metrics = %metrics_address,
+        tls,
+        tokens_required,
         "listening"
     );
 

@@ -1,7 +1,8 @@
 //! Routing client inference to slots.
 //!
 //! Validation first (unknown model: NOT_FOUND listing the known ones; bad
-//! fields: INVALID_ARGUMENT naming the field), then admission through the
+//! fields, and prompts or `max_tokens` beyond `[limits]`: INVALID_ARGUMENT
+//! naming the field and the limit), then admission through the
 //! model's bounded queue (full: RESOURCE_EXHAUSTED with a retry hint, never
 //! an unbounded wait), then the least-loaded Ready slot. The worker's stream
 //! is forwarded chunk by chunk; a client that goes away drops the worker
@@ -103,6 +104,7 @@ impl Router {
                 }
             )));
         }
+        let limits = &config.limits;
         match &request.input {
             None => return Err(Status::invalid_argument("input: give `prompt` or `chat`")),
             Some(pb::generate_request::Input::Chat(chat)) if chat.messages.is_empty() => {
@@ -110,7 +112,20 @@ impl Router {
                     "chat.messages: the conversation is empty",
                 ))
             }
-            _ => {}
+            Some(pb::generate_request::Input::Prompt(prompt)) => {
+                check_prompt_size("prompt", prompt.len(), limits.max_prompt_bytes)?
+            }
+            Some(pb::generate_request::Input::Chat(chat)) => check_prompt_size(
+                "chat.messages[].content",
+                chat.messages.iter().map(|m| m.content.len()).sum(),
+                limits.max_prompt_bytes,
+            )?,
+        }
+        if request.max_tokens > limits.max_tokens {
+            return Err(Status::invalid_argument(format!(
+                "max_tokens: {} is above this server's limit of {} (limits.max_tokens); ask for at most {}",
+                request.max_tokens, limits.max_tokens, limits.max_tokens
+            )));
         }
         if let Some(s) = &request.sampling {
             if !s.temperature.is_finite() || s.temperature < 0.0 {
@@ -359,6 +374,16 @@ fn refusal_outcome(code: tonic::Code) -> &'static str {
         Code::Cancelled => "cancelled",
         _ => "worker_error",
     }
+}
+
+/// Refuse a prompt longer than `limits.max_prompt_bytes`, naming the field.
+fn check_prompt_size(field: &str, bytes: usize, max: u64) -> Result<(), Status> {
+    if bytes as u64 > max {
+        return Err(Status::invalid_argument(format!(
+            "{field}: {bytes} bytes is above this server's limit of {max} bytes (limits.max_prompt_bytes); shorten the prompt"
+        )));
+    }
+    Ok(())
 }
 
 /// Map a worker's error for the client. The worker's own validation and

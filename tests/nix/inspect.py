@@ -97,6 +97,23 @@ def example(d, out_toml):
         check(group in d["groups"], f"group {group} not created")
         check(group in sc.get("SupplementaryGroups", []), f"daemon not in {group}")
     check(d["hardwareTenstorrentEnable"] is True, "hardware.tenstorrent.enable not defaulted to true")
+    admin = s["daemon"].get("control_admin_group")
+    if admin:
+        check(admin in d["groups"], f"admin group {admin} not created")
+
+    # Secrets reach the daemon as systemd credentials, never through the
+    # store, and the rendered paths point at the credentials directory.
+    creds = dict(c.split(":", 1) for c in sc.get("LoadCredential", []))
+    inference = s.get("inference", {})
+    for key, cred in (("tokens_file", "tokens"), ("tls_cert", "tls-cert"), ("tls_key", "tls-key")):
+        if key in inference:
+            check(inference[key] == f"/run/credentials/tenstorrent-serving.service/{cred}", f"inference.{key} = {inference[key]!r} is not the {cred} credential")
+            check(cred in creds, f"inference.{key} rendered but no LoadCredential={cred}:...")
+        else:
+            check(cred not in creds, f"LoadCredential={cred} without inference.{key}")
+    for cred, path in creds.items():
+        check(not path.startswith("/nix/store/"), f"credential {cred} comes from the store: {path}")
+    check(("tls_cert" in inference) == ("tls_key" in inference), "TLS certificate and key must be rendered together")
 
     if d["hugepagesUnit"] is not None:
         mounts = [m for m in d["mounts"] if m["type"] == "hugetlbfs"]

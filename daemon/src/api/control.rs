@@ -1,7 +1,9 @@
 //! The `Control` service on the local control socket: status, watching, and
 //! card resets. Destructive operations live here only, never on the public
-//! inference port.
+//! inference port. Every handler first asks the [`AdminRule`] whether the
+//! connection's peer may perform its [`Operation`] (see `auth.rs`).
 
+use super::auth::{AdminRule, Operation};
 use super::convert;
 use crate::cache::CacheState;
 use crate::cards::reset::Phase;
@@ -19,13 +21,16 @@ use tt_serving_proto::v1::control_server::Control;
 
 /// Serves `tt.serving.v1.Control`.
 pub struct ControlService {
+    /// What the operations read and change.
     state: Arc<DaemonState>,
+    /// Who may use the destructive operations.
+    rule: AdminRule,
 }
 
 impl ControlService {
-    /// A service over the daemon's state.
-    pub fn new(state: Arc<DaemonState>) -> Self {
-        ControlService { state }
+    /// A service over the daemon's state, guarded by `rule`.
+    pub fn new(state: Arc<DaemonState>, rule: AdminRule) -> Self {
+        ControlService { state, rule }
     }
 }
 
@@ -35,8 +40,9 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 impl Control for ControlService {
     async fn status(
         &self,
-        _request: Request<pb::StatusRequest>,
+        request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
+        self.rule.authorize(&request, Operation::Status)?;
         Ok(Response::new(self.state.status()))
     }
 
@@ -44,8 +50,9 @@ impl Control for ControlService {
 
     async fn watch_status(
         &self,
-        _request: Request<pb::StatusRequest>,
+        request: Request<pb::StatusRequest>,
     ) -> Result<Response<Self::WatchStatusStream>, Status> {
+        self.rule.authorize(&request, Operation::WatchStatus)?;
         let state = self.state.clone();
         let mut changes = state.subscribe();
         let (tx, rx) = mpsc::channel(4);
@@ -69,6 +76,7 @@ impl Control for ControlService {
         &self,
         request: Request<pb::ResetCardRequest>,
     ) -> Result<Response<Self::ResetCardStream>, Status> {
+        self.rule.authorize(&request, Operation::ResetCard)?;
         let name = request.into_inner().card;
         let cards = self.state.cards().clone();
         let bdf = cards.resolve_name(&name).map_err(card_status)?;
@@ -151,6 +159,7 @@ impl Control for ControlService {
         &self,
         request: Request<pb::BuildCacheRequest>,
     ) -> Result<Response<Self::BuildCacheStream>, Status> {
+        self.rule.authorize(&request, Operation::BuildCache)?;
         let model = request.into_inner().model;
         let slots = self.state.slot_manager().clone();
         let slot = slots
@@ -216,6 +225,7 @@ impl Control for ControlService {
         &self,
         request: Request<tonic::Streaming<pb::BorrowRequest>>,
     ) -> Result<Response<Self::BorrowCardsStream>, Status> {
+        self.rule.authorize(&request, Operation::BorrowCards)?;
         let mut inbound = request.into_inner();
         let start = match inbound.message().await? {
             Some(pb::BorrowRequest {
@@ -237,6 +247,7 @@ impl Control for ControlService {
         &self,
         request: Request<pb::ReloadRequest>,
     ) -> Result<Response<pb::ReloadReport>, Status> {
+        self.rule.authorize(&request, Operation::Reload)?;
         let request = request.into_inner();
         let options = crate::reload::Options {
             dry_run: request.dry_run,
@@ -256,6 +267,7 @@ impl Control for ControlService {
         &self,
         request: Request<pb::SlotRequest>,
     ) -> Result<Response<pb::SlotReply>, Status> {
+        self.rule.authorize(&request, Operation::RestartSlot)?;
         let slot = request.into_inner().slot;
         let slots = self.state.slot_manager();
         slots
@@ -276,6 +288,7 @@ impl Control for ControlService {
         &self,
         request: Request<pb::LogsRequest>,
     ) -> Result<Response<Self::LogsStream>, Status> {
+        self.rule.authorize(&request, Operation::Logs)?;
         let request = request.into_inner();
         let slots = self.state.slot_manager();
         let ring = slots.logs(&request.slot).ok_or_else(|| {
@@ -341,14 +354,16 @@ impl Control for ControlService {
         &self,
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
+        self.rule.authorize(&request, Operation::Generate)?;
         let stream = self.state.router().serve(request).await?;
         Ok(Response::new(Box::pin(stream)))
     }
 
     async fn list_cache(
         &self,
-        _request: Request<pb::ListCacheRequest>,
+        request: Request<pb::ListCacheRequest>,
     ) -> Result<Response<pb::ListCacheResponse>, Status> {
+        self.rule.authorize(&request, Operation::ListCache)?;
         let cache_dir = self.state.config().daemon.cache_dir.clone();
         let slots = self.state.slots();
         let variants = tokio::task::spawn_blocking(move || {
@@ -393,6 +408,7 @@ impl Control for ControlService {
         &self,
         request: Request<pb::RemoveCacheRequest>,
     ) -> Result<Response<pb::RemoveCacheResponse>, Status> {
+        self.rule.authorize(&request, Operation::RemoveCache)?;
         let key = request.into_inner().key;
         let cache_dir = &self.state.config().daemon.cache_dir;
         let (model, _, dir) = crate::cache::list_variants(cache_dir)

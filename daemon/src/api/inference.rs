@@ -32,7 +32,14 @@ impl Inference for InferenceService {
         &self,
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
+        let max = self.state.config().limits.max_streams_per_connection;
+        let place = super::limits::admit(&request, max)?;
         let stream = self.state.router().serve(request).await?;
+        // The place is held for as long as the client's stream lives.
+        let stream = tokio_stream::StreamExt::map(stream, move |chunk| {
+            let _held = &place;
+            chunk
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -1,11 +1,28 @@
 //! The daemon's gRPC front: the public inference port (Inference, health,
 //! reflection) and the local control socket (Control, health).
+//!
+//! Layout:
+//! - `control`, `inference`: the services; `convert`: protocol messages.
+//! - `auth`: who may do what on the control socket (peer credentials).
+//! - `tokens`: bearer tokens on the public port; `tls`: its TLS;
+//!   `secrets`: reading their files safely.
+//! - `limits`: Generate streams per public connection.
+//! - `conn`: attaching per-connection facts to every request.
 
+mod auth;
+mod conn;
 mod control;
 pub mod convert;
 mod inference;
+mod limits;
 pub mod metrics;
+mod secrets;
+mod tls;
+mod tokens;
 
+pub use auth::{AdminRule, Operation, Peer};
+
+use crate::config::Config;
 use crate::daemon::DaemonState;
 use crate::shutdown::Shutdown;
 use anyhow::{bail, Context};
@@ -14,7 +31,9 @@ use std::path::Path;
 use std::sync::Arc;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tonic::transport::Server;
+use tokio_stream::StreamExt;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Server, ServerTlsConfig};
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 use tt_serving_proto::v1::control_server::ControlServer;
@@ -69,65 +88,159 @@ pub fn bind_control_socket(
     Ok(listener)
 }
 
-/// Serve Control and health on the control socket until shutdown.
+/// Serve Control and health on the control socket until shutdown. Each
+/// connection carries its peer's credentials for `rule`.
 pub async fn serve_control(
     listener: UnixListener,
     state: Arc<DaemonState>,
+    rule: AdminRule,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
+    let incoming = UnixListenerStream::new(listener).map(|accepted| {
+        accepted.map(|stream| {
+            let peer = auth::Peer::of(&stream);
+            conn::Tagged::new(stream, peer)
+        })
+    });
     Server::builder()
-        .add_service(ControlServer::new(control::ControlService::new(state)))
+        .add_service(ControlServer::new(control::ControlService::new(
+            state, rule,
+        )))
         .add_service(health)
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown.wait())
+        .serve_with_incoming_shutdown(incoming, shutdown.wait())
         .await
         .context("control socket server failed")
 }
 
+/// What the public port enforces, loaded from the config at startup so that
+/// an unusable tokens file, certificate or key stops the daemon at once.
+#[derive(Debug, Clone)]
+pub struct PublicPort {
+    /// Bearer tokens in front of Inference and reflection.
+    tokens: tokens::TokenCheck,
+    /// TLS, when configured.
+    tls: Option<ServerTlsConfig>,
+}
+
+impl PublicPort {
+    /// Load `[inference]`: the tokens file and the TLS certificate and key.
+    pub fn load(config: &Config) -> anyhow::Result<PublicPort> {
+        let i = &config.inference;
+        let tokens = match &i.tokens_file {
+            Some(path) => {
+                let tokens = tokens::Tokens::load(path)?;
+                tracing::info!(
+                    tokens = tokens.len(),
+                    file = %path.display(),
+                    "the inference port requires a bearer token (health stays open)"
+                );
+                Some(tokens)
+            }
+            None => None,
+        };
+        let tls = match (&i.tls_cert, &i.tls_key) {
+            (Some(cert), Some(key)) => Some(tls::load(cert, key)?),
+            (None, None) => None,
+            _ => {
+                bail!("inference.tls_cert and inference.tls_key go together; give both or neither")
+            }
+        };
+        let loopback = config
+            .daemon
+            .listen
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback());
+        if tokens.is_some() && tls.is_none() && !loopback {
+            tracing::warn!(listen = %config.daemon.listen, "bearer tokens travel in clear text on a non-loopback port; set inference.tls_cert and inference.tls_key, or terminate TLS in a proxy on this host");
+        }
+        Ok(PublicPort {
+            tokens: tokens::TokenCheck::new(tokens),
+            tls,
+        })
+    }
+
+    /// Whether TLS is served.
+    pub fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Whether a bearer token is required.
+    pub fn tokens_required(&self) -> bool {
+        self.tokens.enabled()
+    }
+}
+
 /// Serve Inference, health and reflection on the public port until shutdown.
+/// Health answers without a token so load balancers can probe it; Inference
+/// and reflection need one when tokens are configured. Control is never
+/// served here.
 pub async fn serve_public(
     listener: TcpListener,
     state: Arc<DaemonState>,
+    port: PublicPort,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
     shutdown: Shutdown,
 ) -> anyhow::Result<()> {
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(tt_serving_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    let reflection_v1 = reflection("grpc.reflection.v1.ServerReflection")
         .build_v1()
         .context("cannot build the reflection service")?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(tt_serving_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    let reflection_v1alpha = reflection("grpc.reflection.v1alpha.ServerReflection")
         .build_v1alpha()
         .context("cannot build the reflection service")?;
-    Server::builder()
-        .add_service(InferenceServer::new(inference::InferenceService::new(
-            state,
-        )))
+    // Messages far beyond the prompt limit are refused while decoding,
+    // before they take memory; the router names the limit for the rest.
+    let max_message = usize::try_from(state.config().limits.max_prompt_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1024 * 1024);
+    let inference = InferenceServer::new(inference::InferenceService::new(state))
+        .max_decoding_message_size(max_message);
+    let mut builder = Server::builder();
+    if let Some(tls) = port.tls {
+        builder = builder
+            .tls_config(tls)
+            .context("cannot set up TLS on the inference port")?;
+    }
+    builder
+        .add_service(InterceptedService::new(inference, port.tokens.clone()))
         .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(incoming_nodelay(listener), shutdown.wait())
+        .add_service(InterceptedService::new(reflection_v1, port.tokens.clone()))
+        .add_service(InterceptedService::new(reflection_v1alpha, port.tokens))
+        .serve_with_incoming_shutdown(incoming_public(listener), shutdown.wait())
         .await
         .context("inference port server failed")
 }
 
-/// Accepted TCP connections with Nagle's algorithm off: tokens are small
-/// writes, and Nagle plus delayed ACKs would hold each one back.
-fn incoming_nodelay(
+/// Reflection advertising what this port serves: the descriptor set also
+/// holds Control and Engine, which are not served here and must not be
+/// listed as if they were.
+fn reflection(itself: &str) -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tt_serving_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .with_service_name(INFERENCE_SERVICE)
+        .with_service_name("grpc.health.v1.Health")
+        .with_service_name(itself)
+}
+
+/// Accepted TCP connections, each with its own Generate stream counter and
+/// with Nagle's algorithm off: tokens are small writes, and Nagle plus
+/// delayed ACKs would hold each one back.
+fn incoming_public(
     listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
+) -> impl tokio_stream::Stream<
+    Item = std::io::Result<conn::Tagged<tokio::net::TcpStream, limits::StreamCount>>,
+> {
     TcpListenerStream::new(listener).map(|accepted| {
-        accepted.inspect(|stream| {
+        accepted.map(|stream| {
             if let Err(e) = stream.set_nodelay(true) {
                 tracing::debug!(error = %e, "cannot set TCP_NODELAY");
             }
+            conn::Tagged::new(stream, limits::StreamCount::default())
         })
     })
 }

@@ -22,6 +22,12 @@ pub struct Config {
     /// The Prometheus endpoint.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Who may use the public inference port, and over what.
+    #[serde(default)]
+    pub inference: InferenceConfig,
+    /// Request limits enforced by the daemon before a worker sees a request.
+    #[serde(default)]
+    pub limits: LimitsConfig,
     /// The models to serve, by name. Empty is valid: the daemon then manages
     /// and reports every discovered card and can reset them.
     #[serde(default)]
@@ -42,6 +48,11 @@ pub struct DaemonConfig {
     /// Group that owns the control socket (members may use ttctl). None keeps
     /// the daemon's group.
     pub control_socket_group: Option<String>,
+    /// Group whose members may use destructive control operations (card
+    /// reset and borrow, slot restart, cache build and removal, reload).
+    /// None: root only. Read-only operations are open to whoever can connect
+    /// to the control socket.
+    pub control_admin_group: Option<String>,
     /// Persistent state (clean-shutdown record, fake hardware for demos).
     pub state_dir: PathBuf,
     /// Root of the tensor caches: `<cache_dir>/<model>/<variant>/`.
@@ -66,6 +77,7 @@ impl Default for DaemonConfig {
             control_socket: "/run/tt-serving/control.sock".into(),
             control_socket_mode: "0660".into(),
             control_socket_group: None,
+            control_admin_group: None,
             state_dir: "/var/lib/tt-serving".into(),
             cache_dir: "/var/cache/tt-serving".into(),
             lock_dir: "/run/lock/tenstorrent".into(),
@@ -89,6 +101,46 @@ impl Default for MetricsConfig {
     fn default() -> Self {
         MetricsConfig {
             listen: "127.0.0.1:9464".into(),
+        }
+    }
+}
+
+/// The public inference port's authentication and transport.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InferenceConfig {
+    /// File of bearer tokens, one per line (`#` comments and blank lines
+    /// ignored). When set, Inference and reflection need
+    /// `authorization: Bearer <token>`; health stays open. The file must not
+    /// be readable by every user. Read once at startup.
+    pub tokens_file: Option<PathBuf>,
+    /// PEM certificate chain for TLS on the public port (with `tls_key`).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS on the public port (with `tls_cert`); must
+    /// not be readable by every user.
+    pub tls_key: Option<PathBuf>,
+}
+
+/// Request limits, checked by the daemon before a request reaches a worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Longest prompt in bytes: the prompt text, or the chat messages'
+    /// contents together.
+    pub max_prompt_bytes: u64,
+    /// Largest `max_tokens` a request may ask for (0, the worker's default,
+    /// is always allowed).
+    pub max_tokens: u32,
+    /// Generate streams one client connection may have open at once.
+    pub max_streams_per_connection: u32,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_prompt_bytes: 256 * 1024,
+            max_tokens: 4096,
+            max_streams_per_connection: 16,
         }
     }
 }

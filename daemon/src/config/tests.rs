@@ -241,6 +241,100 @@ fn world_writable_control_socket_is_rejected() {
 }
 
 #[test]
+fn security_and_limit_defaults() {
+    let config = parse("").unwrap();
+    assert_eq!(config.daemon.control_admin_group, None);
+    assert_eq!(config.inference, InferenceConfig::default());
+    assert_eq!(config.inference.tokens_file, None);
+    assert_eq!(config.limits.max_prompt_bytes, 256 * 1024);
+    assert_eq!(config.limits.max_tokens, 4096);
+    assert_eq!(config.limits.max_streams_per_connection, 16);
+    let example = parse(EXAMPLE_CONFIG).unwrap();
+    assert_eq!(
+        example.daemon.control_admin_group.as_deref(),
+        Some("tt-admin")
+    );
+    assert_eq!(example.limits, LimitsConfig::default());
+}
+
+#[test]
+fn bad_admin_group_name_is_rejected() {
+    assert_rejected(
+        "[daemon]\ncontrol_admin_group = \"tt admin\"\n",
+        "daemon.control_admin_group",
+        "not a valid group name",
+    );
+}
+
+#[test]
+fn tls_cert_without_key_is_rejected() {
+    assert_rejected(
+        "[inference]\ntls_cert = \"/etc/tt/cert.pem\"\n",
+        "inference.tls_key",
+        "give both",
+    );
+    assert_rejected(
+        "[inference]\ntls_key = \"/etc/tt/key.pem\"\n",
+        "inference.tls_cert",
+        "give both",
+    );
+    parse("[inference]\ntls_cert = \"/etc/tt/cert.pem\"\ntls_key = \"/etc/tt/key.pem\"\n")
+        .expect("both together are fine");
+}
+
+#[test]
+fn relative_or_empty_secret_paths_are_rejected() {
+    assert_rejected(
+        "[inference]\ntokens_file = \"tokens\"\n",
+        "inference.tokens_file",
+        "relative path",
+    );
+    assert_rejected(
+        "[inference]\ntokens_file = \"\"\n",
+        "inference.tokens_file",
+        "is empty",
+    );
+}
+
+#[test]
+fn unknown_inference_key_is_named() {
+    assert_rejected(
+        "[inference]\ntoken = \"secret\"\n",
+        "inference.token",
+        "unknown field",
+    );
+}
+
+#[test]
+fn zero_or_absurd_limits_are_rejected() {
+    assert_rejected(
+        "[limits]\nmax_prompt_bytes = 0\n",
+        "limits.max_prompt_bytes",
+        "out of range",
+    );
+    assert_rejected(
+        "[limits]\nmax_tokens = 0\n",
+        "limits.max_tokens",
+        "out of range",
+    );
+    assert_rejected(
+        "[limits]\nmax_streams_per_connection = 0\n",
+        "limits.max_streams_per_connection",
+        "out of range",
+    );
+    assert_rejected(
+        "[limits]\nmax_prompt_bytes = 1000000000000\n",
+        "limits.max_prompt_bytes",
+        "out of range",
+    );
+    assert_rejected(
+        "[limits]\nmax_tokens = -1\n",
+        "limits.max_tokens",
+        "invalid value",
+    );
+}
+
+#[test]
 fn relative_paths_are_rejected() {
     assert_rejected(
         "[hardware]\nsys_root = \"sys\"\n",

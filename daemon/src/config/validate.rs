@@ -42,7 +42,15 @@ pub const RESERVED_ENV: &[&str] = &[
     "TT_CACHE_MODE",
 ];
 
-const SECTIONS: &[&str] = &["daemon", "hardware", "reset", "metrics", "models"];
+const SECTIONS: &[&str] = &[
+    "daemon",
+    "hardware",
+    "reset",
+    "inference",
+    "limits",
+    "metrics",
+    "models",
+];
 
 /// Deserialize section by section so a type error in one section does not
 /// hide the others, and so each error carries its key path.
@@ -55,6 +63,8 @@ pub(super) fn deserialize(text: &str) -> Result<Config, Vec<Problem>> {
             "daemon" => section(key, value, &mut problems, &mut config.daemon),
             "hardware" => section(key, value, &mut problems, &mut config.hardware),
             "reset" => section(key, value, &mut problems, &mut config.reset),
+            "inference" => section(key, value, &mut problems, &mut config.inference),
+            "limits" => section(key, value, &mut problems, &mut config.limits),
             "metrics" => section(key, value, &mut problems, &mut config.metrics),
             "models" => match value.as_table() {
                 Some(models) => {
@@ -197,6 +207,8 @@ pub(super) fn check(config: &Config) -> Vec<Problem> {
     check_daemon(&config.daemon, &mut problems);
     check_hardware(&config.hardware, &mut problems);
     check_reset(&config.reset, &mut problems);
+    check_inference(&config.inference, &mut problems);
+    check_limits(&config.limits, &mut problems);
     if !config.metrics.listen.is_empty() && config.metrics.listen.parse::<SocketAddr>().is_err() {
         problems.push(problem(
             "metrics.listen",
@@ -249,16 +261,29 @@ fn check_daemon(d: &DaemonConfig, problems: &mut Vec<Problem>) {
             format!("`{}` is not an octal mode; use e.g. \"0660\"", d.control_socket_mode),
         )),
     }
-    if let Some(group) = &d.control_socket_group {
-        let valid = !group.is_empty()
-            && group
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-        if !valid {
-            problems.push(problem(
-                "daemon.control_socket_group",
-                format!("`{group}` is not a valid group name, e.g. \"tenstorrent\""),
-            ));
+    for (key, group, example) in [
+        (
+            "daemon.control_socket_group",
+            &d.control_socket_group,
+            "tenstorrent",
+        ),
+        (
+            "daemon.control_admin_group",
+            &d.control_admin_group,
+            "tt-admin",
+        ),
+    ] {
+        if let Some(group) = group {
+            let valid = !group.is_empty()
+                && group
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+            if !valid {
+                problems.push(problem(
+                    key,
+                    format!("`{group}` is not a valid group name, e.g. \"{example}\""),
+                ));
+            }
         }
     }
     absolute(problems, "daemon.control_socket", &d.control_socket);
@@ -266,6 +291,67 @@ fn check_daemon(d: &DaemonConfig, problems: &mut Vec<Problem>) {
     absolute(problems, "daemon.cache_dir", &d.cache_dir);
     absolute(problems, "daemon.lock_dir", &d.lock_dir);
     range(problems, "daemon.tick_ms", d.tick_ms, 50, 60_000, "ms");
+}
+
+fn check_inference(i: &InferenceConfig, problems: &mut Vec<Problem>) {
+    for (key, path) in [
+        ("inference.tokens_file", &i.tokens_file),
+        ("inference.tls_cert", &i.tls_cert),
+        ("inference.tls_key", &i.tls_key),
+    ] {
+        if let Some(path) = path {
+            if path.as_os_str().is_empty() {
+                problems.push(problem(
+                    key,
+                    "is empty; give the file's absolute path or remove the key",
+                ));
+            } else {
+                absolute(problems, key, path);
+            }
+        }
+    }
+    match (&i.tls_cert, &i.tls_key) {
+        (Some(_), None) => problems.push(problem(
+            "inference.tls_key",
+            "inference.tls_cert is set but tls_key is not; give both (the PEM certificate chain and its private key) for TLS, or neither for plaintext",
+        )),
+        (None, Some(_)) => problems.push(problem(
+            "inference.tls_cert",
+            "inference.tls_key is set but tls_cert is not; give both (the PEM certificate chain and its private key) for TLS, or neither for plaintext",
+        )),
+        _ => {}
+    }
+}
+
+/// The gRPC message limit of the public port is sized from
+/// `max_prompt_bytes`; this keeps that size sane.
+const MAX_PROMPT_BYTES_LIMIT: u64 = 64 * 1024 * 1024;
+
+fn check_limits(l: &LimitsConfig, problems: &mut Vec<Problem>) {
+    range(
+        problems,
+        "limits.max_prompt_bytes",
+        l.max_prompt_bytes,
+        1,
+        MAX_PROMPT_BYTES_LIMIT,
+        "bytes",
+    );
+    range(
+        problems,
+        "limits.max_tokens",
+        l.max_tokens.into(),
+        1,
+        1_000_000,
+        "tokens",
+    );
+    range(
+        problems,
+        "limits.max_streams_per_connection",
+        l.max_streams_per_connection.into(),
+        1,
+        10_000,
+        "streams",
+    );
 }
 
 fn check_hardware(h: &HardwareConfig, problems: &mut Vec<Problem>) {

@@ -1,0 +1,268 @@
+//! Bearer tokens for the public port (`inference.tokens_file`).
+//!
+//! Tokens come only from the file, never from the command line or the
+//! environment (both are visible to other local users), and are never
+//! logged. The daemon keeps only their SHA-256 digests; a presented token is
+//! hashed and compared with every digest in constant time, so neither the
+//! comparison's timing nor its length reveals how much of a token matched.
+
+use super::secrets;
+use sha2::{Digest, Sha256};
+use std::path::Path;
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Status};
+
+/// The accepted tokens, as digests.
+pub struct Tokens {
+    /// SHA-256 of each token.
+    digests: Vec<[u8; 32]>,
+    /// The file they came from, for messages.
+    source: String,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tokens({} from {})", self.digests.len(), self.source)
+    }
+}
+
+const KEY: &str = "inference.tokens_file";
+
+impl Tokens {
+    /// Read the tokens file. Refused: a file every user can read, a file
+    /// without tokens, a line that cannot be a token (named by line number,
+    /// never by content).
+    pub fn load(path: &Path) -> anyhow::Result<Tokens> {
+        let bytes = secrets::read(path, KEY)?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            anyhow::anyhow!(
+                "{} ({KEY}) is not UTF-8 text; write one token per line",
+                path.display()
+            )
+        })?;
+        Tokens::parse(&text, &path.display().to_string())
+    }
+
+    /// Parse one token per line; `#` comments and blank lines are ignored.
+    fn parse(text: &str, source: &str) -> anyhow::Result<Tokens> {
+        let mut digests = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let token = line.trim();
+            if token.is_empty() || token.starts_with('#') {
+                continue;
+            }
+            // Tokens travel in an HTTP/2 header after `Bearer `: visible
+            // ASCII without spaces is what every client can send.
+            if !token.bytes().all(|b| b.is_ascii_graphic()) {
+                anyhow::bail!(
+                    "{source} ({KEY}) line {}: a token may contain only printable ASCII without spaces (one token per line); fix or remove that line",
+                    i + 1
+                );
+            }
+            digests.push(digest(token));
+        }
+        if digests.is_empty() {
+            anyhow::bail!(
+                "{source} ({KEY}) has no tokens; add one per line (e.g. `openssl rand -hex 32 >> {source}`) or remove {KEY} to serve without authentication"
+            );
+        }
+        Ok(Tokens {
+            digests,
+            source: source.to_string(),
+        })
+    }
+
+    /// How many tokens are accepted.
+    pub fn len(&self) -> usize {
+        self.digests.len()
+    }
+
+    /// Whether `token` is one of ours. Every digest is compared, whatever
+    /// matched earlier.
+    fn accepts(&self, token: &str) -> bool {
+        let presented = digest(token);
+        let mut matched = subtle::Choice::from(0);
+        for d in &self.digests {
+            matched |= d.ct_eq(&presented);
+        }
+        matched.into()
+    }
+
+    /// Check a request's `authorization: Bearer <token>` metadata.
+    pub fn check(&self, metadata: &MetadataMap) -> Result<(), Status> {
+        let Some(value) = metadata.get("authorization") else {
+            return Err(Status::unauthenticated(
+                "this endpoint needs a bearer token: send the metadata `authorization: Bearer <token>` with a token from the daemon's inference.tokens_file (grpcurl: -H 'authorization: Bearer <token>'); ask the operator for one",
+            ));
+        };
+        let malformed = || {
+            Status::unauthenticated(
+                "the `authorization` metadata is not a bearer token; send `authorization: Bearer <token>` with a token from the daemon's inference.tokens_file",
+            )
+        };
+        let value = value.to_str().map_err(|_| malformed())?;
+        let (scheme, token) = value.trim().split_once(' ').ok_or_else(malformed)?;
+        let token = token.trim();
+        if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+            return Err(malformed());
+        }
+        if self.accepts(token) {
+            Ok(())
+        } else {
+            Err(Status::unauthenticated(
+                "the bearer token is not accepted: it is none of the tokens in the daemon's inference.tokens_file; check it for typos or ask the operator for a current one",
+            ))
+        }
+    }
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// The interceptor in front of Inference and reflection: passes everything
+/// when no tokens are configured.
+#[derive(Clone, Debug, Default)]
+pub struct TokenCheck {
+    /// The accepted tokens; None: no authentication.
+    tokens: Option<Arc<Tokens>>,
+}
+
+impl TokenCheck {
+    /// Check against `tokens`, or let everything through when None.
+    pub fn new(tokens: Option<Tokens>) -> TokenCheck {
+        TokenCheck {
+            tokens: tokens.map(Arc::new),
+        }
+    }
+
+    /// Whether tokens are required.
+    pub fn enabled(&self) -> bool {
+        self.tokens.is_some()
+    }
+}
+
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        match &self.tokens {
+            None => Ok(request),
+            Some(tokens) => match tokens.check(request.metadata()) {
+                Ok(()) => Ok(request),
+                Err(status) => {
+                    // The refusal's reason, never the token.
+                    tracing::debug!(
+                        reason = status.message(),
+                        "refused an unauthenticated request on the inference port"
+                    );
+                    Err(status)
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use tonic::service::Interceptor;
+
+    fn tokens(text: &str) -> Tokens {
+        Tokens::parse(text, "/etc/tt-serving/tokens").unwrap()
+    }
+
+    fn request(authorization: Option<&str>) -> Request<()> {
+        let mut request = Request::new(());
+        if let Some(value) = authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", value.parse().unwrap());
+        }
+        request
+    }
+
+    #[test]
+    fn comments_and_blank_lines_are_skipped() {
+        let t = tokens("# ops team\n\nalpha-123\n  beta-456  \n# old: gamma\n");
+        assert_eq!(t.len(), 2);
+        assert!(t.accepts("alpha-123"));
+        assert!(t.accepts("beta-456"));
+        assert!(!t.accepts("gamma"));
+        assert!(!t.accepts("alpha-12"));
+        assert!(!t.accepts(""));
+    }
+
+    #[test]
+    fn a_file_without_tokens_is_refused() {
+        let err = Tokens::parse("# nothing yet\n\n", "/x/tokens").unwrap_err();
+        assert!(err.to_string().contains("has no tokens"), "{err}");
+        assert!(err.to_string().contains("inference.tokens_file"), "{err}");
+    }
+
+    #[test]
+    fn a_bad_line_is_named_by_number_not_content() {
+        let err = Tokens::parse("good\nhas space-secretpart\n", "/x/tokens").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("line 2"), "{text}");
+        assert!(!text.contains("secretpart"), "{text}");
+    }
+
+    #[test]
+    fn debug_output_hides_the_tokens() {
+        let shown = format!(
+            "{:?} {:?}",
+            tokens("topsecret\n"),
+            TokenCheck::new(Some(tokens("topsecret\n")))
+        );
+        assert!(!shown.contains("topsecret"), "{shown}");
+    }
+
+    #[test]
+    fn missing_wrong_and_malformed_tokens_are_unauthenticated_with_the_fix() {
+        let mut check = TokenCheck::new(Some(tokens("alpha-123\n")));
+        let missing = check.call(request(None)).unwrap_err();
+        assert_eq!(missing.code(), tonic::Code::Unauthenticated);
+        assert!(missing.message().contains("authorization: Bearer <token>"));
+        assert!(missing.message().contains("inference.tokens_file"));
+        let wrong = check.call(request(Some("Bearer alpha-124"))).unwrap_err();
+        assert_eq!(wrong.code(), tonic::Code::Unauthenticated);
+        assert!(
+            wrong.message().contains("not accepted"),
+            "{}",
+            wrong.message()
+        );
+        assert!(!wrong.message().contains("alpha"), "{}", wrong.message());
+        for bad in ["alpha-123", "Basic alpha-123", "Bearer ", "Bearer"] {
+            let err = check.call(request(Some(bad))).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::Unauthenticated, "{bad}");
+            assert!(
+                err.message().contains("not a bearer token"),
+                "{bad}: {}",
+                err.message()
+            );
+        }
+        assert!(check.call(request(Some("Bearer alpha-123"))).is_ok());
+        assert!(check.call(request(Some("bearer alpha-123"))).is_ok());
+    }
+
+    #[test]
+    fn without_tokens_everything_passes() {
+        let mut check = TokenCheck::default();
+        assert!(!check.enabled());
+        assert!(check.call(request(None)).is_ok());
+    }
+
+    #[test]
+    fn load_refuses_a_world_readable_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, "alpha-123\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = Tokens::load(&path).unwrap_err().to_string();
+        assert!(err.contains("every local user can read it"), "{err}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert_eq!(Tokens::load(&path).unwrap().len(), 1);
+    }
+}
