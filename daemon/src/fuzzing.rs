@@ -4,6 +4,8 @@
 //! unlike the daemon's own code these assert freely.
 
 use crate::config::{self, Config};
+use prost::Message;
+use tt_serving_proto::v1 as pb;
 
 /// Config text: parsing never panics; every refusal names at least one
 /// problem with a key path; an accepted config prints back to TOML that
@@ -23,6 +25,77 @@ pub fn config_text(data: &[u8]) {
                 );
             }
         }
+    }
+}
+
+/// The limits the request target runs under, small so they are reached.
+const MAX_PROMPT_BYTES: u64 = 64;
+const MAX_TOKENS: u32 = 32;
+
+fn request_config() -> Config {
+    let mut config =
+        match config::parse("[models.m]\ntp = 1\ncards = [0]\ncheckpoint = \"/m.gguf\"\n") {
+            Ok(config) => config,
+            Err(problems) => panic!("the fuzz config is invalid: {problems:?}"),
+        };
+    config.limits.max_prompt_bytes = MAX_PROMPT_BYTES;
+    config.limits.max_tokens = MAX_TOKENS;
+    config
+}
+
+/// A `GenerateRequest` as a client may send it (any protobuf bytes):
+/// validation never panics; what it accepts is within every rule and limit
+/// (so nothing unchecked reaches a worker); what it refuses is NOT_FOUND or
+/// INVALID_ARGUMENT with a message that starts with the field's name.
+pub fn generate_request(data: &[u8]) {
+    let Ok(request) = pb::GenerateRequest::decode(data) else {
+        return;
+    };
+    check_request(&request_config(), &request);
+}
+
+fn check_request(config: &Config, request: &pb::GenerateRequest) {
+    match crate::router::validate_request(config, request) {
+        Ok(()) => {
+            assert!(config.models.contains_key(&request.model), "{request:?}");
+            let prompt_bytes: usize = match &request.input {
+                Some(pb::generate_request::Input::Prompt(p)) => p.len(),
+                Some(pb::generate_request::Input::Chat(c)) => {
+                    assert!(!c.messages.is_empty(), "{request:?}");
+                    c.messages.iter().map(|m| m.content.len()).sum()
+                }
+                None => panic!("accepted without input: {request:?}"),
+            };
+            assert!(
+                prompt_bytes as u64 <= config.limits.max_prompt_bytes,
+                "{request:?}"
+            );
+            assert!(
+                request.max_tokens <= config.limits.max_tokens,
+                "{request:?}"
+            );
+            if let Some(s) = &request.sampling {
+                assert!(
+                    s.temperature.is_finite() && s.temperature >= 0.0,
+                    "{request:?}"
+                );
+                assert!((0.0..=1.0).contains(&s.top_p), "{request:?}");
+            }
+            assert!(request.stop.iter().all(|s| !s.is_empty()), "{request:?}");
+        }
+        Err(status) => match status.code() {
+            tonic::Code::NotFound => {
+                assert!(status.message().starts_with("unknown model"), "{status:?}")
+            }
+            tonic::Code::InvalidArgument => {
+                let field = status.message().split(':').next().unwrap_or_default();
+                assert!(
+                    !field.is_empty() && !field.contains(' '),
+                    "an INVALID_ARGUMENT that does not start with the field: {status:?}"
+                );
+            }
+            other => panic!("validation answered {other:?}: {status:?}"),
+        },
     }
 }
 
@@ -136,6 +209,62 @@ mod tests {
 
     /// The bounded stable run CI always does (the cargo-fuzz run needs a
     /// nightly toolchain): thousands of mutations of the seeds.
+    fn arbitrary_request(rng: &mut Rng) -> pb::GenerateRequest {
+        let text = |rng: &mut Rng, max: usize| -> String {
+            let n = rng.below(max);
+            (0..n)
+                .map(|_| char::from(b'a' + rng.below(26) as u8))
+                .collect()
+        };
+        let float = |rng: &mut Rng| -> f32 {
+            [0.0, 0.7, 1.0, 1.5, -0.1, f32::NAN, f32::INFINITY, 2.0][rng.below(8)]
+        };
+        pb::GenerateRequest {
+            model: ["m", "", "other"][rng.below(3)].to_string(),
+            input: match rng.below(4) {
+                0 => None,
+                1 => Some(pb::generate_request::Input::Prompt(text(rng, 100))),
+                _ => Some(pb::generate_request::Input::Chat(pb::ChatMessages {
+                    messages: (0..rng.below(4))
+                        .map(|_| pb::ChatMessage {
+                            role: "user".into(),
+                            content: text(rng, 40),
+                        })
+                        .collect(),
+                })),
+            },
+            max_tokens: [0, 1, 32, 33, u32::MAX][rng.below(5)],
+            sampling: (rng.below(2) == 0).then(|| pb::SamplingParams {
+                temperature: float(rng),
+                top_p: float(rng),
+                ..Default::default()
+            }),
+            stop: (0..rng.below(3)).map(|_| text(rng, 3)).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Requests built field by field (to reach the checks), and raw bytes
+    /// mutated from their encodings (to reach the decoder).
+    #[test]
+    fn requests_are_accepted_only_within_the_rules_and_refused_with_the_field() {
+        let config = request_config();
+        let mut rng = Rng(0x0dd_ba11_5eed_1234);
+        let mut accepted = 0;
+        for _ in 0..4000 {
+            let request = arbitrary_request(&mut rng);
+            if crate::router::validate_request(&config, &request).is_ok() {
+                accepted += 1;
+            }
+            check_request(&config, &request);
+            generate_request(&mutate(&mut rng, &request.encode_to_vec()));
+        }
+        assert!(
+            accepted > 50,
+            "the generator hardly reaches acceptance: {accepted}"
+        );
+    }
+
     #[test]
     fn mutated_configs_never_panic_and_round_trip_when_accepted() {
         let seeds = seeds();

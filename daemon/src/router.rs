@@ -90,65 +90,6 @@ impl Router {
         queues.get(model).map(|(_, q)| q.clone())
     }
 
-    fn validate(&self, request: &pb::GenerateRequest) -> Result<(), Status> {
-        let config = self.slots.config();
-        if !config.models.contains_key(&request.model) {
-            let known: Vec<&str> = config.models.keys().map(String::as_str).collect();
-            return Err(Status::not_found(format!(
-                "unknown model `{}`; known models: {}",
-                request.model,
-                if known.is_empty() {
-                    "(none configured)".to_string()
-                } else {
-                    known.join(", ")
-                }
-            )));
-        }
-        let limits = &config.limits;
-        match &request.input {
-            None => return Err(Status::invalid_argument("input: give `prompt` or `chat`")),
-            Some(pb::generate_request::Input::Chat(chat)) if chat.messages.is_empty() => {
-                return Err(Status::invalid_argument(
-                    "chat.messages: the conversation is empty",
-                ))
-            }
-            Some(pb::generate_request::Input::Prompt(prompt)) => {
-                check_prompt_size("prompt", prompt.len(), limits.max_prompt_bytes)?
-            }
-            Some(pb::generate_request::Input::Chat(chat)) => check_prompt_size(
-                "chat.messages[].content",
-                chat.messages.iter().map(|m| m.content.len()).sum(),
-                limits.max_prompt_bytes,
-            )?,
-        }
-        if request.max_tokens > limits.max_tokens {
-            return Err(Status::invalid_argument(format!(
-                "max_tokens: {} is above this server's limit of {} (limits.max_tokens); ask for at most {}",
-                request.max_tokens, limits.max_tokens, limits.max_tokens
-            )));
-        }
-        if let Some(s) = &request.sampling {
-            if !s.temperature.is_finite() || s.temperature < 0.0 {
-                return Err(Status::invalid_argument(format!(
-                    "sampling.temperature: {} is not allowed; use 0 (greedy) or a positive number",
-                    s.temperature
-                )));
-            }
-            if !s.top_p.is_finite() || !(0.0..=1.0).contains(&s.top_p) {
-                return Err(Status::invalid_argument(format!(
-                    "sampling.top_p: {} is outside [0, 1]",
-                    s.top_p
-                )));
-            }
-        }
-        if request.stop.iter().any(String::is_empty) {
-            return Err(Status::invalid_argument(
-                "stop: stop strings must not be empty",
-            ));
-        }
-        Ok(())
-    }
-
     fn not_ready(&self, model: &str) -> Status {
         let states: Vec<String> = self
             .slots
@@ -215,7 +156,7 @@ impl Router {
         request: pb::GenerateRequest,
         timeout: Option<Duration>,
     ) -> Result<ChunkStream, Status> {
-        self.validate(&request)?;
+        validate_request(&self.slots.config(), &request)?;
         let arrived = Instant::now();
         let model = request.model.clone();
         let config = self.slots.config();
@@ -360,6 +301,71 @@ impl Router {
         });
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
+}
+
+/// Check a request against the config before it is queued: the model is
+/// configured (NOT_FOUND listing the known ones), the fields are sane and
+/// within `[limits]` (INVALID_ARGUMENT starting with the field's name).
+/// Pure, so the fuzz target `generate_request` drives it directly.
+pub fn validate_request(
+    config: &crate::config::Config,
+    request: &pb::GenerateRequest,
+) -> Result<(), Status> {
+    if !config.models.contains_key(&request.model) {
+        let known: Vec<&str> = config.models.keys().map(String::as_str).collect();
+        return Err(Status::not_found(format!(
+            "unknown model `{}`; known models: {}",
+            request.model,
+            if known.is_empty() {
+                "(none configured)".to_string()
+            } else {
+                known.join(", ")
+            }
+        )));
+    }
+    let limits = &config.limits;
+    match &request.input {
+        None => return Err(Status::invalid_argument("input: give `prompt` or `chat`")),
+        Some(pb::generate_request::Input::Chat(chat)) if chat.messages.is_empty() => {
+            return Err(Status::invalid_argument(
+                "chat.messages: the conversation is empty",
+            ))
+        }
+        Some(pb::generate_request::Input::Prompt(prompt)) => {
+            check_prompt_size("prompt", prompt.len(), limits.max_prompt_bytes)?
+        }
+        Some(pb::generate_request::Input::Chat(chat)) => check_prompt_size(
+            "chat.messages[].content",
+            chat.messages.iter().map(|m| m.content.len()).sum(),
+            limits.max_prompt_bytes,
+        )?,
+    }
+    if request.max_tokens > limits.max_tokens {
+        return Err(Status::invalid_argument(format!(
+            "max_tokens: {} is above this server's limit of {} (limits.max_tokens); ask for at most {}",
+            request.max_tokens, limits.max_tokens, limits.max_tokens
+        )));
+    }
+    if let Some(s) = &request.sampling {
+        if !s.temperature.is_finite() || s.temperature < 0.0 {
+            return Err(Status::invalid_argument(format!(
+                "sampling.temperature: {} is not allowed; use 0 (greedy) or a positive number",
+                s.temperature
+            )));
+        }
+        if !s.top_p.is_finite() || !(0.0..=1.0).contains(&s.top_p) {
+            return Err(Status::invalid_argument(format!(
+                "sampling.top_p: {} is outside [0, 1]",
+                s.top_p
+            )));
+        }
+    }
+    if request.stop.iter().any(String::is_empty) {
+        return Err(Status::invalid_argument(
+            "stop: stop strings must not be empty",
+        ));
+    }
+    Ok(())
 }
 
 /// The metrics outcome of a request refused before it streamed.
