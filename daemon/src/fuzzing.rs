@@ -240,7 +240,6 @@ mod tests {
                 ..Default::default()
             }),
             stop: (0..rng.below(3)).map(|_| text(rng, 3)).collect(),
-            ..Default::default()
         }
     }
 
