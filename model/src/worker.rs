@@ -98,6 +98,7 @@ fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Lo
                 std::thread::sleep(pause);
             }
         },
+        faults.cache_write_error,
     )?;
     let mut files_written = loaded.files_written;
     if args.cache_mode == CacheMode::Warm && faults.warm_extra_file {
