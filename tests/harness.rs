@@ -6,6 +6,8 @@
 //! Synchronisation is by polling a condition with a deadline
 //! ([`wait_until`]), never by sleeping a fixed time and hoping.
 
+pub mod chaos_support;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -144,7 +144,17 @@ impl Router {
         } else {
             String::new()
         };
+        // A client that goes away while its request waits for admission
+        // (or gRPC's own deadline firing first) drops this future; the guard
+        // still counts the request.
+        let mut unanswered = Unanswered {
+            model: &model,
+            arrived: Instant::now(),
+            timeout,
+            armed: true,
+        };
         let result = self.admit(request, timeout).await;
+        unanswered.armed = false;
         if let Err(status) = &result {
             crate::metrics::get().request(&model, refusal_outcome(status.code()));
         }
@@ -366,6 +376,29 @@ pub fn validate_request(
         ));
     }
     Ok(())
+}
+
+/// Counts a request whose admission never finished because its future was
+/// dropped: the client went away (`cancelled`) or gRPC's deadline fired
+/// first (`deadline`).
+struct Unanswered<'a> {
+    model: &'a str,
+    arrived: Instant,
+    timeout: Option<Duration>,
+    armed: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let outcome = if self.timeout.is_some_and(|t| self.arrived.elapsed() >= t) {
+                "deadline"
+            } else {
+                "cancelled"
+            };
+            crate::metrics::get().request(self.model, outcome);
+        }
+    }
 }
 
 /// The metrics outcome of a request refused before it streamed.

@@ -167,8 +167,25 @@ fn header(spec: &ShardSpec) -> [u8; HEADER_LEN] {
 }
 
 /// Writes `data` as the file of `spec` in `dir`: temp name, fsync, rename.
-/// Returns the file name (relative to `dir`).
+/// Returns the file name (relative to `dir`). On failure the temp file is
+/// removed, so a full disk is not left fuller by a half-written tensor.
 pub fn write(dir: &Path, spec: &ShardSpec, data: &[u8]) -> Result<String, CacheError> {
+    write_file(dir, spec, data, false)
+}
+
+/// TEST ONLY (`TTW_FAULT_CACHE_WRITE_ERROR`): like [`write`], but the disk
+/// fills up half way through the data and the write fails with ENOSPC, the
+/// way it fails on a full cache filesystem.
+pub fn write_no_space(dir: &Path, spec: &ShardSpec, data: &[u8]) -> Result<String, CacheError> {
+    write_file(dir, spec, data, true)
+}
+
+fn write_file(
+    dir: &Path,
+    spec: &ShardSpec,
+    data: &[u8],
+    no_space: bool,
+) -> Result<String, CacheError> {
     let name = spec.file_name();
     let path = dir.join(&name);
     let expected = data_len(spec.dtype, &spec.shape);
@@ -182,18 +199,24 @@ pub fn write(dir: &Path, spec: &ShardSpec, data: &[u8]) -> Result<String, CacheE
         });
     }
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let io = |source| CacheError::Io {
-        file: path.clone(),
-        source,
-    };
-    let mut f = File::create(&tmp).map_err(io)?;
-    f.write_all(&header(spec)).map_err(io)?;
-    f.write_all(data).map_err(io)?;
-    // The daemon certifies the file set with a marker after we exit; a
-    // certified file must be on disk, not only in the page cache.
-    f.sync_all().map_err(io)?;
-    drop(f);
-    std::fs::rename(&tmp, &path).map_err(io)?;
+    let written = (|| -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(&header(spec))?;
+        if no_space {
+            f.write_all(&data[..data.len() / 2])?;
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        f.write_all(data)?;
+        // The daemon certifies the file set with a marker after we exit; a
+        // certified file must be on disk, not only in the page cache.
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, &path)
+    })();
+    if let Err(source) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(CacheError::Io { file: path, source });
+    }
     Ok(name)
 }
 
@@ -294,4 +317,43 @@ pub fn map(dir: &Path, spec: &ShardSpec) -> Result<Mapped, CacheError> {
         });
     }
     Ok(Mapped { map })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::Layout;
+
+    fn spec() -> ShardSpec {
+        ShardSpec {
+            tensor: "blk.0.attn_norm.weight".into(),
+            tp: 1,
+            rank: 0,
+            layout: Layout::Replicated,
+            dtype: GgmlDType::F32,
+            shape: vec![16],
+            parts: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_full_disk_fails_the_write_and_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = vec![0u8; 64];
+        let err = write_no_space(dir.path(), &spec(), &data).unwrap_err();
+        match err {
+            CacheError::Io { source, .. } => {
+                assert_eq!(source.raw_os_error(), Some(libc::ENOSPC))
+            }
+            other => panic!("{other}"),
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let name = write(dir.path(), &spec(), &data).unwrap();
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec![name]);
+    }
 }

@@ -13,6 +13,7 @@
 //! | `TTW_FAULT_SKIP_BANNER=FLAG`   | the feature of FLAG runs but its banner is withheld |
 //! | `TTW_FAULT_EXTRA_BANNER=FLAG`  | print `FLAG engaged` on the first step though FLAG's feature is not running |
 //! | `TTW_FAULT_WARM_EXTRA_FILE=1`  | a warm start writes a stray file into the cache dir |
+//! | `TTW_FAULT_CACHE_WRITE_ERROR=N` | the Nth cache file of a cold build fails half-written with ENOSPC (a full cache disk) |
 
 use std::collections::HashMap;
 
@@ -39,6 +40,8 @@ pub struct Faults {
     pub extra_banner: Option<String>,
     /// Warm start writes a stray cache file.
     pub warm_extra_file: bool,
+    /// The Nth cache file write (1-based) of a cold build fails with ENOSPC.
+    pub cache_write_error: Option<u64>,
 }
 
 /// Why the fault variables could not be read.
@@ -81,6 +84,7 @@ impl Faults {
             skip_banner: text("TTW_FAULT_SKIP_BANNER"),
             extra_banner: text("TTW_FAULT_EXTRA_BANNER"),
             warm_extra_file: env.get("TTW_FAULT_WARM_EXTRA_FILE").map(String::as_str) == Some("1"),
+            cache_write_error: num("TTW_FAULT_CACHE_WRITE_ERROR")?,
         })
     }
 }
@@ -108,6 +112,12 @@ mod tests {
         .unwrap();
         assert_eq!(f.crash_after_tokens, Some(3));
         assert_eq!(f.skip_banner.as_deref(), Some("TTW_KV_F16"));
+        let f = Faults::from_env(&env(&[
+            ("TTW_TEST_FAULTS", "1"),
+            ("TTW_FAULT_CACHE_WRITE_ERROR", "2"),
+        ]))
+        .unwrap();
+        assert_eq!(f.cache_write_error, Some(2));
     }
 
     #[test]

@@ -635,7 +635,10 @@ pub type Progress<'a> = &'a (dyn Fn(u32, u32, String) + Sync);
 
 /// Loads every rank's tensors: a cold start shards the checkpoint and writes
 /// the cache, a warm start maps the cache and never reads the checkpoint's
-/// tensor data. `step_hook` runs once per tensor (the slow-load test fault).
+/// tensor data. `step_hook` runs once per tensor (the slow-load test fault);
+/// `fail_write` makes that cache file write (1-based) of a cold build fail
+/// with ENOSPC (the full-disk test fault).
+#[allow(clippy::too_many_arguments)]
 pub fn load(
     ckpt: &Checkpoint,
     tp: usize,
@@ -644,6 +647,7 @@ pub fn load(
     mode: CacheMode,
     progress: Progress<'_>,
     step_hook: &dyn Fn(),
+    fail_write: Option<u64>,
 ) -> Result<Loaded, WeightsError> {
     let Plan { partitions, specs } = plan(ckpt, tp, policy)?;
     let total: u32 = specs.iter().map(|s| s.len() as u32).sum();
@@ -687,7 +691,13 @@ pub fn load(
             let bytes = match &checkpoint_map {
                 Some(map) => {
                     let bytes = build_shard(ckpt, map, spec)?;
-                    files_written.push(cache::write(cache_dir, spec, bytes.as_slice())?);
+                    let nth = files_written.len() as u64 + 1;
+                    let name = if fail_write == Some(nth) {
+                        cache::write_no_space(cache_dir, spec, bytes.as_slice())?
+                    } else {
+                        cache::write(cache_dir, spec, bytes.as_slice())?
+                    };
+                    files_written.push(name);
                     TensorBytes::Owned(bytes)
                 }
                 None => {

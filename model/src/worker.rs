@@ -111,6 +111,7 @@ fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Lo
                 std::thread::sleep(pause);
             }
         },
+        faults.cache_write_error,
     )?;
     let t_tensors = started.elapsed();
     let mut files_written = loaded.files_written;

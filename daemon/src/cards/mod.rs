@@ -176,6 +176,21 @@ impl CardManager {
         }
     }
 
+    /// Forget the dirty record of these cards: their worker stopped cleanly
+    /// on request.
+    pub fn clear_dirty(&self, bdfs: &[String]) {
+        for bdf in bdfs {
+            let path = self.dirty_file(bdf);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(card = %bdf, error = %e, "cannot remove the dirty record")
+                }
+            }
+        }
+    }
+
     /// Cards recorded dirty by an earlier run.
     pub fn dirty_cards(&self) -> Vec<String> {
         self.lock_table()

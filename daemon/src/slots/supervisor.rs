@@ -476,14 +476,21 @@ async fn start(
         };
     };
     let started = Instant::now();
+    // A running engine leaves its cards dirty unless it stops cleanly on
+    // request. Record that before it starts, so that a daemon killed while
+    // the worker runs (the worker dies with it: PR_SET_PDEATHSIG) resets the
+    // cards at its next start whatever its reset policy; a clean stop or a
+    // proven reset clears the record.
+    mgr.cards().mark_dirty(&plan.cards);
     let mut worker = match Worker::spawn(&spec, logs) {
         Ok(w) => w,
         Err(e) => {
+            mgr.cards().clear_dirty(&plan.cards);
             return Outcome::Failed {
                 reason: e.to_string(),
                 dirty: false,
                 cause: "start_failed",
-            }
+            };
         }
     };
     mgr.update(slot, |v| v.worker_pid = worker.pid());
@@ -760,7 +767,7 @@ async fn drain_and_stop(
         let _ =
             tokio::time::timeout(drain + Duration::from_secs(5), engine.shutdown(request)).await;
     }
-    match tokio::time::timeout(
+    let exit = match tokio::time::timeout(
         Duration::from_secs(m.restart.stop_timeout_secs),
         worker.wait(),
     )
@@ -772,7 +779,11 @@ async fn drain_and_stop(
                 .terminate(Duration::from_secs(m.restart.stop_timeout_secs))
                 .await
         }
+    };
+    if !exit.leaves_cards_dirty() {
+        mgr.cards().clear_dirty(&plan.cards);
     }
+    exit
 }
 
 async fn stop_worker(
