@@ -392,6 +392,8 @@ fn main() {
     println!("appended to {}", args.out.display());
     if !failures.is_empty() {
         eprintln!("INVARIANTS FAILED: {failures:?}");
+        // exit() skips destructors: stop the daemon (and its workers) first.
+        drop(daemon);
         std::process::exit(1);
     }
     println!("all invariants held");
