@@ -300,7 +300,8 @@ impl Scrape {
                         .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
             })
             .map(|(_, v)| v)
-            .sum()
+            .sum::<f64>()
+            + 0.0
     }
 }
 

@@ -234,8 +234,9 @@ impl Router {
                     let next = tokio::select! {
                         next = upstream.message() => next,
                         // The client went away: dropping `upstream` cancels
-                        // the sequence in the worker.
-                        _ = tx.closed() => return "cancelled",
+                        // the sequence in the worker (once it has the final
+                        // chunk, the request was answered).
+                        _ = tx.closed() => return if finished { "ok" } else { "cancelled" },
                     };
                     match next {
                         Ok(Some(mut chunk)) => {
@@ -391,7 +392,13 @@ struct Unanswered<'a> {
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
         if self.armed {
-            let outcome = if self.timeout.is_some_and(|t| self.arrived.elapsed() >= t) {
+            // gRPC's timer started a moment before `arrived`; a request
+            // dropped that close to its deadline was ended by it.
+            let margin = Duration::from_millis(250);
+            let outcome = if self
+                .timeout
+                .is_some_and(|t| self.arrived.elapsed() + margin >= t)
+            {
                 "deadline"
             } else {
                 "cancelled"
