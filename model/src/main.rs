@@ -50,11 +50,45 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    watch_parent();
     match tt_worker::worker::serve(args, faults) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tt-worker: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A worker must not outlive whoever started it: its cards would stay busy
+/// under a process nobody supervises. The daemon sets PR_SET_PDEATHSIG, but
+/// the kernel ties that to the thread that spawned us, and an orphan was
+/// seen to survive a kill -9 of the daemon (docs/RELIABILITY.md). This is
+/// the backstop: once we are reparented, exit.
+fn watch_parent() {
+    let parent = std::os::unix::process::parent_id();
+    if parent == 1 {
+        return; // started by init itself: nothing to outlive
+    }
+    let watch = std::thread::Builder::new()
+        .name("parent-watch".into())
+        .spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            if std::os::unix::process::parent_id() != parent {
+                // Our stderr pipe may have lost its reader with the parent:
+                // write without panicking, and leave without exit handlers
+                // that could wait on a lock held by a stuck thread.
+                use std::io::Write;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "tt-worker: my parent (pid {parent}) is gone; exiting"
+                );
+                // SAFETY: _exit ends the process at once; nothing of ours
+                // runs after it.
+                unsafe { libc::_exit(1) }
+            }
+        });
+    if let Err(e) = watch {
+        eprintln!("tt-worker: cannot start the parent watch ({e}); relying on PR_SET_PDEATHSIG");
     }
 }
