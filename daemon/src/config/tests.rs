@@ -379,3 +379,13 @@ fn bdf_normalisation() {
     assert_eq!(parse_bdf("0000:01:00.8"), None);
     assert_eq!(parse_bdf("/dev/tenstorrent/0"), None);
 }
+
+#[test]
+fn metrics_listen_that_is_not_an_address_is_rejected_with_the_fix() {
+    assert_rejected(
+        "[metrics]\nlisten = \"localhost\"\n",
+        "metrics.listen",
+        "or \"\" to turn the endpoint off",
+    );
+    assert!(crate::config::parse("[metrics]\nlisten = \"\"\n").is_ok());
+}
