@@ -14,8 +14,10 @@
 //! never invents data.
 //!
 //! File format: a 64-byte header (magic `TTWTENS1`, GGML dtype id as u32,
-//! number of dims as u32, four u64 dims, data length as u64, zero padding)
-//! followed by the raw tensor data in GGML block layout. The fixed header
+//! number of dims as u32, four u64 dims, data length as u64, an interleave
+//! byte (1: Q4_1 interleaved by 8 rows, see `kernels::pack_q4_1_x8`), zero
+//! padding) followed by the tensor data in GGML block layout (or that
+//! interleaved one). The fixed header
 //! keeps the data 64-byte aligned in the mapping.
 
 use crate::weights::ShardSpec;
@@ -163,6 +165,7 @@ fn header(spec: &ShardSpec) -> [u8; HEADER_LEN] {
     }
     let len = data_len(spec.dtype, &spec.shape) as u64;
     h[48..56].copy_from_slice(&len.to_le_bytes());
+    h[56] = u8::from(spec.interleaved);
     h
 }
 
@@ -310,8 +313,13 @@ pub fn map(dir: &Path, spec: &ShardSpec) -> Result<Mapped, CacheError> {
         return Err(CacheError::BadHeader {
             file: path,
             problem: format!(
-                "header does not describe a {} tensor of shape {:?}",
+                "header does not describe a {}{} tensor of shape {:?}",
                 dtype_name(spec.dtype),
+                if spec.interleaved {
+                    " (interleaved by 8 rows)"
+                } else {
+                    ""
+                },
                 spec.shape
             ),
         });
@@ -333,6 +341,7 @@ mod tests {
             dtype: GgmlDType::F32,
             shape: vec![16],
             parts: Vec::new(),
+            interleaved: false,
         }
     }
 

@@ -10,18 +10,25 @@
 //! `d_w * d_x * sum(q_w * q_x) + m_w * s_x`; a Q8_0 block (`w = d * q`) is
 //! `d_w * d_x * sum(q_w * q_x)`.
 //!
-//! The AVX2 path unpacks each weight block once and multiplies it with every
-//! activation row of the step (up to [`ROWS_PER_PASS`] at a time, the rest
-//! while the weight row is still in L1), so a batch of sequences reads the
-//! weights once per step instead of once per sequence. Rows of the weight
-//! matrix are spread over [`crate::pool`]'s threads.
+//! **Q4_1 interleaved by 8 rows** ([`Format::Q4_1x8`], built once by the
+//! cold start, see [`pack_q4_1_x8`]): block `b` of 8 consecutive weight rows
+//! is one 160-byte unit holding the 8 scales, the 8 minimums and the 256
+//! nibbles arranged so that one AVX2 `maddubs` multiplies 4 values of every
+//! one of the 8 rows with the same 4 activation values (broadcast). Each
+//! 32-bit lane of the result then belongs to one weight row, so a block of 8
+//! rows costs 8 multiplies, 7 adds and one widening per activation row
+//! instead of 8 x (multiply, widen, horizontal sum), and the 8 scales are one
+//! vector. An activation row is multiplied with each unpacked unit while it
+//! is in registers, so a batch reads the weights once per step.
 //!
-//! Every output element is computed by the same sequence of floating-point
-//! operations whatever the batch size, the number of threads or the row
-//! range a thread gets, so a sequence decoded alone gives the same bits as in
-//! a batch, and TP=1 the same bits as TP=2. The scalar path (CPUs without
-//! AVX2/FMA/F16C) does the same arithmetic in a different order: it agrees
-//! with the AVX2 path within float rounding, not bit for bit.
+//! **Bit-for-bit rules.** For Q4_1 (plain and interleaved, AVX2 and scalar)
+//! every output element is computed by the same operations: per block the
+//! exact integer `sum(q_w * q_x)`, then `acc = fma(d_w * d_x, isum, acc)` and
+//! `macc = fma(m_w, s_x, macc)`, and `acc + macc` at the end. So a sequence
+//! decoded alone gives the same bits as in a batch, TP=1 the same bits as
+//! TP=2 (whose shards may be packed differently), and a CPU without AVX2 the
+//! same bits as one with it. The Q8_0 AVX2 path is also independent of the
+//! batch size and thread split; its scalar fallback agrees within rounding.
 
 use half::f16;
 use std::cell::RefCell;
@@ -115,26 +122,110 @@ impl Q8Rows {
 pub enum Format {
     /// f16 `d`, f16 `m`, 16 bytes of nibbles (low nibbles are values 0..16).
     Q4_1,
+    /// Q4_1 interleaved by 8 rows (see [`pack_q4_1_x8`]).
+    Q4_1x8,
     /// f16 `d`, 32 signed bytes.
     Q8_0,
 }
 
 impl Format {
-    /// Bytes per block of [`QK`] values.
+    /// Bytes per block of [`QK`] values of one row.
     pub fn block_bytes(self) -> usize {
         match self {
-            Format::Q4_1 => Q4_1_BYTES,
+            Format::Q4_1 | Format::Q4_1x8 => Q4_1_BYTES,
             Format::Q8_0 => Q8_0_BYTES,
+        }
+    }
+
+    /// Rows stored together (the unit a row range is cut in).
+    pub fn rows_per_unit(self) -> usize {
+        match self {
+            Format::Q4_1x8 => X8,
+            Format::Q4_1 | Format::Q8_0 => 1,
         }
     }
 }
 
 /// Bytes of one Q8_0 block.
 pub const Q8_0_BYTES: usize = 34;
+/// Rows interleaved by [`Format::Q4_1x8`].
+pub const X8: usize = 8;
+/// Bytes of one interleaved unit: block `b` of 8 rows.
+pub const Q4_1X8_BYTES: usize = X8 * Q4_1_BYTES;
 
-/// A weight matrix `(n, k)` in GGML block layout, possibly a column slice
-/// of a wider one: row `r` is `blocks` blocks starting at byte
-/// `offset + r * stride`.
+/// Value `i` (0..32) of a Q4_1 block's 16 nibble bytes.
+fn q4_1_value(nibbles: &[u8], i: usize) -> u8 {
+    if i < QK / 2 {
+        nibbles[i] & 0x0F
+    } else {
+        nibbles[i - QK / 2] >> 4
+    }
+}
+
+/// Byte `j` (0..32) of nibble chunk `p` (0..4) of an interleaved unit holds,
+/// for row `j / 4`, value `8p + j % 4` in its low nibble and value
+/// `8p + 4 + j % 4` in its high nibble: masking a chunk gives 4 values of
+/// each of the 8 rows, in the order one broadcast activation word needs.
+fn x8_value_index(p: usize, j: usize, high: bool) -> (usize, usize) {
+    (j / 4, 8 * p + 4 * usize::from(high) + j % 4)
+}
+
+/// Interleaves a plain Q4_1 matrix of `n` rows of `k` values into
+/// [`Format::Q4_1x8`]: `None` unless `n` is a multiple of 8 and the bytes
+/// fit. The result has the same length; unit `(g, b)` (rows `8g..8g + 8`,
+/// block `b`) starts at byte `(g * k / 32 + b) * 160` and holds the 8 `d`
+/// (f16), the 8 `m` (f16), then 4 chunks of 32 nibble bytes.
+pub fn pack_q4_1_x8(plain: &[u8], n: usize, k: usize) -> Option<Vec<u8>> {
+    let nb = k / QK;
+    if !n.is_multiple_of(X8) || !k.is_multiple_of(QK) || plain.len() != n * nb * Q4_1_BYTES {
+        return None;
+    }
+    let mut out = vec![0u8; plain.len()];
+    let block = |r: usize, b: usize| &plain[(r * nb + b) * Q4_1_BYTES..][..Q4_1_BYTES];
+    for g in 0..n / X8 {
+        for b in 0..nb {
+            let unit = &mut out[(g * nb + b) * Q4_1X8_BYTES..][..Q4_1X8_BYTES];
+            for r in 0..X8 {
+                let blk = block(g * X8 + r, b);
+                unit[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+                unit[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+            }
+            for p in 0..4 {
+                for j in 0..32 {
+                    let (r, lo) = x8_value_index(p, j, false);
+                    let (_, hi) = x8_value_index(p, j, true);
+                    let nib = &block(g * X8 + r, b)[4..];
+                    unit[32 + 32 * p + j] = q4_1_value(nib, lo) | (q4_1_value(nib, hi) << 4);
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
+/// One Q4_1 block of row `r` of an interleaved unit, in plain layout.
+fn x8_block(unit: &[u8], r: usize) -> [u8; Q4_1_BYTES] {
+    let mut q = [0u8; QK];
+    for p in 0..4 {
+        for j in (r * 4)..(r * 4 + 4) {
+            let byte = unit[32 + 32 * p + j];
+            q[x8_value_index(p, j, false).1] = byte & 0x0F;
+            q[x8_value_index(p, j, true).1] = byte >> 4;
+        }
+    }
+    let mut blk = [0u8; Q4_1_BYTES];
+    blk[0..2].copy_from_slice(&unit[2 * r..2 * r + 2]);
+    blk[2..4].copy_from_slice(&unit[16 + 2 * r..16 + 2 * r + 2]);
+    for i in 0..QK / 2 {
+        blk[4 + i] = q[i] | (q[i + QK / 2] << 4);
+    }
+    blk
+}
+
+/// A weight matrix `(n, k)` in GGML block layout (or interleaved by 8 rows),
+/// possibly a column slice of a wider one: storage unit `u` (a row, or 8
+/// rows when interleaved) is `blocks` blocks starting at byte
+/// `offset + u * stride`.
 #[derive(Debug, Clone, Copy)]
 pub struct WeightView<'a> {
     /// Block format.
@@ -145,9 +236,9 @@ pub struct WeightView<'a> {
     pub n: usize,
     /// Blocks per row used.
     pub blocks: usize,
-    /// Bytes from one row to the next.
+    /// Bytes from one storage unit (row, or 8 rows) to the next.
     pub stride: usize,
-    /// Byte offset of the first block used in row 0.
+    /// Byte offset of the first block used in unit 0.
     pub offset: usize,
 }
 
@@ -166,16 +257,18 @@ impl<'a> WeightView<'a> {
         k: usize,
         cols: std::ops::Range<usize>,
     ) -> Option<Self> {
+        let unit_rows = format.rows_per_unit();
         if !k.is_multiple_of(QK)
             || !cols.start.is_multiple_of(QK)
             || !cols.end.is_multiple_of(QK)
             || cols.end > k
+            || !n.is_multiple_of(unit_rows)
         {
             return None;
         }
-        let bb = format.block_bytes();
+        let bb = format.block_bytes() * unit_rows;
         let stride = k / QK * bb;
-        if data.len() != n * stride || cols.is_empty() {
+        if data.len() != n / unit_rows * stride || cols.is_empty() {
             return None;
         }
         Some(Self {
@@ -193,28 +286,48 @@ impl<'a> WeightView<'a> {
         self.blocks * QK
     }
 
-    fn row(&self, r: usize) -> &'a [u8] {
-        let at = self.offset + r * self.stride;
-        &self.data[at..at + self.blocks * self.format.block_bytes()]
+    /// The used blocks of storage unit `u` (row `u`, or rows `8u..8u + 8`).
+    fn unit(&self, u: usize) -> &'a [u8] {
+        let at = self.offset + u * self.stride;
+        let len = self.blocks * self.format.block_bytes() * self.format.rows_per_unit();
+        &self.data[at..at + len]
     }
 
     /// Row `r` as f32 (the embedding lookup).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        let bb = self.format.block_bytes();
-        for (blk, o) in self.row(r).chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
+        let q4_1 = |blk: &[u8], o: &mut [f32]| {
             let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-            match self.format {
-                Format::Q8_0 => {
+            let m = f16::from_le_bytes([blk[2], blk[3]]).to_f32();
+            for (i, v) in o.iter_mut().enumerate() {
+                *v = d * q4_1_value(&blk[4..], i) as f32 + m;
+            }
+        };
+        match self.format {
+            Format::Q8_0 => {
+                for (blk, o) in self
+                    .unit(r)
+                    .chunks_exact(Q8_0_BYTES)
+                    .zip(out.chunks_exact_mut(QK))
+                {
+                    let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
                     for (v, &q) in o.iter_mut().zip(&blk[2..]) {
                         *v = d * (q as i8) as f32;
                     }
                 }
-                Format::Q4_1 => {
-                    let m = f16::from_le_bytes([blk[2], blk[3]]).to_f32();
-                    for j in 0..QK / 2 {
-                        o[j] = d * (blk[4 + j] & 0x0F) as f32 + m;
-                        o[j + QK / 2] = d * (blk[4 + j] >> 4) as f32 + m;
-                    }
+            }
+            Format::Q4_1 => {
+                for (blk, o) in self
+                    .unit(r)
+                    .chunks_exact(Q4_1_BYTES)
+                    .zip(out.chunks_exact_mut(QK))
+                {
+                    q4_1(blk, o);
+                }
+            }
+            Format::Q4_1x8 => {
+                let units = self.unit(r / X8).chunks_exact(Q4_1X8_BYTES);
+                for (unit, o) in units.zip(out.chunks_exact_mut(QK)) {
+                    q4_1(&x8_block(unit, r % X8), o);
                 }
             }
         }
@@ -284,21 +397,10 @@ pub fn matmul_fused(x: &[f32], m: usize, k: usize, tasks: &mut [Task<'_>]) {
                 let j = starts.partition_point(|&s| s <= unit) - 1;
                 let (w, blk0, ptr) = jobs[j];
                 let first = (unit - starts[j]) * ROWS_PER_TASK;
-                for r in first..(first + ROWS_PER_TASK).min(w.n) {
-                    let wr = w.row(r);
-                    let mut i = 0;
-                    while i < m {
-                        let take = (m - i).min(ROWS_PER_PASS);
-                        let mut res = [0.0f32; ROWS_PER_PASS];
-                        dot_rows(isa, w.format, wr, q, blk0, i, take, &mut res);
-                        for (a, v) in res[..take].iter().enumerate() {
-                            // SAFETY: (i + a, r) is inside this product's
-                            // m x n output and only this unit writes row r.
-                            unsafe { *ptr.0.add((i + a) * w.n + r) = *v };
-                        }
-                        i += take;
-                    }
-                }
+                let rows = first..(first + ROWS_PER_TASK).min(w.n);
+                // SAFETY: only this unit writes rows `rows` of this
+                // product's m x n output, which `ptr` points to.
+                unsafe { product_rows(isa, &w, q, blk0, rows, ptr) };
             }
         };
         let work: usize = jobs.iter().map(|(w, _, _)| w.n * w.k()).sum::<usize>() * m;
@@ -310,52 +412,126 @@ pub fn matmul_fused(x: &[f32], m: usize, k: usize, tasks: &mut [Task<'_>]) {
     });
 }
 
-/// Dots of one weight row with activation rows `first..first + take`,
-/// starting at activation block `blk0`.
-#[allow(clippy::too_many_arguments)]
-fn dot_rows(
+/// Output rows `rows` of `w` for every activation row of `q`, starting at
+/// activation block `blk0`, written to `out` (`q.rows` x `w.n`).
+///
+/// # Safety
+/// `out` points to `q.rows * w.n` floats that no one else writes at `rows`.
+unsafe fn product_rows(
     isa: Isa,
-    format: Format,
-    w: &[u8],
+    w: &WeightView<'_>,
     q: &Q8Rows,
     blk0: usize,
-    first: usize,
-    take: usize,
-    out: &mut [f32],
+    rows: std::ops::Range<usize>,
+    out: OutPtr,
 ) {
+    let m = q.rows;
     let nb = q.k / QK;
-    let xq = |j: usize| &q.qs[(first + j) * q.k + blk0 * QK..(first + j + 1) * q.k];
-    let xd = |j: usize| &q.d[(first + j) * nb + blk0..(first + j + 1) * nb];
-    let xs = |j: usize| &q.s[(first + j) * nb + blk0..(first + j + 1) * nb];
-    match isa {
+    let put = |i: usize, r: usize, v: f32| {
+        // SAFETY: (i, r) is inside the m x n output (see above).
+        unsafe { *out.0.add(i * w.n + r) = v };
+    };
+    let xq = |i: usize| &q.qs[i * q.k + blk0 * QK..(i + 1) * q.k];
+    let xd = |i: usize| &q.d[i * nb + blk0..(i + 1) * nb];
+    let xs = |i: usize| &q.s[i * nb + blk0..(i + 1) * nb];
+    match (w.format, isa) {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
-            macro_rules! call {
-                ($n:literal, $($j:literal),*) => {{
-                    // SAFETY: isa() checked AVX2, FMA and F16C; every slice
-                    // holds at least the row's blocks.
-                    let r = unsafe {
-                        match format {
-                            Format::Q4_1 => avx2::dot_q4_1::<$n>(w, [$(xq($j)),*], [$(xd($j)),*], [$(xs($j)),*]),
-                            Format::Q8_0 => avx2::dot_q8_0::<$n>(w, [$(xq($j)),*], [$(xd($j)),*]),
+        (Format::Q4_1x8, Isa::Avx2) => {
+            for g in rows.start / X8..rows.end.div_ceil(X8) {
+                let unit = w.unit(g);
+                let mut i = 0;
+                while i < m {
+                    let take = (m - i).min(ROWS_PER_PASS);
+                    let mut res = [[0.0f32; X8]; ROWS_PER_PASS];
+                    macro_rules! call {
+                        ($n:literal, $($j:literal),*) => {{
+                            // SAFETY: isa() checked AVX2, FMA and F16C; the
+                            // unit and every activation slice hold `blocks`
+                            // blocks.
+                            let r = unsafe {
+                                avx2::dot_q4_1x8::<$n>(
+                                    unit,
+                                    [$(xq(i + $j)),*],
+                                    [$(xd(i + $j)),*],
+                                    [$(xs(i + $j)),*],
+                                )
+                            };
+                            res[..$n].copy_from_slice(&r);
+                        }};
+                    }
+                    match take {
+                        1 => call!(1, 0),
+                        2 => call!(2, 0, 1),
+                        3 => call!(3, 0, 1, 2),
+                        _ => call!(4, 0, 1, 2, 3),
+                    }
+                    for (a, vals) in res[..take].iter().enumerate() {
+                        for (lane, &v) in vals.iter().enumerate() {
+                            put(i + a, g * X8 + lane, v);
                         }
-                    };
-                    out[..$n].copy_from_slice(&r);
-                }};
-            }
-            match take {
-                1 => call!(1, 0),
-                2 => call!(2, 0, 1),
-                3 => call!(3, 0, 1, 2),
-                _ => call!(4, 0, 1, 2, 3),
+                    }
+                    i += take;
+                }
             }
         }
-        _ => {
-            for (j, o) in out[..take].iter_mut().enumerate() {
-                *o = match format {
-                    Format::Q4_1 => dot_q4_1_scalar(w, xq(j), xd(j), xs(j)),
-                    Format::Q8_0 => dot_q8_0_scalar(w, xq(j), xd(j)),
-                };
+        (Format::Q4_1x8, _) => {
+            for r in rows {
+                let blocks: Vec<[u8; Q4_1_BYTES]> = w
+                    .unit(r / X8)
+                    .chunks_exact(Q4_1X8_BYTES)
+                    .map(|u| x8_block(u, r % X8))
+                    .collect();
+                for i in 0..m {
+                    put(
+                        i,
+                        r,
+                        dot_q4_1_scalar(blocks.as_flattened(), xq(i), xd(i), xs(i)),
+                    );
+                }
+            }
+        }
+        (Format::Q4_1, _) => {
+            for r in rows {
+                for i in 0..m {
+                    put(i, r, dot_q4_1_scalar(w.unit(r), xq(i), xd(i), xs(i)));
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Format::Q8_0, Isa::Avx2) => {
+            for r in rows {
+                let wr = w.unit(r);
+                let mut i = 0;
+                while i < m {
+                    let take = (m - i).min(ROWS_PER_PASS);
+                    let mut res = [0.0f32; ROWS_PER_PASS];
+                    macro_rules! call {
+                        ($n:literal, $($j:literal),*) => {{
+                            // SAFETY: as above.
+                            let r = unsafe {
+                                avx2::dot_q8_0::<$n>(wr, [$(xq(i + $j)),*], [$(xd(i + $j)),*])
+                            };
+                            res[..$n].copy_from_slice(&r);
+                        }};
+                    }
+                    match take {
+                        1 => call!(1, 0),
+                        2 => call!(2, 0, 1),
+                        3 => call!(3, 0, 1, 2),
+                        _ => call!(4, 0, 1, 2, 3),
+                    }
+                    for (a, &v) in res[..take].iter().enumerate() {
+                        put(i + a, r, v);
+                    }
+                    i += take;
+                }
+            }
+        }
+        (Format::Q8_0, _) => {
+            for r in rows {
+                for i in 0..m {
+                    put(i, r, dot_q8_0_scalar(w.unit(r), xq(i), xd(i)));
+                }
             }
         }
     }
@@ -377,27 +553,28 @@ pub fn dot_q8_0_scalar(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
     sum
 }
 
-/// The reference: one Q4_1 row against one quantized activation row.
+/// The reference: one Q4_1 row against one quantized activation row, with
+/// the operations every Q4_1 path performs (see the module doc).
 pub fn dot_q4_1_scalar(w: &[u8], xq: &[i8], xd: &[f32], xs: &[f32]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut acc = 0.0f32;
+    let mut macc = 0.0f32;
     for (b, blk) in w.chunks_exact(Q4_1_BYTES).enumerate() {
         let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
         let m = f16::from_le_bytes([blk[2], blk[3]]).to_f32();
         let x = &xq[b * QK..(b + 1) * QK];
-        let mut isum = 0i32;
-        for j in 0..QK / 2 {
-            let lo = (blk[4 + j] & 0x0F) as i32;
-            let hi = (blk[4 + j] >> 4) as i32;
-            isum += lo * x[j] as i32 + hi * x[j + QK / 2] as i32;
-        }
-        sum += d * xd[b] * isum as f32 + m * xs[b];
+        let isum: i32 = (0..QK)
+            .map(|i| q4_1_value(&blk[4..], i) as i32 * x[i] as i32)
+            .sum();
+        // |isum| <= 32 * 15 * 127: exact in f32.
+        acc = (d * xd[b]).mul_add(isum as f32, acc);
+        macc = m.mul_add(xs[b], macc);
     }
-    sum
+    acc + macc
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Q4_1_BYTES, Q8_0_BYTES, QK};
+    use super::{Q4_1X8_BYTES, Q8_0_BYTES, QK, X8};
     use std::arch::x86_64::*;
 
     #[inline(always)]
@@ -408,46 +585,54 @@ mod avx2 {
         _mm_cvtss_f32(s)
     }
 
-    /// One Q4_1 row against `N` quantized activation rows; each result is
-    /// computed by the same operations whatever `N` is.
+    /// 8 interleaved Q4_1 rows (`units`: one unit per block) against `N`
+    /// quantized activation rows: lane `r` of result `j` is row `r` times
+    /// activation row `j`, computed as [`super::dot_q4_1_scalar`] does.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dot_q4_1<const N: usize>(
-        w: &[u8],
+    pub(super) unsafe fn dot_q4_1x8<const N: usize>(
+        units: &[u8],
         xq: [&[i8]; N],
         xd: [&[f32]; N],
         xs: [&[f32]; N],
-    ) -> [f32; N] {
-        let nb = w.len() / Q4_1_BYTES;
+    ) -> [[f32; X8]; N] {
+        let nb = units.len() / Q4_1X8_BYTES;
         for j in 0..N {
             debug_assert!(xq[j].len() >= nb * QK && xd[j].len() >= nb && xs[j].len() >= nb);
         }
-        let low = _mm_set1_epi8(0x0F);
+        let low = _mm256_set1_epi8(0x0F);
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); N];
-        let mut mins = [0.0f32; N];
-        let wp = w.as_ptr();
+        let mut macc = [_mm256_setzero_ps(); N];
+        let up = units.as_ptr();
         for b in 0..nb {
-            let blk = wp.add(b * Q4_1_BYTES);
-            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
-                blk as *const i32,
-            )));
-            let dw = _mm_cvtss_f32(dm);
-            let mw = _mm_cvtss_f32(_mm_movehdup_ps(dm));
-            let q = _mm_loadu_si128(blk.add(4) as *const __m128i);
-            let lo = _mm_and_si128(q, low);
-            let hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
-            let wv = _mm256_set_m128i(hi, lo);
+            let unit = up.add(b * Q4_1X8_BYTES);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(unit as *const __m128i));
+            let m = _mm256_cvtph_ps(_mm_loadu_si128(unit.add(16) as *const __m128i));
+            // Sums of 8 products of a nibble (<= 15) and an activation
+            // (|q| <= 127) stay within i16: 8 * 2 * 15 * 127 = 30480.
+            let mut isum = [_mm256_setzero_si256(); N];
+            for p in 0..4 {
+                let c = _mm256_loadu_si256(unit.add(32 + 32 * p) as *const __m256i);
+                let w0 = _mm256_and_si256(c, low);
+                let w1 = _mm256_and_si256(_mm256_srli_epi16(c, 4), low);
+                for j in 0..N {
+                    let xp = xq[j].as_ptr().add(b * QK + 8 * p);
+                    let x0 = _mm256_set1_epi32(std::ptr::read_unaligned(xp as *const i32));
+                    let x1 = _mm256_set1_epi32(std::ptr::read_unaligned(xp.add(4) as *const i32));
+                    isum[j] = _mm256_add_epi16(isum[j], _mm256_maddubs_epi16(w0, x0));
+                    isum[j] = _mm256_add_epi16(isum[j], _mm256_maddubs_epi16(w1, x1));
+                }
+            }
             for j in 0..N {
-                let xv = _mm256_loadu_si256(xq[j].as_ptr().add(b * QK) as *const __m256i);
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones);
-                let scale = _mm256_set1_ps(dw * *xd[j].get_unchecked(b));
-                acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(p), acc[j]);
-                mins[j] += mw * *xs[j].get_unchecked(b);
+                let dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(isum[j], ones));
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(*xd[j].get_unchecked(b)));
+                acc[j] = _mm256_fmadd_ps(scale, dots, acc[j]);
+                macc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(*xs[j].get_unchecked(b)), macc[j]);
             }
         }
-        let mut out = [0.0f32; N];
+        let mut out = [[0.0f32; X8]; N];
         for j in 0..N {
-            out[j] = hsum(acc[j]) + mins[j];
+            _mm256_storeu_ps(out[j].as_mut_ptr(), _mm256_add_ps(acc[j], macc[j]));
         }
         out
     }
@@ -508,7 +693,7 @@ mod tests {
         for _ in 0..n * k / QK {
             out.extend_from_slice(&f16::from_f32(lcg(seed).abs() * 0.05).to_le_bytes());
             match format {
-                Format::Q4_1 => {
+                Format::Q4_1 | Format::Q4_1x8 => {
                     out.extend_from_slice(&f16::from_f32(lcg(seed) * 0.3).to_le_bytes());
                     for _ in 0..16 {
                         out.push(((lcg(seed) + 1.0) * 127.9) as u8);
@@ -574,14 +759,35 @@ mod tests {
         assert_eq!((out[0], out[1], out[2]), (-32.0, 1.75, 0.0));
     }
 
+    /// Plain rows `r` of a matrix for the scalar reference.
+    fn plain_row<'a>(plain: &'a [u8], format: Format, k: usize, r: usize) -> &'a [u8] {
+        let len = k / QK * format.block_bytes();
+        &plain[r * len..(r + 1) * len]
+    }
+
     #[test]
     fn kernels_match_f32_reference_and_scalar_path() {
-        for format in [Format::Q4_1, Format::Q8_0] {
+        for format in [Format::Q4_1, Format::Q4_1x8, Format::Q8_0] {
+            let plain_format = if format == Format::Q8_0 {
+                Format::Q8_0
+            } else {
+                Format::Q4_1
+            };
             let mut seed = 42;
-            for &(n, k, m) in &[(8, 32, 1), (37, 576, 1), (64, 1536, 3), (40, 576, 9)] {
-                let bytes = random_blocks(format, n, k, &mut seed);
+            for &(n, k, m) in &[(8, 32, 1), (40, 576, 1), (64, 1536, 3), (40, 576, 9)] {
+                let plain = random_blocks(plain_format, n, k, &mut seed);
+                let bytes = if format == Format::Q4_1x8 {
+                    pack_q4_1_x8(&plain, n, k).unwrap()
+                } else {
+                    plain.clone()
+                };
                 let w = WeightView::new(format, &bytes, n, k).unwrap();
                 let dense = dequant_matrix(&w);
+                assert_eq!(
+                    dense,
+                    dequant_matrix(&WeightView::new(plain_format, &plain, n, k).unwrap()),
+                    "{format:?}: packing keeps every value"
+                );
                 let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
                 let mut out = vec![0.0; m * n];
                 matmul(&w, &x, m, &mut out);
@@ -598,16 +804,24 @@ mod tests {
                         let prods = (0..k).map(|c| dense[r * k + c] * x[i * k + c]);
                         let exact: f32 = prods.clone().sum();
                         let mag: f32 = prods.map(f32::abs).sum::<f32>().max(1.0);
-                        let scalar = match format {
-                            Format::Q4_1 => dot_q4_1_scalar(w.row(r), xq, xd, xs),
-                            Format::Q8_0 => dot_q8_0_scalar(w.row(r), xq, xd),
-                        };
+                        let row = plain_row(&plain, plain_format, k, r);
                         let got = out[i * n + r];
-                        // Same quantized inputs: only summation order differs.
-                        assert!(
-                            (got - scalar).abs() <= 1e-5 * mag,
-                            "{format:?} n={n} k={k} row {r} seq {i}: kernel {got} vs scalar {scalar}"
-                        );
+                        if plain_format == Format::Q4_1 {
+                            // Every Q4_1 path performs the same operations.
+                            let scalar = dot_q4_1_scalar(row, xq, xd, xs);
+                            assert_eq!(
+                                got.to_bits(),
+                                scalar.to_bits(),
+                                "{format:?} n={n} k={k} row {r} seq {i}: kernel {got} vs scalar {scalar}"
+                            );
+                        } else {
+                            // Same quantized inputs: only summation order differs.
+                            let scalar = dot_q8_0_scalar(row, xq, xd);
+                            assert!(
+                                (got - scalar).abs() <= 1e-5 * mag,
+                                "{format:?} n={n} k={k} row {r} seq {i}: kernel {got} vs scalar {scalar}"
+                            );
+                        }
                         // Against f32 activations: the 8-bit quantization error.
                         assert!(
                             (got - exact).abs() <= 0.02 * mag,
@@ -620,11 +834,25 @@ mod tests {
     }
 
     #[test]
+    fn packing_needs_whole_groups_of_eight_rows() {
+        let mut seed = 5;
+        let plain = random_blocks(Format::Q4_1, 12, 64, &mut seed);
+        assert!(pack_q4_1_x8(&plain, 12, 64).is_none());
+        assert!(pack_q4_1_x8(&plain[..8 * 2 * Q4_1_BYTES], 8, 64).is_some());
+        assert!(WeightView::new(Format::Q4_1x8, &plain, 12, 64).is_none());
+    }
+
+    #[test]
     fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
-        for format in [Format::Q4_1, Format::Q8_0] {
+        for format in [Format::Q4_1, Format::Q4_1x8, Format::Q8_0] {
             let mut seed = 3;
-            let (n, k) = (300, 576);
-            let bytes = random_blocks(format, n, k, &mut seed);
+            let (n, k) = (296, 576);
+            let bytes = match format {
+                Format::Q4_1x8 => {
+                    pack_q4_1_x8(&random_blocks(Format::Q4_1, n, k, &mut seed), n, k).unwrap()
+                }
+                f => random_blocks(f, n, k, &mut seed),
+            };
             let w = WeightView::new(format, &bytes, n, k).unwrap();
             let x: Vec<f32> = (0..11 * k).map(|_| lcg(&mut seed)).collect();
             let mut batch = vec![0.0; 11 * n];
@@ -634,6 +862,34 @@ mod tests {
                 matmul(&w, &x[i * k..(i + 1) * k], 1, &mut alone);
                 assert_eq!(alone, batch[i * n..(i + 1) * n], "{format:?} row {i}");
             }
+        }
+    }
+
+    #[test]
+    fn packed_column_slices_give_the_bits_of_plain_ones() {
+        let mut seed = 11;
+        let (n, k, m) = (48, 192, 5);
+        let plain = random_blocks(Format::Q4_1, n, k, &mut seed);
+        let packed = pack_q4_1_x8(&plain, n, k).unwrap();
+        let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+        for cols in [0..64, 64..192, 32..96] {
+            let mut outs = Vec::new();
+            for (format, bytes) in [(Format::Q4_1, &plain), (Format::Q4_1x8, &packed)] {
+                let w = WeightView::cols(format, bytes, n, k, cols.clone()).unwrap();
+                let mut out = vec![0.0; m * n];
+                matmul_fused(
+                    &x,
+                    m,
+                    k,
+                    &mut [Task {
+                        w,
+                        col: cols.start,
+                        out: &mut out,
+                    }],
+                );
+                outs.push(out);
+            }
+            assert_eq!(outs[0], outs[1], "columns {cols:?}");
         }
     }
 

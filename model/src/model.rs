@@ -116,10 +116,11 @@ enum LinearKind {
 }
 
 /// The formats our kernels take.
-fn kernel_format(dtype: GgmlDType) -> Option<Format> {
-    match dtype {
-        GgmlDType::Q4_1 => Some(Format::Q4_1),
-        GgmlDType::Q8_0 => Some(Format::Q8_0),
+fn kernel_format(t: &RawTensor) -> Option<Format> {
+    match (t.dtype, t.interleaved) {
+        (GgmlDType::Q4_1, true) => Some(Format::Q4_1x8),
+        (GgmlDType::Q4_1, false) => Some(Format::Q4_1),
+        (GgmlDType::Q8_0, false) => Some(Format::Q8_0),
         _ => None,
     }
 }
@@ -134,7 +135,7 @@ impl Linear {
     /// a copy for candle's.
     fn cols(t: RawTensor, cols: std::ops::Range<usize>) -> Result<Self, ModelError> {
         let (out, width) = dims2(&t)?;
-        if let Some(format) = kernel_format(t.dtype) {
+        if let Some(format) = kernel_format(&t) {
             if WeightView::cols(format, t.bytes.as_slice(), out, width, cols.clone()).is_none() {
                 return Err(ModelError::Compute(format!(
                     "{format:?} tensor of shape {:?} cannot be cut at columns {cols:?}",
@@ -528,7 +529,7 @@ impl Rank {
             });
         }
         let embed_raw = take(&mut t, r, "token_embd.weight")?;
-        let embed = if kernel_format(embed_raw.dtype).is_some() {
+        let embed = if kernel_format(&embed_raw).is_some() {
             Embedding::Quant(Linear::new(embed_raw.clone())?)
         } else {
             Embedding::Candle(Arc::new(embed_raw.to_qtensor()?))

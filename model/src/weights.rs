@@ -17,6 +17,7 @@
 
 use crate::cache::{self, CacheError, CacheMode};
 use crate::gguf::{Checkpoint, GgufError, ModelConfig};
+use crate::kernels;
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::Device;
 use std::borrow::Cow;
@@ -109,20 +110,31 @@ pub struct ShardSpec {
     pub shape: Vec<usize>,
     /// Sources, concatenated along rows.
     pub parts: Vec<Part>,
+    /// Stored interleaved by 8 rows for the kernels
+    /// ([`crate::kernels::Format::Q4_1x8`]); `_X8` in the layout name.
+    pub interleaved: bool,
 }
 
 impl ShardSpec {
     /// The cache file name: tensor, TP, rank, dtype and layout.
     pub fn file_name(&self) -> String {
         format!(
-            "{}_tp{}_rank{}_dtype_{}_layout_{}.tensorbin",
+            "{}_tp{}_rank{}_dtype_{}_layout_{}{}.tensorbin",
             self.tensor,
             self.tp,
             self.rank,
             cache::dtype_name(self.dtype),
-            self.layout.name()
+            self.layout.name(),
+            if self.interleaved { "_X8" } else { "" }
         )
     }
+}
+
+/// Whether a shard is stored interleaved by 8 rows: every Q4_1 matrix whose
+/// rows come in whole groups of 8 (the others use the plain layout, which
+/// the kernels compute to the same bits, only slower).
+fn interleave(dtype: GgmlDType, shape: &[usize]) -> bool {
+    dtype == GgmlDType::Q4_1 && shape.len() == 2 && shape[0] % kernels::X8 == 0
 }
 
 /// What one rank owns.
@@ -472,6 +484,7 @@ fn make_spec(
         tp,
         rank,
         layout,
+        interleaved: interleave(dtype, &shape),
         dtype,
         shape,
         parts,
@@ -547,6 +560,15 @@ fn build_shard(
         dst[at..at + converted.len()].copy_from_slice(&converted);
         at += converted.len();
     }
+    if spec.interleaved {
+        let (n, k) = (spec.shape[0], spec.shape[1]);
+        let packed =
+            kernels::pack_q4_1_x8(out.as_slice(), n, k).ok_or_else(|| WeightsError::Tensor {
+                tensor: spec.tensor.clone(),
+                message: format!("cannot interleave a {n} x {k} Q4_1 matrix by 8 rows"),
+            })?;
+        out.as_mut_slice().copy_from_slice(&packed);
+    }
     Ok(out)
 }
 
@@ -606,11 +628,18 @@ pub struct RawTensor {
     pub shape: Vec<usize>,
     /// The data, shared (column slices of one tensor share it).
     pub bytes: std::sync::Arc<TensorBytes>,
+    /// Interleaved by 8 rows (only our kernels read it).
+    pub interleaved: bool,
 }
 
 impl RawTensor {
     /// A candle tensor holding a copy of the data.
     pub fn to_qtensor(&self) -> candle_core::Result<QTensor> {
+        if self.interleaved {
+            return Err(candle_core::Error::Msg(
+                "internal: an interleaved Q4_1 tensor has no candle form".into(),
+            ));
+        }
         qtensor(self.bytes.as_slice(), self.dtype, &self.shape)
     }
 }
@@ -712,6 +741,7 @@ pub fn load(
                     dtype: spec.dtype,
                     shape: spec.shape.clone(),
                     bytes: std::sync::Arc::new(bytes),
+                    interleaved: spec.interleaved,
                 },
             );
             done += 1;

@@ -52,7 +52,7 @@ async fn info_health_generate_and_shutdown() {
     assert!(
         info.cache_files_written
             .iter()
-            .any(|f| f == "blk.0.attn_qkv.weight_tp1_rank0_dtype_Q4_1_layout_ROWSHARD.tensorbin"),
+            .any(|f| f == "blk.0.attn_qkv.weight_tp1_rank0_dtype_Q4_1_layout_ROWSHARD_X8.tensorbin"),
         "{:?}",
         info.cache_files_written
     );
@@ -127,7 +127,8 @@ async fn tp2_greedy_equals_tp1() {
     let files = info.cache_files_written;
     assert!(
         files.contains(
-            &"blk.0.attn_output.weight_tp2_rank1_dtype_Q4_1_layout_COLSHARD.tensorbin".to_string()
+            &"blk.0.attn_output.weight_tp2_rank1_dtype_Q4_1_layout_COLSHARD_X8.tensorbin"
+                .to_string()
         ),
         "{files:?}"
     );
@@ -187,7 +188,7 @@ async fn warm_start_maps_the_cache_and_matches_cold() {
 async fn warm_start_with_a_missing_or_short_file_refuses_naming_it() {
     let cache = tempfile::tempdir().unwrap();
     drop(Worker::start(&Opts::new(&tiny_model(), 1, cache.path(), "cold")).await);
-    let victim = "blk.1.ffn_down.weight_tp1_rank0_dtype_Q4_1_layout_COLSHARD.tensorbin";
+    let victim = "blk.1.ffn_down.weight_tp1_rank0_dtype_Q4_1_layout_COLSHARD_X8.tensorbin";
     let path = cache.path().join(victim);
     let bytes = std::fs::read(&path).unwrap();
 
@@ -610,7 +611,7 @@ async fn dtype_flags_change_the_files_and_banner_only_after_they_run() {
     drop(plain);
     assert!(cache
         .path()
-        .join("blk.0.ffn_down.weight_tp1_rank0_dtype_Q4_1_layout_COLSHARD.tensorbin")
+        .join("blk.0.ffn_down.weight_tp1_rank0_dtype_Q4_1_layout_COLSHARD_X8.tensorbin")
         .exists());
     assert!(cache
         .path()

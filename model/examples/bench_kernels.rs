@@ -1,0 +1,99 @@
+//! Kernel microbenchmark: the quantized matmuls on SmolLM2-135M's layer
+//! shapes at 1, 2, 4 and 8 activation rows, as JSON lines (one per format,
+//! shape and row count) with GMAC/s, so a kernel change can be compared side
+//! by side in one run. Random weights: only speed is measured here (the
+//! kernels' results are checked by the unit tests).
+//!
+//! Usage: bench_kernels [--millis N]   (time per measurement, default 300)
+
+use std::time::{Duration, Instant};
+use tt_worker::kernels::{self, Format, WeightView, QK};
+
+fn lcg(seed: &mut u64) -> u8 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (*seed >> 33) as u8
+}
+
+/// Random plain blocks with small finite f16 scales.
+fn random_blocks(format: Format, n: usize, k: usize) -> Vec<u8> {
+    let mut seed = 1;
+    let bb = format.block_bytes();
+    let mut out = Vec::with_capacity(n * k / QK * bb);
+    for _ in 0..n * k / QK {
+        out.extend_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+        for _ in 2..bb {
+            out.push(lcg(&mut seed));
+        }
+    }
+    out
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let millis: u64 = match args.iter().position(|a| a == "--millis") {
+        Some(i) => args
+            .get(i + 1)
+            .ok_or_else(|| anyhow::anyhow!("--millis N"))?
+            .parse()?,
+        None => 300,
+    };
+    let budget = Duration::from_millis(millis);
+    // (name, rows, input width, plain format)
+    let shapes = [
+        ("attn_qkv", 960, 576, Format::Q4_1),
+        ("attn_output", 576, 576, Format::Q4_1),
+        ("ffn_gate_up", 3072, 576, Format::Q4_1),
+        ("ffn_down", 576, 1536, Format::Q4_1),
+        ("lm_head", 49152, 576, Format::Q8_0),
+    ];
+    let threads = kernels_threads();
+    for (name, n, k, plain_format) in shapes {
+        let plain = random_blocks(plain_format, n, k);
+        let mut variants = vec![(plain_format, plain.clone())];
+        if plain_format == Format::Q4_1 {
+            let packed = kernels::pack_q4_1_x8(&plain, n, k)
+                .ok_or_else(|| anyhow::anyhow!("{name}: cannot pack"))?;
+            variants.push((Format::Q4_1x8, packed));
+        }
+        for (format, bytes) in &variants {
+            let w = WeightView::new(*format, bytes, n, k)
+                .ok_or_else(|| anyhow::anyhow!("{name}: bad view"))?;
+            for m in [1usize, 2, 4, 8] {
+                let x: Vec<f32> = (0..m * k)
+                    .map(|i| ((i * 7919) % 201) as f32 / 100.0 - 1.0)
+                    .collect();
+                let mut out = vec![0.0f32; m * n];
+                kernels::matmul(&w, &x, m, &mut out);
+                let start = Instant::now();
+                let mut calls = 0u64;
+                while start.elapsed() < budget {
+                    kernels::matmul(&w, &x, m, &mut out);
+                    calls += 1;
+                }
+                let secs = start.elapsed().as_secs_f64();
+                let gmacs = (calls as f64 * (m * n * k) as f64) / secs / 1e9;
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "bench": "kernels",
+                        "tensor": name,
+                        "format": format!("{format:?}"),
+                        "n": n,
+                        "k": k,
+                        "m": m,
+                        "threads": threads,
+                        "us_per_call": secs / calls as f64 * 1e6,
+                        "gmac_s": gmacs,
+                    })
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn kernels_threads() -> usize {
+    tt_worker::pool::global().threads()
+}
