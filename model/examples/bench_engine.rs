@@ -1,7 +1,8 @@
 //! Engine benchmark: drives real `tt-worker` processes over engine.proto and
 //! prints one JSON line per measurement (see bench/engine/README.md).
 //!
-//! Usage: bench_engine --worker PATH --model GGUF [--tokens N] [--repeats R]
+//! Usage: bench_engine --worker PATH --model GGUF [--tokens N] [--repeats R] [--tp N]
+//!                     [--streams 1,4,8]
 
 use hyper_util::rt::TokioIo;
 use serde_json::json;
@@ -142,6 +143,20 @@ async fn main() -> anyhow::Result<()> {
     let model = PathBuf::from(get("--model").ok_or_else(|| anyhow::anyhow!("--model GGUF"))?);
     let tokens: u32 = get("--tokens").map_or(Ok(128), |v| v.parse())?;
     let repeats: usize = get("--repeats").map_or(Ok(3), |v| v.parse())?;
+    // `--tp N` measures one degree only (for profiling); both by default.
+    let tps: Vec<usize> = match get("--tp") {
+        Some(v) => vec![v.parse()?],
+        None => vec![1, 2],
+    };
+    // `--streams 1,4,8`: the aggregate measurements (`--streams ""` skips them).
+    let stream_counts: Vec<usize> = match get("--streams") {
+        Some(v) => v
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse())
+            .collect::<Result<_, _>>()?,
+        None => vec![1, 4, 8],
+    };
     let gguf_bytes = std::fs::metadata(&model)?.len();
     let dir = tempfile::tempdir()?;
     let base = json!({"engine": "tt-worker", "model": model.file_name().map(|f| f.to_string_lossy().to_string()), "max_tokens": tokens,
@@ -153,7 +168,7 @@ async fn main() -> anyhow::Result<()> {
         }
         println!("{o}");
     };
-    for tp in [1usize, 2] {
+    for tp in tps {
         let cache = dir.path().join(format!("cache-tp{tp}"));
         for rep in 0..repeats {
             let _ = std::fs::remove_dir_all(&cache);
@@ -178,7 +193,7 @@ async fn main() -> anyhow::Result<()> {
                 "ttft_ms": t.time_to_first_token_us as f64 / 1e3}),
             );
         }
-        for streams in [1usize, 4, 8] {
+        for &streams in &stream_counts {
             for rep in 0..repeats {
                 let t0 = Instant::now();
                 let tasks: Vec<_> = (0..streams)

@@ -607,9 +607,9 @@ impl Rank {
                     }
                     self.store_kv(s.slot, l, pos, &r[q_w..q_w + kv_w], &r[q_w + kv_w..]);
                 }
-                self.attend(s, l, &qkv[row * stride..], stride, &mut attn[row * q_w..]);
                 row += s.tokens.len();
             }
+            self.attend(seqs, l, &qkv, stride, &mut attn);
             let block = &self.blocks[l];
             let o = comm.all_reduce(block.wo.forward(&attn, rows)?, rows * block.wo.out);
             add_into(&mut x, &o);
@@ -717,23 +717,60 @@ impl Rank {
         }
     }
 
-    /// Causal attention of `s`'s new tokens over its cached history.
-    /// `qkv` starts at the sequence's first row; `out` likewise.
-    fn attend(&self, s: &StepSeq, layer: usize, qkv: &[f32], stride: usize, out: &mut [f32]) {
-        match &self.kv.store {
-            KvStore::F32 { k, v } => self.attend_with(s, layer, qkv, stride, out, k, v),
-            KvStore::F16 { k, v } => self.attend_with(s, layer, qkv, stride, out, k, v),
+    /// Causal attention of every sequence's new tokens over its cached
+    /// history (`qkv` and `out` hold all rows of the step). One unit of work
+    /// per (sequence, query head), spread over the matmul pool: each unit
+    /// computes the same way whatever the split, so results do not depend on
+    /// the batch or the threads.
+    fn attend(&self, seqs: &[StepSeq], layer: usize, qkv: &[f32], stride: usize, out: &mut [f32]) {
+        let hd = self.cfg.head_dim;
+        let q_w = self.n_q * hd;
+        debug_assert!(out.len() >= seqs.iter().map(|s| s.tokens.len()).sum::<usize>() * q_w);
+        let mut first_rows = Vec::with_capacity(seqs.len());
+        let mut rows = 0;
+        let mut work = 0;
+        for s in seqs {
+            first_rows.push(rows);
+            rows += s.tokens.len();
+            work += s.tokens.len() * (s.start_pos + s.tokens.len());
+        }
+        let units = seqs.len() * self.n_q;
+        let out_ptr = AttnOut(out.as_mut_ptr());
+        let run = |range: std::ops::Range<usize>| {
+            for u in range {
+                let (si, head) = (u / self.n_q, u % self.n_q);
+                let (s, row) = (&seqs[si], first_rows[si]);
+                let qkv = &qkv[row * stride..];
+                match &self.kv.store {
+                    KvStore::F32 { k, v } => {
+                        self.attend_head(s, layer, head, qkv, stride, out_ptr, row, k, v)
+                    }
+                    KvStore::F16 { k, v } => {
+                        self.attend_head(s, layer, head, qkv, stride, out_ptr, row, k, v)
+                    }
+                }
+            }
+        };
+        // Short histories are not worth waking the pool for.
+        if work * self.n_q * hd < 32 * 1024 {
+            run(0..units);
+        } else {
+            crate::pool::global().run(units, &run);
         }
     }
 
+    /// Attention of query head `head` for `s`'s new tokens, written to rows
+    /// `row..` of the attention output at that head's columns.
     #[allow(clippy::too_many_arguments)]
-    fn attend_with<E: KvElem>(
+    fn attend_head<E: KvElem>(
         &self,
         s: &StepSeq,
         layer: usize,
+        head: usize,
         qkv: &[f32],
         stride: usize,
-        out: &mut [f32],
+        out: AttnOut,
+        row: usize,
         k: &[E],
         v: &[E],
     ) {
@@ -741,56 +778,65 @@ impl Rank {
         let group = self.n_q / self.n_kv.max(1);
         let scale = 1.0 / (hd as f32).sqrt();
         let q_w = self.n_q * hd;
+        let base = self.kv.base(s.slot, layer, head / group);
         let mut scores = Vec::with_capacity(s.start_pos + s.tokens.len());
         for i in 0..s.tokens.len() {
             let pos = s.start_pos + i;
-            let q_row = &qkv[i * stride..i * stride + q_w];
-            for qh in 0..self.n_q {
-                let kvh = qh / group;
-                let base = self.kv.base(s.slot, layer, kvh);
-                let q = &q_row[qh * hd..(qh + 1) * hd];
-                scores.clear();
-                let mut max = f32::NEG_INFINITY;
-                for p in 0..=pos {
-                    let key = &k[base + p * hd..base + (p + 1) * hd];
-                    let sc = dot(q, key) * scale;
-                    max = max.max(sc);
-                    scores.push(sc);
-                }
-                let mut sum = 0.0;
-                for sc in scores.iter_mut() {
-                    *sc = (*sc - max).exp();
-                    sum += *sc;
-                }
-                let o = &mut out[i * q_w + qh * hd..i * q_w + (qh + 1) * hd];
-                o.fill(0.0);
-                let inv = 1.0 / sum;
-                for (p, &w) in scores.iter().enumerate() {
-                    let val = &v[base + p * hd..base + (p + 1) * hd];
-                    let w = w * inv;
-                    for (a, &b) in o.iter_mut().zip(val) {
-                        *a += w * b.load();
-                    }
+            let q = &qkv[i * stride + head * hd..i * stride + (head + 1) * hd];
+            scores.clear();
+            let mut max = f32::NEG_INFINITY;
+            for key in k[base..base + (pos + 1) * hd].chunks_exact(hd) {
+                let sc = dot(q, key) * scale;
+                max = max.max(sc);
+                scores.push(sc);
+            }
+            let mut sum = 0.0;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - max).exp();
+                sum += *sc;
+            }
+            // SAFETY: this unit is the only writer of this head's columns
+            // of row `row + i`, inside the output `attend` was given.
+            let o = unsafe {
+                std::slice::from_raw_parts_mut(out.0.add((row + i) * q_w + head * hd), hd)
+            };
+            o.fill(0.0);
+            let inv = 1.0 / sum;
+            for (val, &w) in v[base..base + (pos + 1) * hd].chunks_exact(hd).zip(&scores) {
+                let w = w * inv;
+                for (a, &b) in o.iter_mut().zip(val) {
+                    *a += w * b.load();
                 }
             }
         }
     }
 }
 
+/// The attention output, shared by the units that write disjoint heads.
+#[derive(Clone, Copy)]
+struct AttnOut(*mut f32);
+// SAFETY: units write disjoint elements of a buffer that outlives the call.
+unsafe impl Send for AttnOut {}
+unsafe impl Sync for AttnOut {}
+
 #[inline]
 fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
-    // Eight independent accumulators let the compiler vectorise the loop.
+    // Eight independent accumulators over fixed-size chunks: the compiler
+    // turns the inner loop into one vector multiply-add.
     let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let mut sum: f32 = ac
+        .remainder()
+        .iter()
+        .zip(bc.remainder())
+        .map(|(x, y)| x * y.load())
+        .sum();
+    for (x, y) in ac.zip(bc) {
         for j in 0..8 {
-            acc[j] += a[c * 8 + j] * b[c * 8 + j].load();
+            acc[j] += x[j] * y[j].load();
         }
     }
-    let mut sum: f32 = acc.iter().sum();
-    for j in chunks * 8..a.len() {
-        sum += a[j] * b[j].load();
-    }
+    sum += ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     sum
 }
 
