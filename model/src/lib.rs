@@ -23,10 +23,13 @@
 //! - [`cache`]: the tensor cache files: naming, writing (temp + rename),
 //!   mapping and checking.
 //! - [`model`]: one rank's forward pass (RMSNorm, RoPE, GQA with a
-//!   preallocated KV cache, SwiGLU MLP) over candle's quantized matmuls.
-//! - [`kernels`]: our AVX2 Q4_1 matmul (batched, deterministic), with a
-//!   scalar fallback.
-//! - [`pool`]: the threads a matmul is split over (yielding waits).
+//!   preallocated KV cache, SwiGLU MLP) over our kernels (Q4_1, Q8_0) or
+//!   candle's quantized matmuls (other dtypes).
+//! - [`kernels`]: our AVX2 Q4_1 (plain, and interleaved by 8 rows at the cold
+//!   build) and Q8_0 matmuls: batched, the same bits alone or in a batch,
+//!   with a scalar fallback.
+//! - [`pool`]: the threads a matmul, and attention, are split over (yielding
+//!   waits).
 //! - [`tp`]: rank threads and the all-reduce between them.
 //! - [`scheduler`]: continuous batching on the engine thread, bounded
 //!   admission, drain.

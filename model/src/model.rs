@@ -1,15 +1,17 @@
 //! The forward pass of one rank: RMSNorm, RoPE, grouped-query attention over
 //! a preallocated KV cache, and the SwiGLU MLP.
 //!
-//! The matmuls go through candle's quantized kernels; everything between them
-//! runs on plain `f32` slices. Writing those parts by hand is what lets the
+//! The matmuls go through our kernels ([`crate::kernels`]: Q4_1, Q8_0) or
+//! candle's quantized ones (other dtypes); everything between them runs on
+//! plain `f32` slices. Writing those parts by hand is what lets the
 //! model be sharded: a rank owns some heads and some MLP columns, and the two
 //! places where partial results meet are calls to [`Collective::all_reduce`].
 //!
 //! A step processes a batch of sequences at once: their new tokens (one for a
 //! decoding sequence, a chunk of the prompt for a prefilling one) are stacked
 //! into one activation matrix, so each weight is read once per step for the
-//! whole batch. Only attention is per sequence.
+//! whole batch. Only attention is per sequence: it is split over the matmul
+//! pool by (sequence, query head).
 
 use crate::gguf::ModelConfig;
 use crate::kernels::{self, Format, Task, WeightView};
