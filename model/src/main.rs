@@ -61,10 +61,10 @@ fn main() -> ExitCode {
 }
 
 /// A worker must not outlive whoever started it: its cards would stay busy
-/// under a process nobody supervises. The daemon sets PR_SET_PDEATHSIG, but
-/// the kernel ties that to the thread that spawned us, and an orphan was
-/// seen to survive a kill -9 of the daemon (docs/RELIABILITY.md). This is
-/// the backstop: once we are reparented, exit.
+/// under a process nobody supervises. PR_SET_PDEATHSIG (SIGKILL) covers
+/// most of it, but the kernel ties that signal to the parent *thread* that
+/// spawned us, not the process (docs/RELIABILITY.md). This is the backstop:
+/// once we are reparented, exit.
 fn watch_parent() {
     let parent = std::os::unix::process::parent_id();
     if parent == 1 {

@@ -123,7 +123,14 @@ pub struct DrainReport {
     pub finished: u32,
     /// Sequences cancelled at the deadline.
     pub cancelled: u32,
+    /// The engine thread did not answer by the deadline (stuck in a step):
+    /// its sequences are abandoned with the process.
+    pub engine_stuck: bool,
 }
+
+/// How long past a drain's deadline the engine thread may take to answer
+/// (it checks the deadline between steps, so one step's worth).
+const DRAIN_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 enum Command {
     Submit(Submission),
@@ -167,7 +174,23 @@ impl EngineHandle {
         if self.tx.send(cmd).is_err() {
             return DrainReport::default();
         }
-        rx.await.unwrap_or_default()
+        // The engine thread enforces the deadline between steps; a step that
+        // never ends (a hung device) must not keep the worker from exiting,
+        // or a SIGTERM (or the parent's death) would leave it holding its
+        // cards.
+        match tokio::time::timeout(timeout + DRAIN_ANSWER_GRACE, rx).await {
+            Ok(report) => report.unwrap_or_default(),
+            Err(_) => {
+                tracing::warn!(
+                    "the engine thread did not answer the drain within {:?}; exiting without it",
+                    timeout + DRAIN_ANSWER_GRACE
+                );
+                DrainReport {
+                    engine_stuck: true,
+                    ..DrainReport::default()
+                }
+            }
+        }
     }
 }
 

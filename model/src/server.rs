@@ -10,6 +10,7 @@ use crate::sampling::SamplingConfig;
 use crate::scheduler::{EngineHandle, Event, Finish, Submission, SubmitError};
 use crate::state::{Phase, Status};
 use crate::tokenizer::Tokenizer;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -322,8 +323,12 @@ pub async fn drain(
     timeout: Duration,
 ) -> crate::scheduler::DrainReport {
     status.set_phase(Phase::Draining);
-    match ready.get() {
+    let report = match ready.get() {
         Some(r) => r.engine.drain(timeout).await,
         None => Default::default(),
+    };
+    if report.engine_stuck {
+        status.engine_stuck.store(true, Ordering::Release);
     }
+    report
 }

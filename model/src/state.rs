@@ -3,7 +3,7 @@
 //! by the RPC handlers; everything is atomics or short locks so `Health`
 //! stays cheap even while a step runs.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// Where the worker is in its life.
@@ -59,6 +59,9 @@ pub struct Status {
     pub in_flight: AtomicU32,
     /// Unix ms of the last completed step.
     pub last_step_unix_ms: AtomicU64,
+    /// A drain found the engine thread stuck in a step: the worker exits
+    /// with a failure status so the daemon treats its cards as dirty.
+    pub engine_stuck: AtomicBool,
     loaded: OnceLock<LoadedInfo>,
 }
 
@@ -70,6 +73,7 @@ impl Default for Status {
             active: AtomicU32::new(0),
             in_flight: AtomicU32::new(0),
             last_step_unix_ms: AtomicU64::new(0),
+            engine_stuck: AtomicBool::new(false),
             loaded: OnceLock::new(),
         }
     }

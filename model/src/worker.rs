@@ -27,13 +27,17 @@ const SIGTERM_DRAIN: Duration = Duration::from_secs(5);
 const SERVER_STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// Dies with the parent: a daemon that crashed must not leave a worker
-/// holding its cards.
+/// holding its cards. SIGKILL, as the daemon itself sets before exec (this
+/// covers other parents): with the parent gone there is no client left to
+/// drain for, and a drain can be held up by a step that never ends. The
+/// kernel ties this signal to the parent *thread*, so `main` also watches
+/// for being reparented.
 fn die_with_parent() {
     // SAFETY: prctl with PR_SET_PDEATHSIG only sets a process attribute.
     unsafe {
         libc::prctl(
             libc::PR_SET_PDEATHSIG,
-            libc::SIGTERM as libc::c_ulong,
+            libc::SIGKILL as libc::c_ulong,
             0,
             0,
             0,
@@ -302,6 +306,14 @@ async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
     // moment to send it and close, but never wait on a stuck client.
     let _ = tokio::time::timeout(SERVER_STOP_GRACE, server).await;
     cleanup(&args.socket);
+    if status
+        .engine_stuck
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        anyhow::bail!(
+            "the engine was stuck in a step and did not drain; exiting without it (its cards need a reset)"
+        );
+    }
     tracing::info!("drained; exiting");
     Ok(())
 }

@@ -80,6 +80,41 @@ async fn hang_after_tokens_stops_progress_but_answers_health() {
     );
 }
 
+/// A SIGTERM (or, before the parent-death signal became SIGKILL, the
+/// daemon's death) drains the worker; a step that never ends must not hold
+/// the drain, and so the worker and its cards, forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_hung_step_exits_within_the_drain_bound_with_a_failure() {
+    let cache = tempfile::tempdir().unwrap();
+    let mut w = Worker::start(&faulty(
+        cache.path(),
+        "cold",
+        "TTW_FAULT_HANG_AFTER_TOKENS",
+        "3",
+    ))
+    .await;
+    let mut c = w.client().await;
+    let _stream = tokio::spawn(async move { run(&mut c, prompt_request("the cat", 20)).await });
+    let hung = std::time::Instant::now();
+    while !w.stderr().contains("hanging") {
+        assert!(hung.elapsed() < Duration::from_secs(30), "{}", w.stderr());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sent = std::time::Instant::now();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(w.child.id() as i32, libc::SIGTERM) }, 0);
+    // Drain 5 s + 1 s for the engine's answer + 2 s for the server.
+    let st = w.wait_exit(Duration::from_secs(20));
+    let took = sent.elapsed();
+    assert_eq!(st.code(), Some(1), "{}", w.stderr());
+    assert!(took >= Duration::from_secs(5), "exited after {took:?}");
+    assert!(
+        w.stderr().contains("the engine was stuck in a step"),
+        "{}",
+        w.stderr()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skipped_and_unexpected_banners() {
     let cache = tempfile::tempdir().unwrap();
