@@ -760,7 +760,7 @@ mod tests {
     }
 
     /// Plain rows `r` of a matrix for the scalar reference.
-    fn plain_row<'a>(plain: &'a [u8], format: Format, k: usize, r: usize) -> &'a [u8] {
+    fn plain_row(plain: &[u8], format: Format, k: usize, r: usize) -> &[u8] {
         let len = k / QK * format.block_bytes();
         &plain[r * len..(r + 1) * len]
     }

@@ -134,7 +134,7 @@ impl ShardSpec {
 /// rows come in whole groups of 8 (the others use the plain layout, which
 /// the kernels compute to the same bits, only slower).
 fn interleave(dtype: GgmlDType, shape: &[usize]) -> bool {
-    dtype == GgmlDType::Q4_1 && shape.len() == 2 && shape[0] % kernels::X8 == 0
+    dtype == GgmlDType::Q4_1 && shape.len() == 2 && shape[0].is_multiple_of(kernels::X8)
 }
 
 /// What one rank owns.
