@@ -305,20 +305,18 @@ fn full_queue_answers_resource_exhausted() {
         wait_until_async(|| daemon.slot("m")["requests_in_flight"] == 1).await;
         let a = address.clone();
         let queued = tokio::spawn(async move { generate(&a, "m", "two", 64).await });
-        // The third request carries a short deadline: if it reaches the
-        // queue before the second does, it times out there and frees the
-        // place, and the next try finds the queue full.
-        let mut third = None;
-        for _ in 0..100 {
-            match generate_within(&address, "three", std::time::Duration::from_millis(300)).await {
-                Err(e) if e.code() == Code::ResourceExhausted => {
-                    third = Some(e);
-                    break;
-                }
-                _ => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
-            }
-        }
-        let third = third.expect("the third request is refused while one runs and one waits");
+        // The second waits in the queue (as the daemon's own metrics say)
+        // before the third is sent, so the third must find the queue full.
+        wait_until_async(|| {
+            tt_serving_tests::chaos_support::scrape(&daemon)
+                .sum("tt_serving_num_requests_waiting", &[("model", "m")])
+                == 1.0
+        })
+        .await;
+        let third = generate_within(&address, "three", std::time::Duration::from_secs(30))
+            .await
+            .expect_err("the third request is refused while one runs and one waits");
+        assert_eq!(third.code(), Code::ResourceExhausted, "{third}");
         assert!(third.message().contains("max_queue"), "{third}");
         busy.abort();
         queued.abort();

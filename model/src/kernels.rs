@@ -412,6 +412,20 @@ pub fn matmul_fused(x: &[f32], m: usize, k: usize, tasks: &mut [Task<'_>]) {
     });
 }
 
+/// Expands `$call!(N, 0, .., N - 1)` for `N = $take` (1 to
+/// [`ROWS_PER_PASS`]): the kernels take the activation rows of a pass as
+/// const-sized arrays.
+macro_rules! by_rows {
+    ($take:expr, $call:ident) => {
+        match $take {
+            1 => $call!(1, 0),
+            2 => $call!(2, 0, 1),
+            3 => $call!(3, 0, 1, 2),
+            _ => $call!(4, 0, 1, 2, 3),
+        }
+    };
+}
+
 /// Output rows `rows` of `w` for every activation row of `q`, starting at
 /// activation block `blk0`, written to `out` (`q.rows` x `w.n`).
 ///
@@ -459,12 +473,7 @@ unsafe fn product_rows(
                             res[..$n].copy_from_slice(&r);
                         }};
                     }
-                    match take {
-                        1 => call!(1, 0),
-                        2 => call!(2, 0, 1),
-                        3 => call!(3, 0, 1, 2),
-                        _ => call!(4, 0, 1, 2, 3),
-                    }
+                    by_rows!(take, call);
                     for (a, vals) in res[..take].iter().enumerate() {
                         for (lane, &v) in vals.iter().enumerate() {
                             put(i + a, g * X8 + lane, v);
@@ -514,12 +523,7 @@ unsafe fn product_rows(
                             res[..$n].copy_from_slice(&r);
                         }};
                     }
-                    match take {
-                        1 => call!(1, 0),
-                        2 => call!(2, 0, 1),
-                        3 => call!(3, 0, 1, 2),
-                        _ => call!(4, 0, 1, 2, 3),
-                    }
+                    by_rows!(take, call);
                     for (a, &v) in res[..take].iter().enumerate() {
                         put(i + a, r, v);
                     }

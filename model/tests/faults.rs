@@ -55,19 +55,22 @@ fn libc_sigabrt() -> i32 {
     6
 }
 
+/// A worker with the hang fault after 3 tokens, and a stream that will hang
+/// it.
+async fn hanging_stream(cache: &std::path::Path) -> (Worker, tokio::task::JoinHandle<()>) {
+    let w = Worker::start(&faulty(cache, "cold", "TTW_FAULT_HANG_AFTER_TOKENS", "3")).await;
+    let mut c = w.client().await;
+    let stream = tokio::spawn(async move {
+        let _ = run(&mut c, prompt_request("the cat", 20)).await;
+    });
+    (w, stream)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hang_after_tokens_stops_progress_but_answers_health() {
     let cache = tempfile::tempdir().unwrap();
-    let w = Worker::start(&faulty(
-        cache.path(),
-        "cold",
-        "TTW_FAULT_HANG_AFTER_TOKENS",
-        "3",
-    ))
-    .await;
+    let (w, _stream) = hanging_stream(cache.path()).await;
     let mut c = w.client().await;
-    let mut c2 = w.client().await;
-    let _stream = tokio::spawn(async move { run(&mut c2, prompt_request("the cat", 20)).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let h1 = c.health(pb::HealthRequest {}).await.unwrap().into_inner();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -86,15 +89,7 @@ async fn hang_after_tokens_stops_progress_but_answers_health() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_a_hung_step_exits_within_the_drain_bound_with_a_failure() {
     let cache = tempfile::tempdir().unwrap();
-    let mut w = Worker::start(&faulty(
-        cache.path(),
-        "cold",
-        "TTW_FAULT_HANG_AFTER_TOKENS",
-        "3",
-    ))
-    .await;
-    let mut c = w.client().await;
-    let _stream = tokio::spawn(async move { run(&mut c, prompt_request("the cat", 20)).await });
+    let (mut w, _stream) = hanging_stream(cache.path()).await;
     let hung = std::time::Instant::now();
     while !w.stderr().contains("hanging") {
         assert!(hung.elapsed() < Duration::from_secs(30), "{}", w.stderr());
