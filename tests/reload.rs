@@ -489,3 +489,74 @@ fn replicas_of_a_changed_model_restart_one_at_a_time_and_the_model_keeps_answeri
         assert_eq!(now["cache_mode"], "warm", "env is not cache-affecting");
     }
 }
+
+#[test]
+fn a_replica_left_behind_by_a_halted_roll_shows_outdated_and_a_revert_leaves_it_running() {
+    let hw = FakeHw::new(2);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let config = |env: &str| {
+        format!(
+            "\n[models.r]\ntp = 1\nreplicas = [[\"{}\"], [\"{}\"]]\ncheckpoint = \"{}\"\nworker = [\"{}\"]\ndrain_timeout_secs = 5\nenv = {{ GREETING = \"hello\"{env} }}\n[models.r.restart]\nmax_attempts = 1\nbackoff_ms = 50\n",
+            FakeHw::bdf(0),
+            FakeHw::bdf(1),
+            model.display(),
+            tt_serving_tests::bin("tt-worker").display()
+        )
+    };
+    let good = config("");
+    let broken = config(", TTW_TEST_FAULTS = \"1\", TTW_FAULT_EXIT_AT_START = \"3\"");
+    let daemon = Daemon::start(&hw, options(good.clone()));
+    daemon.wait_slot_state("r/0", "ready");
+    let kept = pid(&daemon.wait_slot_state("r/1", "ready"));
+
+    // The first replica fails with the new definition: the roll halts and
+    // the second keeps serving with the old one.
+    daemon.rewrite_config(&hw, &options(broken));
+    let (code, report) = reload(&daemon, &[]);
+    assert_eq!(code, 1, "{report}");
+    let left = step(&report, "r/1")["result"].as_str().unwrap_or("");
+    assert!(left.starts_with("not restarted"), "{left}");
+    daemon.wait_slot_state("r/0", "failed");
+    let behind = daemon.slot("r/1");
+    assert_eq!(pid(&behind), kept);
+    let keys: Vec<&str> = behind["outdated_keys"]
+        .as_array()
+        .map(|k| k.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        keys,
+        vec!["env.TTW_FAULT_EXIT_AT_START", "env.TTW_TEST_FAULTS"],
+        "{behind}"
+    );
+    assert_eq!(daemon.slot("r/0")["outdated_keys"], Value::Array(vec![]));
+    let text = output_text(&daemon.ttctl(&["status"]));
+    assert!(
+        text.contains("outdated: still runs the definition"),
+        "{text}"
+    );
+    runtime()
+        .block_on(generate(&daemon.inference_address(), "r", "hello", 2))
+        .expect("the replica left behind serves");
+
+    // Reverting the file: the plan compares r/1 by what it runs, so only
+    // r/0 restarts and r/1's worker is left alone.
+    daemon.rewrite_config(&hw, &options(good));
+    let (code, report) = reload(&daemon, &[]);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(
+        actions(&report),
+        vec![
+            ("r/0".into(), "restart".into()),
+            ("r/1".into(), "keep".into())
+        ]
+    );
+    assert_eq!(
+        step(&report, "r/1")["reason"],
+        "already runs this definition"
+    );
+    daemon.wait_slot_state("r/0", "ready");
+    let now = daemon.slot("r/1");
+    assert_eq!(pid(&now), kept);
+    assert_eq!(now["outdated_keys"], Value::Array(vec![]));
+}

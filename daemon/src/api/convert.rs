@@ -83,6 +83,7 @@ pub fn slot(view: &SlotView) -> pb::Slot {
         requests_served: stats.requests,
         ttft_p50_ms: stats.ttft_p50_ms,
         itl_p50_ms: stats.itl_p50_ms,
+        outdated_keys: view.outdated.clone(),
     }
 }
 

@@ -279,6 +279,12 @@ fn slots_table(slots: &[Slot], cards: &[Card], now_unix_ms: u64) -> String {
             }
             table.note(note);
         }
+        if !slot.outdated_keys.is_empty() {
+            table.note(format!(
+                "outdated: still runs the definition from before a reload whose rolling restart halted (differs in {}); fix the cause and reload again",
+                slot.outdated_keys.join(", ")
+            ));
+        }
     }
     table.render()
 }
@@ -563,6 +569,10 @@ pub struct SlotJson {
     /// Median inter-token latency over recent tokens, ms (0: none).
     #[serde(default)]
     pub itl_p50_ms: f64,
+    /// Keys in which the definition the slot runs differs from the one in
+    /// force (empty: up to date).
+    #[serde(default)]
+    pub outdated_keys: Vec<String>,
 }
 
 /// The JSON form of a status snapshot.
@@ -644,6 +654,7 @@ fn slot_json(slot: &Slot) -> SlotJson {
         requests_served: slot.requests_served,
         ttft_p50_ms: slot.ttft_p50_ms,
         itl_p50_ms: slot.itl_p50_ms,
+        outdated_keys: slot.outdated_keys.clone(),
     }
 }
 

@@ -109,7 +109,15 @@ pub async fn reload(state: &Arc<DaemonState>, trigger: &str, options: Options) -
         }
     };
     let old = state.config();
-    let plan = plan::diff(&old, &new, &|model, m| variant_key(&old, model, m));
+    // Replicas a halted roll left on an older definition are compared by
+    // what they run.
+    let running = state.slot_manager().outdated();
+    let plan = plan::diff(
+        &old,
+        &new,
+        &|model, m| variant_key(&old, model, m),
+        &running,
+    );
     report.summary = plan.summary();
     report.needs_restart = plan.needs_restart.clone();
     report.steps = plan

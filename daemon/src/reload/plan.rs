@@ -118,8 +118,23 @@ const LIVE_SECTION: &str = "models";
 
 /// Compare two configs. `variant` gives the cache variant a model definition
 /// selects, so that the plan can say when a restart means a cold build.
-pub fn diff(old: &Config, new: &Config, variant: &dyn Fn(&str, &ModelConfig) -> String) -> Plan {
-    let old_slots = slot_definitions(old);
+/// `running` names the slots that run another definition than `old`'s (a
+/// rolling restart that halted left them behind; see
+/// [`crate::slots::SlotManager::outdated`]): they are compared by what they
+/// run, so a later reload brings them to the new definition, and does not
+/// restart them when the new one is what they already run.
+pub fn diff(
+    old: &Config,
+    new: &Config,
+    variant: &dyn Fn(&str, &ModelConfig) -> String,
+    running: &BTreeMap<String, ModelConfig>,
+) -> Plan {
+    let mut old_slots = slot_definitions(old);
+    for (slot, m) in running {
+        if let Some((_, def)) = old_slots.get_mut(slot) {
+            *def = with_settings(def, m);
+        }
+    }
     let new_slots = slot_definitions(new);
     let mut steps = Vec::new();
     for (slot, (model, new_def)) in &new_slots {
@@ -133,16 +148,32 @@ pub fn diff(old: &Config, new: &Config, variant: &dyn Fn(&str, &ModelConfig) -> 
             None => steps.push(step(Action::Start, "added to the config".into())),
             Some((old_model, old_def)) => {
                 let changes = changed_keys(old_def, new_def);
+                let behind = running.get(slot);
+                let note = |reason: String| {
+                    match behind {
+                    Some(_) => format!(
+                        "ran an older definition than the config in force (a rolling restart halted); against it: {reason}"
+                    ),
+                    None => reason,
+                }
+                };
                 if changes.is_empty() {
-                    steps.push(step(Action::Keep, "unchanged".into()));
+                    steps.push(step(
+                        Action::Keep,
+                        match behind {
+                            Some(_) => "already runs this definition".into(),
+                            None => "unchanged".into(),
+                        },
+                    ));
                 } else if changes
                     .iter()
                     .all(|(key, _)| LIVE_KEYS.contains(&key.as_str()))
                 {
-                    steps.push(step(Action::Update, describe(&changes)));
+                    steps.push(step(Action::Update, note(describe(&changes))));
                 } else {
-                    let mut reason = describe(&changes);
-                    if let (Some(o), Some(n)) = (old.models.get(old_model), new.models.get(model)) {
+                    let mut reason = note(describe(&changes));
+                    let old_m = behind.or_else(|| old.models.get(old_model));
+                    if let (Some(o), Some(n)) = (old_m, new.models.get(model)) {
                         let (ov, nv) = (variant(old_model, o), variant(model, n));
                         if ov != nv {
                             reason.push_str(&format!(
@@ -190,6 +221,40 @@ pub fn in_force(old: &Config, new: &Config) -> Config {
         models: new.models.clone(),
         ..old.clone()
     }
+}
+
+/// The keys (dotted) in which a slot's running definition differs from the
+/// one in force, leaving out where it runs (`cards`, `replicas`) and the
+/// limits a reload applies live. Non-empty: the slot runs an outdated
+/// definition.
+pub fn outdated_keys(running: &ModelConfig, in_force: &ModelConfig) -> Vec<String> {
+    let settings = |m: &ModelConfig| {
+        let mut v = to_value(m);
+        if let toml::Value::Table(t) = &mut v {
+            t.remove("cards");
+            t.remove("replicas");
+        }
+        v
+    };
+    changed_keys(&settings(running), &settings(in_force))
+        .into_iter()
+        .map(|(key, _)| key)
+        .filter(|key| !LIVE_KEYS.contains(&key.as_str()))
+        .collect()
+}
+
+/// A slot definition (see [`slot_definitions`]) with the model settings of
+/// `m` and the slot's own cards kept.
+fn with_settings(def: &toml::Value, m: &ModelConfig) -> toml::Value {
+    let mut out = to_value(m);
+    if let toml::Value::Table(t) = &mut out {
+        t.remove("cards");
+        t.remove("replicas");
+        if let Some(cards) = def.get("cards") {
+            t.insert("cards".into(), cards.clone());
+        }
+    }
+    out
 }
 
 /// Slot name -> (model, definition) where the definition is the model's
@@ -326,7 +391,7 @@ mod tests {
     #[test]
     fn identical_configs_keep_everything() {
         let c = config(&format!("{A}{B}"));
-        let plan = diff(&c, &c, &variant);
+        let plan = diff(&c, &c, &variant, &BTreeMap::new());
         assert!(!plan.changes_slots());
         assert_eq!(plan.summary(), "2 keep");
     }
@@ -335,7 +400,7 @@ mod tests {
     fn a_cache_flag_restarts_only_its_model_and_names_the_cold_build() {
         let old = config(&format!("{A}{B}"));
         let new = config(&format!("{A}{}", B.replace("KV = \"0\"", "KV = \"1\"")));
-        let plan = diff(&old, &new, &variant);
+        let plan = diff(&old, &new, &variant, &BTreeMap::new());
         assert_eq!(action(&plan, "a").0, Action::Keep);
         let (act, why) = action(&plan, "b");
         assert_eq!(act, Action::Restart);
@@ -347,7 +412,7 @@ mod tests {
     fn router_limits_update_live() {
         let old = config(A);
         let new = config(&format!("{A}max_in_flight = 2\n"));
-        let plan = diff(&old, &new, &variant);
+        let plan = diff(&old, &new, &variant, &BTreeMap::new());
         let (act, why) = action(&plan, "a");
         assert_eq!(act, Action::Update);
         assert_eq!(why, "max_in_flight: 8 → 2");
@@ -358,18 +423,18 @@ mod tests {
         let two = "[models.r]\ntp = 1\nreplicas = [[\"0000:03:00.0\"], [\"0000:04:00.0\"]]\ncheckpoint = \"/m/r.gguf\"\n";
         let three = two.replace("]]\n", "], [\"0000:05:00.0\"]]\n");
         let (old, new) = (config(two), config(&three));
-        let plan = diff(&old, &new, &variant);
+        let plan = diff(&old, &new, &variant, &BTreeMap::new());
         assert_eq!(action(&plan, "r/0").0, Action::Keep);
         assert_eq!(action(&plan, "r/1").0, Action::Keep);
         assert_eq!(action(&plan, "r/2").0, Action::Start);
-        let back = diff(&new, &old, &variant);
+        let back = diff(&new, &old, &variant, &BTreeMap::new());
         assert_eq!(action(&back, "r/2").0, Action::Stop);
         assert_eq!(action(&back, "r/0").0, Action::Keep);
     }
 
     #[test]
     fn removed_model_stops_and_new_model_starts() {
-        let plan = diff(&config(A), &config(B), &variant);
+        let plan = diff(&config(A), &config(B), &variant, &BTreeMap::new());
         assert_eq!(action(&plan, "a").0, Action::Stop);
         assert_eq!(action(&plan, "b").0, Action::Start);
         assert_eq!(plan.summary(), "1 stop, 1 start");
@@ -381,7 +446,7 @@ mod tests {
         let mut new = old.clone();
         new.daemon.listen = "0.0.0.0:9000".into();
         new.reset.attempts = 7;
-        let plan = diff(&old, &new, &variant);
+        let plan = diff(&old, &new, &variant, &BTreeMap::new());
         assert!(!plan.changes_slots());
         assert_eq!(
             plan.needs_restart,
@@ -401,7 +466,7 @@ mod tests {
         let new = config(&format!(
             "{A}[models.a.env]\nTOKEN = \"s3cret\"\nOTHER = \"x1\"\n"
         ));
-        let plan = diff(&old, &new, &variant);
+        let plan = diff(&old, &new, &variant, &BTreeMap::new());
         let (act, why) = action(&plan, "a");
         assert_eq!(act, Action::Restart);
         assert!(why.contains("env.TOKEN: changed (value hidden)"), "{why}");
@@ -409,5 +474,40 @@ mod tests {
         for secret in ["hunter2", "s3cret", "x1"] {
             assert!(!why.contains(secret), "{why}");
         }
+    }
+
+    #[test]
+    fn replicas_left_behind_by_a_halted_roll_are_compared_by_what_they_run() {
+        let model = |kv: &str| {
+            format!("[models.r]\ntp = 1\nreplicas = [[\"0000:03:00.0\"], [\"0000:04:00.0\"]]\ncheckpoint = \"/m/r.gguf\"\ncache_flags = [\"KV\"]\n[models.r.flags]\nKV = \"{kv}\"\n")
+        };
+        // Definition 1 was in force; a reload to 2 restarted r/0 and halted,
+        // so 2 is in force while r/1 still runs 1.
+        let (one, two) = (config(&model("1")), config(&model("2")));
+        let running: BTreeMap<String, ModelConfig> =
+            [("r/1".to_string(), one.models["r"].clone())].into();
+        assert_eq!(
+            outdated_keys(&one.models["r"], &two.models["r"]),
+            vec!["flags.KV".to_string()]
+        );
+        // Reverting to 1: r/1 already runs it; r/0 goes back.
+        let revert = diff(&two, &one, &variant, &running);
+        assert_eq!(action(&revert, "r/0").0, Action::Restart);
+        let (act, why) = action(&revert, "r/1");
+        assert_eq!(
+            (act, why.as_str()),
+            (Action::Keep, "already runs this definition")
+        );
+        // Reloading 2 again (its cause fixed): r/1 catches up; r/0 runs it.
+        let again = diff(&two, &two, &variant, &running);
+        assert_eq!(action(&again, "r/0").0, Action::Keep);
+        let (act, why) = action(&again, "r/1");
+        assert_eq!(act, Action::Restart);
+        assert!(why.starts_with("ran an older definition"), "{why}");
+        assert!(why.contains("flags.KV: \"1\" → \"2\""), "{why}");
+        // Only live limits apart: not outdated.
+        let mut limits = two.models["r"].clone();
+        limits.max_queue += 1;
+        assert!(outdated_keys(&limits, &two.models["r"]).is_empty());
     }
 }

@@ -10,7 +10,7 @@ pub mod stats;
 pub mod supervisor;
 
 use crate::cards::CardManager;
-use crate::config::Config;
+use crate::config::{Config, ModelConfig};
 use crate::worker::logs::LogRing;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -98,6 +98,13 @@ pub struct SlotView {
     pub variant: String,
     /// Recent request figures.
     pub stats: Arc<stats::SlotStats>,
+    /// The model definition the slot's supervisor runs (read once when it
+    /// started; a reload that does not restart the slot leaves it).
+    pub definition: Option<Arc<ModelConfig>>,
+    /// Keys in which that definition differs from the one in force, other
+    /// than the limits a reload applies live: non-empty when a rolling
+    /// restart halted before reaching this replica. Filled by `snapshot`.
+    pub outdated: Vec<String>,
 }
 
 /// Operator and daemon requests to a slot's supervisor.
@@ -144,6 +151,8 @@ impl SlotEntry {
                 last_error: String::new(),
                 variant: String::new(),
                 stats: Arc::new(stats::SlotStats::default()),
+                definition: None,
+                outdated: Vec::new(),
             },
             engine: None,
             in_flight: Arc::new(AtomicU32::new(0)),
@@ -394,15 +403,32 @@ impl SlotManager {
         });
     }
 
-    /// Every slot, sorted by name, with live in-flight counts.
+    /// Every slot, sorted by name, with live in-flight counts and whether
+    /// it runs the definition in force.
     pub fn snapshot(&self) -> Vec<SlotView> {
+        let config = self.config();
         self.table()
             .values()
             .map(|e| {
                 let mut v = e.view.clone();
                 v.in_flight = e.in_flight.load(Ordering::Relaxed);
+                if let (Some(running), Some(in_force)) =
+                    (&v.definition, config.models.get(&v.model))
+                {
+                    v.outdated = crate::reload::plan::outdated_keys(running, in_force);
+                }
                 v
             })
+            .collect()
+    }
+
+    /// Slots whose supervisor runs another definition than the one in
+    /// force (a halted rolling restart), with the definition they run.
+    pub fn outdated(&self) -> BTreeMap<String, ModelConfig> {
+        self.snapshot()
+            .into_iter()
+            .filter(|v| !v.outdated.is_empty())
+            .filter_map(|v| v.definition.map(|d| (v.name, d.as_ref().clone())))
             .collect()
     }
 
