@@ -240,6 +240,25 @@ let
           '';
         };
 
+        environmentFile = mkOption {
+          type = types.nullOr types.str;
+          default = null;
+          example = "/run/secrets/smollm2.env";
+          description = ''
+            Secrets for this model's workers (API keys, licence tokens): a
+            file of `KEY=VALUE` lines (`#` comments, optional `export` and
+            quotes). Give a path as a string, outside the Nix store; it is
+            passed to the daemon with `LoadCredential=` (rendered as
+            `env_file`), and the daemon reads it at every worker start.
+            systemd copies credentials when the service starts, so setting
+            this option restarts the service, and a rotated file reaches the
+            workers after `systemctl restart tenstorrent-serving`. Its values
+            never appear in the config, the logs, `ttctl status` or reload
+            plans. Its variables override {option}`extraEnvironment`; flags
+            and the daemon's own variables override them.
+          '';
+        };
+
         banners = {
           patterns = mkOption {
             type = types.listOf types.str;
@@ -416,6 +435,7 @@ let
         env = m.extraEnvironment;
         cold_env = m.coldEnvironment;
         warm_env = m.warmEnvironment;
+        env_file = if m.environmentFile != null then "${credentialsDir}/${modelCredential name}" else null;
         banners = {
           patterns = if m.banners.patterns == [ ] then null else m.banners.patterns;
           inherit (m.banners) mode;
@@ -479,15 +499,24 @@ let
   # file (readable by root alone, if it likes) into a directory only the
   # service's user can read, whatever ProtectHome=/ProtectSystem= hide.
   credentialsDir = "/run/credentials/tenstorrent-serving.service";
+  modelCredential = name: "model-${name}-env";
+  modelsWithEnvFile = lib.filterAttrs (_: m: m.environmentFile != null) cfg.models;
   credentials =
     lib.optional (cfg.tokensFile != null) "tokens:${cfg.tokensFile}"
     ++ lib.optional (cfg.tls.certFile != null) "tls-cert:${cfg.tls.certFile}"
-    ++ lib.optional (cfg.tls.keyFile != null) "tls-key:${cfg.tls.keyFile}";
-  secretFiles = lib.filterAttrs (_: v: v != null) {
-    tokensFile = cfg.tokensFile;
-    "tls.certFile" = cfg.tls.certFile;
-    "tls.keyFile" = cfg.tls.keyFile;
-  };
+    ++ lib.optional (cfg.tls.keyFile != null) "tls-key:${cfg.tls.keyFile}"
+    ++ lib.mapAttrsToList (
+      name: m: "${modelCredential name}:${m.environmentFile}"
+    ) modelsWithEnvFile;
+  secretFiles =
+    lib.filterAttrs (_: v: v != null) {
+      tokensFile = cfg.tokensFile;
+      "tls.certFile" = cfg.tls.certFile;
+      "tls.keyFile" = cfg.tls.keyFile;
+    }
+    // lib.mapAttrs' (
+      name: m: lib.nameValuePair "models.${name}.environmentFile" m.environmentFile
+    ) modelsWithEnvFile;
 
   models = lib.attrValues cfg.models;
   maxOf = default: xs: lib.foldl' lib.max default xs;

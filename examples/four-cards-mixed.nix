@@ -58,6 +58,9 @@
         mode = "both";
       };
       extraEnvironment.TT_METAL_LOGGER_LEVEL = "WARNING";
+      # The engine's licence key: read by the daemon at every worker start,
+      # never in the store or the logs.
+      environmentFile = "/run/secrets/qwen-worker.env";
       coldEnvironment.TT_TRANSFORMERS_FORCE_MODEL_LOAD = "1";
       readiness = {
         deadlineSecs = 3600;

@@ -687,3 +687,56 @@ async fn wait_until_ok<T, F: std::future::Future<Output = Option<T>>>(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A model's `env_file` reaches its worker's environment (read from the
+/// worker process itself), its values stay out of the daemon's log and
+/// status, and a file every user can read fails the start with the fix.
+#[test]
+fn a_models_env_file_reaches_the_worker_and_nowhere_else() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let env_file = dir.path().join("m.env");
+    std::fs::write(
+        &env_file,
+        "# licence for the engine\nexport ENGINE_LICENCE=\"lic-7f3a9c\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&env_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let extra = format!(
+        "env_file = \"{}\"\n[models.m.restart]\nmax_attempts = 1\n",
+        env_file.display()
+    );
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: model_table("m", 1, &[0], &model, &extra),
+            ..Default::default()
+        },
+    );
+    let ready = daemon.wait_slot_state("m", "ready");
+    let pid = ready["worker_pid"].as_u64().expect("worker pid");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("worker environ");
+    let vars: Vec<String> = environ
+        .split(|&b| b == 0)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .collect();
+    assert!(
+        vars.iter().any(|v| v == "ENGINE_LICENCE=lic-7f3a9c"),
+        "{vars:?}"
+    );
+    let status = output_text(&daemon.ttctl(&["status", "--json"]));
+    assert!(!status.contains("lic-7f3a9c"), "{status}");
+
+    // Made readable by everyone: the next start refuses it and says how to
+    // fix it, without the value.
+    std::fs::set_permissions(&env_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = daemon.ttctl(&["slot", "restart", "m"]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    let failed = daemon.wait_slot_state("m", "failed");
+    let reason = failed["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("chmod o-rwx"), "{failed}");
+    assert!(reason.contains("models.m.env_file"), "{failed}");
+    let log = daemon.log_text();
+    assert!(!log.contains("lic-7f3a9c"), "the secret reached the log");
+}

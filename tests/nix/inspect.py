@@ -111,6 +111,13 @@ def example(d, out_toml):
             check(cred in creds, f"inference.{key} rendered but no LoadCredential={cred}:...")
         else:
             check(cred not in creds, f"LoadCredential={cred} without inference.{key}")
+    for name, model in s.get("models", {}).items():
+        cred = f"model-{name}-env"
+        if "env_file" in model:
+            check(model["env_file"] == f"/run/credentials/tenstorrent-serving.service/{cred}", f"models.{name}.env_file = {model['env_file']!r} is not the {cred} credential")
+            check(cred in creds, f"models.{name}.env_file rendered but no LoadCredential={cred}:...")
+        else:
+            check(cred not in creds, f"LoadCredential={cred} without models.{name}.env_file")
     for cred, path in creds.items():
         check(not path.startswith("/nix/store/"), f"credential {cred} comes from the store: {path}")
     check(("tls_cert" in inference) == ("tls_key" in inference), "TLS certificate and key must be rendered together")

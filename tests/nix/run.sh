@@ -140,14 +140,16 @@ if json=$(eval_json tests/nix/triggers.nix --argstr libPath "$lib" 2>&1) &&
     problems=$(python3 -c '
 import json, sys
 t = json.load(sys.stdin)
-b, m, d = t["base"], t["modelChange"], t["daemonChange"]
+b, m, d, e = t["base"], t["modelChange"], t["daemonChange"], t["envFileChange"]
 bad = []
+if m["credentials"] != b["credentials"]: bad.append("a model flag change moves LoadCredential= (the switch would restart the daemon)")
+if "model-smollm2-env:/run/secrets/smollm2.env" not in e["credentials"]: bad.append(f"a model environmentFile is not a credential: {e['credentials']}")
 if m["restart"] != b["restart"]: bad.append("a model flag change moves the restart trigger (the switch would restart the daemon)")
 if m["reload"] == b["reload"]: bad.append("a model flag change does not move the reload trigger (the switch would not reload)")
 if d["restart"] == b["restart"]: bad.append("a daemon-level change does not move the restart trigger (it would only be reported, never applied)")
 print("\n".join(bad)); sys.exit(1 if bad else 0)
 ' <<<"$json"); then
-    pass "switch: a model change reloads, a daemon-level change restarts"
+    pass "switch: a model change reloads, a daemon-level change restarts, an environmentFile is a credential (restart)"
 else
     fail "switch triggers"
     printf '%s\n' "${problems:-$json}" | tail -15 | sed 's/^/    /'

@@ -2,8 +2,10 @@
 # evaluates examples/minimal.nix as is, with a model flag changed, and with a
 # daemon-level setting changed, and returns each evaluation's restart and
 # reload triggers. run.sh checks that a model change only moves the reload
-# trigger (switch-to-configuration then reloads) and a daemon-level change
-# moves the restart trigger (it restarts).
+# trigger (switch-to-configuration then reloads), a daemon-level change
+# moves the restart trigger (it restarts), and a model's environmentFile
+# changes the unit's LoadCredential= (it restarts: systemd copies
+# credentials at start).
 { libPath }:
 let
   lib = import (/. + libPath);
@@ -29,6 +31,8 @@ let
     {
       restart = map toString unit.restartTriggers;
       reload = map toString unit.reloadTriggers;
+      # Any other change to the unit makes the switch restart it.
+      credentials = unit.serviceConfig.LoadCredential or [ ];
     };
 in
 {
@@ -38,5 +42,8 @@ in
   };
   daemonChange = triggers {
     services.tenstorrent-serving.settings.daemon.tick_ms = 500;
+  };
+  envFileChange = triggers {
+    services.tenstorrent-serving.models.smollm2.environmentFile = "/run/secrets/smollm2.env";
   };
 }

@@ -16,7 +16,7 @@ pub mod convert;
 mod inference;
 mod limits;
 pub mod metrics;
-mod secrets;
+pub(crate) mod secrets;
 mod tls;
 mod tokens;
 

@@ -9,7 +9,7 @@
 //! environment variables, timeouts that are zero or absurd.
 
 mod schema;
-mod validate;
+pub(crate) mod validate;
 
 pub use schema::*;
 pub use validate::{parse_bdf, Problem};

@@ -302,6 +302,12 @@ pub struct ModelConfig {
     /// Extra environment for warm starts only.
     #[serde(default)]
     pub warm_env: BTreeMap<String, String>,
+    /// A file of `KEY=VALUE` lines added to the worker's environment at
+    /// every start: secrets (API keys, licence tokens) that must stay out of
+    /// the config file. Read at each start, refused when every local user
+    /// may read it; its values never appear in logs, status or reload plans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_file: Option<PathBuf>,
     /// The fail-closed banner rule.
     #[serde(default)]
     pub banners: BannerConfig,

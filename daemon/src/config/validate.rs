@@ -166,7 +166,7 @@ pub fn parse_bdf(s: &str) -> Option<String> {
     (hex(domain, 4) && hex(bus, 2) && hex(device, 2) && function_ok).then_some(full)
 }
 
-fn is_env_name(s: &str) -> bool {
+pub(crate) fn is_env_name(s: &str) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -465,6 +465,9 @@ fn check_model(
         ));
     } else {
         absolute(problems, &key("checkpoint"), &m.checkpoint);
+    }
+    if let Some(path) = &m.env_file {
+        absolute(problems, &key("env_file"), path);
     }
     if m.worker.first().is_some_and(|c| c.is_empty()) {
         problems.push(problem(

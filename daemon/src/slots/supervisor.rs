@@ -318,7 +318,14 @@ async fn wait_for_cards(
     }
 }
 
-fn worker_env(plan: &SlotPlan, variant: &Variant, mode: &str) -> BTreeMap<String, String> {
+/// The worker's environment: the model's tables, then its `env_file`
+/// (`secrets`), then its flags, then the contract.
+fn worker_env(
+    plan: &SlotPlan,
+    variant: &Variant,
+    mode: &str,
+    secrets: BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
     let m = &plan.m;
     let mut env = BTreeMap::new();
     env.extend(m.env.clone());
@@ -327,6 +334,7 @@ fn worker_env(plan: &SlotPlan, variant: &Variant, mode: &str) -> BTreeMap<String
     } else {
         m.warm_env.clone()
     });
+    env.extend(secrets);
     env.extend(m.flags.clone());
     // The contract, last so nothing above can override it.
     env.insert("TT_VISIBLE_DEVICES".into(), plan.cards.join(","));
@@ -463,11 +471,27 @@ async fn start(
             variant.key
         ),
     );
+    // Read at every start, so a rotated secret reaches the next worker.
+    let secrets = match &m.env_file {
+        Some(path) => {
+            match crate::worker::env_file::load(path, &format!("models.{}.env_file", plan.model)) {
+                Ok(vars) => vars,
+                Err(reason) => {
+                    return Outcome::Failed {
+                        reason,
+                        dirty: false,
+                        cause: "start_failed",
+                    }
+                }
+            }
+        }
+        None => BTreeMap::new(),
+    };
     let _ = std::fs::remove_file(&plan.socket);
     let spec = WorkerSpec {
         slot: slot.clone(),
         command: plan.worker_command.clone(),
-        env: worker_env(plan, &variant, mode),
+        env: worker_env(plan, &variant, mode, secrets),
         socket: plan.socket.clone(),
     };
     let Some(logs) = mgr.logs(slot) else {

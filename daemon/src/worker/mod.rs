@@ -9,6 +9,7 @@
 //! supervisor resets them before the next start).
 
 pub mod banners;
+pub mod env_file;
 pub mod logs;
 
 use logs::{LogLine, LogRing, Stream};
