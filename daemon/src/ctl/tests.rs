@@ -1139,6 +1139,25 @@ async fn new_commands_without_a_daemon_exit_3() {
 }
 
 #[test]
+fn top_interval_outside_its_range_is_a_usage_error_naming_the_range() {
+    for (value, says) in [
+        ("0.05", "0.05 is outside 0.1..3600 seconds"),
+        ("7200", "7200 is outside 0.1..3600 seconds"),
+        ("soon", "not a number of seconds"),
+    ] {
+        let err = Cli::try_parse_from(["ttctl", "top", "--interval", value]).unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{value}: {err}");
+        assert!(err.to_string().contains(says), "{value}: {err}");
+    }
+    let cli =
+        Cli::try_parse_from(["ttctl", "top", "--interval", "0.1", "--iterations", "3"]).unwrap();
+    let Command::Top(args) = cli.command else {
+        panic!("{cli:?}");
+    };
+    assert_eq!((args.interval, args.iterations), (0.1, 3));
+}
+
+#[test]
 fn new_commands_parse_with_their_defaults() {
     let cli = Cli::try_parse_from(["ttctl", "generate", "qwen", "Hello"]).unwrap();
     let Command::Generate(args) = cli.command else {
