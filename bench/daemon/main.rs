@@ -299,17 +299,20 @@ fn main() {
             }
             (killed, seen)
         });
-        let at = |state: pb::SlotState| {
+        // WatchStatus sends the latest snapshot, so a short state can be
+        // skipped: a phase starts at the first state seen of its group.
+        let at = |states: &[pb::SlotState]| {
             seen.iter()
-                .find(|(s, _)| *s == state as i32)
+                .find(|(s, _)| states.iter().any(|st| *st as i32 == *s))
                 .map(|(_, t)| *t)
         };
+        use pb::SlotState as S;
         let (failed, resetting, starting, verifying, ready) = (
-            at(pb::SlotState::Failed),
-            at(pb::SlotState::Resetting),
-            at(pb::SlotState::Starting),
-            at(pb::SlotState::Verifying),
-            at(pb::SlotState::Ready),
+            at(&[S::Failed]),
+            at(&[S::Resetting, S::Probing]),
+            at(&[S::Starting, S::Loading]),
+            at(&[S::Verifying]),
+            at(&[S::Ready]),
         );
         let span = |a: Option<u64>, b: Option<u64>| match (a, b) {
             (Some(a), Some(b)) => b.saturating_sub(a) as f64,
