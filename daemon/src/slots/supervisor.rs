@@ -528,7 +528,10 @@ async fn start(
     let deadline = started + Duration::from_secs(m.readiness.deadline_secs);
 
     // Loading: the worker answers Info while it loads; wait for READY.
+    // Polled often at first (a warm start of a small model takes ~0.1 s),
+    // then every 50 ms.
     let mut client: Option<EngineClient<Channel>> = None;
+    let mut poll = Duration::from_millis(10);
     loop {
         if Instant::now() >= deadline {
             worker
@@ -551,8 +554,9 @@ async fn start(
                     dirty: exit.leaves_cards_dirty(), cause: "start_failed" };
             }
             cmd = commands.recv() => return stop_worker(mgr, plan, &mut worker, None, cmd).await,
-            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            _ = tokio::time::sleep(poll) => {}
         }
+        poll = (poll * 2).min(Duration::from_millis(50));
         if client.is_none() {
             client = crate::uds::channel(&plan.socket)
                 .await
