@@ -182,6 +182,15 @@ fn reserved_env_name_is_rejected() {
 }
 
 #[test]
+fn relative_env_file_is_rejected_with_the_fix() {
+    assert_rejected(
+        &format!("{ONE_MODEL}env_file = \"secrets/qwen.env\"\n"),
+        "models.qwen.env_file",
+        "use an absolute path",
+    );
+}
+
+#[test]
 fn zero_timeout_is_rejected() {
     assert_rejected(
         &format!("{ONE_MODEL}[models.qwen.readiness]\ndeadline_secs = 0\n"),

@@ -103,7 +103,8 @@ pub struct SlotView {
     pub definition: Option<Arc<ModelConfig>>,
     /// Keys in which that definition differs from the one in force, other
     /// than the limits a reload applies live: non-empty when a rolling
-    /// restart halted before reaching this replica. Filled by `snapshot`.
+    /// restart halted before reaching this replica. Kept up to date when the
+    /// definition is recorded and when a config is put in force.
     pub outdated: Vec<String>,
 }
 
@@ -205,6 +206,15 @@ pub fn configured_slots(config: &Config) -> Vec<(String, String)> {
     }
     slots.sort();
     slots
+}
+
+/// Keys in which a slot's running definition differs from the one `config`
+/// puts in force (empty before its supervisor has started, or when equal).
+fn outdated(view: &SlotView, config: &Config) -> Vec<String> {
+    match (&view.definition, config.models.get(&view.model)) {
+        (Some(running), Some(in_force)) => crate::reload::plan::outdated_keys(running, in_force),
+        _ => Vec::new(),
+    }
 }
 
 impl SlotManager {
@@ -403,23 +413,26 @@ impl SlotManager {
         });
     }
 
-    /// Every slot, sorted by name, with live in-flight counts and whether
-    /// it runs the definition in force.
+    /// Every slot, sorted by name, with live in-flight counts.
     pub fn snapshot(&self) -> Vec<SlotView> {
-        let config = self.config();
         self.table()
             .values()
             .map(|e| {
                 let mut v = e.view.clone();
                 v.in_flight = e.in_flight.load(Ordering::Relaxed);
-                if let (Some(running), Some(in_force)) =
-                    (&v.definition, config.models.get(&v.model))
-                {
-                    v.outdated = crate::reload::plan::outdated_keys(running, in_force);
-                }
                 v
             })
             .collect()
+    }
+
+    /// Record the model definition a slot's supervisor runs (once, when it
+    /// starts) and whether it is the one in force.
+    pub fn set_definition(&self, slot: &str, definition: ModelConfig) {
+        let config = self.config();
+        if let Some(e) = self.table().get_mut(slot) {
+            e.view.definition = Some(Arc::new(definition));
+            e.view.outdated = outdated(&e.view, &config);
+        }
     }
 
     /// Slots whose supervisor runs another definition than the one in
@@ -443,6 +456,9 @@ impl SlotManager {
     /// Put a new config in force (reload). Running supervisors keep the
     /// model definition they started with; new ones read this.
     pub fn set_config(&self, config: Config) {
+        for e in self.table().values_mut() {
+            e.view.outdated = outdated(&e.view, &config);
+        }
         *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
     }
 

@@ -104,8 +104,7 @@ pub async fn run(
         tick: Duration::from_millis(config.daemon.tick_ms),
         m,
     };
-    let definition = Arc::new(plan.m.clone());
-    mgr.update(&slot, |v| v.definition = Some(definition));
+    mgr.set_definition(&slot, plan.m.clone());
     if let Err(e) = std::fs::create_dir_all(&socket_dir) {
         mgr.transition(
             &slot,
