@@ -681,10 +681,12 @@ in
       type = types.nullOr types.str;
       default = "tenstorrent";
       description = ''
-        Group owning the control socket: its members may use `ttctl`
-        (status, resets, borrowing cards) and take the card locks in
-        {option}`settings.daemon.lock_dir`. The group is created. `null`:
-        only the service user (and root) may use `ttctl`.
+        Group owning the control socket: its members may use `ttctl` for
+        read-only commands (status, logs, generate); destructive ones
+        (resets, borrowing cards) and taking the card locks in
+        {option}`settings.daemon.lock_dir` need {option}`adminGroup`. The
+        group is created. `null`: only the service user (and root) may use
+        `ttctl`.
       '';
     };
 
@@ -1010,11 +1012,16 @@ in
 
       # The lock dir outlives the daemon (scripts and `ttctl card borrow`
       # take the same locks), so tmpfiles owns it rather than
-      # RuntimeDirectory=. setgid: lock files inherit the ttctl group.
+      # RuntimeDirectory=. Only the admin group may take card locks (the
+      # daemon refuses a lock dir other users can write into); setgid: lock
+      # files inherit the admin group.
       systemd.tmpfiles.rules = [
-        "d ${toString d.lock_dir} 2775 ${cfg.user} ${
-          if cfg.controlSocketGroup != null then cfg.controlSocketGroup else cfg.group
-        } - -"
+        (
+          if cfg.adminGroup != null then
+            "d ${toString d.lock_dir} 2775 ${cfg.user} ${cfg.adminGroup} - -"
+          else
+            "d ${toString d.lock_dir} 0755 ${cfg.user} ${cfg.group} - -"
+        )
       ]
       ++ map (dir: "d ${toString dir} 0750 ${cfg.user} ${cfg.group} - -") unmanagedDirs;
 
@@ -1051,7 +1058,10 @@ in
           User = cfg.user;
           Group = cfg.group;
           # Membership lets the daemon hand the control socket to the group.
-          SupplementaryGroups = lib.optional (cfg.controlSocketGroup != null) cfg.controlSocketGroup;
+          # The admin group: lock files are given to it (mode 0660).
+          SupplementaryGroups =
+            lib.optional (cfg.controlSocketGroup != null) cfg.controlSocketGroup
+            ++ lib.optional (cfg.adminGroup != null) cfg.adminGroup;
           EnvironmentFile = lib.optional (cfg.environmentFile != null) cfg.environmentFile;
           # Tokens, certificate and key, rendered as paths under
           # /run/credentials/tenstorrent-serving.service/ (mode 0400, the

@@ -63,9 +63,14 @@ fn externally_locked_card_is_skipped_and_holder_shown() {
         .spawn()
         .expect("flock(1)");
     wait_until("flock to hold the lock", || {
-        tt_servingd::cards::lock::try_lock(&daemon.lock_dir, &FakeHw::bdf(0), "probe")
-            .err()
-            .map(|_| ())
+        tt_servingd::cards::lock::try_lock(
+            &daemon.lock_dir,
+            &FakeHw::bdf(0),
+            "probe",
+            tt_servingd::cards::lock::LockPolicy::default(),
+        )
+        .err()
+        .map(|_| ())
     });
     daemon.spawn(&[]);
     let card = daemon.wait_card_state(&FakeHw::bdf(0), "held-elsewhere");
@@ -117,8 +122,13 @@ fn killed_daemon_leaves_no_stale_lock_and_restart_resets_and_retakes_cards() {
     // kill -9: the kernel drops the flocks with the process.
     daemon.kill9();
     for i in 0..2 {
-        tt_servingd::cards::lock::try_lock(&daemon.lock_dir, &FakeHw::bdf(i), "test")
-            .expect("no stale lock after kill -9");
+        tt_servingd::cards::lock::try_lock(
+            &daemon.lock_dir,
+            &FakeHw::bdf(i),
+            "test",
+            tt_servingd::cards::lock::LockPolicy::default(),
+        )
+        .expect("no stale lock after kill -9");
     }
     // The restart sees an unclean stop, resets both cards and takes them back.
     daemon.spawn(&[]);

@@ -374,6 +374,30 @@ pub fn output_text(out: &Output) -> String {
     )
 }
 
+/// Run `tt-servingd run` on `config`, expecting it to exit by itself (a
+/// refused start); returns its output.
+pub fn run_to_exit(config: &Path) -> String {
+    let mut child = Command::new(bin("tt-servingd"))
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_until("tt-servingd to refuse to start", || {
+        child.try_wait().ok().flatten()
+    });
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        !status.success(),
+        "the daemon started: {}",
+        output_text(&out)
+    );
+    output_text(&out)
+}
+
 /// Write the tiny deterministic test model (a few layers, random weights)
 /// with `tt-worker make-test-model` and return its path.
 pub fn tiny_model(dir: &Path) -> PathBuf {

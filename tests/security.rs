@@ -16,7 +16,7 @@ use tt_serving_proto::v1::{
     ChatMessage, ChatMessages, GenerateRequest, ListModelsRequest, StatusRequest,
 };
 use tt_serving_tests::{
-    bin, model_table, output_text, tiny_model, wait_until, Daemon, DaemonOptions, FakeHw,
+    bin, model_table, output_text, run_to_exit, tiny_model, Daemon, DaemonOptions, FakeHw,
 };
 
 /// `nobody`/`nogroup`: an unprivileged user and its group on Debian-like
@@ -156,30 +156,6 @@ fn a_missing_admin_group_stops_the_daemon_with_the_fix() {
         text.contains("group `no-such-group-tt` (daemon.control_admin_group) does not exist"),
         "{text}"
     );
-}
-
-/// Run `tt-servingd run` on `config`, expecting it to exit by itself (a
-/// refused start); returns its output.
-fn run_to_exit(config: &Path) -> String {
-    let mut child = Command::new(bin("tt-servingd"))
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = wait_until("tt-servingd to refuse to start", || {
-        child.try_wait().ok().flatten()
-    });
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        !status.success(),
-        "the daemon started: {}",
-        output_text(&out)
-    );
-    output_text(&out)
 }
 
 /// A tokens file with the right mode.

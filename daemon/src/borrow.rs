@@ -131,16 +131,30 @@ pub async fn run(
         }
     }
     cards.take_back(&bdfs);
+    // The job's processes inherited the borrower's locks, so the daemon
+    // gets them back only once every process of the job is gone (a job that
+    // outlived a killed ttctl included); and a process that has a card open
+    // without its lock keeps the card from reuse too. Until then the cards
+    // show who holds them, and nothing resets them or starts on them.
     let mut waited = 0u64;
-    while !cards.holds_all(&bdfs) {
+    loop {
         cards.refresh();
+        let users = cards.foreign_users(&bdfs);
+        if cards.holds_all(&bdfs) && users.is_empty() {
+            break;
+        }
         if waited.is_multiple_of(50) {
-            let _ = tx
-                .send(event(
-                    Kind::Progress,
-                    "waiting for the borrower to release the card locks",
-                ))
-                .await;
+            let who = if users.is_empty() {
+                "the borrower".to_string()
+            } else {
+                users.join("; ")
+            };
+            let message = format!(
+                "waiting for {who} to let go of {} before the reset",
+                bdfs.join(",")
+            );
+            tracing::info!(cards = %bdfs.join(","), "{message}");
+            let _ = tx.send(event(Kind::Progress, message)).await;
         }
         waited += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;

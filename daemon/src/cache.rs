@@ -15,10 +15,11 @@
 //! refuses the slot, naming the files.
 
 use crate::config::ModelConfig;
+use crate::hostfs;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
@@ -134,10 +135,16 @@ impl Variant {
     /// Prepare for a cold build: an empty variant dir (leftovers of a failed
     /// build must not end up in the marker) plus the description file.
     pub fn prepare_cold(&self) -> io::Result<()> {
-        if self.dir.exists() {
-            fs::remove_dir_all(&self.dir)?;
+        // remove_dir_all never follows links inside (std guarantees it
+        // since 1.58.1); a link at the variant's own path is removed, not
+        // followed.
+        match fs::symlink_metadata(&self.dir) {
+            Ok(meta) if meta.is_dir() => fs::remove_dir_all(&self.dir)?,
+            Ok(_) => fs::remove_file(&self.dir)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
-        fs::create_dir_all(&self.dir)?;
+        hostfs::create_dir_all_no_follow(&self.dir)?;
         let description = serde_json::to_vec_pretty(&self.inputs).map_err(io::Error::other)?;
         atomic_write(&self.dir.join(DESCRIPTION), &description)
     }
@@ -155,18 +162,21 @@ impl Variant {
         Ok(marker)
     }
 
-    /// After a warm start: find files the marker does not list, delete them,
-    /// and return their names (empty means the guard passed).
+    /// After a warm start: find files the marker does not list (links
+    /// included: a link is removed, never followed), delete them, and
+    /// return their names (empty means the guard passed).
     pub fn guard(&self) -> io::Result<Vec<String>> {
         let marker = read_marker(&self.dir)?;
         let mut unexpected = Vec::new();
-        for name in list_files(&self.dir)?.into_keys() {
+        let mut found = list_files(&self.dir)?.into_keys().collect::<Vec<_>>();
+        found.extend(list_links(&self.dir)?);
+        for name in found {
             if !marker.files.contains_key(&name) {
-                let path = self.dir.join(&name);
-                fs::remove_file(&path)?;
+                hostfs::remove_file(&self.dir.join(&name))?;
                 unexpected.push(name);
             }
         }
+        unexpected.sort();
         Ok(unexpected)
     }
 }
@@ -184,7 +194,13 @@ pub fn state_of(dir: &Path) -> CacheState {
     };
     let mut bytes = 0;
     for (name, size) in &marker.files {
-        match fs::metadata(dir.join(name)) {
+        // A link where the marker lists a file is not that file.
+        match fs::symlink_metadata(dir.join(name)) {
+            Ok(meta) if !meta.is_file() => {
+                return CacheState::Incomplete {
+                    reason: format!("{name} is not a regular file"),
+                }
+            }
             Ok(meta) if meta.len() == *size => bytes += size,
             Ok(meta) => {
                 return CacheState::Incomplete {
@@ -205,7 +221,7 @@ pub fn state_of(dir: &Path) -> CacheState {
 }
 
 fn read_marker(dir: &Path) -> io::Result<Marker> {
-    let text = fs::read(dir.join(MARKER))?;
+    let text = hostfs::read(&dir.join(MARKER))?;
     serde_json::from_slice(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
@@ -227,7 +243,8 @@ fn list_files(dir: &Path) -> io::Result<BTreeMap<String, u64>> {
                     .map_err(io::Error::other)?
                     .to_string_lossy()
                     .into_owned();
-                if rel != MARKER && rel != DESCRIPTION {
+                let ours = |name: &str| rel == name || rel.starts_with(&format!(".{name}.tmp."));
+                if !ours(MARKER) && !ours(DESCRIPTION) {
                     out.insert(rel, entry.metadata()?.len());
                 }
             }
@@ -237,15 +254,34 @@ fn list_files(dir: &Path) -> io::Result<BTreeMap<String, u64>> {
 }
 
 /// Write a file so that readers see the old contents or the new, never a
-/// torn mix: temp file, fsync, rename.
+/// torn mix, and never through a link (see `hostfs::write_atomic`).
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
+    hostfs::write_atomic(path, bytes, 0o644)
+}
+
+/// Every symbolic link under `dir` (relative paths); directories are walked
+/// without following links.
+fn list_links(dir: &Path) -> io::Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(current) = stack.pop() {
+        for entry in fs::read_dir(&current)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            let path = entry.path();
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_symlink() {
+                out.push(
+                    path.strip_prefix(dir)
+                        .map_err(io::Error::other)?
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+            }
+        }
     }
-    fs::rename(&tmp, path)
+    Ok(out)
 }
 
 /// Every variant dir of every model under the cache root, as
@@ -355,5 +391,33 @@ mod tests {
         assert_eq!(v.guard().unwrap(), vec!["b.tensorbin".to_string()]);
         assert!(!v.dir.join("b.tensorbin").exists());
         assert!(v.dir.join("a.tensorbin").exists());
+    }
+
+    #[test]
+    fn links_in_a_variant_are_removed_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let precious = dir.path().join("precious");
+        fs::write(&precious, b"keep").unwrap();
+        let v = Variant::for_model(dir.path(), "m", &model(dir.path(), &[], &[]), &[]);
+        v.prepare_cold().unwrap();
+        fs::write(v.dir.join("a.tensorbin"), b"1").unwrap();
+        // A link where the marker's temp file goes: replaced, not followed.
+        let tmp_name = format!(".{MARKER}.tmp.{}.0", std::process::id());
+        std::os::unix::fs::symlink(&precious, v.dir.join(&tmp_name)).unwrap();
+        v.write_marker().unwrap();
+        assert_eq!(fs::read(&precious).unwrap(), b"keep");
+        fs::remove_file(v.dir.join(&tmp_name)).unwrap();
+        // A link a warm start left behind is unexpected: removed, target kept.
+        std::os::unix::fs::symlink(&precious, v.dir.join("b.tensorbin")).unwrap();
+        assert_eq!(v.guard().unwrap(), vec!["b.tensorbin".to_string()]);
+        assert!(fs::symlink_metadata(v.dir.join("b.tensorbin")).is_err());
+        assert_eq!(fs::read(&precious).unwrap(), b"keep");
+        // A link at the variant's own path is removed by a cold start.
+        let v2 = Variant::for_model(dir.path(), "m2", &model(dir.path(), &[], &[]), &[]);
+        fs::create_dir_all(v2.dir.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(dir.path(), &v2.dir).unwrap();
+        v2.prepare_cold().unwrap();
+        assert!(fs::symlink_metadata(&v2.dir).unwrap().is_dir());
+        assert_eq!(fs::read(&precious).unwrap(), b"keep");
     }
 }

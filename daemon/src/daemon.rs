@@ -183,14 +183,21 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     // touches a card.
     let public_port = api::PublicPort::load(&config)?;
     let admin_rule = api::AdminRule::resolve(config.daemon.control_admin_group.as_deref())?;
+    notify::status("starting: checking directories");
+    trusted_dirs(&config)?;
+    // Before anything touches a card: a live daemon on the control socket
+    // means this one must not start at all.
+    let mode = u32::from_str_radix(
+        config.daemon.control_socket_mode.trim_start_matches("0o"),
+        8,
+    )
+    .context("daemon.control_socket_mode is not octal")?;
+    let control_listener = api::bind_control_socket(
+        &config.daemon.control_socket,
+        mode,
+        config.daemon.control_socket_group.as_deref(),
+    )?;
     notify::status("starting: discovering cards");
-    for (key, dir) in [
-        ("daemon.state_dir", &config.daemon.state_dir),
-        ("daemon.lock_dir", &config.daemon.lock_dir),
-    ] {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create {key} {}", dir.display()))?;
-    }
     let hw = crate::cards::discovery::HardwareRoot::from(&config.hardware);
     if !hw.driver_loaded() {
         tracing::warn!(
@@ -207,22 +214,9 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     // A crash leaves no record, so the next start knows the cards may be
     // wedged (an engine killed mid-run leaves them failing to initialise).
     let clean_record = config.daemon.state_dir.join(CLEAN_SHUTDOWN);
-    let previous_was_clean = clean_record.exists();
-    if previous_was_clean {
-        std::fs::remove_file(&clean_record)
-            .with_context(|| format!("cannot remove {}", clean_record.display()))?;
-    }
-
-    let mode = u32::from_str_radix(
-        config.daemon.control_socket_mode.trim_start_matches("0o"),
-        8,
-    )
-    .context("daemon.control_socket_mode is not octal")?;
-    let control_listener = api::bind_control_socket(
-        &config.daemon.control_socket,
-        mode,
-        config.daemon.control_socket_group.as_deref(),
-    )?;
+    let previous_was_clean = crate::hostfs::is_plain_file(&clean_record);
+    crate::hostfs::remove_file(&clean_record)
+        .with_context(|| format!("cannot remove {}", clean_record.display()))?;
     let public_listener = TcpListener::bind(&config.daemon.listen)
         .await
         .with_context(|| {
@@ -345,10 +339,11 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     hangups.abort();
     ticker.abort();
     state.cards.release_all();
-    let _ = std::fs::remove_file(&state.config().daemon.control_socket);
-    std::fs::write(
+    api::remove_control_socket(&state.config().daemon.control_socket);
+    crate::hostfs::write_atomic(
         &clean_record,
-        format!("{}\n", crate::cards::unix_ms(SystemTime::now())),
+        format!("{}\n", crate::cards::unix_ms(SystemTime::now())).as_bytes(),
+        0o644,
     )
     .with_context(|| {
         format!(
@@ -357,6 +352,53 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         )
     })?;
     tracing::info!("stopped cleanly");
+    Ok(())
+}
+
+/// Create (when missing) and check every directory the daemon writes into:
+/// each must be writable only by root or the daemon's user (the lock dir
+/// also by the admin group), or a local user could plant links there that
+/// the daemon would write through. See `hostfs`.
+fn trusted_dirs(config: &Config) -> anyhow::Result<()> {
+    use crate::hostfs::{ensure_dir, Sharing};
+    let admin = Sharing {
+        group: crate::cards::lock_policy(config)
+            .group
+            .filter(|_| config.daemon.control_admin_group.is_some()),
+    };
+    let socket_dir = config
+        .daemon
+        .control_socket
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let dirs = [
+        (
+            "daemon.state_dir",
+            config.daemon.state_dir.clone(),
+            Sharing::default(),
+        ),
+        ("daemon.lock_dir", config.daemon.lock_dir.clone(), admin),
+        (
+            "daemon.cache_dir",
+            config.daemon.cache_dir.clone(),
+            Sharing::default(),
+        ),
+        (
+            "daemon.control_socket (its directory)",
+            socket_dir.clone(),
+            Sharing::default(),
+        ),
+        (
+            "daemon.control_socket (the workers' sockets)",
+            crate::slots::worker_socket_dir(config),
+            Sharing::default(),
+        ),
+    ];
+    for (key, dir, sharing) in dirs {
+        ensure_dir(key, &dir, sharing).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     Ok(())
 }
 

@@ -22,6 +22,7 @@ pub mod daemon;
 pub mod demo;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+pub mod hostfs;
 pub mod metrics;
 pub mod notify;
 pub mod reload;

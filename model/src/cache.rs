@@ -203,7 +203,7 @@ fn write_file(
     }
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
     let written = (|| -> std::io::Result<()> {
-        let mut f = File::create(&tmp)?;
+        let mut f = create_temp(&tmp)?;
         f.write_all(&header(spec))?;
         if no_space {
             f.write_all(&data[..data.len() / 2])?;
@@ -223,6 +223,24 @@ fn write_file(
     Ok(name)
 }
 
+/// Create a temp file afresh, never through a link planted at its name: a
+/// leftover from a crashed build is removed (unlink removes a link, not its
+/// target), then `O_EXCL|O_NOFOLLOW` refuses anything that appeared since.
+fn create_temp(tmp: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(tmp) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(tmp)
+}
+
 /// The cached checkpoint header (config, tokenizer, tensor directory),
 /// written by a cold start so a warm start never parses the checkpoint.
 pub const META_FILE: &str = "checkpoint-header.json";
@@ -235,7 +253,7 @@ pub fn write_meta(dir: &Path, json: &[u8]) -> Result<String, CacheError> {
         file: path.clone(),
         source,
     };
-    let mut f = File::create(&tmp).map_err(io)?;
+    let mut f = create_temp(&tmp).map_err(io)?;
     f.write_all(json).map_err(io)?;
     f.sync_all().map_err(io)?;
     drop(f);

@@ -33,6 +33,8 @@ pub fn card(view: &CardView) -> pb::Card {
             pid: h.pid,
             purpose: h.purpose.clone(),
             is_daemon: view.held_by_daemon,
+            user: h.user.clone(),
+            command: h.command.clone(),
         }),
         processes: view
             .processes

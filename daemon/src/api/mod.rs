@@ -42,31 +42,56 @@ use tt_serving_proto::v1::inference_server::InferenceServer;
 /// The gRPC health service name of the Inference service.
 pub const INFERENCE_SERVICE: &str = "tt.serving.v1.Inference";
 
-/// Bind the control socket with the configured mode and group. A live socket
-/// at the path means another daemon runs: refuse rather than steal it.
+/// Bind the control socket with the configured mode and group. The daemon
+/// removes only what it made: a socket at the path that no live daemon
+/// answers on (one a killed daemon left). A live socket means another
+/// daemon runs; anything else (a regular file, a directory, a link) is
+/// refused untouched, since a typo in the path must not destroy a file.
 pub fn bind_control_socket(
     path: &Path,
     mode: u32,
     group: Option<&str>,
 ) -> anyhow::Result<UnixListener> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).with_context(|| {
-            format!(
-                "cannot create the control socket's directory {}",
-                parent.display()
-            )
-        })?;
-    }
-    if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => bail!(
+            "cannot inspect {} (daemon.control_socket): {e}",
+            path.display()
+        ),
+        Ok(meta) if meta.file_type().is_socket() => {
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(_) => bail!(
+                    "another tt-servingd is already serving {}; stop it first (systemctl stop tenstorrent-serving) or use another daemon.control_socket",
+                    path.display()
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    tracing::info!(path = %path.display(), "removing the stale control socket of a daemon that is gone");
+                    std::fs::remove_file(path).with_context(|| {
+                        format!("cannot remove the stale control socket {}", path.display())
+                    })?;
+                }
+                Err(e) => bail!(
+                    "{} (daemon.control_socket) is a socket that cannot be checked ({e}); if no tt-servingd runs, remove it and start again",
+                    path.display()
+                ),
+            }
+        }
+        Ok(meta) => {
+            let kind = if meta.is_dir() {
+                "a directory"
+            } else if meta.file_type().is_symlink() {
+                "a symbolic link"
+            } else if meta.is_file() {
+                "a regular file"
+            } else {
+                "not a socket"
+            };
             bail!(
-                "another tt-servingd is already serving {}; stop it first (systemctl stop tenstorrent-serving) or use another daemon.control_socket",
+                "{} (daemon.control_socket) is {kind}, not a socket; tt-servingd leaves it untouched. Point daemon.control_socket at a path of its own (for example /run/tt-serving/control.sock), or remove it yourself if it is not needed",
                 path.display()
             );
         }
-        std::fs::remove_file(path).with_context(|| {
-            format!("cannot remove the stale control socket {}", path.display())
-        })?;
     }
     // Binding leaves the socket with umask permissions, which lack the
     // world-write bit connecting needs; we narrow or widen to `mode` next.
@@ -86,6 +111,15 @@ pub fn bind_control_socket(
         })?;
     }
     Ok(listener)
+}
+
+/// Remove the control socket at shutdown, only if a socket is still there
+/// (never a file someone put in its place).
+pub fn remove_control_socket(path: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// Serve Control and health on the control socket until shutdown. Each

@@ -7,20 +7,56 @@
 //! kernel drops a flock when its holder dies, so a killed daemon never leaves
 //! a stale lock. The holder writes its pid and purpose into the file; for
 //! holders that do not (plain `flock(1)`), `/proc/locks` names the pid.
+//!
+//! Who may hold a card lock: root (the daemon) and the admin group
+//! (`daemon.control_admin_group`; the field's scripts and benchmarks run as
+//! operators). Lock files are mode 0660 with the admin group, or 0600 when
+//! there is none, because `flock` works on any descriptor its caller could
+//! open: a world-readable lock file would let any local user keep the daemon
+//! away from a card. Lock files are opened without following links and only
+//! when they are plain files with one link (see `hostfs`).
 
+use crate::hostfs;
 use fs2::FileExt;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Seek, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Who holds a card's lock.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LockHolder {
     /// Holder's pid (0 when it could not be determined).
     pub pid: u32,
     /// What the holder said it is doing (empty when it did not say).
     pub purpose: String,
+    /// The holder's user name (or `uid N`); empty when unknown.
+    pub user: String,
+    /// The holder's command line; empty when unknown.
+    pub command: String,
+}
+
+impl LockHolder {
+    /// `pid 4242 (alice: flock … bench.sh)` or `pid 4242 for <purpose>`,
+    /// whatever is known.
+    pub fn describe(&self) -> String {
+        let mut text = if self.pid == 0 {
+            "an unknown process".to_string()
+        } else {
+            format!("pid {}", self.pid)
+        };
+        let who: Vec<&str> = [self.user.as_str(), self.command.as_str()]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect();
+        if !who.is_empty() {
+            text.push_str(&format!(" ({})", who.join(": ")));
+        }
+        if !self.purpose.is_empty() {
+            text.push_str(&format!(" for {}", self.purpose));
+        }
+        text
+    }
 }
 
 /// Why a lock could not be taken.
@@ -33,11 +69,11 @@ pub enum LockError {
         bdf: String,
         /// The lock file.
         path: PathBuf,
-        /// Who holds it, when known.
-        holder: Option<LockHolder>,
+        /// Who holds it, when known (boxed: errors stay small).
+        holder: Option<Box<LockHolder>>,
     },
     /// The lock file could not be opened.
-    #[error("cannot open lock file {}: {source}; check that the lock dir exists and is writable", .path.display())]
+    #[error("cannot open lock file {}: {source}; check that the lock dir exists and that you are root or in the admin group", .path.display())]
     Io {
         /// The lock file.
         path: PathBuf,
@@ -46,11 +82,50 @@ pub enum LockError {
     },
 }
 
-fn holder_text(holder: &Option<LockHolder>) -> String {
+fn holder_text(holder: &Option<Box<LockHolder>>) -> String {
     match holder {
-        Some(h) if h.purpose.is_empty() => format!("pid {}", h.pid),
-        Some(h) => format!("pid {} for {}", h.pid, h.purpose),
+        Some(h) => h.describe(),
         None => "another process".into(),
+    }
+}
+
+/// Mode and group of the lock files this process creates or repairs.
+#[derive(Debug, Clone, Copy)]
+pub struct LockPolicy {
+    /// Mode of a lock file.
+    pub mode: u32,
+    /// Group to give it (the admin group), None: leave the group alone.
+    pub group: Option<u32>,
+    /// Whether to repair the mode and group of an existing file.
+    pub repair: bool,
+}
+
+impl LockPolicy {
+    /// The daemon's: 0660 with the admin group, 0600 (root's group) when
+    /// there is none; existing files are repaired.
+    pub fn daemon(admin_gid: Option<u32>) -> LockPolicy {
+        LockPolicy {
+            mode: if admin_gid.is_some() { 0o660 } else { 0o600 },
+            group: Some(admin_gid.unwrap_or(0)),
+            repair: true,
+        }
+    }
+
+    /// A borrower's (`ttctl card borrow`, run by an admin): a file it
+    /// creates is 0660 (the lock dir's setgid bit gives it the admin
+    /// group); the daemon's files are left as they are.
+    pub fn borrower() -> LockPolicy {
+        LockPolicy {
+            mode: 0o660,
+            group: None,
+            repair: false,
+        }
+    }
+}
+
+impl Default for LockPolicy {
+    fn default() -> Self {
+        LockPolicy::daemon(None)
     }
 }
 
@@ -65,6 +140,18 @@ impl CardLock {
     /// The card this lock is for.
     pub fn bdf(&self) -> &str {
         &self.bdf
+    }
+
+    /// Let a child process inherit this lock: the lock then lasts until
+    /// every process holding the descriptor is gone, not only this one
+    /// (`ttctl card borrow` hands its locks to the job this way, so a job
+    /// that outlives a killed ttctl keeps the card from the daemon).
+    pub fn share_with_children(&self) -> io::Result<()> {
+        use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+        let flags = fcntl(&self.file, FcntlArg::F_GETFD).map_err(io::Error::from)?;
+        let flags = FdFlag::from_bits_truncate(flags) - FdFlag::FD_CLOEXEC;
+        fcntl(&self.file, FcntlArg::F_SETFD(flags)).map_err(io::Error::from)?;
+        Ok(())
     }
 }
 
@@ -82,36 +169,65 @@ pub fn lock_path(lock_dir: &Path, bdf: &str) -> PathBuf {
     lock_dir.join(format!("{bdf}.lock"))
 }
 
-fn open(path: &Path) -> Result<File, LockError> {
-    let writable = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .open(path);
-    match writable {
-        Ok(f) => Ok(f),
-        // An operator in the card group may not write the daemon's lock
-        // files; flock works on a read-only descriptor too.
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => File::open(path),
-        Err(e) => Err(e),
-    }
-    .map_err(|source| LockError::Io {
+fn open(path: &Path, policy: LockPolicy) -> Result<File, LockError> {
+    let io_error = |source| LockError::Io {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    match hostfs::open_in_place(path, policy.mode) {
+        Ok(file) => {
+            repair_mode(path, &file, policy);
+            Ok(file)
+        }
+        // An operator in the admin group may not write the daemon's lock
+        // files when the mode lacks group write; flock works on a
+        // read-only descriptor too.
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            let file = hostfs::open_read(path).map_err(io_error)?;
+            hostfs::check_plain(path, &file).map_err(io_error)?;
+            Ok(file)
+        }
+        Err(e) => Err(io_error(e)),
+    }
+}
+
+/// Give a lock file the policy's mode and group, whoever made it (a
+/// script's `flock(1)` creates it with its umask, often 0644, which would
+/// let every user hold the card). Done on the open descriptor, so it cannot
+/// be redirected; only root or the file's owner may.
+fn repair_mode(path: &Path, file: &File, policy: LockPolicy) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = file.metadata() else { return };
+    let me = nix::unistd::geteuid();
+    if !policy.repair || (!me.is_root() && meta.uid() != me.as_raw()) {
+        return;
+    }
+    if let Some(gid) = policy.group.filter(|g| *g != meta.gid()) {
+        if let Err(e) = std::os::unix::fs::fchown(file, None, Some(gid)) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot give the lock file to the admin group");
+        }
+    }
+    if meta.mode() & 0o7777 != policy.mode {
+        if let Err(e) = file.set_permissions(std::fs::Permissions::from_mode(policy.mode)) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot set the lock file's mode");
+        }
+    }
 }
 
 /// Take the card's lock without waiting; on success record our pid and
 /// purpose in the file.
-pub fn try_lock(lock_dir: &Path, bdf: &str, purpose: &str) -> Result<CardLock, LockError> {
+pub fn try_lock(
+    lock_dir: &Path,
+    bdf: &str,
+    purpose: &str,
+    policy: LockPolicy,
+) -> Result<CardLock, LockError> {
     let path = lock_path(lock_dir, bdf);
-    let mut file = open(&path)?;
+    let mut file = open(&path, policy)?;
     if file.try_lock_exclusive().is_err() {
         return Err(LockError::Held {
             bdf: bdf.to_string(),
-            holder: holder_of(&path),
+            holder: holder_of(&path).map(Box::new),
             path,
         });
     }
@@ -130,13 +246,16 @@ pub fn try_lock(lock_dir: &Path, bdf: &str, purpose: &str) -> Result<CardLock, L
     })
 }
 
-/// Who holds the lock at `path` now, if anyone: the kernel's view from
-/// `/proc/locks` for the pid, the file's record for the purpose.
+/// Who holds the lock at `path` now, if anyone. The kernel's `/proc/locks`
+/// names the process that took the flock; when that process is gone but
+/// the lock lives on in a descriptor it handed to children (a borrowed job
+/// that outlived its ttctl), the holders are the processes that still have
+/// the file open. The purpose comes from the file's record.
 pub fn holder_of(path: &Path) -> Option<LockHolder> {
-    let meta = std::fs::metadata(path).ok()?;
-    let kernel_pid = flock_holder_pid(meta.ino(), meta.dev());
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    let locker = flock_holder_pid(meta.ino(), meta.dev())?;
     let mut text = String::new();
-    if let Ok(mut f) = File::open(path) {
+    if let Ok(mut f) = hostfs::open_read(path) {
         let _ = f.read_to_string(&mut text);
     }
     let field = |key: &str| {
@@ -144,20 +263,90 @@ pub fn holder_of(path: &Path) -> Option<LockHolder> {
             .find_map(|l| l.strip_prefix(key).map(|v| v.trim().to_string()))
     };
     let recorded_pid = field("pid=").and_then(|p| p.parse::<u32>().ok());
-    let pid = kernel_pid.or(recorded_pid)?;
-    // The record belongs to the holder only if the pids agree (a plain
-    // flock(1) holder leaves an older record in place).
-    let purpose = if recorded_pid == Some(pid) {
+    let purpose = if recorded_pid == Some(locker) {
         field("purpose=").unwrap_or_default()
     } else {
+        // A plain flock(1) holder leaves an older record in place.
         String::new()
     };
-    Some(LockHolder { pid, purpose })
+    let pid = if process_has_open(locker, meta.dev(), meta.ino()) {
+        locker
+    } else {
+        processes_with_open(meta.dev(), meta.ino())
+            .into_iter()
+            .next()
+            .unwrap_or(locker)
+    };
+    let (user, command) = process_identity(pid);
+    Some(LockHolder {
+        pid,
+        purpose,
+        user,
+        command,
+    })
 }
 
-/// Find the pid holding a flock on the file with this inode and device, from
-/// the real `/proc/locks` (locks are kernel objects, not hardware, so this is
-/// not under `proc_root`).
+/// A process's user and command line from the real `/proc` (processes are
+/// not hardware, so this is not under `proc_root`).
+pub fn process_identity(pid: u32) -> (String, String) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let user = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u32>().ok())
+        .map(|uid| {
+            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+                .unwrap_or_else(|| format!("uid {uid}"))
+        })
+        .unwrap_or_default();
+    let command = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|raw| {
+            let words: Vec<String> = raw
+                .split(|b| *b == 0)
+                .filter(|w| !w.is_empty())
+                .map(|w| String::from_utf8_lossy(w).into_owned())
+                .collect();
+            let line = words.join(" ");
+            // Status lines stay readable.
+            if line.chars().count() > 120 {
+                format!("{}…", line.chars().take(119).collect::<String>())
+            } else {
+                line
+            }
+        })
+        .unwrap_or_default();
+    (user, command)
+}
+
+fn process_has_open(pid: u32, dev: u64, ino: u64) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten()
+        .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino))
+}
+
+/// Every process with the file open, from the real `/proc`.
+pub fn processes_with_open(dev: u64, ino: u64) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != std::process::id() && process_has_open(*pid, dev, ino))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// Find the pid that took a flock on the file with this inode and device,
+/// from the real `/proc/locks` (locks are kernel objects, not hardware, so
+/// this is not under `proc_root`).
 fn flock_holder_pid(ino: u64, dev: u64) -> Option<u32> {
     let text = std::fs::read_to_string("/proc/locks").ok()?;
     let (major, minor) = (libc::major(dev), libc::minor(dev));
@@ -186,10 +375,16 @@ mod tests {
     #[test]
     fn second_lock_is_refused_and_names_the_holder() {
         let dir = tempfile::tempdir().unwrap();
-        let first = try_lock(dir.path(), "0000:01:00.0", "slot qwen").unwrap();
+        let first = try_lock(
+            dir.path(),
+            "0000:01:00.0",
+            "slot qwen",
+            LockPolicy::default(),
+        )
+        .unwrap();
         // flock locks are per open file description, so a second open in the
         // same process conflicts just like another process would.
-        match try_lock(dir.path(), "0000:01:00.0", "other") {
+        match try_lock(dir.path(), "0000:01:00.0", "other", LockPolicy::default()) {
             Err(LockError::Held { holder, .. }) => {
                 let holder = holder.expect("holder is known");
                 assert_eq!(holder.pid, std::process::id());
@@ -198,7 +393,8 @@ mod tests {
             other => panic!("expected Held, got {other:?}"),
         }
         drop(first);
-        try_lock(dir.path(), "0000:01:00.0", "again").expect("released on drop");
+        try_lock(dir.path(), "0000:01:00.0", "again", LockPolicy::default())
+            .expect("released on drop");
     }
 
     #[test]
@@ -216,7 +412,7 @@ mod tests {
             .expect("flock(1) is part of util-linux");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let holder = loop {
-            match try_lock(dir.path(), "0000:02:00.0", "x") {
+            match try_lock(dir.path(), "0000:02:00.0", "x", LockPolicy::default()) {
                 Err(LockError::Held { holder, .. }) => break holder,
                 Ok(lock) => drop(lock),
                 Err(e) => panic!("{e}"),
@@ -230,6 +426,67 @@ mod tests {
         assert_eq!(holder.map(|h| h.pid), Some(child.id()));
         drop(child.stdin.take());
         child.wait().unwrap();
-        try_lock(dir.path(), "0000:02:00.0", "x").expect("free after flock exits");
+        try_lock(dir.path(), "0000:02:00.0", "x", LockPolicy::default())
+            .expect("free after flock exits");
+    }
+
+    #[test]
+    fn lock_files_only_root_and_the_admin_group_can_open() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        drop(try_lock(dir.path(), "0000:03:00.0", "x", LockPolicy::default()).unwrap());
+        let mode = std::fs::metadata(lock_path(dir.path(), "0000:03:00.0"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "no admin group: only root may lock");
+        let policy = LockPolicy::daemon(Some(nix::unistd::getegid().as_raw()));
+        // A script's flock(1) made this one with its umask: repaired.
+        let path = lock_path(dir.path(), "0000:04:00.0");
+        std::fs::write(&path, "").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        drop(try_lock(dir.path(), "0000:04:00.0", "x", policy).unwrap());
+        if nix::unistd::geteuid().is_root() {
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o660);
+        }
+    }
+
+    #[test]
+    fn a_planted_link_at_a_lock_path_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("precious");
+        std::fs::write(&victim, "keep me").unwrap();
+        std::os::unix::fs::symlink(&victim, lock_path(dir.path(), "0000:05:00.0")).unwrap();
+        let err = try_lock(dir.path(), "0000:05:00.0", "x", LockPolicy::default()).unwrap_err();
+        assert!(err.to_string().contains("is a symbolic link"), "{err}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me");
+    }
+
+    #[test]
+    fn a_lock_inherited_by_a_child_names_the_child_after_its_taker_exits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = lock_path(dir.path(), "0000:06:00.0");
+        std::fs::write(&path, "").unwrap();
+        // flock(1) takes the lock and execs `sh`, which starts a
+        // background `sleep` that inherits the descriptor, then exits.
+        let out = Command::new("flock")
+            .arg("-x")
+            .arg(&path)
+            .args(["sh", "-c", "sleep 30 >/dev/null 2>&1 & echo $!"])
+            .output()
+            .expect("flock(1) is part of util-linux");
+        let sleeper: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        let holder = match try_lock(dir.path(), "0000:06:00.0", "x", LockPolicy::default()) {
+            Err(LockError::Held { holder, .. }) => holder.expect("holder known"),
+            other => panic!("expected Held, got {other:?}"),
+        };
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(sleeper as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        assert_eq!(holder.pid, sleeper, "{holder:?}");
+        assert!(holder.command.contains("sleep 30"), "{holder:?}");
+        assert!(!holder.user.is_empty(), "{holder:?}");
     }
 }

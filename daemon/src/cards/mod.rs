@@ -12,8 +12,9 @@ pub mod lock;
 pub mod reset;
 
 use crate::config::{CardRef, Config};
+use crate::hostfs;
 use discovery::{CardInfo, CardProcess, HardwareRoot};
-use lock::{CardLock, LockError, LockHolder};
+use lock::{CardLock, LockError, LockHolder, LockPolicy};
 use reset::{ResetEvent, ResetFailure, ResetOutcome, Resetter};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -81,6 +82,10 @@ struct Entry {
     /// Lent to an outside job (`ttctl card borrow`): the daemon neither
     /// holds nor retakes the lock until the card is taken back.
     lent: Option<String>,
+    /// When to log again that someone else holds this managed card's lock,
+    /// and the interval after that (doubling up to ten minutes), so an
+    /// operator sees why a slot waits without a line every tick.
+    held_log: Option<(std::time::Instant, std::time::Duration)>,
 }
 
 /// Why a card operation was refused.
@@ -104,6 +109,7 @@ pub enum CardError {
 pub struct CardManager {
     hw: HardwareRoot,
     lock_dir: PathBuf,
+    lock_policy: LockPolicy,
     quarantine_dir: PathBuf,
     resetter: Resetter,
     /// Which slot each card belongs to; a reload changes it.
@@ -127,6 +133,7 @@ impl CardManager {
             ),
             hw,
             lock_dir: config.daemon.lock_dir.clone(),
+            lock_policy: lock_policy(config),
             quarantine_dir: config.daemon.state_dir.join("quarantine"),
             assignment: RwLock::new(assignment),
             table: Mutex::new(BTreeMap::new()),
@@ -168,8 +175,8 @@ impl CardManager {
             let path = self.dirty_file(bdf);
             let written = path
                 .parent()
-                .map_or(Ok(()), std::fs::create_dir_all)
-                .and_then(|_| std::fs::write(&path, b"worker did not stop cleanly\n"));
+                .map_or(Ok(()), hostfs::create_dir_all_no_follow)
+                .and_then(|_| hostfs::write_atomic(&path, b"worker did not stop cleanly\n", 0o644));
             if let Err(e) = written {
                 tracing::error!(card = %bdf, error = %e, "cannot record a dirty card");
             }
@@ -181,12 +188,8 @@ impl CardManager {
     pub fn clear_dirty(&self, bdfs: &[String]) {
         for bdf in bdfs {
             let path = self.dirty_file(bdf);
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    tracing::warn!(card = %bdf, error = %e, "cannot remove the dirty record")
-                }
+            if let Err(e) = hostfs::remove_file(&path) {
+                tracing::warn!(card = %bdf, error = %e, "cannot remove the dirty record")
             }
         }
     }
@@ -195,7 +198,7 @@ impl CardManager {
     pub fn dirty_cards(&self) -> Vec<String> {
         self.lock_table()
             .keys()
-            .filter(|bdf| self.dirty_file(bdf).exists())
+            .filter(|bdf| hostfs::is_plain_file(&self.dirty_file(bdf)))
             .cloned()
             .collect()
     }
@@ -239,6 +242,7 @@ impl CardManager {
             lock: None,
             busy: false,
             lent: None,
+            held_log: None,
         }
     }
 
@@ -270,7 +274,7 @@ impl CardManager {
                     .hw
                     .processes(info.index)
                     .into_iter()
-                    .filter(|p| p.pid != std::process::id())
+                    .filter(|p| !is_daemon_or_descendant(p.pid))
                     .collect();
                 entry.view.info = Some(info);
                 changed = true;
@@ -334,17 +338,21 @@ impl CardManager {
                 Ok(()) => {
                     entry.view.state = self.healthy_state(entry);
                     entry.view.reason.clear();
+                    entry.held_log = None;
                 }
-                Err(LockError::Held { holder, .. }) => {
+                Err(LockError::Held { holder, path, .. }) => {
                     entry.view.state = CardState::HeldElsewhere;
-                    entry.view.reason = match &holder {
-                        Some(h) => format!("lock held by pid {}{}; the daemon will take the card when it is released",
-                            h.pid,
-                            if h.purpose.is_empty() { String::new() } else { format!(" ({})", h.purpose) }),
-                        None => "lock held by another process".into(),
-                    };
-                    entry.view.holder = holder;
+                    entry.view.reason = format!(
+                        "lock {} held by {}; the daemon takes the card when it is released",
+                        path.display(),
+                        holder
+                            .as_deref()
+                            .map(LockHolder::describe)
+                            .unwrap_or_else(|| "another process".into())
+                    );
+                    entry.view.holder = holder.map(|h| *h);
                     entry.view.held_by_daemon = false;
+                    log_held_with_backoff(entry);
                 }
                 Err(e) => {
                     entry.view.state = CardState::Failed;
@@ -367,12 +375,13 @@ impl CardManager {
     }
 
     fn take_lock(&self, entry: &mut Entry, purpose: &str) -> Result<(), LockError> {
-        let l = lock::try_lock(&self.lock_dir, &entry.view.bdf, purpose)?;
+        let l = lock::try_lock(&self.lock_dir, &entry.view.bdf, purpose, self.lock_policy)?;
         tracing::info!(card = %entry.view.bdf, "took card lock");
         entry.lock = Some(l);
         entry.view.holder = Some(LockHolder {
             pid: std::process::id(),
             purpose: purpose.to_string(),
+            ..LockHolder::default()
         });
         entry.view.held_by_daemon = true;
         Ok(())
@@ -521,7 +530,12 @@ impl CardManager {
                     return Err(CardError::Busy(bdf.clone()));
                 }
                 if entry.lock.is_none() {
-                    temporary_locks.push(lock::try_lock(&self.lock_dir, bdf, "tt-servingd reset")?);
+                    temporary_locks.push(lock::try_lock(
+                        &self.lock_dir,
+                        bdf,
+                        "tt-servingd reset",
+                        self.lock_policy,
+                    )?);
                 }
             }
             for bdf in bdfs {
@@ -571,7 +585,7 @@ impl CardManager {
                 match &result {
                     Ok(outcome) => {
                         entry.view.reset_failures = 0;
-                        let _ = std::fs::remove_file(self.dirty_file(bdf));
+                        let _ = hostfs::remove_file(&self.dirty_file(bdf));
                         entry.view.last_reset_output = outcome.tt_smi_output.clone();
                         if manual {
                             self.clear_quarantine(bdf);
@@ -620,19 +634,21 @@ impl CardManager {
     /// Quarantine survives daemon restarts: a bad card stays out of service
     /// until an operator proves it back with a manual reset.
     fn read_quarantine(&self, bdf: &str) -> Option<String> {
-        std::fs::read_to_string(self.quarantine_file(bdf)).ok()
+        let bytes = hostfs::read(&self.quarantine_file(bdf)).ok()?;
+        Some(String::from_utf8_lossy(&bytes).into_owned())
     }
 
     fn write_quarantine(&self, bdf: &str, reason: &str) {
-        let write = std::fs::create_dir_all(&self.quarantine_dir)
-            .and_then(|_| std::fs::write(self.quarantine_file(bdf), reason));
+        let write = hostfs::create_dir_all_no_follow(&self.quarantine_dir).and_then(|_| {
+            hostfs::write_atomic(&self.quarantine_file(bdf), reason.as_bytes(), 0o644)
+        });
         if let Err(e) = write {
             tracing::error!(card = %bdf, error = %e, "cannot record quarantine in the state dir");
         }
     }
 
     fn clear_quarantine(&self, bdf: &str) {
-        let _ = std::fs::remove_file(self.quarantine_file(bdf));
+        let _ = hostfs::remove_file(&self.quarantine_file(bdf));
     }
 
     /// Lend cards to an outside job: release the daemon's locks and do not
@@ -676,6 +692,42 @@ impl CardManager {
         }
         tracing::info!(cards = %bdfs.join(","), "loan ended");
         self.notify();
+    }
+
+    /// Who other than the daemon uses these cards: holders of a lock the
+    /// daemon does not hold, and processes (not the daemon's) that have a
+    /// device open, as `card: pid N (user: command)` lines.
+    pub fn foreign_users(&self, bdfs: &[String]) -> Vec<String> {
+        let table = self.lock_table();
+        let mut out = Vec::new();
+        for bdf in bdfs {
+            let Some(entry) = table.get(bdf) else {
+                continue;
+            };
+            if entry.lock.is_none() {
+                if let Some(h) = lock::holder_of(&lock::lock_path(&self.lock_dir, bdf)) {
+                    out.push(format!("{bdf}: {} (holds its lock)", h.describe()));
+                }
+            }
+            for p in &entry.view.processes {
+                let (user, command) = lock::process_identity(p.pid);
+                let holder = LockHolder {
+                    pid: p.pid,
+                    user,
+                    command: if command.is_empty() {
+                        p.command.clone()
+                    } else {
+                        command
+                    },
+                    ..LockHolder::default()
+                };
+                out.push(format!(
+                    "{bdf}: {} (has the device open)",
+                    holder.describe()
+                ));
+            }
+        }
+        out
     }
 
     /// Whether the daemon holds the locks of all these cards.
@@ -798,4 +850,67 @@ pub fn check_cards_exist(config: &Config, hw: &HardwareRoot) -> Vec<crate::confi
         }
     }
     problems
+}
+
+/// The lock policy a config gives: the admin group, when one is configured
+/// and exists (a missing group stops the daemon earlier, in `api::AdminRule`).
+pub fn lock_policy(config: &Config) -> LockPolicy {
+    LockPolicy::daemon(
+        config
+            .daemon
+            .control_admin_group
+            .as_deref()
+            .and_then(|name| nix::unistd::Group::from_name(name).ok().flatten())
+            .map(|g| g.gid.as_raw()),
+    )
+}
+
+/// Log that a managed card's lock is held by someone else: at once, then
+/// after 10 s, 20 s, 40 s ... up to every ten minutes while it lasts.
+fn log_held_with_backoff(entry: &mut Entry) {
+    let now = std::time::Instant::now();
+    let due = entry.held_log.is_none_or(|(at, _)| now >= at);
+    if !due {
+        return;
+    }
+    let interval = entry
+        .held_log
+        .map(|(_, i)| (i * 2).min(std::time::Duration::from_secs(600)))
+        .unwrap_or(std::time::Duration::from_secs(10));
+    entry.held_log = Some((now + interval, interval));
+    tracing::warn!(
+        card = %entry.view.bdf,
+        holder = %entry.view.holder.as_ref().map(LockHolder::describe).unwrap_or_default(),
+        slot = %entry.view.slot.clone().unwrap_or_default(),
+        "a managed card's lock is held by another process; its slot waits until it is released (next note in {}s)",
+        interval.as_secs()
+    );
+}
+
+/// Whether `pid` is this daemon or one of its descendants (its workers and
+/// what they started), by walking parents in the real `/proc`. Anything
+/// else with a card open is a foreign user of the card.
+pub fn is_daemon_or_descendant(pid: u32) -> bool {
+    let me = std::process::id();
+    let mut current = pid;
+    for _ in 0..64 {
+        if current == me {
+            return true;
+        }
+        if current <= 1 {
+            return false;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{current}/stat")) else {
+            return false;
+        };
+        // "pid (comm) state ppid ...": comm may hold spaces and parens.
+        let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            return false;
+        };
+        match after.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
+            Some(parent) => current = parent,
+            None => return false,
+        }
+    }
+    false
 }

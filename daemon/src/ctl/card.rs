@@ -120,10 +120,22 @@ pub(super) async fn borrow(
         }
     };
     // Take the same locks everyone uses, so no one else starts on the cards.
+    // The job inherits them: if ttctl itself is killed, the locks live on
+    // in the job's processes, and the daemon cannot take the cards back
+    // (reset them, start a worker) while any of them runs.
     let mut locks = Vec::new();
     for bdf in &bdfs {
-        let lock = crate::cards::lock::try_lock(&lock_dir, bdf, &purpose).map_err(|e| {
+        let lock = crate::cards::lock::try_lock(
+            &lock_dir,
+            bdf,
+            &purpose,
+            crate::cards::lock::LockPolicy::borrower(),
+        )
+        .map_err(|e| {
             Failure::Failed(format!("the daemon lent {bdf} but its lock is taken: {e}"))
+        })?;
+        lock.share_with_children().map_err(|e| {
+            Failure::Failed(format!("cannot hand the lock of {bdf} to the job: {e}"))
         })?;
         locks.push(lock);
     }
@@ -138,12 +150,52 @@ pub(super) async fn borrow(
     let (program, args) = command
         .split_first()
         .ok_or_else(|| Failure::Failed("no command given after --".into()))?;
+    // Orphans of the job (a grandchild whose parent exited) become ttctl's
+    // children, so ttctl can end them with the job: the lease ends when
+    // every process of the job is gone, not when its first process exits.
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        super::note(
+            err,
+            &format!("ttctl: cannot adopt the job's orphans ({e}); processes it leaves behind keep the cards until they exit\n"),
+        );
+    }
     let exit = tokio::process::Command::new(program)
         .args(args)
         .env("TT_VISIBLE_DEVICES", bdfs.join(","))
         .status()
         .await;
+    let leftovers = end_leftovers().await;
+    if !leftovers.is_empty() {
+        super::note(
+            err,
+            &format!(
+                "ttctl: the job left {} process(es) behind ({}); ended them so the cards can go back\n",
+                leftovers.len(),
+                leftovers.join(", ")
+            ),
+        );
+    }
     drop(locks);
+    // A process of the job that escaped (left ttctl's tree) but kept the
+    // inherited lock still holds the cards; the daemon waits for it.
+    for bdf in &bdfs {
+        if let Err(crate::cards::lock::LockError::Held {
+            holder: Some(h), ..
+        }) = crate::cards::lock::try_lock(
+            &lock_dir,
+            bdf,
+            "ttctl card borrow (check)",
+            crate::cards::lock::LockPolicy::borrower(),
+        ) {
+            super::note(
+                err,
+                &format!(
+                    "ttctl: card {bdf} is still held by {}; the daemon takes it back when that process exits\n",
+                    h.describe()
+                ),
+            );
+        }
+    }
     let code: i32 = match &exit {
         Ok(status) => status.code().unwrap_or_else(|| {
             128 + std::os::unix::process::ExitStatusExt::signal(status).unwrap_or(0)
@@ -182,4 +234,66 @@ pub(super) async fn borrow(
         0 => Ok(()),
         c => Err(Failure::JobExit(u8::try_from(c).unwrap_or(1))),
     }
+}
+
+/// ttctl's remaining children after the job's main process exited: the
+/// job's orphans, adopted as subreaper. SIGTERM them, give them 5 s, then
+/// SIGKILL, and reap them. Returns `pid (command)` of each.
+async fn end_leftovers() -> Vec<String> {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let me = std::process::id();
+    let children = || -> Vec<u32> {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| parent_of(*pid) == Some(me))
+            .collect()
+    };
+    let found = children();
+    let described: Vec<String> = found
+        .iter()
+        .map(|pid| {
+            let (_, command) = crate::cards::lock::process_identity(*pid);
+            format!("pid {pid} ({command})")
+        })
+        .collect();
+    for pid in &found {
+        let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGTERM);
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        reap_exited();
+        let left = children();
+        if left.is_empty() {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            for pid in &left {
+                let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    described
+}
+
+/// Reap any exited child (adopted orphans are not tokio's to reap).
+fn reap_exited() {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
+
+/// A process's parent pid from `/proc/<pid>/stat`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
 }

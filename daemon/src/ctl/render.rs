@@ -217,12 +217,18 @@ fn lock_words(card: &Card) -> String {
         format!("pid {}", holder.pid)
     };
     if holder.is_daemon {
-        format!("{pid} daemon")
-    } else if holder.purpose.is_empty() {
-        pid
-    } else {
-        format!("{pid} {}", one_line(&holder.purpose))
+        return format!("{pid} daemon");
     }
+    let mut words = pid;
+    if !holder.user.is_empty() {
+        words.push_str(&format!(" {}", one_line(&holder.user)));
+    }
+    if !holder.purpose.is_empty() {
+        words.push_str(&format!(" {}", one_line(&holder.purpose)));
+    } else if !holder.command.is_empty() {
+        words.push_str(&format!(" {}", one_line(&holder.command)));
+    }
+    words
 }
 
 fn slots_table(slots: &[Slot], cards: &[Card], now_unix_ms: u64) -> String {
@@ -517,6 +523,12 @@ pub struct LockHolderJson {
     pub purpose: String,
     /// True when the holder is the daemon.
     pub is_daemon: bool,
+    /// The holder's user, empty when unknown.
+    #[serde(default)]
+    pub user: String,
+    /// The holder's command line, empty when unknown.
+    #[serde(default)]
+    pub command: String,
 }
 
 /// Mirrors `CardProcess`.
@@ -618,6 +630,8 @@ fn card_json(card: &Card) -> CardJson {
             pid: h.pid,
             purpose: h.purpose.clone(),
             is_daemon: h.is_daemon,
+            user: h.user.clone(),
+            command: h.command.clone(),
         }),
         processes: card
             .processes

@@ -88,12 +88,7 @@ pub async fn run(
     let Some(m) = config.models.get(&view.model).cloned() else {
         return;
     };
-    let socket_dir = config
-        .daemon
-        .control_socket
-        .parent()
-        .map(|p| p.join("workers"))
-        .unwrap_or_else(|| config.daemon.state_dir.join("workers"));
+    let socket_dir = super::worker_socket_dir(&config);
     let plan = SlotPlan {
         socket: socket_dir.join(format!("{}.sock", slot.replace('/', "_"))),
         worker_command: worker::command_for(&m),
@@ -105,7 +100,7 @@ pub async fn run(
         m,
     };
     mgr.set_definition(&slot, plan.m.clone());
-    if let Err(e) = std::fs::create_dir_all(&socket_dir) {
+    if let Err(e) = crate::hostfs::create_dir_all_no_follow(&socket_dir) {
         mgr.transition(
             &slot,
             SlotState::Failed,
@@ -274,6 +269,20 @@ async fn wait_for_cards(
         let mut quarantined = Vec::new();
         for bdf in &plan.cards {
             match snapshot.iter().find(|c| &c.bdf == bdf) {
+                // Two users on one card block or corrupt each other: a
+                // process that has the device open without its lock (a
+                // borrowed job's escapee, a script that skipped the lock)
+                // keeps the slot from starting until it is gone.
+                Some(c) if c.state == CardState::Ready && !c.processes.is_empty() => {
+                    blocking.push(format!(
+                        "card {bdf} is open by {} outside the daemon; stop it (the slot starts when it is gone)",
+                        c.processes
+                            .iter()
+                            .map(|p| format!("pid {} ({})", p.pid, p.command))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                }
                 Some(c) if c.state == CardState::Ready => {}
                 Some(c) if c.state == CardState::Quarantined => {
                     quarantined.push(format!("card {bdf} is quarantined: {}", c.reason))
@@ -359,20 +368,15 @@ async fn decide_mode(
     }
     let lock_path = variant.build_lock_path();
     if let Some(parent) = lock_path.parent() {
-        std::fs::create_dir_all(parent)
+        crate::hostfs::create_dir_all_no_follow(parent)
             .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
     }
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| {
-            format!(
-                "cannot open the cache build lock {}: {e}",
-                lock_path.display()
-            )
-        })?;
+    let file = crate::hostfs::open_in_place(&lock_path, 0o600).map_err(|e| {
+        format!(
+            "cannot open the cache build lock {}: {e}",
+            lock_path.display()
+        )
+    })?;
     use fs2::FileExt;
     let file = if file.try_lock_exclusive().is_ok() {
         file

@@ -23,6 +23,7 @@ fn daemon_lock() -> Option<LockHolder> {
         pid: 812,
         purpose: "tt-servingd".into(),
         is_daemon: true,
+        ..Default::default()
     })
 }
 
@@ -82,6 +83,8 @@ fn held_elsewhere_card() -> Card {
             pid: 4242,
             purpose: "bench-sweep".into(),
             is_daemon: false,
+            user: "alice".into(),
+            ..Default::default()
         }),
         processes: vec![CardProcess {
             pid: 4242,
@@ -238,6 +241,7 @@ fn held_elsewhere_card_names_the_lock_holder_and_open_processes() {
             "ok",
             "pid",
             "4242",
+            "alice",
             "bench-sweep",
             "-",
             "held-elsewhere"
@@ -412,6 +416,7 @@ fn json_mirrors_proto_fields_with_state_words_and_nulls() {
     assert_eq!(cards[2]["state"], "held-elsewhere");
     assert_eq!(cards[2]["lock_holder"]["pid"], 4242);
     assert_eq!(cards[2]["lock_holder"]["purpose"], "bench-sweep");
+    assert_eq!(cards[2]["lock_holder"]["user"], "alice");
     assert_eq!(cards[2]["processes"][0]["command"], "python3");
 
     assert_eq!(cards[3]["state"], "quarantined");

@@ -1,0 +1,446 @@
+//! Files and directories the daemon writes on the host, written so that a
+//! hostile local user cannot turn them against the host.
+//!
+//! The daemon runs as root. Every path it creates, truncates, renames or
+//! removes (card locks, the records in `state_dir`, cache markers and
+//! variants, sockets, temp files) could be aimed at another file by a link
+//! planted at that path, by anyone who can write into its directory. Two
+//! rules close that:
+//!
+//! 1. **Trusted directories.** Each directory the daemon writes into is
+//!    owned by root or the daemon's user and writable by nobody else (the
+//!    lock dir may also be writable by the admin group, whose scripts take
+//!    card locks); every directory above it is too, or is sticky like
+//!    `/tmp` (whose other users cannot rename or remove our entries).
+//!    [`ensure_dir`] creates and checks them at startup and refuses one that
+//!    fails, naming who could plant links and the fix.
+//! 2. **The last component is never followed.** Files are opened with
+//!    `O_NOFOLLOW`; a file the daemon truncates or writes in place must be a
+//!    regular file with one link (a hard link to `/etc/shadow` is refused,
+//!    not truncated); whole files are written under a fresh temp name
+//!    (`O_CREAT|O_EXCL|O_NOFOLLOW`) and renamed into place, and a rename
+//!    replaces a link rather than writing through it. Removing uses
+//!    `unlink`, which removes a link, never its target.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A directory the daemon relies on that others could plant links in.
+#[derive(Debug, thiserror::Error)]
+#[error("{key} {}: {problem}; {fix}", .path.display())]
+pub struct UntrustedDir {
+    /// The config key that names the directory.
+    pub key: String,
+    /// The directory (or the ancestor at fault).
+    pub path: PathBuf,
+    /// What is wrong: who could plant links.
+    pub problem: String,
+    /// How to fix it.
+    pub fix: String,
+}
+
+/// Who besides the owner may write into a directory.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sharing {
+    /// A group whose members may write into the directory itself (the admin
+    /// group for the lock dir); None: nobody but the owner.
+    pub group: Option<u32>,
+}
+
+fn user_name(uid: u32) -> String {
+    nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map(|u| format!("{} (uid {uid})", u.name))
+        .unwrap_or_else(|| format!("uid {uid}"))
+}
+
+fn group_name(gid: u32) -> String {
+    nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
+        .ok()
+        .flatten()
+        .map(|g| format!("`{}` (gid {gid})", g.name))
+        .unwrap_or_else(|| format!("gid {gid}"))
+}
+
+/// Check one directory's owner and mode. `last`: the directory the daemon
+/// writes into (a sticky bit does not help there: others could still create
+/// the names the daemon has not created yet).
+fn check_one(
+    key: &str,
+    path: &Path,
+    meta: &std::fs::Metadata,
+    last: bool,
+    sharing: Sharing,
+) -> Result<(), UntrustedDir> {
+    let me = nix::unistd::geteuid().as_raw();
+    let mode = meta.mode();
+    let sticky = mode & 0o1000 != 0;
+    let untrusted = |problem: String, fix: String| UntrustedDir {
+        key: key.to_string(),
+        path: path.to_path_buf(),
+        problem,
+        fix,
+    };
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(untrusted(
+            format!(
+                "owned by {}, who could replace the files the daemon keeps there",
+                user_name(meta.uid())
+            ),
+            format!(
+                "make it owned by root or {} (chown), or choose another directory",
+                user_name(me)
+            ),
+        ));
+    }
+    if sticky && !last {
+        // Others may add entries but cannot rename or remove ours.
+        return Ok(());
+    }
+    if mode & 0o002 != 0 {
+        return Err(untrusted(
+            "writable by every user, who could plant links the daemon would write through"
+                .to_string(),
+            format!("chmod o-w {}", path.display()),
+        ));
+    }
+    if mode & 0o020 != 0 && meta.gid() != 0 {
+        let allowed = last && sharing.group == Some(meta.gid());
+        if !allowed {
+            return Err(untrusted(
+                format!(
+                    "writable by the members of group {}, who could plant links the daemon would write through",
+                    group_name(meta.gid())
+                ),
+                match (last, sharing.group) {
+                    (true, Some(admin)) => format!(
+                        "chmod g-w {} or give it to the admin group {} (daemon.control_admin_group)",
+                        path.display(),
+                        group_name(admin)
+                    ),
+                    _ => format!("chmod g-w {}", path.display()),
+                },
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Check that `path` (an existing directory) and every directory above it
+/// can only be changed by trusted users. Links on the way are followed only
+/// after the directory holding them passed (only a trusted user could have
+/// put them there), and their targets are checked the same way.
+pub fn check_trusted(key: &str, path: &Path, sharing: Sharing) -> Result<(), UntrustedDir> {
+    check_chain(key, path, sharing, 0)
+}
+
+fn check_chain(key: &str, path: &Path, sharing: Sharing, depth: u32) -> Result<(), UntrustedDir> {
+    let io_error = |p: &Path, e: io::Error| UntrustedDir {
+        key: key.to_string(),
+        path: p.to_path_buf(),
+        problem: format!("cannot be checked: {e}"),
+        fix: "create it, or point the key at a directory that exists".to_string(),
+    };
+    if depth > 8 {
+        return Err(UntrustedDir {
+            key: key.to_string(),
+            path: path.to_path_buf(),
+            problem: "too many symbolic links on the way".to_string(),
+            fix: "name the directory by its real path".to_string(),
+        });
+    }
+    let absolute = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| io_error(path, e))?
+            .join(path)
+    };
+    let components: Vec<Component> = absolute.components().collect();
+    let mut prefix = PathBuf::new();
+    for (i, component) in components.iter().enumerate() {
+        prefix.push(component);
+        let last = i + 1 == components.len();
+        let meta = std::fs::symlink_metadata(&prefix).map_err(|e| io_error(&prefix, e))?;
+        if meta.file_type().is_symlink() {
+            // The directory holding the link passed, so the link is trusted;
+            // its target must be too.
+            let target = std::fs::canonicalize(&prefix).map_err(|e| io_error(&prefix, e))?;
+            check_chain(
+                key,
+                &target,
+                Sharing {
+                    group: if last { sharing.group } else { None },
+                },
+                depth + 1,
+            )?;
+            let rest: PathBuf = components[i + 1..].iter().collect();
+            if rest.as_os_str().is_empty() {
+                return Ok(());
+            }
+            return check_chain(key, &target.join(rest), sharing, depth + 1);
+        }
+        if !meta.is_dir() {
+            return Err(UntrustedDir {
+                key: key.to_string(),
+                path: prefix.clone(),
+                problem: "is not a directory".to_string(),
+                fix: "point the key at a directory".to_string(),
+            });
+        }
+        check_one(key, &prefix, &meta, last, sharing)?;
+    }
+    Ok(())
+}
+
+/// Create `path` (and missing parents, mode 0755) if needed, then check it
+/// is trusted ([`check_trusted`]). Directories are created one component at
+/// a time after their parent passed, so creation never goes through a link
+/// an untrusted user planted.
+pub fn ensure_dir(key: &str, path: &Path, sharing: Sharing) -> Result<(), UntrustedDir> {
+    let mut missing = Vec::new();
+    let mut existing = path.to_path_buf();
+    while std::fs::symlink_metadata(&existing).is_err() {
+        missing.push(existing.clone());
+        if !existing.pop() || existing.as_os_str().is_empty() {
+            break;
+        }
+    }
+    // Before creating anything below the deepest existing ancestor, that
+    // ancestor must be trusted (the directory itself is checked at the end).
+    if !missing.is_empty()
+        && !existing.as_os_str().is_empty()
+        && std::fs::symlink_metadata(&existing).is_ok()
+    {
+        check_trusted(key, &existing, Sharing::default())?;
+    }
+    for dir in missing.iter().rev() {
+        match std::fs::DirBuilder::new().mode(0o755).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(UntrustedDir {
+                    key: key.to_string(),
+                    path: dir.clone(),
+                    problem: format!("cannot be created: {e}"),
+                    fix: "create it, or check the permissions of its parent".to_string(),
+                })
+            }
+        }
+    }
+    check_trusted(key, path, sharing)
+}
+
+/// Create a directory (and missing parents) below a trusted one, refusing
+/// to go through a link: each component must be a real directory.
+pub fn create_dir_all_no_follow(path: &Path) -> io::Result<()> {
+    let mut prefix = PathBuf::new();
+    for component in path.components() {
+        prefix.push(component);
+        match std::fs::symlink_metadata(&prefix) {
+            Ok(meta) if meta.is_dir() => continue,
+            Ok(meta) if meta.file_type().is_symlink() && prefix.components().count() <= 2 => {
+                // A link right under `/` (e.g. `/var/run`) is the system's.
+                continue;
+            }
+            Ok(_) => {
+                return Err(io::Error::other(format!(
+                    "{} is not a directory (a link or a file is in the way); remove it",
+                    prefix.display()
+                )))
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                match std::fs::DirBuilder::new().mode(0o755).create(&prefix) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        // Created by someone else in the meantime: check again.
+                        if !std::fs::symlink_metadata(&prefix)?.is_dir() {
+                            return Err(io::Error::other(format!(
+                                "{} is not a directory; remove it",
+                                prefix.display()
+                            )));
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn not_plain(path: &Path, what: &str) -> io::Error {
+    io::Error::other(format!(
+        "{} is {what}; the daemon only writes plain files it can trust there. Remove it (it was not made by tt-servingd)",
+        path.display()
+    ))
+}
+
+/// Map ELOOP from `O_NOFOLLOW` to an error that says what was found.
+fn no_follow_error(path: &Path, e: io::Error) -> io::Error {
+    if e.raw_os_error() == Some(libc::ELOOP) {
+        not_plain(path, "a symbolic link")
+    } else {
+        e
+    }
+}
+
+/// Check that an open file is a regular file with exactly one link, so
+/// writing or truncating it changes only this path.
+pub fn check_plain(path: &Path, file: &File) -> io::Result<()> {
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(not_plain(path, "not a regular file"));
+    }
+    if meta.nlink() != 1 {
+        return Err(not_plain(
+            path,
+            &format!("a file with {} hard links", meta.nlink()),
+        ));
+    }
+    Ok(())
+}
+
+/// Open (creating with `mode` if absent) a file to write in place, never
+/// through a link, and only if it is a plain file with one link.
+pub fn open_in_place(path: &Path, mode: u32) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| no_follow_error(path, e))?;
+    check_plain(path, &file)?;
+    Ok(file)
+}
+
+/// Open an existing file read-only without following a link.
+pub fn open_read(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| no_follow_error(path, e))
+}
+
+/// Read a whole file without following a link.
+pub fn read(path: &Path) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    open_read(path)?.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// Whether `path` is a regular file (a link there is not).
+pub fn is_plain_file(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Write a whole file so that readers see the old contents or the new,
+/// never a torn mix, and never through a link: a fresh temp file beside it
+/// (`O_EXCL|O_NOFOLLOW`, so a planted name fails instead of being followed),
+/// fsync, rename over the destination.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other(format!("{} names no file", path.display())))?;
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp.{}.{}",
+        name.to_string_lossy(),
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        // The umask may have narrowed `mode`; say exactly what we mean.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Remove a file; a link is removed, never its target. Missing is fine.
+pub fn remove_file(path: &Path) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn write_atomic_replaces_a_planted_link_instead_of_writing_through_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let record = dir.path().join("clean-shutdown");
+        symlink(&victim, &record).unwrap();
+        write_atomic(&record, b"ours\n", 0o644).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(!std::fs::symlink_metadata(&record)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read_to_string(&record).unwrap(), "ours\n");
+    }
+
+    #[test]
+    fn open_in_place_refuses_links_and_hard_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let soft = dir.path().join("soft.lock");
+        symlink(&victim, &soft).unwrap();
+        let err = open_in_place(&soft, 0o600).unwrap_err().to_string();
+        assert!(err.contains("is a symbolic link"), "{err}");
+        let hard = dir.path().join("hard.lock");
+        std::fs::hard_link(&victim, &hard).unwrap();
+        let err = open_in_place(&hard, 0o600).unwrap_err().to_string();
+        assert!(err.contains("2 hard links"), "{err}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    }
+
+    #[test]
+    fn a_world_writable_directory_is_refused_with_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let locks = dir.path().join("locks");
+        std::fs::create_dir(&locks).unwrap();
+        std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = ensure_dir("daemon.lock_dir", &locks, Sharing::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("daemon.lock_dir"), "{err}");
+        assert!(err.contains("writable by every user"), "{err}");
+        assert!(err.contains("chmod o-w"), "{err}");
+        // A sticky world-writable ancestor (like /tmp) is fine; the
+        // directory itself is not.
+        std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(ensure_dir("daemon.lock_dir", &locks, Sharing::default()).is_err());
+        std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o755)).unwrap();
+        ensure_dir("daemon.lock_dir", &locks.join("a/b"), Sharing::default()).unwrap();
+    }
+}
