@@ -230,7 +230,9 @@ fn type_size(ty: u32, elements: u64) -> Option<u64> {
         30 => (1, 2),     // BF16
         _ => return None,
     };
-    (elements % block == 0).then(|| elements / block * bytes)
+    elements
+        .is_multiple_of(block)
+        .then(|| elements / block * bytes)
 }
 
 fn layout(r: &mut Reader) -> Result<Layout, Error> {
