@@ -18,6 +18,7 @@ use crate::error::{FakeHwError, Result};
 use crate::layout::{
     materialize_card, present_cards, read_attr, write_atomic, Layout, HEARTBEAT_AFTER_RESET,
 };
+use crate::running::FirmwareLock;
 use crate::state::{self, PendingReset, StateLock};
 
 /// What one firmware step did.
@@ -123,23 +124,34 @@ pub(crate) fn tick_at(layout: &Layout, now_unix_ms: u64) -> Result<TickReport> {
     Ok(report)
 }
 
-/// Runs firmware steps every `interval` until `should_stop` says so or the
-/// root is removed (then it returns `Ok`). An error that is not caused by
-/// the root disappearing ends the loop with that error.
+/// Runs firmware steps every `interval` until `should_stop` gives a reason
+/// (recorded for `tt-fakehw status` and the fake `tt-smi -r`) or the root is
+/// removed (then it returns `Ok`). Refuses a root another loop runs on. An
+/// error that is not caused by the root disappearing ends the loop with
+/// that error.
 pub fn run_firmware(
     root: &Path,
     interval: Duration,
-    mut should_stop: impl FnMut() -> bool,
+    mut should_stop: impl FnMut() -> Option<String>,
 ) -> Result<()> {
     let layout = Layout::new(root);
+    if !layout.cards_file().is_file() {
+        return Ok(());
+    }
+    let lock = FirmwareLock::acquire(&layout)?;
     loop {
-        if should_stop() || !layout.cards_file().is_file() {
+        if !lock.root_is_ours() || !layout.cards_file().is_file() {
+            return Ok(());
+        }
+        if let Some(reason) = should_stop() {
+            lock.record_stop(&reason);
             return Ok(());
         }
         if let Err(e) = tick_at(&layout, state::now_unix_ms()) {
             if !layout.cards_file().is_file() {
                 return Ok(());
             }
+            lock.record_stop(&format!("a firmware step failed: {e}"));
             return Err(e);
         }
         std::thread::sleep(interval);
@@ -163,7 +175,10 @@ impl FirmwareThread {
         let flag = Arc::clone(&stop);
         let root = root.to_path_buf();
         let handle = std::thread::spawn(move || {
-            run_firmware(&root, interval, || flag.load(Ordering::Relaxed))
+            run_firmware(&root, interval, || {
+                flag.load(Ordering::Relaxed)
+                    .then(|| "its owner stopped it".to_string())
+            })
         });
         FirmwareThread {
             stop,

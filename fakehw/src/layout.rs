@@ -175,6 +175,21 @@ impl Layout {
         self.state_dir().join("tt-smi.log")
     }
 
+    /// Locked by the running firmware loop; holds its pid.
+    pub(crate) fn firmware_lock(&self) -> PathBuf {
+        self.state_dir().join("firmware.lock")
+    }
+
+    /// Why the last firmware loop stopped.
+    pub(crate) fn firmware_stopped(&self) -> PathBuf {
+        self.state_dir().join("firmware.stopped")
+    }
+
+    /// The output of a firmware started with `--detach`.
+    pub(crate) fn firmware_log(&self) -> PathBuf {
+        self.state_dir().join("firmware.log")
+    }
+
     /// The top-level entries `create` makes; `--force` removes exactly these.
     pub(crate) fn top_level(&self) -> [PathBuf; 5] {
         [

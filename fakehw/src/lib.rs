@@ -21,6 +21,8 @@
 //! - `faults` — [`Fault`] and [`CardFaults`], the failures a card can be told to have.
 //! - `firmware` — one firmware step ([`FakeRoot::tick`]) and the loop the
 //!   `tt-fakehw firmware` command runs.
+//! - `running` — whether a firmware loop runs on a root (it holds a lock)
+//!   and why the last one stopped, so a root without one says so.
 //! - `smi` — the fake `tt-smi` ([`run_smi`]): argparse-compatible parsing,
 //!   `-r`, `-ls`, `-s`.
 //! - `snapshot` — the `tt-smi -s` JSON, in the real tool's shape.
@@ -45,6 +47,7 @@ mod error;
 mod faults;
 mod firmware;
 mod layout;
+mod running;
 mod smi;
 mod snapshot;
 mod state;
@@ -56,6 +59,7 @@ use std::time::Duration;
 pub use error::{FakeHwError, Result};
 pub use faults::{CardFaults, Fault};
 pub use firmware::{run_firmware, FirmwareThread, ReturnedCard, TickReport};
+pub use running::FirmwareState;
 pub use smi::{run_smi, TT_SMI_VERSION};
 pub use state::{CardInfo, PendingReset, SmiInvocation, DEFAULT_RESET_DELAY_MS};
 
@@ -428,6 +432,17 @@ impl FakeRoot {
     /// until the returned handle is dropped or stopped.
     pub fn spawn_firmware_thread(&self, interval: Duration) -> FirmwareThread {
         FirmwareThread::spawn(self.root(), interval)
+    }
+
+    /// Whether a firmware loop runs on this root (any process), and why the
+    /// last one stopped.
+    pub fn firmware_state(&self) -> FirmwareState {
+        FirmwareState::of(&self.layout)
+    }
+
+    /// Where `tt-fakehw firmware --detach` writes the firmware's output.
+    pub fn firmware_log(&self) -> PathBuf {
+        self.layout.firmware_log()
     }
 
     /// Runs the fake `tt-smi` in this process (no `bin/tt-smi`, no fork)

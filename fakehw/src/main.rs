@@ -6,17 +6,21 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use std::os::unix::process::CommandExt;
+use std::sync::atomic::{AtomicI32, Ordering};
+
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use tt_fakehw::{CreateOptions, FakeRoot, Fault, DEFAULT_RESET_DELAY_MS};
+use nix::sys::signal::{SigHandler, Signal};
+use tt_fakehw::{CreateOptions, FakeRoot, Fault, FirmwareState, DEFAULT_RESET_DELAY_MS};
 
 /// A fake Tenstorrent Blackhole hardware root (dev, sys, proc and tt-smi)
 /// for tests and demos of tt-serving.
 ///
 /// Typical demo: `tt-fakehw create --root /tmp/fakehw --cards 2`, paste the
-/// printed lines into the daemon config, then keep
-/// `tt-fakehw firmware --root /tmp/fakehw` running so heartbeats advance and
-/// reset cards come back.
+/// printed lines into the daemon config, then
+/// `tt-fakehw firmware --root /tmp/fakehw --detach` so heartbeats advance and
+/// reset cards come back (until the root is removed).
 #[derive(Debug, Parser)]
 #[command(name = "tt-fakehw", version)]
 struct Cli {
@@ -45,7 +49,10 @@ enum Command {
         force: bool,
     },
     /// Run the card firmware: advance heartbeats and complete resets, every
-    /// interval, until the parent process dies or the root is removed.
+    /// interval, until the parent process dies (or a SIGTERM, SIGINT or
+    /// SIGHUP) or the root is removed. Why it stopped is kept in the root
+    /// and shown by `status` and the fake `tt-smi -r`. With --detach it runs
+    /// in the background on its own until the root is removed.
     Firmware {
         /// The fake root.
         #[arg(long, env = "TT_FAKEHW_ROOT")]
@@ -53,6 +60,15 @@ enum Command {
         /// Milliseconds between firmware steps.
         #[arg(long, default_value_t = 50)]
         interval_ms: u64,
+        /// Start the firmware in the background, in its own session, so it
+        /// outlives the shell that started it; returns once it runs. Its
+        /// output goes to fakehw/firmware.log in the root. Stop it by
+        /// removing the root, or with kill.
+        #[arg(long)]
+        detach: bool,
+        /// Internal: this process is the detached firmware (no parent watch).
+        #[arg(long, hide = true)]
+        detached: bool,
     },
     /// Run one firmware step now and exit (for scripts that step time by hand).
     Tick {
@@ -168,13 +184,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 .with_context(|| format!("creating fake root {}", root.display()))?;
             print!("{}", fake.config_toml());
         }
-        Command::Firmware { root, interval_ms } => {
+        Command::Firmware {
+            root,
+            interval_ms,
+            detach,
+            detached,
+        } => {
             let fake = open(&root)?;
-            let parent = die_with_parent()?;
-            tt_fakehw::run_firmware(fake.root(), Duration::from_millis(interval_ms), || {
-                nix::unistd::getppid() != parent
-            })
-            .with_context(|| format!("firmware loop on {}", root.display()))?;
+            if detach {
+                return start_detached(&fake, interval_ms);
+            }
+            run_firmware(&fake, interval_ms, detached)?;
         }
         Command::Tick { root } => {
             let report = open(&root)?.tick()?;
@@ -235,6 +255,113 @@ fn run(cli: Cli) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The signal that asked the firmware to stop (0: none yet).
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(signal: std::ffi::c_int) {
+    STOP_SIGNAL.store(signal, Ordering::Relaxed);
+}
+
+/// Runs the loop in this process. Unless `detached`, it stops when its
+/// parent dies; either way a stop says why, on stderr and in the root.
+fn run_firmware(fake: &FakeRoot, interval_ms: u64, detached: bool) -> Result<()> {
+    // Catch the signals that end the loop, so their stop is recorded.
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        // SAFETY: the handler only stores into an atomic, which is
+        // async-signal-safe.
+        unsafe { nix::sys::signal::signal(signal, SigHandler::Handler(on_stop_signal)) }
+            .with_context(|| format!("installing a handler for {signal}"))?;
+    }
+    let parent = if detached {
+        None
+    } else {
+        Some(die_with_parent()?)
+    };
+    let root = fake.root().to_path_buf();
+    tt_fakehw::run_firmware(&root, Duration::from_millis(interval_ms), || {
+        let signal = STOP_SIGNAL.load(Ordering::Relaxed);
+        let reason = match parent {
+            // The parent's death also sends SIGTERM; name the cause.
+            Some(parent) if nix::unistd::getppid() != parent => {
+                format!("its parent process (pid {parent}) exited")
+            }
+            _ if signal != 0 => format!(
+                "it received {}",
+                Signal::try_from(signal).map_or_else(|_| format!("signal {signal}"), |s| s.as_str().to_string())
+            ),
+            _ => return None,
+        };
+        eprintln!(
+            "tt-fakehw firmware: stopping on {root}: {reason}; heartbeats stand still and reset cards do not come back until a firmware runs again (`tt-fakehw firmware --root {root} --detach` runs one on its own)",
+            root = root.display()
+        );
+        Some(reason)
+    })
+    .with_context(|| format!("firmware loop on {}", root.display()))
+}
+
+/// Starts `tt-fakehw firmware --detached` in its own session, with its
+/// output in the root's firmware log, and returns once it holds the root.
+fn start_detached(fake: &FakeRoot, interval_ms: u64) -> Result<ExitCode> {
+    let root = fake.root();
+    if let FirmwareState::Running { pid } = fake.firmware_state() {
+        println!("firmware already runs on {} (pid {pid})", root.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let log_path = fake.firmware_log();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("finding this binary's path")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["firmware", "--detached", "--interval-ms"])
+        .arg(interval_ms.to_string())
+        .arg("--root")
+        .arg(root)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().context("duplicating the log file")?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe and touches no memory of ours.
+    // A session of its own: the shell's hangup and job control no longer
+    // reach it.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid()
+                .map(|_| ())
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd.spawn().context("starting the detached firmware")?;
+    let pid = child.id();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if fake.firmware_state() == (FirmwareState::Running { pid }) {
+            break;
+        }
+        if let Some(status) = child.try_wait().context("waiting for the firmware")? {
+            bail!(
+                "the firmware exited at once ({status}); see {}",
+                log_path.display()
+            );
+        }
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "the firmware (pid {pid}) did not take the root within 10 s; see {}",
+                log_path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!(
+        "firmware runs in the background as pid {pid} until {} is removed (or `kill {pid}`); output in {}",
+        root.display(),
+        log_path.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Makes the kernel send SIGTERM when the parent dies, and returns the
 /// parent's pid so the loop can also notice a parent that died before the
 /// request took effect.
@@ -252,6 +379,7 @@ fn die_with_parent() -> Result<nix::unistd::Pid> {
 
 fn print_status(fake: &FakeRoot) -> Result<()> {
     println!("root: {}", fake.root().display());
+    println!("{}", fake.firmware_state().describe(fake.root()));
     println!(
         "{:<14} {:<6} {:<10} {:<18} {:<26} pending reset",
         "BDF", "index", "heartbeat", "serial", "faults"

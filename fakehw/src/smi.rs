@@ -15,6 +15,7 @@
 use std::io::Write;
 
 use crate::layout::{present_cards, read_attr, vanish_card, Layout, PresentCard};
+use crate::running::FirmwareState;
 use crate::snapshot;
 use crate::state::{self, PendingReset, SmiInvocation, StateLock};
 
@@ -87,6 +88,15 @@ fn run(layout: &Layout, args: &[String], out: &mut dyn Write, err: &mut dyn Writ
     }
 
     if let Some(targets) = &args.reset {
+        // Not something the real tool prints: without the fake's firmware
+        // loop no reset completes, which would look like broken cards.
+        let firmware = FirmwareState::of(layout);
+        if !matches!(firmware, FirmwareState::Running { .. }) {
+            say(
+                err,
+                &format!("tt-smi (tt-fakehw): {}", firmware.describe(layout.root())),
+            );
+        }
         return reset(layout, targets, args.no_reinit, out);
     }
     if args.list {

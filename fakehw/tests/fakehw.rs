@@ -9,7 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tt_fakehw::{CreateOptions, FakeRoot, Fault};
+use tt_fakehw::{CreateOptions, FakeRoot, Fault, FirmwareState};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tt-fakehw");
 
@@ -837,4 +837,96 @@ fn the_binary_can_be_located_from_a_test_binary() {
         fs::canonicalize(found).unwrap(),
         fs::canonicalize(BIN).unwrap()
     );
+}
+
+#[test]
+fn a_firmware_that_stopped_with_its_shell_says_so_where_resets_are_run() {
+    let f = fixture(1);
+    let root = f.fake.root();
+    // A shell starts the firmware in the background, waits for us, exits.
+    let mut shell = Command::new("sh")
+        .arg("-c")
+        .arg("\"$0\" firmware --interval-ms 10 --root \"$1\" </dev/null >/dev/null 2>&1 & read _")
+        .arg(BIN)
+        .arg(root)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the firmware to run", || {
+        matches!(f.fake.firmware_state(), FirmwareState::Running { .. })
+    });
+    drop(shell.stdin.take());
+    shell.wait().unwrap();
+    wait_for("the firmware to record why it stopped", || {
+        matches!(
+            f.fake.firmware_state(),
+            FirmwareState::Stopped { last: Some(_) }
+        )
+    });
+
+    // The reset is still accepted, as tt-smi would, but says why it will
+    // not complete and how to fix that.
+    let out = tt_smi(&f.fake, &["-r", "/dev/tenstorrent/0"]);
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(
+        err.contains("firmware: NOT running (the last one stopped"),
+        "{err}"
+    );
+    assert!(err.contains("its parent process (pid "), "{err}");
+    assert!(err.contains("--detach"), "{err}");
+    let status = Command::new(BIN)
+        .args(["status", "--root"])
+        .arg(root)
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&status).contains("firmware: NOT running"),
+        "{}",
+        stdout(&status)
+    );
+}
+
+#[test]
+fn a_detached_firmware_outlives_its_shell_until_the_root_goes() {
+    let f = fixture(1);
+    let root = f.fake.root();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("\"$0\" firmware --detach --interval-ms 10 --root \"$1\"")
+        .arg(BIN)
+        .arg(root)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let pid: u32 = stdout(&out)
+        .split("as pid ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {}", stdout(&out)));
+    // The shell is gone; the firmware still runs and resets complete.
+    assert_eq!(f.fake.firmware_state(), FirmwareState::Running { pid });
+    let bdf = FakeRoot::bdf(0);
+    let h0 = f.fake.heartbeat(&bdf).unwrap();
+    wait_for("the heartbeat to advance", || {
+        f.fake.heartbeat(&bdf).is_some_and(|h| h > h0)
+    });
+    let out = tt_smi(&f.fake, &["-r", "/dev/tenstorrent/0"]);
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+    wait_for("the card to come back", || f.fake.index_of(&bdf) == Some(0));
+    // A second one is not started.
+    let again = Command::new(BIN)
+        .args(["firmware", "--detach", "--root"])
+        .arg(root)
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&again).contains(&format!("already runs on {} (pid {pid})", root.display())),
+        "{}",
+        stdout(&again)
+    );
+
+    fs::remove_dir_all(root.join("fakehw")).unwrap();
+    wait_for("the detached firmware to exit", || process_gone(pid));
 }

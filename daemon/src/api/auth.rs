@@ -152,6 +152,19 @@ impl Operation {
     }
 }
 
+/// The gid of group `name`, named by config key `key` in errors. The one
+/// lookup behind the admin rule, the control socket's group and
+/// `check-config`, so they cannot disagree.
+pub fn group_id(name: &str, key: &str) -> anyhow::Result<u32> {
+    match Group::from_name(name) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        Ok(None) => anyhow::bail!(
+            "group `{name}` ({key}) does not exist; create it (groupadd {name}) or change the config"
+        ),
+        Err(e) => anyhow::bail!("cannot look up group `{name}` ({key}): {e}"),
+    }
+}
+
 /// The admin rule in force: root, plus the members of one group if
 /// configured. Resolved once at startup so a missing group stops the daemon
 /// with a clear message instead of refusing every operator later.
@@ -167,15 +180,7 @@ impl AdminRule {
         let Some(name) = group else {
             return Ok(AdminRule::default());
         };
-        let gid = Group::from_name(name)
-            .map_err(|e| anyhow::anyhow!("cannot look up group `{name}` (daemon.control_admin_group): {e}"))?
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "group `{name}` (daemon.control_admin_group) does not exist; create it (groupadd {name}) or change the config"
-                )
-            })?
-            .gid
-            .as_raw();
+        let gid = group_id(name, "daemon.control_admin_group")?;
         Ok(AdminRule::with_group(name, gid))
     }
 

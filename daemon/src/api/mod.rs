@@ -17,10 +17,10 @@ mod inference;
 mod limits;
 pub mod metrics;
 pub(crate) mod secrets;
-mod tls;
-mod tokens;
+pub(crate) mod tls;
+pub(crate) mod tokens;
 
-pub use auth::{AdminRule, Operation, Peer};
+pub use auth::{group_id, AdminRule, Operation, Peer};
 
 use crate::config::Config;
 use crate::daemon::DaemonState;
@@ -100,12 +100,7 @@ pub fn bind_control_socket(
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("cannot set mode {mode:o} on {}", path.display()))?;
     if let Some(group) = group {
-        let gid = nix::unistd::Group::from_name(group)
-            .with_context(|| format!("cannot look up group `{group}`"))?
-            .with_context(|| {
-                format!("group `{group}` (daemon.control_socket_group) does not exist; create it or change the config")
-            })?
-            .gid;
+        let gid = nix::unistd::Gid::from_raw(group_id(group, "daemon.control_socket_group")?);
         nix::unistd::chown(path, None, Some(gid)).with_context(|| {
             format!("cannot give {} to group `{group}`; the daemon must run as root or be a member of the group", path.display())
         })?;

@@ -28,14 +28,19 @@ enum Command {
         )]
         config: PathBuf,
     },
-    /// Check a config file: exit 0 when valid, 2 with every problem listed
-    /// (key path, what is wrong, how to fix it) when not. When the
-    /// tenstorrent driver is present under the config's sys_root, also
-    /// checks that every configured card exists.
+    /// Check a config file: exit 0 when the daemon will start with it, 2
+    /// with every problem listed (key path, what is wrong, how to fix it)
+    /// when not. Checks the file (syntax, types, unknown keys, ranges,
+    /// cross-field rules) and this host: checkpoints (a GGUF header and
+    /// length for tt-worker), worker, tt-smi and probe programs, the tokens,
+    /// TLS and env files with their modes, groups, the control socket's
+    /// path, and the cards when the tenstorrent driver is loaded. Run it as
+    /// the daemon's user.
     CheckConfig {
         /// The config file.
         file: PathBuf,
-        /// Do not look at the hardware (for checking on a build machine).
+        /// Check the file alone, not this host (for a build machine or the
+        /// Nix build sandbox).
         #[arg(long)]
         offline: bool,
     },
@@ -84,41 +89,57 @@ fn main() -> ExitCode {
 }
 
 fn check_config(file: &std::path::Path, offline: bool) -> ExitCode {
-    let config = match config::load(file) {
-        Ok(c) => c,
-        Err(e @ ConfigError::Read { .. }) => {
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(source) => {
+            let e = ConfigError::Read {
+                path: file.display().to_string(),
+                source,
+            };
             eprintln!("tt-servingd: {e}");
             return ExitCode::from(2);
         }
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
+    };
+    let scope = if offline {
+        config::Scope::Offline
+    } else {
+        config::Scope::Host
+    };
+    let checked = config::check(&text, scope);
+    if !checked.problems.is_empty() {
+        eprintln!(
+            "{}",
+            ConfigError::Invalid {
+                path: file.display().to_string(),
+                problems: checked.problems,
+            }
+        );
+        return ExitCode::from(2);
+    }
+    let Some(config) = checked.config else {
+        // No problems means the text was typed; kept total all the same.
+        return ExitCode::from(2);
     };
     if !offline {
         let hw = tt_servingd::cards::discovery::HardwareRoot::from(&config.hardware);
-        if hw.driver_loaded() {
-            let problems = tt_servingd::cards::check_cards_exist(&config, &hw);
-            if !problems.is_empty() {
-                eprintln!("{} problem(s) in {}:", problems.len(), file.display());
-                for p in &problems {
-                    eprintln!("  {p}");
-                }
-                return ExitCode::from(2);
-            }
-        } else {
+        if !hw.driver_loaded() {
             println!(
-                "note: cards not checked: no tenstorrent driver under {} (pass --offline to silence this)",
+                "note: cards not checked: no tenstorrent driver under {} (pass --offline to check the file alone)",
                 config.hardware.sys_root.display()
             );
         }
     }
     let slots: usize = config.models.values().map(|m| m.card_sets().len()).sum();
     println!(
-        "{}: valid ({} model(s), {} slot(s))",
+        "{}: valid ({} model(s), {} slot(s){})",
         file.display(),
         config.models.len(),
-        slots
+        slots,
+        if offline {
+            "; the file alone, not this host"
+        } else {
+            ""
+        }
     );
     ExitCode::SUCCESS
 }

@@ -38,10 +38,9 @@ fn example_config_is_valid_and_complete() {
     let model = &config.models["smollm2"];
     assert_eq!(model.tp, 2);
     assert_eq!(model.readiness.expect.as_deref(), Some("Paris"));
-    assert_eq!(
-        config.daemon.control_socket_group.as_deref(),
-        Some("tenstorrent")
-    );
+    // What the host must provide stays few: no groups, no tokens file.
+    assert_eq!(config.daemon.control_socket_group, None);
+    assert_eq!(config.inference.tokens_file, None);
 }
 
 #[test]
@@ -259,10 +258,7 @@ fn security_and_limit_defaults() {
     assert_eq!(config.limits.max_tokens, 4096);
     assert_eq!(config.limits.max_streams_per_connection, 16);
     let example = parse(EXAMPLE_CONFIG).unwrap();
-    assert_eq!(
-        example.daemon.control_admin_group.as_deref(),
-        Some("tt-admin")
-    );
+    assert_eq!(example.daemon.control_admin_group, None);
     assert_eq!(example.limits, LimitsConfig::default());
 }
 
@@ -397,4 +393,62 @@ fn metrics_listen_that_is_not_an_address_is_rejected_with_the_fix() {
         "or \"\" to turn the endpoint off",
     );
     assert!(crate::config::parse("[metrics]\nlisten = \"\"\n").is_ok());
+}
+
+#[test]
+fn every_unknown_key_in_a_table_is_named() {
+    let problems = problems_of(&format!(
+        "{ONE_MODEL}tpp = 2\ncheckpont = \"/m/x.gguf\"\n[models.qwen.readiness]\ndeadline = 5\nping = \"x\"\n[daemon]\nlisen = \"x\"\nsocket = \"y\"\n"
+    ));
+    let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+    for key in [
+        "models.qwen.tpp",
+        "models.qwen.checkpont",
+        "models.qwen.readiness.deadline",
+        "models.qwen.readiness.ping",
+        "daemon.lisen",
+        "daemon.socket",
+    ] {
+        assert!(keys.contains(&key), "{key} not named in {keys:?}");
+    }
+    assert_eq!(problems.len(), 6, "{problems:?}");
+}
+
+#[test]
+fn unknown_keys_do_not_hide_the_other_rules() {
+    // The table is typed without its unknown key, so its ranges and
+    // cross-field rules are checked in the same run.
+    let problems = problems_of(
+        "[models.qwen]\ntp = 3\ncards = [\"0000:01:00.0\"]\ncheckpoint = \"/m/q.gguf\"\ncolour = \"blue\"\n[reset]\nattempts = \"three\"\n[daemon]\ntick_ms = 0\n",
+    );
+    let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+    for key in [
+        "models.qwen.colour",
+        "models.qwen.tp",
+        "reset.attempts",
+        "daemon.tick_ms",
+    ] {
+        assert!(keys.contains(&key), "{key} not named in {keys:?}");
+    }
+}
+
+#[test]
+fn host_checks_skip_what_the_text_already_got_wrong() {
+    // A section that could not be typed holds defaults: checking the host
+    // for them (tt-smi on PATH, /sys) would report what the file never said.
+    let checked = check(
+        "[hardware]\nsys_root = 5\ntt_smi = \"/nonexistent/tt-smi\"\n",
+        Scope::Host,
+    );
+    let keys: Vec<&str> = checked.problems.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, ["hardware.sys_root"], "{:?}", checked.problems);
+    // A key wrong in the text is reported once, by the text's rule.
+    let checked = check(&ONE_MODEL.replace("/m/q.gguf", "q.gguf"), Scope::Host);
+    let at_checkpoint: Vec<&Problem> = checked
+        .problems
+        .iter()
+        .filter(|p| p.key == "models.qwen.checkpoint")
+        .collect();
+    assert_eq!(at_checkpoint.len(), 1, "{:?}", checked.problems);
+    assert!(at_checkpoint[0].message.contains("relative path"));
 }

@@ -3,7 +3,8 @@
 //! `check-config` shows everything that needs fixing.
 
 use super::schema::*;
-use std::collections::BTreeMap;
+use serde_path_to_error::Segment;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -52,85 +53,155 @@ const SECTIONS: &[&str] = &[
     "models",
 ];
 
+/// A config as far as it could be typed, with the problems found on the way.
+pub(super) struct Parsed {
+    /// Every section and model that could be typed; the others keep their
+    /// defaults (a model that could not be typed is left out).
+    pub config: Config,
+    /// Unknown keys, wrong types, unknown sections.
+    pub problems: Vec<Problem>,
+    /// Key paths of the sections and models that could not be typed
+    /// (`daemon`, `models.qwen`): checks that read them would be checking
+    /// defaults, not the file.
+    pub untyped: BTreeSet<String>,
+}
+
 /// Deserialize section by section so a type error in one section does not
-/// hide the others, and so each error carries its key path.
-pub(super) fn deserialize(text: &str) -> Result<Config, Vec<Problem>> {
+/// hide the others, and so each error carries its key path. Fails only when
+/// the text is not TOML at all.
+pub(super) fn deserialize(text: &str) -> Result<Parsed, Vec<Problem>> {
     let table: toml::Table = toml::from_str(text).map_err(|e| vec![syntax_problem(text, &e)])?;
-    let mut problems = Vec::new();
-    let mut config = Config::default();
+    let mut parsed = Parsed {
+        config: Config::default(),
+        problems: Vec::new(),
+        untyped: BTreeSet::new(),
+    };
+    let config = &mut parsed.config;
     for (key, value) in &table {
-        match key.as_str() {
-            "daemon" => section(key, value, &mut problems, &mut config.daemon),
-            "hardware" => section(key, value, &mut problems, &mut config.hardware),
-            "reset" => section(key, value, &mut problems, &mut config.reset),
-            "inference" => section(key, value, &mut problems, &mut config.inference),
-            "limits" => section(key, value, &mut problems, &mut config.limits),
-            "metrics" => section(key, value, &mut problems, &mut config.metrics),
+        let typed_ok = match key.as_str() {
+            "daemon" => section(key, value, &mut parsed.problems, &mut config.daemon),
+            "hardware" => section(key, value, &mut parsed.problems, &mut config.hardware),
+            "reset" => section(key, value, &mut parsed.problems, &mut config.reset),
+            "inference" => section(key, value, &mut parsed.problems, &mut config.inference),
+            "limits" => section(key, value, &mut parsed.problems, &mut config.limits),
+            "metrics" => section(key, value, &mut parsed.problems, &mut config.metrics),
             "models" => match value.as_table() {
                 Some(models) => {
                     for (name, model) in models {
                         let key = format!("models.{name}");
-                        if let Some(parsed) = typed::<ModelConfig>(&key, model, &mut problems) {
-                            config.models.insert(name.clone(), parsed);
+                        match typed::<ModelConfig>(&key, model, &mut parsed.problems) {
+                            Some(m) => {
+                                config.models.insert(name.clone(), m);
+                            }
+                            None => {
+                                parsed.untyped.insert(key);
+                            }
                         }
                     }
+                    true
                 }
-                None => problems.push(problem(
-                    "models",
-                    "must be a table of model tables, e.g. [models.qwen]",
-                )),
+                None => {
+                    parsed.problems.push(problem(
+                        "models",
+                        "must be a table of model tables, e.g. [models.qwen]",
+                    ));
+                    false
+                }
             },
-            other => problems.push(problem(
-                other,
-                format!("unknown section; expected one of {}", SECTIONS.join(", ")),
-            )),
+            other => {
+                parsed.problems.push(problem(
+                    other,
+                    format!("unknown section; expected one of {}", SECTIONS.join(", ")),
+                ));
+                true
+            }
+        };
+        if !typed_ok {
+            parsed.untyped.insert(key.clone());
         }
     }
-    if problems.is_empty() {
-        Ok(config)
-    } else {
-        Err(problems)
-    }
+    Ok(parsed)
 }
 
+/// Types one section into `slot`; false when it could not be typed.
 fn section<T: serde::de::DeserializeOwned>(
     key: &str,
     value: &toml::Value,
     problems: &mut Vec<Problem>,
     slot: &mut T,
-) {
-    if let Some(parsed) = typed(key, value, problems) {
-        *slot = parsed;
+) -> bool {
+    match typed(key, value, problems) {
+        Some(parsed) => {
+            *slot = parsed;
+            true
+        }
+        None => false,
     }
 }
 
+/// Types `value` (found at `key`), naming every unknown key in it: serde's
+/// `deny_unknown_fields` stops at the first, so each one found is reported,
+/// removed, and the rest typed again. Any other error ends the attempt.
 fn typed<T: serde::de::DeserializeOwned>(
     key: &str,
     value: &toml::Value,
     problems: &mut Vec<Problem>,
 ) -> Option<T> {
-    match serde_path_to_error::deserialize::<_, T>(value.clone()) {
-        Ok(v) => Some(v),
-        Err(err) => {
-            let mut path = key.to_string();
-            let inner = err.path().to_string();
-            if inner != "." && !inner.is_empty() {
-                path = format!("{path}.{inner}");
+    let mut value = value.clone();
+    loop {
+        let err = match serde_path_to_error::deserialize::<_, T>(value.clone()) {
+            Ok(v) => return Some(v),
+            Err(err) => err,
+        };
+        let mut segments: Vec<Segment> = err.path().iter().cloned().collect();
+        let message = err.inner().to_string();
+        let unknown = message
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split('`').next())
+            .map(str::to_string);
+        // An unknown field is reported at its parent or at itself; make the
+        // segments name the parent table.
+        if let (Some(field), Some(Segment::Map { key: last })) = (&unknown, segments.last()) {
+            if last == field {
+                segments.pop();
             }
-            let message = err.inner().to_string();
-            // An unknown field is reported at its parent; name the field itself.
-            if let Some(field) = message
-                .strip_prefix("unknown field `")
-                .and_then(|rest| rest.split('`').next())
-            {
-                if !path.ends_with(&format!(".{field}")) {
-                    path = format!("{path}.{field}");
-                }
+        }
+        let mut path = key.to_string();
+        for segment in &segments {
+            match segment {
+                Segment::Seq { index } => path.push_str(&format!("[{index}]")),
+                Segment::Map { key } => path.push_str(&format!(".{key}")),
+                Segment::Enum { variant } => path.push_str(&format!(".{variant}")),
+                Segment::Unknown => path.push_str(".?"),
             }
-            problems.push(problem(path, message.trim().to_string()));
-            None
+        }
+        if let Some(field) = &unknown {
+            path.push_str(&format!(".{field}"));
+        }
+        problems.push(problem(path, message.trim().to_string()));
+        // Progress is guaranteed: each round removes one key or gives up.
+        let removed = unknown.is_some_and(|field| {
+            table_at(&mut value, &segments)
+                .and_then(|t| t.remove(&field))
+                .is_some()
+        });
+        if !removed {
+            return None;
         }
     }
+}
+
+/// The table at `segments` below `value`, if there is one.
+fn table_at<'a>(value: &'a mut toml::Value, segments: &[Segment]) -> Option<&'a mut toml::Table> {
+    let mut here = value;
+    for segment in segments {
+        here = match segment {
+            Segment::Map { key } => here.as_table_mut()?.get_mut(key)?,
+            Segment::Seq { index } => here.as_array_mut()?.get_mut(*index)?,
+            Segment::Enum { .. } | Segment::Unknown => return None,
+        };
+    }
+    here.as_table_mut()
 }
 
 fn syntax_problem(text: &str, err: &toml::de::Error) -> Problem {
