@@ -600,6 +600,18 @@ fn oversize_prompts_and_max_tokens_are_refused_before_any_worker() {
     let text = output_text(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("limits.max_prompt_bytes"), "{text}");
+    // A long name on the control socket is quoted cut, with its length.
+    let out = daemon.ttctl(&["logs", &"s".repeat(100_000)]);
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "no slot `{}… (100000 bytes in all)`",
+            "s".repeat(64)
+        )),
+        "{text}"
+    );
+    assert!(text.len() < 1000, "{text}");
 }
 
 #[test]

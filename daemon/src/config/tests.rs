@@ -258,6 +258,8 @@ fn security_and_limit_defaults() {
     assert_eq!(config.limits.max_prompt_bytes, 256 * 1024);
     assert_eq!(config.limits.max_tokens, 4096);
     assert_eq!(config.limits.max_streams_per_connection, 16);
+    assert_eq!(config.limits.max_stop_strings, 16);
+    assert_eq!(config.limits.max_stop_bytes, 256);
     let example = parse(EXAMPLE_CONFIG).unwrap();
     assert_eq!(
         example.daemon.control_admin_group.as_deref(),
@@ -329,6 +331,16 @@ fn zero_or_absurd_limits_are_rejected() {
     assert_rejected(
         "[limits]\nmax_streams_per_connection = 0\n",
         "limits.max_streams_per_connection",
+        "out of range",
+    );
+    assert_rejected(
+        "[limits]\nmax_stop_strings = 0\n",
+        "limits.max_stop_strings",
+        "out of range",
+    );
+    assert_rejected(
+        "[limits]\nmax_stop_bytes = 100000\n",
+        "limits.max_stop_bytes",
         "out of range",
     );
     assert_rejected(

@@ -482,7 +482,8 @@ impl SlotManager {
         let table = self.table();
         let entry = table.get(slot).ok_or_else(|| {
             format!(
-                "no slot `{slot}`; slots: {}",
+                "no slot `{}`; slots: {}",
+                crate::echo::echo(slot),
                 table.keys().cloned().collect::<Vec<_>>().join(", ")
             )
         })?;
