@@ -586,6 +586,14 @@ fn cache_build_rebuilds_cold_without_serving_then_the_slot_starts_warm() {
     assert_eq!(after["cache_mode"], "warm", "{after:#}");
     let out = daemon.ttctl(&["cache", "verify", "m"]);
     assert!(out.status.success(), "{}", output_text(&out));
+    // A typo is an error naming the models there are, not a cold start.
+    let out = daemon.ttctl(&["cache", "verify", "mm"]);
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("unknown model `mm`; the config names these models: m"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -400,9 +400,11 @@ impl Control for ControlService {
         })
         .await
         .map_err(|e| Status::internal(format!("cache listing failed: {e}")))?;
+        let config = self.state.config();
         Ok(Response::new(pb::ListCacheResponse {
             variants,
-            cache_dir: self.state.config().daemon.cache_dir.display().to_string(),
+            cache_dir: config.daemon.cache_dir.display().to_string(),
+            models: config.models.keys().cloned().collect(),
         }))
     }
 
