@@ -77,6 +77,19 @@ fn a_socket_group_member_may_read_but_not_reset_without_the_admin_group() {
     let reload = daemon.ttctl_as(NOBODY, NOBODY, &["reload"]);
     assert_eq!(reload.status.code(), Some(1), "{}", output_text(&reload));
     assert!(output_text(&reload).contains("ttctl reload needs root"));
+    // A dry run changes nothing, so reading is enough; it is not recorded
+    // either (a reader must not be able to push real reloads out of the
+    // history).
+    let dry = daemon.ttctl_as(NOBODY, NOBODY, &["reload", "--dry-run"]);
+    let text = output_text(&dry);
+    assert!(dry.status.success(), "{text}");
+    assert!(text.contains("dry run: nothing applied"), "{text}");
+    let status = daemon.status();
+    assert_eq!(
+        status["reloads"].as_array().map(Vec::len).unwrap_or(0),
+        0,
+        "{status}"
+    );
     assert!(hw.smi_calls().is_empty(), "nothing was reset");
     assert!(daemon.log_text().contains("control operation refused"));
 }

@@ -249,7 +249,14 @@ impl Control for ControlService {
         &self,
         request: Request<pb::ReloadRequest>,
     ) -> Result<Response<pb::ReloadReport>, Status> {
-        self.rule.authorize(&request, Operation::Reload)?;
+        // A dry run applies and records nothing, so whoever may read status
+        // may ask for one; a real reload is destructive.
+        let op = if request.get_ref().dry_run {
+            Operation::ReloadDryRun
+        } else {
+            Operation::Reload
+        };
+        self.rule.authorize(&request, op)?;
         let request = request.into_inner();
         let options = crate::reload::Options {
             dry_run: request.dry_run,
