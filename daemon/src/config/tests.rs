@@ -241,12 +241,23 @@ fn bad_listen_address_is_rejected() {
 }
 
 #[test]
-fn world_writable_control_socket_is_rejected() {
-    assert_rejected(
-        "[daemon]\ncontrol_socket_mode = \"0666\"\n",
-        "daemon.control_socket_mode",
-        "world-write",
-    );
+fn world_writable_control_socket_is_rejected_with_the_real_rule() {
+    for mode in ["0666", "0777"] {
+        let problems = problems_of(&format!("[daemon]\ncontrol_socket_mode = \"{mode}\"\n"));
+        let message = &problems
+            .iter()
+            .find(|p| p.key == "daemon.control_socket_mode")
+            .expect("a problem at daemon.control_socket_mode")
+            .message;
+        // The mode decides who may connect, and so read status and
+        // generate; destructive operations need root or the admin group
+        // whatever the mode, so the message must not claim otherwise.
+        assert!(message.contains("world-write"), "{message}");
+        assert!(message.contains("every local user"), "{message}");
+        assert!(message.contains("generate"), "{message}");
+        assert!(message.contains("daemon.control_admin_group"), "{message}");
+        assert!(!message.contains("reset cards"), "{message}");
+    }
 }
 
 #[test]

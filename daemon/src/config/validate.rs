@@ -248,7 +248,7 @@ fn check_daemon(d: &DaemonConfig, problems: &mut Vec<Problem>) {
         Ok(mode) if mode & 0o002 != 0 => problems.push(problem(
             "daemon.control_socket_mode",
             format!(
-                "`{}` lets every local user reset cards; drop the world-write bit, e.g. \"0660\"",
+                "`{}` lets every local user connect to the control socket, and so read status and logs and generate with the models (destructive operations still need root or daemon.control_admin_group); drop the world-write bit, e.g. \"0660\", and give the users who should connect daemon.control_socket_group",
                 d.control_socket_mode
             ),
         )),
