@@ -242,8 +242,12 @@ fn dry_run_shows_the_plan_a_reload_then_applies_for_added_and_removed_replicas()
     // Status keeps the history.
     let status = daemon.status();
     let history = status["reloads"].as_array().cloned().unwrap_or_default();
-    // Two dry runs and two reloads.
-    assert_eq!(history.len(), 4, "{status}");
+    // Two reloads; the two dry runs changed nothing and are not kept.
+    assert_eq!(history.len(), 2, "{status}");
+    assert!(
+        history.iter().all(|r| r["outcome"] != "dry-run"),
+        "{status}"
+    );
     let text = output_text(&daemon.ttctl(&["status"]));
     assert!(text.contains("by ttctl: applied: 1 keep, 1 stop"), "{text}");
 }

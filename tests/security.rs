@@ -77,6 +77,19 @@ fn a_socket_group_member_may_read_but_not_reset_without_the_admin_group() {
     let reload = daemon.ttctl_as(NOBODY, NOBODY, &["reload"]);
     assert_eq!(reload.status.code(), Some(1), "{}", output_text(&reload));
     assert!(output_text(&reload).contains("ttctl reload needs root"));
+    // A dry run changes nothing, so reading is enough; it is not recorded
+    // either (a reader must not be able to push real reloads out of the
+    // history).
+    let dry = daemon.ttctl_as(NOBODY, NOBODY, &["reload", "--dry-run"]);
+    let text = output_text(&dry);
+    assert!(dry.status.success(), "{text}");
+    assert!(text.contains("dry run: nothing applied"), "{text}");
+    let status = daemon.status();
+    assert_eq!(
+        status["reloads"].as_array().map(Vec::len).unwrap_or(0),
+        0,
+        "{status}"
+    );
     assert!(hw.smi_calls().is_empty(), "nothing was reset");
     assert!(daemon.log_text().contains("control operation refused"));
 }
@@ -563,6 +576,86 @@ fn oversize_prompts_and_max_tokens_are_refused_before_any_worker() {
             err.message()
         );
 
+        // A prompt far beyond the limit (2 MB against 1 KiB) is refused
+        // from the message's length prefix, before the daemon holds it, with
+        // the same kind of answer, not the decoder's OUT_OF_RANGE.
+        let err = inference
+            .generate(prompt_request(&"x".repeat(2 << 20), 4))
+            .await
+            .expect_err("a 2 MB prompt");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+        assert!(err.message().starts_with("prompt: "), "{}", err.message());
+        assert!(
+            err.message()
+                .contains("limit of 1024 bytes (limits.max_prompt_bytes)"),
+            "{}",
+            err.message()
+        );
+        assert!(err.message().contains("shorten the prompt"), "{}", err.message());
+        // The connection is still good for the next request.
+        let err = inference
+            .generate(prompt_request("hi", 4))
+            .await
+            .expect_err("no ready slot");
+        assert_eq!(err.code(), Code::Unavailable, "{err}");
+
+        // A model name of a megabyte is refused as such, not echoed back
+        // (which overflowed the response's metadata and broke the stream).
+        let err = inference
+            .generate(GenerateRequest {
+                model: "m".repeat(1_000_000),
+                ..prompt_request("hi", 4)
+            })
+            .await
+            .expect_err("an absurd model name");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+        assert!(
+            err.message()
+                .starts_with("model: a name of 1000000 bytes cannot name a model"),
+            "{}",
+            err.message()
+        );
+        assert!(err.message().len() < 200, "{}", err.message());
+
+        // Chat roles are the three the templates know; stop strings are
+        // limited in number.
+        let roles = GenerateRequest {
+            model: "small".into(),
+            input: Some(Input::Chat(ChatMessages {
+                messages: ["system", "user", "assistant", "tool"]
+                    .iter()
+                    .map(|role| ChatMessage {
+                        role: role.to_string(),
+                        content: "hi".into(),
+                    })
+                    .collect(),
+            })),
+            ..Default::default()
+        };
+        let err = inference.generate(roles).await.expect_err("role `tool`");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+        assert!(
+            err.message().starts_with(
+                "chat.messages[3].role: `tool` is not a chat role; use one of system, user, assistant"
+            ),
+            "{}",
+            err.message()
+        );
+        let err = inference
+            .generate(GenerateRequest {
+                stop: vec!["x".into(); 10_000],
+                ..prompt_request("hi", 4)
+            })
+            .await
+            .expect_err("10,000 stop strings");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+        assert!(
+            err.message().starts_with("stop: 10000 stop strings")
+                && err.message().contains("limits.max_stop_strings"),
+            "{}",
+            err.message()
+        );
+
         // At the limits the request passes validation and only then finds
         // no ready slot: the checks come first.
         let err = inference
@@ -576,6 +669,18 @@ fn oversize_prompts_and_max_tokens_are_refused_before_any_worker() {
     let text = output_text(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("limits.max_prompt_bytes"), "{text}");
+    // A long name on the control socket is quoted cut, with its length.
+    let out = daemon.ttctl(&["logs", &"s".repeat(100_000)]);
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "no slot `{}… (100000 bytes in all)`",
+            "s".repeat(64)
+        )),
+        "{text}"
+    );
+    assert!(text.len() < 1000, "{text}");
 }
 
 #[test]

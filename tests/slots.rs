@@ -57,16 +57,38 @@ fn tp1_and_tp2_slots_become_ready_and_stream_answers() {
             .connect()
             .await
             .unwrap();
-        let mut health = HealthClient::new(channel);
-        let status = health
-            .check(HealthCheckRequest {
-                service: "two".into(),
-            })
+        let mut health = HealthClient::new(channel.clone());
+        // The health names docs/ARCHITECTURE.md gives: each model by its
+        // name, and the Inference service.
+        for service in ["two", "tt.serving.v1.Inference"] {
+            let status = health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .status;
+            assert_eq!(status, ServingStatus::Serving as i32, "{service}");
+        }
+
+        // ListModels carries the context length the workers reported (the
+        // tiny model's 256), not 0.
+        use tt_serving_proto::v1::inference_client::InferenceClient;
+        let models = InferenceClient::new(channel)
+            .list_models(tt_serving_proto::v1::ListModelsRequest {})
             .await
             .unwrap()
             .into_inner()
-            .status;
-        assert_eq!(status, ServingStatus::Serving as i32);
+            .models;
+        let lengths: Vec<(String, u32, u32)> = models
+            .into_iter()
+            .map(|m| (m.name, m.ready_replicas, m.context_length))
+            .collect();
+        assert_eq!(
+            lengths,
+            [("one".to_string(), 1, 256), ("two".to_string(), 1, 256)]
+        );
     });
 }
 
@@ -564,6 +586,14 @@ fn cache_build_rebuilds_cold_without_serving_then_the_slot_starts_warm() {
     assert_eq!(after["cache_mode"], "warm", "{after:#}");
     let out = daemon.ttctl(&["cache", "verify", "m"]);
     assert!(out.status.success(), "{}", output_text(&out));
+    // A typo is an error naming the models there are, not a cold start.
+    let out = daemon.ttctl(&["cache", "verify", "mm"]);
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("unknown model `mm`; the config names these models: m"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -31,6 +31,8 @@ pub fn config_text(data: &[u8]) {
 /// The limits the request target runs under, small so they are reached.
 const MAX_PROMPT_BYTES: u64 = 64;
 const MAX_TOKENS: u32 = 32;
+const MAX_STOP_STRINGS: u32 = 1;
+const MAX_STOP_BYTES: u32 = 2;
 
 fn request_config() -> Config {
     let mut config =
@@ -40,6 +42,8 @@ fn request_config() -> Config {
         };
     config.limits.max_prompt_bytes = MAX_PROMPT_BYTES;
     config.limits.max_tokens = MAX_TOKENS;
+    config.limits.max_stop_strings = MAX_STOP_STRINGS;
+    config.limits.max_stop_bytes = MAX_STOP_BYTES;
     config
 }
 
@@ -62,6 +66,12 @@ fn check_request(config: &Config, request: &pb::GenerateRequest) {
                 Some(pb::generate_request::Input::Prompt(p)) => p.len(),
                 Some(pb::generate_request::Input::Chat(c)) => {
                     assert!(!c.messages.is_empty(), "{request:?}");
+                    assert!(
+                        c.messages
+                            .iter()
+                            .all(|m| crate::router::CHAT_ROLES.contains(&m.role.as_str())),
+                        "{request:?}"
+                    );
                     c.messages.iter().map(|m| m.content.len()).sum()
                 }
                 None => panic!("accepted without input: {request:?}"),
@@ -81,11 +91,26 @@ fn check_request(config: &Config, request: &pb::GenerateRequest) {
                 );
                 assert!((0.0..=1.0).contains(&s.top_p), "{request:?}");
             }
-            assert!(request.stop.iter().all(|s| !s.is_empty()), "{request:?}");
+            assert!(
+                request.stop.len() <= config.limits.max_stop_strings as usize,
+                "{request:?}"
+            );
+            assert!(
+                request
+                    .stop
+                    .iter()
+                    .all(|s| !s.is_empty() && s.len() <= config.limits.max_stop_bytes as usize),
+                "{request:?}"
+            );
         }
         Err(status) => match status.code() {
             tonic::Code::NotFound => {
-                assert!(status.message().starts_with("unknown model"), "{status:?}")
+                assert!(status.message().starts_with("unknown model"), "{status:?}");
+                // Client input is echoed bounded, never whole.
+                assert!(
+                    status.message().len() < 512,
+                    "an unbounded echo: {status:?}"
+                );
             }
             tonic::Code::InvalidArgument => {
                 let field = status.message().split(':').next().unwrap_or_default();
@@ -220,14 +245,19 @@ mod tests {
             [0.0, 0.7, 1.0, 1.5, -0.1, f32::NAN, f32::INFINITY, 2.0][rng.below(8)]
         };
         pb::GenerateRequest {
-            model: ["m", "", "other"][rng.below(3)].to_string(),
+            model: match rng.below(8) {
+                0 => "x".repeat(65 + rng.below(1000)),
+                1 => String::new(),
+                2 => "other".to_string(),
+                _ => "m".to_string(),
+            },
             input: match rng.below(4) {
                 0 => None,
                 1 => Some(pb::generate_request::Input::Prompt(text(rng, 100))),
                 _ => Some(pb::generate_request::Input::Chat(pb::ChatMessages {
                     messages: (0..rng.below(4))
                         .map(|_| pb::ChatMessage {
-                            role: "user".into(),
+                            role: ["user", "system", "assistant", "tool", ""][rng.below(5)].into(),
                             content: text(rng, 40),
                         })
                         .collect(),
@@ -239,7 +269,7 @@ mod tests {
                 top_p: float(rng),
                 ..Default::default()
             }),
-            stop: (0..rng.below(3)).map(|_| text(rng, 3)).collect(),
+            stop: (0..rng.below(3)).map(|_| text(rng, 4)).collect(),
         }
     }
 

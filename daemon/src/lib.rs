@@ -11,6 +11,7 @@
 //! - [`daemon`]: startup order, the tick loop, signals and clean shutdown.
 //! - [`notify`]: systemd notifications; [`shutdown`]: the shutdown signal.
 //! - [`ctl`]: `ttctl`, the operator's client.
+//! - [`echo`]: quoting client input in errors and logs, bounded.
 
 pub mod api;
 pub mod borrow;
@@ -20,6 +21,7 @@ pub mod config;
 pub mod ctl;
 pub mod daemon;
 pub mod demo;
+pub mod echo;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod hostfs;

@@ -107,6 +107,9 @@ pub enum Operation {
     ListCache,
     /// `ttctl generate`: the same use as the public port.
     Generate,
+    /// `ttctl reload --dry-run`: reads the config file and shows the plan,
+    /// applying and recording nothing.
+    ReloadDryRun,
     /// `ttctl card reset`.
     ResetCard,
     /// `ttctl card borrow`.
@@ -131,6 +134,7 @@ impl Operation {
                 | Operation::Logs
                 | Operation::ListCache
                 | Operation::Generate
+                | Operation::ReloadDryRun
         )
     }
 
@@ -142,6 +146,7 @@ impl Operation {
             Operation::Logs => "ttctl logs",
             Operation::ListCache => "ttctl cache ls",
             Operation::Generate => "ttctl generate",
+            Operation::ReloadDryRun => "ttctl reload --dry-run",
             Operation::ResetCard => "ttctl card reset",
             Operation::BorrowCards => "ttctl card borrow",
             Operation::RemoveCache => "ttctl cache rm",
@@ -259,12 +264,13 @@ mod tests {
         Operation::RestartSlot,
         Operation::Reload,
     ];
-    const READ_ONLY: [Operation; 5] = [
+    const READ_ONLY: [Operation; 6] = [
         Operation::Status,
         Operation::WatchStatus,
         Operation::Logs,
         Operation::ListCache,
         Operation::Generate,
+        Operation::ReloadDryRun,
     ];
 
     #[test]

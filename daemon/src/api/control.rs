@@ -9,6 +9,7 @@ use crate::cache::CacheState;
 use crate::cards::reset::Phase;
 use crate::cards::CardError;
 use crate::daemon::DaemonState;
+use crate::echo::echo;
 use crate::slots::{SlotCommand, SlotState};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -171,7 +172,8 @@ impl Control for ControlService {
                 let config = self.state.config();
                 let known: Vec<&str> = config.models.keys().map(String::as_str).collect();
                 Status::not_found(format!(
-                    "unknown model `{model}`; known models: {}",
+                    "unknown model `{}`; known models: {}",
+                    echo(&model),
                     known.join(", ")
                 ))
             })?;
@@ -237,7 +239,7 @@ impl Control for ControlService {
                 ))
             }
         };
-        tracing::info!(cards = ?start.cards, purpose = %start.purpose, "borrow requested over the control socket");
+        tracing::info!(cards = %echo(&start.cards.join(",")), purpose = %echo(&start.purpose), "borrow requested over the control socket");
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(crate::borrow::run(self.state.clone(), start, inbound, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -247,7 +249,14 @@ impl Control for ControlService {
         &self,
         request: Request<pb::ReloadRequest>,
     ) -> Result<Response<pb::ReloadReport>, Status> {
-        self.rule.authorize(&request, Operation::Reload)?;
+        // A dry run applies and records nothing, so whoever may read status
+        // may ask for one; a real reload is destructive.
+        let op = if request.get_ref().dry_run {
+            Operation::ReloadDryRun
+        } else {
+            Operation::Reload
+        };
+        self.rule.authorize(&request, op)?;
         let request = request.into_inner();
         let options = crate::reload::Options {
             dry_run: request.dry_run,
@@ -295,7 +304,7 @@ impl Control for ControlService {
             let names: Vec<String> = slots.snapshot().into_iter().map(|s| s.name).collect();
             Status::not_found(format!(
                 "no slot `{}`; slots: {}",
-                request.slot,
+                echo(&request.slot),
                 if names.is_empty() {
                     "(none configured)".into()
                 } else {
@@ -398,9 +407,11 @@ impl Control for ControlService {
         })
         .await
         .map_err(|e| Status::internal(format!("cache listing failed: {e}")))?;
+        let config = self.state.config();
         Ok(Response::new(pb::ListCacheResponse {
             variants,
-            cache_dir: self.state.config().daemon.cache_dir.display().to_string(),
+            cache_dir: config.daemon.cache_dir.display().to_string(),
+            models: config.models.keys().cloned().collect(),
         }))
     }
 
@@ -416,7 +427,8 @@ impl Control for ControlService {
             .find(|(_, k, _)| *k == key)
             .ok_or_else(|| {
                 Status::not_found(format!(
-                    "no cache variant `{key}`; `ttctl cache ls` lists them"
+                    "no cache variant `{}`; `ttctl cache ls` lists them",
+                    echo(&key)
                 ))
             })?;
         let busy: Vec<String> = self

@@ -52,17 +52,32 @@ impl Inference for InferenceService {
         let models = config
             .models
             .iter()
-            .map(|(name, m)| pb::ModelInfo {
-                name: name.clone(),
-                tp: m.tp,
-                replicas: m.card_sets().len() as u32,
-                ready_replicas: slots
+            .map(|(name, m)| {
+                let ready: Vec<_> = slots
                     .iter()
                     .filter(|s| &s.model == name && s.state == SlotState::Ready)
-                    .count() as u32,
-                context_length: 0,
+                    .collect();
+                pb::ModelInfo {
+                    name: name.clone(),
+                    tp: m.tp,
+                    replicas: m.card_sets().len() as u32,
+                    ready_replicas: ready.len() as u32,
+                    context_length: context_length(&ready),
+                }
             })
             .collect();
         Ok(Response::new(pb::ListModelsResponse { models }))
     }
+}
+
+/// The context length a request can count on whichever ready replica serves
+/// it: the smallest any of them reported (replicas of one model normally
+/// agree). 0 when none is ready or none reported one.
+fn context_length(ready: &[&crate::slots::SlotView]) -> u32 {
+    ready
+        .iter()
+        .map(|s| s.context_length)
+        .filter(|&n| n > 0)
+        .min()
+        .unwrap_or(0)
 }

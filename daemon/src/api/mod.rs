@@ -6,7 +6,8 @@
 //! - `auth`: who may do what on the control socket (peer credentials).
 //! - `tokens`: bearer tokens on the public port; `tls`: its TLS;
 //!   `secrets`: reading their files safely.
-//! - `limits`: Generate streams per public connection.
+//! - `limits`: Generate streams per public connection; `message_limit`:
+//!   oversize request messages answered with the limit, not a decoder error.
 //! - `conn`: attaching per-connection facts to every request.
 
 mod auth;
@@ -15,6 +16,7 @@ mod control;
 pub mod convert;
 mod inference;
 mod limits;
+mod message_limit;
 pub mod metrics;
 pub(crate) mod secrets;
 pub(crate) mod tls;
@@ -26,6 +28,7 @@ use crate::config::Config;
 use crate::daemon::DaemonState;
 use crate::shutdown::Shutdown;
 use anyhow::{bail, Context};
+use message_limit::MessageLimit;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -134,10 +137,15 @@ pub async fn serve_control(
             conn::Tagged::new(stream, peer)
         })
     });
+    // Control's Generate is held to the same limits as the public port's.
+    let max_prompt = state.config().limits.max_prompt_bytes;
+    let control = MessageLimit::new(
+        ControlServer::new(control::ControlService::new(state, rule))
+            .max_decoding_message_size(message_limit::max_message_bytes(max_prompt)),
+        max_prompt,
+    );
     Server::builder()
-        .add_service(ControlServer::new(control::ControlService::new(
-            state, rule,
-        )))
+        .add_service(control)
         .add_service(health)
         .serve_with_incoming_shutdown(incoming, shutdown.wait())
         .await
@@ -221,13 +229,16 @@ pub async fn serve_public(
     let reflection_v1alpha = reflection("grpc.reflection.v1alpha.ServerReflection")
         .build_v1alpha()
         .context("cannot build the reflection service")?;
-    // Messages far beyond the prompt limit are refused while decoding,
-    // before they take memory; the router names the limit for the rest.
-    let max_message = usize::try_from(state.config().limits.max_prompt_bytes)
-        .unwrap_or(usize::MAX)
-        .saturating_add(1024 * 1024);
-    let inference = InferenceServer::new(inference::InferenceService::new(state))
-        .max_decoding_message_size(max_message);
+    // Messages far beyond the prompt limit are refused from their length
+    // prefix, before they take memory, with the limit named; the router
+    // names it for the rest. tonic's own limit, at the same size, is never
+    // reached first.
+    let max_prompt = state.config().limits.max_prompt_bytes;
+    let inference = MessageLimit::new(
+        InferenceServer::new(inference::InferenceService::new(state))
+            .max_decoding_message_size(message_limit::max_message_bytes(max_prompt)),
+        max_prompt,
+    );
     let mut builder = Server::builder();
     if let Some(tls) = port.tls {
         builder = builder

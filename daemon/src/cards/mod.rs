@@ -495,7 +495,7 @@ impl CardManager {
         };
         found
             .map(|e| e.view.bdf.clone())
-            .ok_or_else(|| CardError::NotFound(name.to_string()))
+            .ok_or_else(|| CardError::NotFound(crate::echo::echo(name)))
     }
 
     /// Managed cards the daemon holds locks for, grouped by slot so that a

@@ -133,6 +133,11 @@ pub struct LimitsConfig {
     pub max_tokens: u32,
     /// Generate streams one client connection may have open at once.
     pub max_streams_per_connection: u32,
+    /// Most stop strings one request may give (each is matched against the
+    /// output at every token).
+    pub max_stop_strings: u32,
+    /// Longest stop string in bytes.
+    pub max_stop_bytes: u32,
 }
 
 impl Default for LimitsConfig {
@@ -141,6 +146,8 @@ impl Default for LimitsConfig {
             max_prompt_bytes: 256 * 1024,
             max_tokens: 4096,
             max_streams_per_connection: 16,
+            max_stop_strings: 16,
+            max_stop_bytes: 256,
         }
     }
 }

@@ -240,12 +240,23 @@ fn bad_listen_address_is_rejected() {
 }
 
 #[test]
-fn world_writable_control_socket_is_rejected() {
-    assert_rejected(
-        "[daemon]\ncontrol_socket_mode = \"0666\"\n",
-        "daemon.control_socket_mode",
-        "world-write",
-    );
+fn world_writable_control_socket_is_rejected_with_the_real_rule() {
+    for mode in ["0666", "0777"] {
+        let problems = problems_of(&format!("[daemon]\ncontrol_socket_mode = \"{mode}\"\n"));
+        let message = &problems
+            .iter()
+            .find(|p| p.key == "daemon.control_socket_mode")
+            .expect("a problem at daemon.control_socket_mode")
+            .message;
+        // The mode decides who may connect, and so read status and
+        // generate; destructive operations need root or the admin group
+        // whatever the mode, so the message must not claim otherwise.
+        assert!(message.contains("world-write"), "{message}");
+        assert!(message.contains("every local user"), "{message}");
+        assert!(message.contains("generate"), "{message}");
+        assert!(message.contains("daemon.control_admin_group"), "{message}");
+        assert!(!message.contains("reset cards"), "{message}");
+    }
 }
 
 #[test]
@@ -257,6 +268,8 @@ fn security_and_limit_defaults() {
     assert_eq!(config.limits.max_prompt_bytes, 256 * 1024);
     assert_eq!(config.limits.max_tokens, 4096);
     assert_eq!(config.limits.max_streams_per_connection, 16);
+    assert_eq!(config.limits.max_stop_strings, 16);
+    assert_eq!(config.limits.max_stop_bytes, 256);
     let example = parse(EXAMPLE_CONFIG).unwrap();
     assert_eq!(example.daemon.control_admin_group, None);
     assert_eq!(example.limits, LimitsConfig::default());
@@ -325,6 +338,16 @@ fn zero_or_absurd_limits_are_rejected() {
     assert_rejected(
         "[limits]\nmax_streams_per_connection = 0\n",
         "limits.max_streams_per_connection",
+        "out of range",
+    );
+    assert_rejected(
+        "[limits]\nmax_stop_strings = 0\n",
+        "limits.max_stop_strings",
+        "out of range",
+    );
+    assert_rejected(
+        "[limits]\nmax_stop_bytes = 100000\n",
+        "limits.max_stop_bytes",
         "out of range",
     );
     assert_rejected(

@@ -243,9 +243,13 @@ pub(crate) fn is_env_name(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// The longest model name a config may give; a request naming a longer one
+/// cannot name a served model and is refused before any lookup.
+pub const MAX_MODEL_NAME_BYTES: usize = 64;
+
 fn is_model_name(s: &str) -> bool {
     let mut chars = s.chars();
-    s.len() <= 64
+    s.len() <= MAX_MODEL_NAME_BYTES
         && matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
 }
@@ -315,7 +319,7 @@ fn check_daemon(d: &DaemonConfig, problems: &mut Vec<Problem>) {
         Ok(mode) if mode & 0o002 != 0 => problems.push(problem(
             "daemon.control_socket_mode",
             format!(
-                "`{}` lets every local user reset cards; drop the world-write bit, e.g. \"0660\"",
+                "`{}` lets every local user connect to the control socket, and so read status and logs and generate with the models (destructive operations still need root or daemon.control_admin_group); drop the world-write bit, e.g. \"0660\", and give the users who should connect daemon.control_socket_group",
                 d.control_socket_mode
             ),
         )),
@@ -422,6 +426,22 @@ fn check_limits(l: &LimitsConfig, problems: &mut Vec<Problem>) {
         1,
         10_000,
         "streams",
+    );
+    range(
+        problems,
+        "limits.max_stop_strings",
+        l.max_stop_strings.into(),
+        1,
+        1024,
+        "stop strings",
+    );
+    range(
+        problems,
+        "limits.max_stop_bytes",
+        l.max_stop_bytes.into(),
+        1,
+        65_536,
+        "bytes",
     );
 }
 

@@ -43,7 +43,8 @@ pub(super) async fn ls(
 }
 
 /// `ttctl cache verify MODEL`: the model's variants, then whether its next
-/// start will be warm (exit 0) or cold (exit 1, saying why).
+/// start will be warm (exit 0) or cold (exit 1, saying why); a model the
+/// config does not name exits 1 naming the ones it does.
 pub(super) async fn verify(
     client: &mut ControlClient<Channel>,
     model: &str,

@@ -853,16 +853,32 @@ pub struct CacheVerdict {
     /// The model's variants, as a table for stdout; empty when it has none.
     pub listing: String,
     /// `Ok`: the line saying the next start is warm (stdout, exit 0).
-    /// `Err`: why it will be cold (the failure message, exit 1).
+    /// `Err`: why it will be cold, or that no configured model has that
+    /// name (the failure message, exit 1).
     pub outcome: Result<String, String>,
 }
 
 /// Judge whether `model`'s next start will be warm: the variant its slots'
 /// current config selects (the one with `used_by` set) must be on disk and
 /// warm. A variant no slot uses is left over from an older config (or
-/// worker) and does not count.
+/// worker) and does not count. A name the config does not have is an
+/// error naming the models it has, not a promise of a cold start.
 pub fn cache_verdict(model: &str, cache: &ListCacheResponse) -> CacheVerdict {
     let variants: Vec<&CacheVariant> = cache.variants.iter().filter(|v| v.model == model).collect();
+    let configured = cache.models.iter().any(|m| m == model);
+    if !configured && variants.is_empty() {
+        return CacheVerdict {
+            listing: String::new(),
+            outcome: Err(format!(
+                "unknown model `{model}`; the config names {}",
+                if cache.models.is_empty() {
+                    "no models".to_string()
+                } else {
+                    format!("these models: {}", cache.models.join(", "))
+                }
+            )),
+        };
+    }
     if variants.is_empty() {
         return CacheVerdict {
             listing: String::new(),
@@ -889,7 +905,19 @@ pub fn cache_verdict(model: &str, cache: &ListCacheResponse) -> CacheVerdict {
         }
     }
     let used: Vec<&&CacheVariant> = variants.iter().filter(|v| !v.used_by.is_empty()).collect();
-    let outcome = if used.is_empty() {
+    let outcome = if !configured {
+        Err(format!(
+            "{model} is not a model of the config in force, which names {}; its {} cache \
+             variant(s) on disk are left from an earlier config: `ttctl cache rm VARIANT` \
+             removes one",
+            if cache.models.is_empty() {
+                "no models".to_string()
+            } else {
+                cache.models.join(", ")
+            },
+            variants.len()
+        ))
+    } else if used.is_empty() {
         Err(format!(
             "{model}: none of its {} cache variant(s) on disk is the one its current config \
              selects (no slot uses them): a cold build will happen at the next start",

@@ -110,6 +110,9 @@ fn cache_listing() -> ListCacheResponse {
             variant("qwen", "ffff000000000000", "cold", &[]),
             variant("smol", "5000000000000001", "cold", &["smol"]),
         ],
+        models: ["big", "fresh", "mixed", "old", "qwen", "smol"]
+            .map(String::from)
+            .to_vec(),
     }
 }
 
@@ -1084,12 +1087,25 @@ async fn cache_verify_exits_0_only_when_the_used_variant_is_warm() {
         );
     }
 
+    let (out, failure) = ttctl(&h.socket, &["cache", "verify", "fresh"]).await;
+    assert_eq!(out, "");
+    let failure = failure.unwrap();
+    assert_eq!(
+        (failure.exit_code(), failure.message()),
+        (1, "no cache for fresh yet: the next start builds it cold")
+    );
+
+    // A name no model has is not "a cold build at the next start": there
+    // is no next start. The error names the models there are.
     let (out, failure) = ttctl(&h.socket, &["cache", "verify", "ghost"]).await;
     assert_eq!(out, "");
     let failure = failure.unwrap();
     assert_eq!(
         (failure.exit_code(), failure.message()),
-        (1, "no cache for ghost yet: the next start builds it cold")
+        (
+            1,
+            "unknown model `ghost`; the config names these models: big, fresh, mixed, old, qwen, smol"
+        )
     );
 }
 

@@ -164,7 +164,11 @@ fn finish(
     options: Options,
 ) -> pb::ReloadReport {
     report.finished_unix_ms = crate::cards::unix_ms(SystemTime::now());
-    state.reloads().record(&report);
+    // A dry run changed nothing, and read-only users may ask for one: kept
+    // out of the history, so dry runs never push real reloads out of it.
+    if !options.dry_run {
+        state.reloads().record(&report);
+    }
     if !options.dry_run {
         if report.outcome == pb::ReloadOutcome::Refused as i32 {
             notify::ready(&format!(

@@ -108,6 +108,9 @@ pub struct SlotView {
     pub variant: String,
     /// Recent request figures.
     pub stats: Arc<stats::SlotStats>,
+    /// The context length in tokens its worker reported (Engine.Info) when
+    /// it became ready; 0 until then.
+    pub context_length: u32,
     /// The model definition the slot's supervisor runs (read once when it
     /// started; a reload that does not restart the slot leaves it).
     pub definition: Option<Arc<ModelConfig>>,
@@ -162,6 +165,7 @@ impl SlotEntry {
                 last_error: String::new(),
                 variant: String::new(),
                 stats: Arc::new(stats::SlotStats::default()),
+                context_length: 0,
                 definition: None,
                 outdated: Vec::new(),
             },
@@ -492,7 +496,8 @@ impl SlotManager {
         let table = self.table();
         let entry = table.get(slot).ok_or_else(|| {
             format!(
-                "no slot `{slot}`; slots: {}",
+                "no slot `{}`; slots: {}",
+                crate::echo::echo(slot),
                 table.keys().cloned().collect::<Vec<_>>().join(", ")
             )
         })?;

@@ -571,6 +571,8 @@ async fn start(
             Ok(Ok(info)) => {
                 let info = info.into_inner();
                 if info.state == pb::WorkerState::Ready as i32 {
+                    // ListModels reports it from the ready replicas.
+                    mgr.update(slot, |v| v.context_length = info.context_length);
                     break;
                 }
                 if let Some(p) = info.progress {

@@ -589,6 +589,7 @@ fn cache() -> ListCacheResponse {
             },
             cache_variant("qwen", "ffff000000000000", "cold", &[]),
         ],
+        models: vec!["llama".into(), "qwen".into(), "smol".into()],
     }
 }
 
@@ -610,6 +611,7 @@ fn empty_cache_says_where_it_looked() {
     let empty = ListCacheResponse {
         cache_dir: "/var/cache/tt-serving".into(),
         variants: vec![],
+        models: vec![],
     };
     assert_eq!(
         cache_table(&empty),
@@ -708,6 +710,42 @@ fn cache_verdict_explains_every_cold_next_start() {
     assert_eq!(
         none.outcome,
         Err("no cache for smol yet: the next start builds it cold".to_string())
+    );
+}
+
+#[test]
+fn cache_verdict_of_a_name_the_config_lacks_names_the_models_it_has() {
+    let unknown = cache_verdict("ghost", &cache());
+    assert_eq!(unknown.listing, "");
+    assert_eq!(
+        unknown.outcome,
+        Err("unknown model `ghost`; the config names these models: llama, qwen, smol".to_string())
+    );
+    let mut none = cache();
+    none.models.clear();
+    assert_eq!(
+        cache_verdict("ghost", &none).outcome,
+        Err("unknown model `ghost`; the config names no models".to_string())
+    );
+
+    // A model removed from the config: its variants are still listed, and
+    // the verdict says they are left over, with the command that frees them.
+    let mut removed = cache();
+    removed.models.retain(|m| m != "qwen");
+    let verdict = cache_verdict("qwen", &removed);
+    assert!(
+        verdict.listing.contains("3f2a9c0d1e2b4a5c"),
+        "{}",
+        verdict.listing
+    );
+    assert_eq!(
+        verdict.outcome,
+        Err(
+            "qwen is not a model of the config in force, which names llama, smol; its 2 cache \
+             variant(s) on disk are left from an earlier config: `ttctl cache rm VARIANT` \
+             removes one"
+                .to_string()
+        )
     );
 }
 
