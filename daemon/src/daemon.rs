@@ -184,7 +184,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let public_port = api::PublicPort::load(&config)?;
     let admin_rule = api::AdminRule::resolve(config.daemon.control_admin_group.as_deref())?;
     notify::status("starting: checking directories");
-    trusted_dirs(&config)?;
+    crate::hostfs::ensure_daemon_dirs(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
     // Before anything touches a card: a live daemon on the control socket
     // means this one must not start at all.
     let mode = u32::from_str_radix(
@@ -352,53 +352,6 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         )
     })?;
     tracing::info!("stopped cleanly");
-    Ok(())
-}
-
-/// Create (when missing) and check every directory the daemon writes into:
-/// each must be writable only by root or the daemon's user (the lock dir
-/// also by the admin group), or a local user could plant links there that
-/// the daemon would write through. See `hostfs`.
-fn trusted_dirs(config: &Config) -> anyhow::Result<()> {
-    use crate::hostfs::{ensure_dir, Sharing};
-    let admin = Sharing {
-        group: crate::cards::lock_policy(config)
-            .group
-            .filter(|_| config.daemon.control_admin_group.is_some()),
-    };
-    let socket_dir = config
-        .daemon
-        .control_socket
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
-    let dirs = [
-        (
-            "daemon.state_dir",
-            config.daemon.state_dir.clone(),
-            Sharing::default(),
-        ),
-        ("daemon.lock_dir", config.daemon.lock_dir.clone(), admin),
-        (
-            "daemon.cache_dir",
-            config.daemon.cache_dir.clone(),
-            Sharing::default(),
-        ),
-        (
-            "daemon.control_socket (its directory)",
-            socket_dir.clone(),
-            Sharing::default(),
-        ),
-        (
-            "daemon.control_socket (the workers' sockets)",
-            crate::slots::worker_socket_dir(config),
-            Sharing::default(),
-        ),
-    ];
-    for (key, dir, sharing) in dirs {
-        ensure_dir(key, &dir, sharing).map_err(|e| anyhow::anyhow!("{e}"))?;
-    }
     Ok(())
 }
 

@@ -22,6 +22,7 @@
 //!    replaces a link rather than writing through it. Removing uses
 //!    `unlink`, which removes a link, never its target.
 
+use crate::config::Config;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -233,6 +234,68 @@ pub fn ensure_dir(key: &str, path: &Path, sharing: Sharing) -> Result<(), Untrus
         }
     }
     check_trusted(key, path, sharing)
+}
+
+/// The directories the daemon writes into, with their config keys and who
+/// besides the owner may share them: the lock dir the admin group (its
+/// scripts take card locks), the others nobody.
+pub fn daemon_dirs(config: &Config) -> Vec<(&'static str, PathBuf, Sharing)> {
+    let d = &config.daemon;
+    let admin = Sharing {
+        group: d
+            .control_admin_group
+            .as_deref()
+            .and_then(|name| nix::unistd::Group::from_name(name).ok().flatten())
+            .map(|g| g.gid.as_raw()),
+    };
+    vec![
+        ("daemon.state_dir", d.state_dir.clone(), Sharing::default()),
+        ("daemon.lock_dir", d.lock_dir.clone(), admin),
+        ("daemon.cache_dir", d.cache_dir.clone(), Sharing::default()),
+        (
+            "daemon.control_socket (its directory)",
+            d.control_socket_dir(),
+            Sharing::default(),
+        ),
+        (
+            "daemon.control_socket (the workers' sockets)",
+            d.worker_socket_dir(),
+            Sharing::default(),
+        ),
+    ]
+}
+
+/// At startup: create the daemon's directories where missing and refuse
+/// to start when one of them is not trusted.
+pub fn ensure_daemon_dirs(config: &Config) -> Result<(), UntrustedDir> {
+    for (key, dir, sharing) in daemon_dirs(config) {
+        ensure_dir(key, &dir, sharing)?;
+    }
+    Ok(())
+}
+
+/// For `check-config`: every daemon directory that is not trusted, without
+/// creating anything (a missing one is judged by the directory it would be
+/// created in).
+pub fn check_daemon_dirs(config: &Config) -> Vec<UntrustedDir> {
+    let mut problems = Vec::new();
+    for (key, dir, sharing) in daemon_dirs(config) {
+        let mut existing = dir.clone();
+        let mut sharing = sharing;
+        while std::fs::symlink_metadata(&existing).is_err() {
+            sharing = Sharing::default();
+            if !existing.pop() || existing.as_os_str().is_empty() {
+                break;
+            }
+        }
+        if existing.as_os_str().is_empty() {
+            continue;
+        }
+        if let Err(e) = check_trusted(key, &existing, sharing) {
+            problems.push(e);
+        }
+    }
+    problems
 }
 
 /// Create a directory (and missing parents) below a trusted one, refusing

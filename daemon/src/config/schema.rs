@@ -70,6 +70,25 @@ pub struct DaemonConfig {
     pub tick_ms: u64,
 }
 
+impl DaemonConfig {
+    /// Where worker sockets live: `<dir of control_socket>/workers`.
+    pub fn worker_socket_dir(&self) -> PathBuf {
+        self.control_socket
+            .parent()
+            .map(|p| p.join("workers"))
+            .unwrap_or_else(|| self.state_dir.join("workers"))
+    }
+
+    /// The directory the control socket is bound in.
+    pub fn control_socket_dir(&self) -> PathBuf {
+        self.control_socket
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."))
+            .to_path_buf()
+    }
+}
+
 impl Default for DaemonConfig {
     fn default() -> Self {
         DaemonConfig {

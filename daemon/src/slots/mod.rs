@@ -23,16 +23,6 @@ use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 use tt_serving_proto::v1::engine_client::EngineClient;
 
-/// Where worker sockets live: `<dir of daemon.control_socket>/workers`.
-pub fn worker_socket_dir(config: &crate::config::Config) -> std::path::PathBuf {
-    config
-        .daemon
-        .control_socket
-        .parent()
-        .map(|p| p.join("workers"))
-        .unwrap_or_else(|| config.daemon.state_dir.join("workers"))
-}
-
 /// The name of replica `index` of a model: the model's name alone when the
 /// model gives `cards` (one replica), `model/N` when it gives `replicas`. A
 /// name depends only on the replica's own position, so adding a replica at

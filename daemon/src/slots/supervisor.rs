@@ -88,7 +88,7 @@ pub async fn run(
     let Some(m) = config.models.get(&view.model).cloned() else {
         return;
     };
-    let socket_dir = super::worker_socket_dir(&config);
+    let socket_dir = config.daemon.worker_socket_dir();
     let plan = SlotPlan {
         socket: socket_dir.join(format!("{}.sock", slot.replace('/', "_"))),
         worker_command: worker::command_for(&m),

@@ -32,7 +32,7 @@ pub(super) fn check(config: &Config, untyped: &BTreeSet<String>) -> Vec<Problem>
     if read("daemon") {
         check_control_socket(&config.daemon.control_socket, &mut problems);
         check_groups(&config.daemon, &mut problems);
-        problems.extend(check_directories(&config.daemon));
+        problems.extend(check_directories(config));
     }
     if read("hardware") {
         let tt_smi = config.hardware.tt_smi.to_string_lossy();
@@ -109,11 +109,19 @@ fn check_groups(d: &DaemonConfig, problems: &mut Vec<Problem>) {
     }
 }
 
-/// The directories the daemon creates and writes: state_dir, lock_dir,
-/// cache_dir and the control socket's directory. Their checks (who may
-/// write them) go here.
-fn check_directories(_daemon: &DaemonConfig) -> Vec<Problem> {
-    Vec::new()
+/// The directories the daemon creates and writes (state, lock, cache and
+/// socket dirs) must be writable only by trusted users, by the same rule
+/// the daemon applies at startup (`hostfs`).
+fn check_directories(config: &Config) -> Vec<Problem> {
+    crate::hostfs::check_daemon_dirs(config)
+        .into_iter()
+        .map(|e| {
+            problem(
+                e.key.clone(),
+                format!("{}: {}; {}", e.path.display(), e.problem, e.fix),
+            )
+        })
+        .collect()
 }
 
 /// The tokens file and the TLS files, read as the daemon reads them at
