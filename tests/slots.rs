@@ -344,6 +344,51 @@ fn frozen_worker_leaves_ready_within_the_health_bound_and_recovers() {
 }
 
 #[test]
+fn slot_restart_returns_once_a_new_worker_serves_and_never_reports_the_old_one() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, ""));
+    let old = daemon.wait_slot_state("m", "ready")["worker_pid"]
+        .as_u64()
+        .expect("worker pid");
+    let out = daemon.ttctl(&["slot", "restart", "m"]);
+    let text = output_text(&out);
+    assert!(out.status.success(), "{text}");
+    // By the time ttctl returns the restart has happened: a new worker
+    // serves.
+    let slot = daemon.slot("m");
+    let new = slot["worker_pid"].as_u64().expect("worker pid");
+    assert_eq!(slot["state"], "ready", "{slot:#}\n{text}");
+    assert_ne!(
+        new, old,
+        "still the old worker after ttctl returned:\n{text}"
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!(
+            "restart of slot m requested (it was ready, worker pid {old})"
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("ready again")).count(),
+        1,
+        "{text}"
+    );
+    assert!(
+        lines.last().is_some_and(|l| l.starts_with(&format!(
+            "slot m is ready again with a new worker (pid {new}): serving"
+        ))),
+        "{text}"
+    );
+    let answer = runtime()
+        .block_on(generate(&daemon.inference_address(), "m", "hello", 4))
+        .expect("the new worker answers");
+    assert_eq!(answer.last.slot, "m");
+}
+
+#[test]
 fn repeated_start_failures_back_off_then_stay_failed_until_restarted() {
     let hw = FakeHw::new(1);
     let dir = tempfile::tempdir().unwrap();

@@ -453,7 +453,10 @@ async fn start(
     let slot = &plan.slot;
     let m = &plan.m;
     let variant = Variant::for_model(&plan.cache_dir, &plan.model, m, &plan.worker_command);
-    mgr.update(slot, |v| v.variant = variant.key.clone());
+    mgr.update(slot, |v| {
+        v.variant = variant.key.clone();
+        v.starts += 1;
+    });
     let (mode, build_lock) = match decide_mode(mgr, plan, &variant, build_only).await {
         Ok(decision) => decision,
         Err(reason) => {
