@@ -307,3 +307,75 @@ fn configured_models_lock_only_their_cards() {
     assert_eq!(slot["cards"][0], FakeHw::bdf(0));
     assert_eq!(slot["cards"][1], FakeHw::bdf(1));
 }
+
+#[test]
+fn reset_of_a_card_that_never_returns_shows_the_wait_while_it_runs() {
+    use std::io::BufRead;
+    let hw = FakeHw::new(2);
+    let bdf = FakeHw::bdf(1);
+    hw.root.set_fault(&bdf, Fault::NeverReturns).unwrap();
+    // Long enough that a silent wait is unmistakable.
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            come_back_secs: 12,
+            ..Default::default()
+        },
+    );
+    let mut ttctl = Command::new(tt_serving_tests::bin("ttctl"))
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["card", "reset", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ttctl");
+    // Read ttctl's stdout line by line as it arrives.
+    let stdout = ttctl.stdout.take().expect("piped stdout");
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let waiting = loop {
+        let line = lines
+            .recv_timeout(tt_serving_tests::DEADLINE)
+            .unwrap_or_else(|_| panic!("ttctl printed no waiting line; it printed {seen:#?}"));
+        seen.push(line.clone());
+        if line.contains("to come back (") {
+            break line;
+        }
+    };
+    // The line arrived while the reset was still running: the card is
+    // still being proven, not yet quarantined.
+    let card = daemon.card(&bdf);
+    assert_eq!(card["state"], "probing", "{card:#}\n{seen:#?}");
+    assert!(
+        waiting.contains("/dev/tenstorrent/1") && waiting.contains(" s of 12)"),
+        "the line names the awaited node and the time spent of the limit: {waiting}"
+    );
+    // Each phase was shown as it began, before the wait.
+    assert!(seen[0].contains("running"), "{seen:#?}");
+    assert!(seen[1].contains("waiting up to 12 s"), "{seen:#?}");
+    // The status shows the same progress.
+    assert!(
+        card["state_reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains(" s of 12)"),
+        "{card:#}"
+    );
+    let out = ttctl.wait_with_output().expect("ttctl ends");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("did not come back within 12s"), "{err}");
+    daemon.wait_card_state(&bdf, "quarantined");
+}

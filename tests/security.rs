@@ -812,8 +812,12 @@ fn a_models_env_file_reaches_the_worker_and_nowhere_else() {
     // Made readable by everyone: the next start refuses it and says how to
     // fix it, without the value.
     std::fs::set_permissions(&env_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // ttctl follows the restart and reports the refusal itself.
     let out = daemon.ttctl(&["slot", "restart", "m"]);
-    assert!(out.status.success(), "{}", output_text(&out));
+    let said = output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("chmod o-rwx"), "{said}");
+    assert!(!said.contains("lic-7f3a9c"), "{said}");
     let failed = daemon.wait_slot_state("m", "failed");
     let reason = failed["reason"].as_str().unwrap_or("");
     assert!(reason.contains("chmod o-rwx"), "{failed}");

@@ -270,6 +270,147 @@ fn hung_worker_is_killed_by_the_watchdog_and_the_slot_recovers() {
 }
 
 #[test]
+fn frozen_worker_leaves_ready_within_the_health_bound_and_recovers() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    // The stall watchdog would wait ten minutes; only the Health poll can
+    // act within the test.
+    let extra = "[models.m.restart]\nstall_timeout_secs = 600\nbackoff_ms = 50\n";
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
+    let first = daemon.wait_slot_state("m", "ready");
+    let pid = Pid::from_raw(first["worker_pid"].as_u64().expect("worker pid") as i32);
+    let address = daemon.inference_address();
+    let rt = runtime();
+    // Every health status of model `m` from now on, as a load balancer
+    // watching it would see them.
+    let (tx, mut statuses) = tokio::sync::mpsc::unbounded_channel();
+    let endpoint = format!("http://{address}");
+    rt.spawn(async move {
+        let channel = tonic::transport::Endpoint::from_shared(endpoint)
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect to the public port");
+        let mut health = HealthClient::new(channel);
+        let mut watch = health
+            .watch(HealthCheckRequest {
+                service: "m".into(),
+            })
+            .await
+            .expect("watch")
+            .into_inner();
+        while let Ok(Some(update)) = watch.message().await {
+            if tx.send(update.status).is_err() {
+                return;
+            }
+        }
+    });
+    let serving = rt.block_on(statuses.recv());
+    assert_eq!(serving, Some(ServingStatus::Serving as i32));
+
+    kill(pid, Signal::SIGSTOP).expect("SIGSTOP the worker");
+    let frozen = std::time::Instant::now();
+    wait_until("the frozen worker's slot to leave ready", || {
+        (daemon.slot("m")["state"] != "ready").then_some(())
+    });
+    let took = frozen.elapsed();
+    // The bound the docs state for the harness's daemon.tick_ms (100 ms);
+    // the factor absorbs a loaded machine, it is no speed claim.
+    let bound = tt_servingd::config::DaemonConfig {
+        tick_ms: 100,
+        ..Default::default()
+    }
+    .unanswered_health_bound();
+    assert!(
+        took < bound * 3,
+        "the frozen worker stayed ready for {took:?}; the stated bound is {bound:?}"
+    );
+    let not_serving = rt.block_on(async {
+        tokio::time::timeout(tt_serving_tests::DEADLINE, async {
+            while let Some(status) = statuses.recv().await {
+                if status == ServingStatus::NotServing as i32 {
+                    return true;
+                }
+            }
+            false
+        })
+        .await
+    });
+    assert_eq!(not_serving, Ok(true), "health must say NOT_SERVING");
+
+    // Killed (a stopped process too), its card reset, a new worker serves.
+    let again = wait_until("the slot to come back with a new worker", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "ready" && slot["worker_pid"] != first["worker_pid"]).then_some(slot)
+    });
+    assert_eq!(
+        kill(pid, None),
+        Err(nix::errno::Errno::ESRCH),
+        "the frozen worker is gone"
+    );
+    let error = again["last_error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("Health polls in a row unanswered"),
+        "{again:#}"
+    );
+    assert!(hw.smi_calls().iter().any(|c| c == "-r /dev/tenstorrent/0"));
+    let answer = rt
+        .block_on(generate(&address, "m", "hello", 4))
+        .expect("the new worker answers");
+    assert_eq!(answer.last.slot, "m");
+}
+
+#[test]
+fn slot_restart_returns_once_a_new_worker_serves_and_never_reports_the_old_one() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, ""));
+    let old = daemon.wait_slot_state("m", "ready")["worker_pid"]
+        .as_u64()
+        .expect("worker pid");
+    let out = daemon.ttctl(&["slot", "restart", "m"]);
+    let text = output_text(&out);
+    assert!(out.status.success(), "{text}");
+    // By the time ttctl returns the restart has happened: a new worker
+    // serves.
+    let slot = daemon.slot("m");
+    let new = slot["worker_pid"].as_u64().expect("worker pid");
+    assert_eq!(slot["state"], "ready", "{slot:#}\n{text}");
+    assert_ne!(
+        new, old,
+        "still the old worker after ttctl returned:\n{text}"
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!(
+            "restart of slot m requested (it was ready, worker pid {old})"
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("ready again")).count(),
+        1,
+        "{text}"
+    );
+    assert!(
+        lines.last().is_some_and(|l| l.starts_with(&format!(
+            "slot m is ready again with a new worker (pid {new}): serving"
+        ))),
+        "{text}"
+    );
+    let answer = runtime()
+        .block_on(generate(&daemon.inference_address(), "m", "hello", 4))
+        .expect("the new worker answers");
+    assert_eq!(answer.last.slot, "m");
+}
+
+#[test]
 fn repeated_start_failures_back_off_then_stay_failed_until_restarted() {
     let hw = FakeHw::new(1);
     let dir = tempfile::tempdir().unwrap();

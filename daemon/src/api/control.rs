@@ -10,7 +10,7 @@ use crate::cards::reset::Phase;
 use crate::cards::CardError;
 use crate::daemon::DaemonState;
 use crate::echo::echo;
-use crate::slots::{SlotCommand, SlotState};
+use crate::slots::SlotState;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -278,14 +278,15 @@ impl Control for ControlService {
     ) -> Result<Response<pb::SlotReply>, Status> {
         self.rule.authorize(&request, Operation::RestartSlot)?;
         let slot = request.into_inner().slot;
-        let slots = self.state.slot_manager();
-        slots
-            .command(&slot, SlotCommand::Restart)
+        // The slot as the request found it, not as the restart leaves it:
+        // the supervisor drains and restarts after this reply, and ttctl
+        // follows it with WatchStatus.
+        let view = self
+            .state
+            .slot_manager()
+            .request_restart(&slot)
             .map_err(Status::not_found)?;
         tracing::info!(slot = %slot, "restart requested over the control socket");
-        let view = slots
-            .view(&slot)
-            .ok_or_else(|| Status::not_found(slot.clone()))?;
         Ok(Response::new(pb::SlotReply {
             slot: Some(convert::slot(&view)),
         }))

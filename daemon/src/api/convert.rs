@@ -76,6 +76,7 @@ pub fn slot(view: &SlotView) -> pb::Slot {
         reason: view.reason.clone(),
         cache_mode: view.cache_mode.clone(),
         attempt: view.attempt,
+        starts: view.starts,
         retry_at_unix_ms: view.retry_at.map(unix_ms).unwrap_or(0),
         worker_pid: view.worker_pid,
         worker_rss_bytes: view.worker_rss_bytes,

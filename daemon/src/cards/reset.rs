@@ -10,6 +10,7 @@
 
 use super::discovery::HardwareRoot;
 use crate::config::ResetConfig;
+use std::future::Future;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -84,6 +85,74 @@ pub struct Resetter {
 const OUTPUT_LIMIT: usize = 4000;
 
 const POLL: Duration = Duration::from_millis(50);
+
+/// How often a long wait (tt-smi, the card coming back, the heartbeat, the
+/// probe) repeats its phase with the time spent so far. A card that never
+/// comes back otherwise leaves `ttctl card reset` silent for the whole
+/// `come_back_timeout_secs` (60 s by default), which reads as a hung tool.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// A wait with a time limit that reports how far along it is, at most
+/// every [`PROGRESS_EVERY`].
+struct Waiting {
+    began: Instant,
+    limit: Duration,
+    next_report: Instant,
+}
+
+impl Waiting {
+    fn new(limit: Duration) -> Waiting {
+        let began = Instant::now();
+        Waiting {
+            began,
+            limit,
+            next_report: began + PROGRESS_EVERY,
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        self.began + self.limit
+    }
+
+    /// `12 s of 60` once a report is due, else None.
+    fn due(&mut self) -> Option<String> {
+        let now = Instant::now();
+        if now < self.next_report {
+            return None;
+        }
+        self.next_report = now + PROGRESS_EVERY;
+        Some(self.elapsed())
+    }
+
+    fn elapsed(&self) -> String {
+        format!(
+            "{} s of {}",
+            self.began.elapsed().as_secs(),
+            self.limit.as_secs()
+        )
+    }
+
+    /// Run `work`, calling `report` with [`Waiting::elapsed`] whenever a
+    /// report is due, until it finishes.
+    async fn around<T>(
+        &mut self,
+        work: impl Future<Output = T>,
+        mut report: impl FnMut(String),
+    ) -> T {
+        tokio::pin!(work);
+        loop {
+            let wait = self.next_report.saturating_duration_since(Instant::now());
+            tokio::select! {
+                out = &mut work => return out,
+                _ = tokio::time::sleep(wait) => {
+                    if let Some(elapsed) = self.due() {
+                        report(elapsed);
+                    }
+                }
+            }
+        }
+    }
+}
 
 impl Resetter {
     /// A resetter for this hardware root and policy.
@@ -167,20 +236,29 @@ impl Resetter {
             })
         };
         // tt-smi knows cards by their /dev path; a card whose node is gone
-        // can still be named by BDF.
-        let targets: Vec<String> = bdfs
+        // can still be named by BDF. The same names tell the operator which
+        // node is awaited while the card is away.
+        let names: Vec<String> = bdfs
             .iter()
             .map(|bdf| match self.hw.index_of(bdf) {
                 Some(i) => format!("/dev/tenstorrent/{i}"),
                 None => bdf.clone(),
             })
             .collect();
-        let targets = targets.join(",");
+        let targets = names.join(",");
         event(
             Phase::RunningTtSmi,
             format!("running {} -r {targets}", self.tt_smi.display()),
         );
-        let (code, output) = self.run_tt_smi(&targets).await?;
+        let mut smi = Waiting::new(Duration::from_secs(self.cfg.tt_smi_timeout_secs));
+        let (code, output) = smi
+            .around(self.run_tt_smi(&targets), |elapsed| {
+                event(
+                    Phase::RunningTtSmi,
+                    format!("tt-smi -r {targets} still running ({elapsed})"),
+                )
+            })
+            .await?;
         *last_output = output.clone();
         if code != Some(0) {
             return Err(format!(
@@ -193,12 +271,18 @@ impl Resetter {
         // tt-smi's exit code proves nothing; the card must show itself.
         event(
             Phase::WaitingForDevice,
-            "tt-smi exited 0; waiting for the device node and sysfs (tt-smi's exit code is not proof)".into(),
+            format!(
+                "tt-smi exited 0; waiting up to {} s for the device node and sysfs (tt-smi's exit code is not proof)",
+                self.cfg.come_back_timeout_secs
+            ),
         );
-        let deadline = Instant::now() + Duration::from_secs(self.cfg.come_back_timeout_secs);
+        // One limit covers coming back and the heartbeat, as configured.
+        let mut come_back = Waiting::new(Duration::from_secs(self.cfg.come_back_timeout_secs));
         let mut indices = Vec::new();
-        for bdf in bdfs {
-            let index = self.wait_for_device(bdf, deadline).await?;
+        for (bdf, name) in bdfs.iter().zip(&names) {
+            let index = self
+                .wait_for_device(bdf, name, &mut come_back, &mut event)
+                .await?;
             indices.push((bdf.clone(), index));
         }
         event(Phase::ReadingSysfs, "sysfs attributes read again".into());
@@ -210,14 +294,21 @@ impl Resetter {
             ),
         );
         for bdf in bdfs {
-            self.wait_for_heartbeat(bdf, deadline).await?;
+            self.wait_for_heartbeat(bdf, &mut come_back, &mut event)
+                .await?;
         }
         if !self.cfg.probe_command.is_empty() {
-            event(
-                Phase::RunningProbe,
-                format!("running probe {}", self.cfg.probe_command.join(" ")),
-            );
-            self.run_probe(bdfs).await?;
+            let probe = self.cfg.probe_command.join(" ");
+            event(Phase::RunningProbe, format!("running probe {probe}"));
+            let mut running = Waiting::new(Duration::from_secs(self.cfg.probe_timeout_secs));
+            running
+                .around(self.run_probe(bdfs), |elapsed| {
+                    event(
+                        Phase::RunningProbe,
+                        format!("probe {probe} still running ({elapsed})"),
+                    )
+                })
+                .await?;
         }
         Ok(indices)
     }
@@ -230,7 +321,16 @@ impl Resetter {
             .map_err(|e| format!("tt-smi ({}): {e}", self.tt_smi.display()))
     }
 
-    async fn wait_for_device(&self, bdf: &str, deadline: Instant) -> Result<u32, String> {
+    /// Wait until `bdf` (known before the reset as `name`) has a class dir,
+    /// a device node and readable sysfs again, reporting what is still
+    /// missing every few seconds.
+    async fn wait_for_device(
+        &self,
+        bdf: &str,
+        name: &str,
+        waiting: &mut Waiting,
+        event: &mut impl FnMut(Phase, String),
+    ) -> Result<u32, String> {
         let mut last = "no class dir resolves to it".to_string();
         loop {
             if let Some(card) = self.hw.find(bdf) {
@@ -246,17 +346,33 @@ impl Resetter {
                     }
                 }
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= waiting.deadline() {
                 return Err(format!(
                     "card {bdf} did not come back within {}s after tt-smi exited 0 ({last}); tt-smi's exit code is not proof: check `dmesg` and the tt-smi output",
                     self.cfg.come_back_timeout_secs
                 ));
             }
+            if let Some(elapsed) = waiting.due() {
+                let who = if name == bdf {
+                    format!("card {bdf}")
+                } else {
+                    format!("{name} ({bdf})")
+                };
+                event(
+                    Phase::WaitingForDevice,
+                    format!("waiting for {who} to come back ({elapsed}): {last}"),
+                );
+            }
             tokio::time::sleep(POLL).await;
         }
     }
 
-    async fn wait_for_heartbeat(&self, bdf: &str, deadline: Instant) -> Result<(), String> {
+    async fn wait_for_heartbeat(
+        &self,
+        bdf: &str,
+        waiting: &mut Waiting,
+        event: &mut impl FnMut(Phase, String),
+    ) -> Result<(), String> {
         let interval = Duration::from_millis(self.cfg.heartbeat_interval_ms);
         let read = || {
             self.hw
@@ -273,7 +389,7 @@ impl Resetter {
                     return Ok(());
                 }
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= waiting.deadline() {
                 return Err(match (first, now) {
                     (Some(a), Some(_)) => format!(
                         "card {bdf} is back but its heartbeat did not advance (stuck at {a} for {} ms): the firmware is not running; reset again or power-cycle the host",
@@ -281,6 +397,18 @@ impl Resetter {
                     ),
                     _ => format!("card {bdf}: heartbeat unreadable after the reset"),
                 });
+            }
+            if let Some(elapsed) = waiting.due() {
+                let seen = match now {
+                    Some(hb) => format!("stuck at {hb}"),
+                    None => "unreadable".to_string(),
+                };
+                event(
+                    Phase::CheckingHeartbeat,
+                    format!(
+                        "waiting for the heartbeat of card {bdf} to advance ({elapsed}): {seen}"
+                    ),
+                );
             }
             first = now;
         }

@@ -66,7 +66,9 @@ pub struct DaemonConfig {
     /// or once `any` is.
     pub ready_when: ReadyWhen,
     /// How often the daemon pings the systemd watchdog and re-reads card
-    /// heartbeats, in milliseconds.
+    /// heartbeats, and how often each Ready worker's `Health` is polled, in
+    /// milliseconds. A worker that leaves [`UNANSWERED_HEALTH_POLLS`] polls
+    /// in a row unanswered (each given `max(tick_ms, 1000)` ms) is hung.
     pub tick_ms: u64,
 }
 
@@ -104,6 +106,31 @@ impl Default for DaemonConfig {
             ready_when: ReadyWhen::All,
             tick_ms: 1000,
         }
+    }
+}
+
+/// Health polls in a row a Ready worker may leave unanswered before the
+/// supervisor declares it hung (see [`DaemonConfig::health_poll_timeout`]).
+pub const UNANSWERED_HEALTH_POLLS: u32 = 3;
+
+impl DaemonConfig {
+    /// How long the Ready watchdog waits for one `Health` answer: one tick,
+    /// but at least a second. Health is answered off the engine thread, so
+    /// a live worker answers in milliseconds; the floor keeps a loaded host
+    /// (or a short `tick_ms`) from getting a healthy worker killed, which
+    /// would leave its cards to be reset.
+    pub fn health_poll_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.tick_ms.max(1000))
+    }
+
+    /// The longest a Ready worker that stopped answering `Health` (frozen
+    /// by SIGSTOP, a deadlocked RPC thread) stays Ready: until the next
+    /// tick, then [`UNANSWERED_HEALTH_POLLS`] polls of
+    /// [`DaemonConfig::health_poll_timeout`] each. Then it leaves routing
+    /// and is killed.
+    pub fn unanswered_health_bound(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.tick_ms)
+            + self.health_poll_timeout() * UNANSWERED_HEALTH_POLLS
     }
 }
 
@@ -463,7 +490,9 @@ pub struct RestartConfig {
     /// Longest backoff, in milliseconds.
     pub backoff_max_ms: u64,
     /// With requests active and no decode progress for this long, in
-    /// seconds, the worker is declared hung and killed.
+    /// seconds, the worker is declared hung and killed. (A worker that does
+    /// not answer `Health` at all is caught sooner, within
+    /// [`DaemonConfig::unanswered_health_bound`].)
     pub stall_timeout_secs: u64,
     /// Worker resident memory limit in MiB; over it the worker is drained
     /// and restarted before the kernel's OOM killer acts. None: no limit.

@@ -475,3 +475,26 @@ fn host_checks_skip_what_the_text_already_got_wrong() {
     assert_eq!(at_checkpoint.len(), 1, "{:?}", checked.problems);
     assert!(at_checkpoint[0].message.contains("relative path"));
 }
+
+#[test]
+fn a_worker_that_stops_answering_is_caught_within_the_documented_bound() {
+    use std::time::Duration;
+    // The default tick: the 4 s that docs/ARCHITECTURE.md and
+    // example.toml state.
+    let default = DaemonConfig::default();
+    assert_eq!(default.health_poll_timeout(), Duration::from_secs(1));
+    assert_eq!(default.unanswered_health_bound(), Duration::from_secs(4));
+    // A short tick polls often but still gives each poll a second.
+    let short = DaemonConfig {
+        tick_ms: 100,
+        ..DaemonConfig::default()
+    };
+    assert_eq!(short.health_poll_timeout(), Duration::from_secs(1));
+    assert_eq!(short.unanswered_health_bound(), Duration::from_millis(3100));
+    // A long tick waits a tick per poll.
+    let long = DaemonConfig {
+        tick_ms: 5000,
+        ..DaemonConfig::default()
+    };
+    assert_eq!(long.unanswered_health_bound(), Duration::from_secs(20));
+}

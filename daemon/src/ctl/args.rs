@@ -210,15 +210,21 @@ pub enum CardCommand {
 pub enum SlotCommand {
     /// Restart a slot: drain and stop its worker, then start it again.
     ///
-    /// Also brings back a slot that gave up after repeated failures. The
-    /// daemon accepts the request and works in the background; ttctl prints
-    /// the slot's state right after acceptance (follow it with `ttctl status
-    /// --watch`).
+    /// Also brings back a slot that gave up after repeated failures. ttctl
+    /// prints each state the slot goes through and returns once a new
+    /// worker is ready (exit 0) or the restart failed (exit 1, with the
+    /// daemon's reason). Ctrl-C stops following; the restart goes on.
     #[command(after_help = EXIT_CODES)]
     Restart {
         /// The slot: the model's name, or `model/N` for a replica.
         #[arg(value_name = "SLOT")]
         slot: String,
+
+        /// Return once the daemon has queued the restart instead of
+        /// following it to the end (then follow it with `ttctl status
+        /// --watch`).
+        #[arg(long)]
+        no_wait: bool,
     },
 }
 

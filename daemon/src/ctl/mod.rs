@@ -57,10 +57,10 @@ pub use args::{
 pub use client::{connect, ConnectError, DEFAULT_SOCKET};
 pub use render::{
     cache_json, cache_removed_line, cache_table, cache_verdict, card_state_word,
-    finish_reason_word, generate_summary, log_line, reset_progress_line, slot_restart_line,
-    slot_state_word, status_json, status_table, CacheJson, CacheVariantJson, CacheVerdict,
-    CardJson, CardProcessJson, DaemonJson, LockHolderJson, ReloadJson, ReloadStepJson, SlotJson,
-    StatusJson, TelemetryJson,
+    finish_reason_word, generate_summary, log_line, reset_progress_line, restart_step,
+    slot_restart_requested_line, slot_state_word, status_json, status_table, CacheJson,
+    CacheVariantJson, CacheVerdict, CardJson, CardProcessJson, DaemonJson, LockHolderJson,
+    ReloadJson, ReloadStepJson, RestartFollow, RestartStep, SlotJson, StatusJson, TelemetryJson,
 };
 
 /// Run one ttctl command to completion, printing results to stdout, notes
@@ -103,8 +103,8 @@ async fn execute(
         Command::Card(CardCommand::Borrow { cards, command }) => {
             card::borrow(&mut client, &cards, &command, socket, err).await
         }
-        Command::Slot(SlotCommand::Restart { slot }) => {
-            slot::restart(&mut client, &slot, socket, out).await
+        Command::Slot(SlotCommand::Restart { slot, no_wait }) => {
+            slot::restart(&mut client, &slot, no_wait, socket, out).await
         }
         Command::Generate(args) => generate::run(&mut client, &args, socket, out, err).await,
         Command::Logs(args) => {

@@ -6,21 +6,27 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 use tt_serving_proto::v1::control_client::ControlClient;
-use tt_serving_proto::v1::SlotRequest;
+use tt_serving_proto::v1::{SlotRequest, StatusRequest};
 
-use super::render::slot_restart_line;
+use super::render::{restart_step, slot_restart_requested_line, RestartFollow, RestartStep};
 use super::{answer_within, emit, Failure};
 
 /// The daemon only queues the restart for the slot's supervisor and
 /// answers; the drain and the start happen after the reply.
 const RESTART_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// `ttctl slot restart <SLOT>`: ask the daemon to restart the slot and print
-/// its state once the request was accepted. An unknown slot is refused by
-/// the daemon (NOT_FOUND, naming the slots there are): exit 1.
+/// `ttctl slot restart <SLOT>`: ask the daemon to restart the slot, then
+/// (unless `no_wait`) follow it over WatchStatus, printing each state it
+/// passes through, until a new worker is ready (exit 0) or the restart
+/// failed (exit 1). The daemon's reply is the slot as the request found
+/// it, so nothing printed claims the restart is further than it is. An
+/// unknown slot is refused by the daemon (NOT_FOUND, naming the slots
+/// there are): exit 1. There is no time limit: a cold start can take many
+/// minutes, and every state change is printed meanwhile.
 pub(super) async fn restart(
     client: &mut ControlClient<Channel>,
     slot: &str,
+    no_wait: bool,
     socket: &Path,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
@@ -32,9 +38,61 @@ pub(super) async fn restart(
         socket,
     )
     .await?;
-    let line = match reply.slot {
-        Some(state) => slot_restart_line(&state),
-        None => format!("restart of slot {slot} accepted"),
+    let Some(before) = reply.slot else {
+        return emit(
+            out,
+            &format!("restart of slot {slot} requested; follow it with `ttctl status --watch`\n"),
+        );
     };
-    emit(out, &format!("{line}\n"))
+    // A slot with a worker has started at least once; a zero count comes
+    // from a daemon that predates the counter.
+    let follow = if before.worker_pid != 0 && before.starts == 0 {
+        RestartFollow::Unable
+    } else if no_wait {
+        RestartFollow::NoWait
+    } else {
+        RestartFollow::Following
+    };
+    emit(
+        out,
+        &format!("{}\n", slot_restart_requested_line(&before, follow)),
+    )?;
+    if follow != RestartFollow::Following {
+        return Ok(());
+    }
+    let mut updates = client
+        .watch_status(StatusRequest {})
+        .await
+        .map_err(|status| Failure::from_status(status, socket))?
+        .into_inner();
+    let mut printed = String::new();
+    while let Some(status) = updates
+        .message()
+        .await
+        .map_err(|status| Failure::from_status(status, socket))?
+    {
+        let Some(now) = status.slots.iter().find(|s| s.name == before.name) else {
+            return Err(Failure::Failed(format!(
+                "slot {} is no longer configured (a reload removed it); see `ttctl status`",
+                before.name
+            )));
+        };
+        match restart_step(&before, now) {
+            RestartStep::Unchanged => {}
+            // Status changes other than this slot's repeat its line.
+            RestartStep::Progress(line) if line == printed => {}
+            RestartStep::Progress(line) => {
+                emit(out, &format!("{line}\n"))?;
+                printed = line;
+            }
+            RestartStep::Done(line) => return emit(out, &format!("{line}\n")),
+            RestartStep::Failed(message) => return Err(Failure::Failed(message)),
+        }
+    }
+    Err(Failure::Unreachable(format!(
+        "tt-servingd at {} ended the status stream before the restart of slot {} finished \
+         (check 'systemctl status tenstorrent-serving')",
+        socket.display(),
+        before.name
+    )))
 }

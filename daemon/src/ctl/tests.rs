@@ -145,6 +145,35 @@ fn snapshot(slot_state: SlotState) -> StatusResponse {
     }
 }
 
+/// Slot `qwen` in `state` since `since` (unix ms), on its `starts`th start.
+fn restart_slot(state: SlotState, starts: u64, since: u64, pid: u32, reason: &str) -> Slot {
+    Slot {
+        name: "qwen".into(),
+        model: "qwen".into(),
+        state: state as i32,
+        since_unix_ms: since,
+        starts,
+        worker_pid: pid,
+        reason: reason.into(),
+        ..Default::default()
+    }
+}
+
+/// What WatchStatus streams while slot `qwen` restarts.
+fn restarting(slots: Vec<Slot>) -> FakeDaemon {
+    FakeDaemon {
+        snapshots: slots
+            .into_iter()
+            .map(|slot| StatusResponse {
+                slots: vec![slot],
+                ..snapshot(SlotState::Ready)
+            })
+            .collect(),
+        hang_after_watch: true,
+        ..fake()
+    }
+}
+
 fn progress(bdf: &str, phase: ResetPhase, attempt: u32, message: &str) -> ResetProgress {
     ResetProgress {
         bdf: bdf.into(),
@@ -242,13 +271,15 @@ impl Control for FakeDaemon {
         request: Request<SlotRequest>,
     ) -> Result<Response<SlotReply>, Status> {
         match request.into_inner().slot.as_str() {
+            // As the request found it: ready on its first worker.
             "qwen" => Ok(Response::new(SlotReply {
+                slot: Some(restart_slot(SlotState::Ready, 1, 1_000, 4242, "serving")),
+            })),
+            // A daemon older than the start counter.
+            "old" => Ok(Response::new(SlotReply {
                 slot: Some(Slot {
-                    name: "qwen".into(),
-                    model: "qwen".into(),
-                    state: SlotState::Draining as i32,
-                    reason: "restart requested".into(),
-                    ..Default::default()
+                    name: "old".into(),
+                    ..restart_slot(SlotState::Ready, 0, 1_000, 4242, "serving")
                 }),
             })),
             other => Err(Status::not_found(format!("no slot `{other}`; slots: qwen"))),
@@ -1008,13 +1039,74 @@ async fn logs_of_an_unknown_slot_exits_1_naming_the_slots() {
 }
 
 #[tokio::test]
-async fn slot_restart_prints_the_state_after_acceptance() {
-    let h = serve(fake());
+async fn slot_restart_follows_the_slot_until_a_new_worker_is_ready() {
+    use SlotState::*;
+    let h = serve(restarting(vec![
+        // Before the supervisor acted: not news, not printed.
+        restart_slot(Ready, 1, 1_000, 4242, "serving"),
+        restart_slot(Draining, 1, 2_000, 4242, "restart requested"),
+        restart_slot(Starting, 2, 3_000, 0, "starting the worker (warm start)"),
+        restart_slot(Loading, 2, 4_000, 4250, "warm start: worker loading"),
+        restart_slot(Ready, 2, 5_000, 4250, "serving (warm start took 0.2s)"),
+    ]));
     let (out, failure) = ttctl(&h.socket, &["slot", "restart", "qwen"]).await;
     assert!(failure.is_none(), "{failure:?}");
     assert_eq!(
         out,
-        "restart of slot qwen accepted; it is now draining: restart requested\n"
+        "restart of slot qwen requested (it was ready, worker pid 4242); following it until a new worker is ready (Ctrl-C stops following, not the restart)\n\
+         slot qwen: draining: restart requested\n\
+         slot qwen: starting: starting the worker (warm start)\n\
+         slot qwen: loading: warm start: worker loading\n\
+         slot qwen is ready again with a new worker (pid 4250): serving (warm start took 0.2s)\n"
+    );
+}
+
+#[tokio::test]
+async fn slot_restart_that_fails_exits_1_with_the_daemons_reason() {
+    use SlotState::*;
+    let h = serve(restarting(vec![
+        restart_slot(Draining, 1, 2_000, 4242, "restart requested"),
+        restart_slot(
+            Failed,
+            2,
+            3_000,
+            0,
+            "worker exited with status 3 while loading; retrying in 50 ms (attempt 2 of 5)",
+        ),
+    ]));
+    let (out, failure) = ttctl(&h.socket, &["slot", "restart", "qwen"]).await;
+    assert!(
+        out.ends_with("slot qwen: draining: restart requested\n"),
+        "{out}"
+    );
+    let failure = failure.unwrap();
+    assert_eq!(
+        (failure.exit_code(), failure.message()),
+        (
+            1,
+            "restart of slot qwen failed: worker exited with status 3 while loading; retrying in 50 ms (attempt 2 of 5) (`ttctl logs qwen` shows the worker's output)"
+        )
+    );
+}
+
+#[tokio::test]
+async fn slot_restart_without_waiting_claims_no_state_it_has_not_reached() {
+    let h = serve(fake());
+    let (out, failure) = ttctl(&h.socket, &["slot", "restart", "qwen", "--no-wait"]).await;
+    assert!(failure.is_none(), "{failure:?}");
+    assert_eq!(
+        out,
+        "restart of slot qwen requested (it was ready, worker pid 4242); it restarts in the background: follow it with `ttctl status --watch`\n"
+    );
+    // An older daemon cannot tell the new worker from the old: ttctl says
+    // so instead of waiting for a sign that never comes.
+    let (out, failure) = ttctl(&h.socket, &["slot", "restart", "old"]).await;
+    assert!(failure.is_none(), "{failure:?}");
+    assert!(
+        out.ends_with(
+            "this tt-servingd does not report restarts: follow it with `ttctl status --watch`\n"
+        ),
+        "{out}"
     );
     let (out, failure) = ttctl(&h.socket, &["slot", "restart", "qwen/3"]).await;
     assert_eq!(out, "");
@@ -1213,7 +1305,7 @@ fn new_commands_parse_with_their_defaults() {
     ));
     assert!(matches!(
         Cli::try_parse_from(["ttctl", "slot", "restart", "m/0"]).unwrap().command,
-        Command::Slot(SlotCommand::Restart { ref slot }) if slot == "m/0"
+        Command::Slot(SlotCommand::Restart { ref slot, no_wait: false }) if slot == "m/0"
     ));
 }
 

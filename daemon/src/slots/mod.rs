@@ -84,6 +84,9 @@ pub struct SlotView {
     pub cache_mode: String,
     /// Start attempt within the restart window.
     pub attempt: u32,
+    /// Start attempts since the slot was configured; a restart is done when
+    /// a start other than the one its request found is Ready.
+    pub starts: u64,
     /// Next retry (Failed only).
     pub retry_at: Option<SystemTime>,
     /// Worker pid (0 when none).
@@ -148,6 +151,7 @@ impl SlotEntry {
                 reason: "configured".into(),
                 cache_mode: String::new(),
                 attempt: 0,
+                starts: 0,
                 retry_at: None,
                 worker_pid: 0,
                 worker_rss_bytes: 0,
@@ -483,7 +487,29 @@ impl SlotManager {
 
     /// Send a command to a slot's supervisor.
     pub fn command(&self, slot: &str, command: SlotCommand) -> Result<(), String> {
+        Self::send(&self.table(), slot, command)
+    }
+
+    /// Ask a slot's supervisor to restart it, and return the slot as the
+    /// request found it. Taken under the table lock with the request
+    /// queued, so every start counted after this snapshot's `starts` began
+    /// after the request.
+    pub fn request_restart(&self, slot: &str) -> Result<SlotView, String> {
         let table = self.table();
+        Self::send(&table, slot, SlotCommand::Restart)?;
+        let entry = table
+            .get(slot)
+            .ok_or_else(|| format!("slot {slot} vanished"))?;
+        let mut view = entry.view.clone();
+        view.in_flight = entry.in_flight.load(Ordering::Relaxed);
+        Ok(view)
+    }
+
+    fn send(
+        table: &BTreeMap<String, SlotEntry>,
+        slot: &str,
+        command: SlotCommand,
+    ) -> Result<(), String> {
         let entry = table.get(slot).ok_or_else(|| {
             format!(
                 "no slot `{}`; slots: {}",

@@ -12,7 +12,7 @@
 use super::{SlotCommand, SlotManager, SlotState};
 use crate::cache::{CacheState, Variant};
 use crate::cards::CardState;
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, UNANSWERED_HEALTH_POLLS};
 use crate::worker::{self, Worker, WorkerSpec};
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -75,6 +75,8 @@ struct SlotPlan {
     socket: PathBuf,
     cache_dir: PathBuf,
     tick: Duration,
+    /// How long the Ready watchdog waits for one Health answer.
+    health_timeout: Duration,
 }
 
 /// The supervisor task of one slot.
@@ -97,6 +99,7 @@ pub async fn run(
         cards: view.cards.clone(),
         cache_dir: config.daemon.cache_dir.clone(),
         tick: Duration::from_millis(config.daemon.tick_ms),
+        health_timeout: config.daemon.health_poll_timeout(),
         m,
     };
     mgr.set_definition(&slot, plan.m.clone());
@@ -454,7 +457,10 @@ async fn start(
     let slot = &plan.slot;
     let m = &plan.m;
     let variant = Variant::for_model(&plan.cache_dir, &plan.model, m, &plan.worker_command);
-    mgr.update(slot, |v| v.variant = variant.key.clone());
+    mgr.update(slot, |v| {
+        v.variant = variant.key.clone();
+        v.starts += 1;
+    });
     let (mode, build_lock) = match decide_mode(mgr, plan, &variant, build_only).await {
         Ok(decision) => decision,
         Err(reason) => {
@@ -882,9 +888,14 @@ async fn serve(
     let m = &plan.m;
     let stall = Duration::from_secs(m.restart.stall_timeout_secs);
     let mut tick = tokio::time::interval(plan.tick);
+    // After a poll that waited its whole timeout, poll again at once, then
+    // every tick: no burst of catch-up polls.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // When requests were first seen active without progress since.
     let mut busy_since: Option<Instant> = None;
     let mut last_progress_ms = 0u64;
+    // Health polls in a row that got no answer.
+    let mut unanswered = 0u32;
     loop {
         tokio::select! {
             exit = worker.wait() => {
@@ -925,24 +936,48 @@ async fn serve(
             }
         }
         let health =
-            tokio::time::timeout(Duration::from_secs(5), engine.health(pb::HealthRequest {})).await;
+            tokio::time::timeout(plan.health_timeout, engine.health(pb::HealthRequest {})).await;
         let (active, progress_ms) = match health {
             Ok(Ok(h)) => {
+                unanswered = 0;
                 let h = h.into_inner();
                 (
                     h.active_sequences + h.queued_sequences,
                     h.last_progress_unix_ms,
                 )
             }
-            // A worker that stops answering with work in flight is as hung
-            // as one that answers without progress.
-            _ => (
-                mgr.view(&plan.slot)
-                    .map(|v| v.in_flight)
-                    .unwrap_or(0)
-                    .max(1),
-                last_progress_ms,
-            ),
+            // A worker that does not answer Health (frozen by SIGSTOP, its
+            // RPC thread stuck) cannot serve either, while requests would
+            // queue behind it until the stall timeout. A few misses in a
+            // row are a hang, with or without work in flight.
+            unanswered_poll => {
+                unanswered += 1;
+                if unanswered < UNANSWERED_HEALTH_POLLS {
+                    continue;
+                }
+                let last = match unanswered_poll {
+                    Ok(Err(status)) => format!("the last failed: {}", status.message()),
+                    _ => format!("each waited {} ms", plan.health_timeout.as_millis()),
+                };
+                let reason = format!(
+                    "worker stopped answering: {unanswered} Health polls in a row unanswered ({last}); it is frozen or hung"
+                );
+                // Out of routing and NOT_SERVING before anything else.
+                mgr.set_engine(&plan.slot, None);
+                mgr.transition(
+                    &plan.slot,
+                    SlotState::Failed,
+                    format!("{reason}; killing it, then its cards are reset"),
+                );
+                // SIGKILL ends a stopped process too; no SIGCONT needed.
+                worker.signal(nix::sys::signal::Signal::SIGKILL);
+                let _ = worker.wait().await;
+                return Outcome::Failed {
+                    reason: format!("{reason}; killed it"),
+                    dirty: true,
+                    cause: "watchdog",
+                };
+            }
         };
         if active == 0 || progress_ms != last_progress_ms {
             busy_since = (active > 0).then(Instant::now);
