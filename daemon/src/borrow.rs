@@ -69,14 +69,8 @@ pub async fn run(
         }
     }
     // Wait until every affected slot has stopped its worker.
-    let limit = state
-        .config()
-        .models
-        .values()
-        .map(|m| m.drain_timeout_secs + 2 * m.restart.stop_timeout_secs + 10)
-        .max()
-        .unwrap_or(10);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(limit);
+    let limit = state.config().stop_limit();
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         let notified = slots.changed.notified();
         let running: Vec<String> = slots
@@ -91,7 +85,8 @@ pub async fn run(
         if tokio::time::timeout_at(deadline, notified).await.is_err() {
             let _ = tx
                 .send(Err(Status::deadline_exceeded(format!(
-                    "slots did not stop within {limit}s: {}; the loan is abandoned and the slots restart",
+                    "slots did not stop within {}s: {}; the loan is abandoned and the slots restart",
+                    limit.as_secs(),
                     running.join(", ")
                 ))))
                 .await;

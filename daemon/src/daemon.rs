@@ -319,14 +319,10 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     // New connections are refused from here; in-flight streams finish while
     // the workers drain (each worker finishes or cancels its sequences
     // within its model's drain timeout), then the workers stop cleanly.
-    let limit = state
-        .config()
-        .models
-        .values()
-        .map(|m| m.drain_timeout_secs + 2 * m.restart.stop_timeout_secs + 10)
-        .max()
-        .unwrap_or(10);
-    state.slots.stop_all(Duration::from_secs(limit)).await;
+    let limit = state.config().stop_limit();
+    // systemd's stop timeout is a floor: ask for what the config needs.
+    notify::extend_timeout(limit + Duration::from_secs(10));
+    state.slots.stop_all(limit).await;
     for task in [control_task, public_task] {
         match tokio::time::timeout(Duration::from_secs(10), task).await {
             Ok(Ok(Err(e))) => tracing::error!(error = %e, "server ended with an error"),

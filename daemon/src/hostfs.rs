@@ -136,10 +136,24 @@ fn check_one(
 /// after the directory holding them passed (only a trusted user could have
 /// put them there), and their targets are checked the same way.
 pub fn check_trusted(key: &str, path: &Path, sharing: Sharing) -> Result<(), UntrustedDir> {
-    check_chain(key, path, sharing, 0)
+    check_chain(key, path, sharing, 0, true)
 }
 
-fn check_chain(key: &str, path: &Path, sharing: Sharing, depth: u32) -> Result<(), UntrustedDir> {
+/// Check a directory the daemon will create its own directory in: like
+/// [`check_trusted`], except that it may be sticky and world-writable
+/// (`/run/lock`, `/tmp`), since others cannot rename or remove what the
+/// daemon creates there, and the new directory is checked once made.
+pub fn check_trusted_parent(key: &str, path: &Path) -> Result<(), UntrustedDir> {
+    check_chain(key, path, Sharing::default(), 0, false)
+}
+
+fn check_chain(
+    key: &str,
+    path: &Path,
+    sharing: Sharing,
+    depth: u32,
+    final_is_target: bool,
+) -> Result<(), UntrustedDir> {
     let io_error = |p: &Path, e: io::Error| UntrustedDir {
         key: key.to_string(),
         path: p.to_path_buf(),
@@ -165,25 +179,18 @@ fn check_chain(key: &str, path: &Path, sharing: Sharing, depth: u32) -> Result<(
     let mut prefix = PathBuf::new();
     for (i, component) in components.iter().enumerate() {
         prefix.push(component);
-        let last = i + 1 == components.len();
+        let last = final_is_target && i + 1 == components.len();
         let meta = std::fs::symlink_metadata(&prefix).map_err(|e| io_error(&prefix, e))?;
         if meta.file_type().is_symlink() {
             // The directory holding the link passed, so the link is trusted;
             // its target must be too.
             let target = std::fs::canonicalize(&prefix).map_err(|e| io_error(&prefix, e))?;
-            check_chain(
-                key,
-                &target,
-                Sharing {
-                    group: if last { sharing.group } else { None },
-                },
-                depth + 1,
-            )?;
             let rest: PathBuf = components[i + 1..].iter().collect();
             if rest.as_os_str().is_empty() {
-                return Ok(());
+                return check_chain(key, &target, sharing, depth + 1, final_is_target);
             }
-            return check_chain(key, &target.join(rest), sharing, depth + 1);
+            check_chain(key, &target, Sharing::default(), depth + 1, false)?;
+            return check_chain(key, &target.join(rest), sharing, depth + 1, final_is_target);
         }
         if !meta.is_dir() {
             return Err(UntrustedDir {
@@ -217,7 +224,7 @@ pub fn ensure_dir(key: &str, path: &Path, sharing: Sharing) -> Result<(), Untrus
         && !existing.as_os_str().is_empty()
         && std::fs::symlink_metadata(&existing).is_ok()
     {
-        check_trusted(key, &existing, Sharing::default())?;
+        check_trusted_parent(key, &existing)?;
     }
     for dir in missing.iter().rev() {
         match std::fs::DirBuilder::new().mode(0o755).create(dir) {
@@ -281,9 +288,7 @@ pub fn check_daemon_dirs(config: &Config) -> Vec<UntrustedDir> {
     let mut problems = Vec::new();
     for (key, dir, sharing) in daemon_dirs(config) {
         let mut existing = dir.clone();
-        let mut sharing = sharing;
         while std::fs::symlink_metadata(&existing).is_err() {
-            sharing = Sharing::default();
             if !existing.pop() || existing.as_os_str().is_empty() {
                 break;
             }
@@ -291,7 +296,12 @@ pub fn check_daemon_dirs(config: &Config) -> Vec<UntrustedDir> {
         if existing.as_os_str().is_empty() {
             continue;
         }
-        if let Err(e) = check_trusted(key, &existing, sharing) {
+        let checked = if existing == dir {
+            check_trusted(key, &existing, sharing)
+        } else {
+            check_trusted_parent(key, &existing)
+        };
+        if let Err(e) = checked {
             problems.push(e);
         }
     }
@@ -505,5 +515,15 @@ mod tests {
         assert!(ensure_dir("daemon.lock_dir", &locks, Sharing::default()).is_err());
         std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o755)).unwrap();
         ensure_dir("daemon.lock_dir", &locks.join("a/b"), Sharing::default()).unwrap();
+        // Created inside a sticky shared dir (like /run/lock): fine.
+        let shared = dir.path().join("run-lock");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        ensure_dir(
+            "daemon.lock_dir",
+            &shared.join("tenstorrent"),
+            Sharing::default(),
+        )
+        .unwrap();
     }
 }

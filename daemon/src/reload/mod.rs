@@ -258,7 +258,7 @@ async fn apply(
             format!("reload: draining to restart ({})", reason_of(s)),
         )
     }));
-    let aborted = slots.stop_slots(&stops, stop_limit(old)).await;
+    let aborted = slots.stop_slots(&stops, old.stop_limit()).await;
     for slot in plan.slots(Action::Stop) {
         slots.remove_slot(&slot);
         results.insert(
@@ -320,7 +320,7 @@ async fn apply(
                 )
             })
             .collect();
-        slots.stop_slots(&stops, stop_limit(old)).await;
+        slots.stop_slots(&stops, old.stop_limit()).await;
         for slot in &go {
             let logs = slots.remove_slot(slot);
             slots.add_slot(slot, &model_of(slot), logs);
@@ -409,7 +409,7 @@ async fn rollback(
             )
         })
         .collect();
-    slots.stop_slots(&stops, stop_limit(in_force)).await;
+    slots.stop_slots(&stops, in_force.stop_limit()).await;
     let mut logs = BTreeMap::new();
     for slot in changed {
         logs.insert(slot.clone(), slots.remove_slot(slot));
@@ -439,18 +439,6 @@ async fn rollback(
             (slot.clone(), now)
         })
         .collect()
-}
-
-/// How long stopping may take before a supervisor is aborted: the longest
-/// drain plus two stop grace periods, as at shutdown.
-fn stop_limit(config: &Config) -> Duration {
-    let secs = config
-        .models
-        .values()
-        .map(|m| m.drain_timeout_secs + 2 * m.restart.stop_timeout_secs + 10)
-        .max()
-        .unwrap_or(10);
-    Duration::from_secs(secs)
 }
 
 /// Wait until each slot is Ready or has given up (failed for good,
