@@ -25,6 +25,7 @@ pub mod fuzzing;
 pub mod metrics;
 pub mod notify;
 pub mod reload;
+pub mod retry;
 pub mod router;
 pub mod shutdown;
 pub mod slots;
