@@ -232,3 +232,36 @@ fn a_quarantined_slot_is_not_waited_for_and_the_hint_says_not_to_retry() {
         assert_eq!(pushback_ms(&status), -1, "{status:?}");
     }
 }
+
+#[test]
+fn a_slot_whose_start_never_succeeded_is_not_waited_for_between_attempts() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    // Every start fails (as with a broken config); the slot retries every
+    // 10 s by itself.
+    let table = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_EXIT_AT_START = \"3\" }\n[models.m.restart]\nbackoff_ms = 10000\n";
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: model_table("m", 1, &[0], &model, table),
+            ..Default::default()
+        },
+    );
+    wait_until("the first start to fail", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "failed" && slot["retry_at_unix_ms"].as_u64().unwrap_or(0) > 0)
+            .then_some(())
+    });
+    let (record, status) =
+        runtime().block_on(send(&daemon.inference_address(), Duration::from_secs(60)));
+    let status = status.unwrap_or_else(|| panic!("the request was admitted: {record:?}"));
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains("no slot has served yet"),
+        "{status:?}"
+    );
+    // The hint is the wait for the next attempt.
+    let ms = pushback_ms(&status);
+    assert!((100..=10_000).contains(&ms), "pushback {ms} ms: {status:?}");
+}

@@ -42,6 +42,9 @@ impl RetryHint {
             Availability::Recovering { eta } => {
                 RetryHint::After(eta.unwrap_or(Self::UNKNOWN).clamp(Self::MIN, Self::MAX))
             }
+            Availability::Retrying { retry_in } => {
+                RetryHint::After(retry_in.clamp(Self::MIN, Self::MAX))
+            }
             Availability::Stopped => return None,
             Availability::Down => RetryHint::NotUntilFixed,
         })
@@ -137,6 +140,14 @@ mod tests {
         assert_eq!(down.grpc_pushback_ms(), "-1");
         assert_eq!(down.retry_after_secs(), None);
         assert_eq!(RetryHint::of(&unavailable("x", Some(down))), Some(down));
+
+        // A start that never succeeded retries by itself: its backoff.
+        assert_eq!(
+            hint(Availability::Retrying {
+                retry_in: Duration::from_secs(4)
+            }),
+            after(Duration::from_secs(4))
+        );
 
         // Draining or stopped: no estimate, no metadata.
         assert_eq!(hint(Availability::Stopped), None);

@@ -146,6 +146,13 @@ impl Router {
             Availability::Stopped | Availability::Down => {
                 return Err(self.not_ready(model, availability, None))
             }
+            Availability::Retrying { .. } => {
+                return Err(self.not_ready(
+                    model,
+                    availability,
+                    Some("no slot has served yet and its start failed, so requests do not wait for the next attempt".into()),
+                ))
+            }
             Availability::Recovering { eta } => eta,
         };
         let refuse = |why: String| Err(self.not_ready(model, availability, Some(why)));

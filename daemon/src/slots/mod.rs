@@ -549,12 +549,19 @@ impl SlotManager {
         let table = self.table();
         let (mut recovering, mut stopped) = (false, false);
         let mut eta: Option<Duration> = None;
+        let mut retry_in: Option<Duration> = None;
         for (name, e) in table.iter().filter(|(_, e)| e.view.model == model) {
             let state = e.view.state;
             let slot_eta = if state == SlotState::Ready && Some(name.as_str()) == lost {
                 e.timeline.eta_after_loss()
             } else if state == SlotState::Ready {
                 return Availability::Ready;
+            } else if let (SlotState::Failed, Some(at), false) =
+                (state, e.view.retry_at, e.timeline.has_served())
+            {
+                let d = at.duration_since(SystemTime::now()).unwrap_or_default();
+                retry_in = Some(retry_in.map_or(d, |best| best.min(d)));
+                continue;
             } else if recovery::is_recovering(state, e.view.retry_at) {
                 e.timeline.eta(state, e.view.retry_at, now)
             } else {
@@ -568,6 +575,8 @@ impl SlotManager {
         }
         if recovering {
             Availability::Recovering { eta }
+        } else if let Some(retry_in) = retry_in {
+            Availability::Retrying { retry_in }
         } else if stopped {
             Availability::Stopped
         } else {

@@ -35,7 +35,9 @@ fn order(state: SlotState) -> Option<u8> {
 }
 
 /// Whether a slot in this state comes back to Ready by itself: a state on
-/// the way to Ready, or Failed with a retry scheduled. Quarantined, Stopped,
+/// the way to Ready, or Failed with a retry scheduled (the router waits for
+/// the latter only once the slot has served: [`Timeline::has_served`]).
+/// Quarantined, Stopped,
 /// Draining (which ends in Stopped unless a restart follows) and Failed
 /// without a retry (given up) need an operator or a reload.
 pub fn is_recovering(state: SlotState, retry_at: Option<SystemTime>) -> bool {
@@ -129,6 +131,13 @@ impl Timeline {
         Some(here + later)
     }
 
+    /// Whether the slot has ever reached Ready (then its failures are
+    /// recoveries, worth waiting for; before, a failing start may be a
+    /// broken config that no retry fixes).
+    pub fn has_served(&self) -> bool {
+        !self.last.is_empty()
+    }
+
     /// The expected time until Ready of a slot whose worker has just been
     /// lost while it still shows Ready: every phase of its last start.
     pub fn eta_after_loss(&self) -> Option<Duration> {
@@ -156,6 +165,14 @@ pub enum Availability {
     Recovering {
         /// The expected time until the first slot is Ready.
         eta: Option<Duration>,
+    },
+    /// No slot is Ready or on its way back, but one that has never been
+    /// Ready is backing off after a failed start: it retries by itself in
+    /// `retry_in`, but nothing shows that the cause is passing (a missing
+    /// checkpoint fails every attempt), so requests do not wait for it.
+    Retrying {
+        /// Until the soonest next attempt.
+        retry_in: Duration,
     },
     /// No slot is Ready or on its way back, but one is draining or stopped:
     /// a restart, a reload or a card loan may bring it back, or not, and
