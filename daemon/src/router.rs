@@ -316,7 +316,7 @@ impl Router {
         let mut upstream = engine
             .generate(engine_request)
             .await
-            .map_err(|s| worker_error(&slots, &model, &slot, s))?
+            .map_err(|s| worker_error(&slot, s, || lost_worker_hint(&slots, &model, &slot)))?
             .into_inner();
         let (tx, rx) = mpsc::channel(32);
         tokio::spawn(async move {
@@ -378,12 +378,13 @@ impl Router {
                         // The stream ended without its final chunk.
                         Ok(None) => return "worker_error",
                         Err(status) => {
+                            let status = worker_error(&slot, status, || {
+                                lost_worker_hint(&slots, &model, &slot)
+                            });
                             let outcome = match status.code() {
-                                tonic::Code::Cancelled => "cancelled",
                                 tonic::Code::DeadlineExceeded => "deadline",
                                 _ => "worker_error",
                             };
-                            let status = worker_error(&slots, &model, &slot, status);
                             let _ = tx.send(Err(status)).await;
                             return outcome;
                         }
@@ -538,25 +539,33 @@ enum Wait {
 }
 
 /// Map a worker's error for the client. The worker's own validation and
-/// admission answers pass through; transport failures mean the worker died,
-/// and the hint counts its slot as recovering even while it still shows
-/// Ready (its supervisor has not noticed yet).
-fn worker_error(slots: &SlotManager, model: &str, slot: &str, status: Status) -> Status {
+/// admission answers pass through; anything else means the worker died,
+/// and `hint` (see [`lost_worker_hint`]) says when to retry. CANCELLED is
+/// among the latter: the worker never cancels a request itself (the daemon
+/// cancels by dropping the stream, and then reads no status), but the
+/// transport reports a connection that closed under a request as
+/// "operation was canceled", which the client must not take for its own
+/// cancellation.
+fn worker_error(slot: &str, status: Status, hint: impl FnOnce() -> Option<RetryHint>) -> Status {
     use tonic::Code;
     match status.code() {
-        Code::InvalidArgument
-        | Code::ResourceExhausted
-        | Code::Cancelled
-        | Code::DeadlineExceeded => status,
+        Code::InvalidArgument | Code::ResourceExhausted | Code::DeadlineExceeded => status,
         _ => crate::retry::unavailable(
             format!(
                 "the worker of slot {slot} failed mid-request ({}: {}); the slot is recovering",
                 status.code(),
                 status.message()
             ),
-            RetryHint::for_availability(slots.availability(model, Some(slot))),
+            hint(),
         ),
     }
+}
+
+/// The hint after a worker died under a request: its slot counts as
+/// recovering even while it still shows Ready (its supervisor has not
+/// noticed yet).
+fn lost_worker_hint(slots: &SlotManager, model: &str, slot: &str) -> Option<RetryHint> {
+    RetryHint::for_availability(slots.availability(model, Some(slot)))
 }
 
 /// Parse a gRPC `grpc-timeout` header value (`100m`, `5S`, ...).
@@ -577,6 +586,29 @@ pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_closed_under_a_request_is_unavailable_not_the_clients_cancel() {
+        // What hyper reports when the worker's connection closes before its
+        // answer: the client must see UNAVAILABLE, with the hint.
+        let hint = Some(RetryHint::After(Duration::from_millis(700)));
+        let lost = worker_error(
+            "m",
+            Status::cancelled("operation was canceled: connection closed"),
+            || hint,
+        );
+        assert_eq!(lost.code(), tonic::Code::Unavailable, "{lost:?}");
+        assert!(lost.message().contains("slot m"), "{lost:?}");
+        assert_eq!(RetryHint::of(&lost), hint);
+        // The worker's own answers pass through untouched.
+        let own = worker_error(
+            "m",
+            Status::invalid_argument("max_tokens: too many"),
+            || hint,
+        );
+        assert_eq!(own.code(), tonic::Code::InvalidArgument);
+        assert_eq!(RetryHint::of(&own), None);
+    }
 
     #[test]
     fn grpc_timeouts_parse() {
