@@ -63,6 +63,11 @@ struct Args {
     /// recovering slot); unset: the daemon's default.
     #[arg(long)]
     recovery_wait_secs: Option<u64>,
+    /// How long a card reset takes (the fake cards' `slow` fault), in
+    /// milliseconds; unset: the fake root's default (300 ms). A longer reset
+    /// makes each recovery longer, as on a busy machine or real cards.
+    #[arg(long)]
+    reset_delay_ms: Option<u64>,
     /// JSON-lines file to append the result to.
     #[arg(long, default_value = "bench/soak/results.jsonl")]
     out: PathBuf,
@@ -114,10 +119,18 @@ fn main() {
         .map(|s| format!("recovery_wait_secs = {s}"))
         .unwrap_or_default();
     let section = |name: &str| format!("{wait}\n[models.{name}.restart]\n{restart}\n");
+    if let Some(delay_ms) = args.reset_delay_ms {
+        for card in 0..3 {
+            hw.root
+                .set_fault(&FakeHw::bdf(card), tt_fakehw::Fault::Slow { delay_ms })
+                .expect("slow down the fake cards' resets");
+        }
+    }
     let daemon = Daemon::start(
         &hw,
         DaemonOptions {
-            come_back_secs: 3,
+            // The reset has to fit within the come-back timeout.
+            come_back_secs: 3 + args.reset_delay_ms.unwrap_or(0).div_ceil(1000),
             extra: model_table("one", 1, &[0], &model, &section("one"))
                 + &model_table("two", 2, &[1, 2], &model, &section("two")),
             ..Default::default()
@@ -394,6 +407,7 @@ fn main() {
             "stall_timeout_secs": args.stall_secs,
             "seed": args.seed,
             "recovery_wait_secs": args.recovery_wait_secs.map_or(json!("default (30)"), |s| json!(s)),
+            "reset_delay_ms": args.reset_delay_ms.unwrap_or(300),
             "slots": ["one: TP=1 on card 0", "two: TP=2 on cards 1,2"],
             "model": "tiny test model",
         },
