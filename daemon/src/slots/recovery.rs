@@ -47,6 +47,10 @@ pub fn is_recovering(state: SlotState, retry_at: Option<SystemTime>) -> bool {
     }
 }
 
+/// The most phases kept for the start in progress (a normal start has
+/// fewer than ten).
+const MAX_PHASES: usize = 64;
+
 /// One slot's phases: the start in progress and the last one that reached
 /// Ready.
 #[derive(Debug, Clone)]
@@ -87,6 +91,12 @@ impl Timeline {
             // are not the way to Ready.
             self.current = vec![(to, now)];
         } else {
+            // A start that never ends (a card flapping between held and
+            // quarantined for days) must not grow without bound; its oldest
+            // phases are the least useful to an estimate.
+            if self.current.len() >= MAX_PHASES {
+                self.current.remove(0);
+            }
             self.current.push((to, now));
         }
     }
@@ -273,6 +283,23 @@ mod tests {
         assert!(is_recovering(SlotState::Failed, Some(retry_at)));
         assert!(!is_recovering(SlotState::Quarantined, None));
         assert!(is_recovering(SlotState::Probing, None));
+    }
+
+    #[test]
+    fn a_start_that_never_ends_keeps_a_bounded_record() {
+        let start = Instant::now();
+        let mut t = Timeline::new(start);
+        let mut from = SlotState::Pending;
+        for i in 0..10_000u64 {
+            let to = if i % 2 == 0 {
+                SlotState::Quarantined
+            } else {
+                SlotState::Locking
+            };
+            t.enter(from, to, start + ms(i));
+            from = to;
+        }
+        assert!(t.current.len() <= MAX_PHASES);
     }
 
     #[test]
