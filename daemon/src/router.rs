@@ -281,17 +281,15 @@ impl Router {
                     "the deadline passed while waiting for a free slot of model `{model}`"
                 )),
                 Wait::ForRecovery(_) => {
-                    let mut status = Status::deadline_exceeded(format!(
+                    let hint = RetryHint::for_availability(self.slots.availability(&model, None));
+                    let mut message = format!(
                         "the deadline passed while waiting for a slot of model `{model}` to recover"
-                    ));
-                    if let Some(hint) =
-                        RetryHint::for_availability(self.slots.availability(&model, None))
-                    {
-                        status = Status::deadline_exceeded(format!(
-                            "{}; {}",
-                            status.message(),
-                            hint.describe()
-                        ));
+                    );
+                    if let Some(hint) = &hint {
+                        message = format!("{message}; {}", hint.describe());
+                    }
+                    let mut status = Status::deadline_exceeded(message);
+                    if let Some(hint) = hint {
                         hint.attach(&mut status);
                     }
                     status
