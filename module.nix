@@ -388,6 +388,20 @@ let
           '';
         };
 
+        recoveryWaitSecs = mkOption {
+          type = types.nullOr types.ints.unsigned;
+          default = null;
+          example = 0;
+          description = ''
+            With no slot of this model Ready but one recovering (restarting
+            after a crash or kill), how long a request may wait for it in
+            the queue, in seconds; never past the request's own deadline.
+            `0`: answer `UNAVAILABLE` at once, with a retry hint (for
+            engines whose recovery takes minutes). `null`: the daemon's
+            default, 30.
+          '';
+        };
+
         rollbackOnFailure = mkOption {
           type = types.bool;
           default = false;
@@ -456,6 +470,7 @@ let
           stop_timeout_secs = m.restart.stopTimeoutSecs;
         };
         max_queue = m.maxQueue;
+        recovery_wait_secs = m.recoveryWaitSecs;
         drain_timeout_secs = m.drainTimeoutSecs;
         rollback_on_failure = if m.rollbackOnFailure then true else null;
       }

@@ -233,6 +233,8 @@ fn workers_killed_mid_stream_repeatedly_end_their_streams_and_recover() {
                 End::Errored { code, message } => {
                     assert_eq!(*code, Code::Unavailable, "{r:?}");
                     assert!(message.contains(&format!("slot {slot}")), "{r:?}");
+                    // With the hint from the slot's last start.
+                    assert!(message.contains("retry in about"), "{r:?}");
                 }
                 other => panic!("a stream whose worker was killed ended {other:?}"),
             }

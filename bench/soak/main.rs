@@ -9,6 +9,14 @@
 //! cache variant marked complete that is not; every request counted once in
 //! the metrics; every kill visible as a restart.
 //!
+//! The clients do not retry and do not pace themselves: each of the
+//! `--concurrency` clients sends its next request as soon as the previous
+//! one ended, however it ended. Availability is the share of requests
+//! answered in full among those whose client did not drop them on purpose
+//! (`answered / (sent - client-cancelled)`); `answered_of_sent` is
+//! `answered / sent`. `--recovery-wait-secs 0` runs the daemon without
+//! waiting for recovering slots, for comparison.
+//!
 //! Prints a summary and appends one JSON line to `--out`. Exits 1 when an
 //! invariant fails.
 
@@ -51,6 +59,15 @@ struct Args {
     /// Random seed (the run is reproducible up to timing).
     #[arg(long, default_value_t = 6)]
     seed: u64,
+    /// The models' recovery_wait_secs (0: requests do not wait for a
+    /// recovering slot); unset: the daemon's default.
+    #[arg(long)]
+    recovery_wait_secs: Option<u64>,
+    /// How long a card reset takes (the fake cards' `slow` fault), in
+    /// milliseconds; unset: the fake root's default (300 ms). A longer reset
+    /// makes each recovery longer, as on a busy machine or real cards.
+    #[arg(long)]
+    reset_delay_ms: Option<u64>,
     /// JSON-lines file to append the result to.
     #[arg(long, default_value = "bench/soak/results.jsonl")]
     out: PathBuf,
@@ -76,6 +93,16 @@ impl Rng {
 
 const MODELS: [&str; 2] = ["one", "two"];
 
+/// The 1, 5 and 15 minute load averages (the soak shares the machine).
+fn loadavg() -> Vec<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .filter_map(|v| v.parse().ok())
+        .collect()
+}
+
 fn counts_json(c: &ProcCounts) -> serde_json::Value {
     json!({"fds": c.fds, "threads": c.threads, "children": c.children, "rss_kib": c.rss_kib})
 }
@@ -87,11 +114,23 @@ fn main() {
     let model = tiny_model(work.path());
     let hw = FakeHw::new(3);
     let restart = format!("backoff_ms = 50\nstall_timeout_secs = {}", args.stall_secs);
-    let section = |name: &str| format!("\n[models.{name}.restart]\n{restart}\n");
+    let wait = args
+        .recovery_wait_secs
+        .map(|s| format!("recovery_wait_secs = {s}"))
+        .unwrap_or_default();
+    let section = |name: &str| format!("{wait}\n[models.{name}.restart]\n{restart}\n");
+    if let Some(delay_ms) = args.reset_delay_ms {
+        for card in 0..3 {
+            hw.root
+                .set_fault(&FakeHw::bdf(card), tt_fakehw::Fault::Slow { delay_ms })
+                .expect("slow down the fake cards' resets");
+        }
+    }
     let daemon = Daemon::start(
         &hw,
         DaemonOptions {
-            come_back_secs: 3,
+            // The reset has to fit within the come-back timeout.
+            come_back_secs: 3 + args.reset_delay_ms.unwrap_or(0).div_ceil(1000),
             extra: model_table("one", 1, &[0], &model, &section("one"))
                 + &model_table("two", 2, &[1, 2], &model, &section("two")),
             ..Default::default()
@@ -109,6 +148,7 @@ fn main() {
         args.requests, args.concurrency, args.kill_every, args.seed
     );
 
+    let load_before = loadavg();
     let issued = Arc::new(AtomicUsize::new(0));
     let records: Arc<Mutex<Vec<(String, RequestRecord)>>> = Arc::new(Mutex::new(Vec::new()));
     let began = Instant::now();
@@ -196,6 +236,7 @@ fn main() {
         load.join().expect("load thread");
     });
     let load_secs = began.elapsed().as_secs_f64();
+    let load_after = loadavg();
     let records = Arc::try_unwrap(records)
         .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
         .unwrap_or_default();
@@ -318,8 +359,20 @@ fn main() {
     let resets = metrics.sum("tt_serving_card_resets_total", &[("outcome", "proven")]);
     let failed_resets = metrics.sum("tt_serving_card_resets_total", &[("outcome", "failed")]);
 
+    // Availability: of the requests whose client waited for the end, the
+    // share answered in full. A client that dropped its stream on purpose
+    // neither got nor was denied an answer.
+    let kept = args.requests - cancelled;
+    let availability = if kept > 0 {
+        answered as f64 / kept as f64
+    } else {
+        0.0
+    };
     println!("\nrequests sent     {}", args.requests);
-    println!("  answered        {answered}");
+    println!(
+        "  answered        {answered} (availability {:.1} % of the {kept} not dropped by their client)",
+        100.0 * availability
+    );
     println!("  errored         {errored}");
     println!("  client-cancelled {cancelled}");
     println!("  hung            {hung}");
@@ -337,6 +390,7 @@ fn main() {
     );
     println!("orphans           {orphans}; stale locks 0 (checked)");
     println!("load time         {load_secs:.1} s");
+    println!("machine load      {load_before:?} before, {load_after:?} after (1/5/15 min)");
 
     let line = json!({
         "bench": "soak",
@@ -352,11 +406,15 @@ fn main() {
             "deadline_ms": [args.min_deadline_ms, args.max_deadline_ms],
             "stall_timeout_secs": args.stall_secs,
             "seed": args.seed,
+            "recovery_wait_secs": args.recovery_wait_secs.map_or(json!("default (30)"), |s| json!(s)),
+            "reset_delay_ms": args.reset_delay_ms.unwrap_or(300),
             "slots": ["one: TP=1 on card 0", "two: TP=2 on cards 1,2"],
             "model": "tiny test model",
         },
         "requests_sent": args.requests,
         "answered": answered,
+        "availability": availability,
+        "answered_of_sent": answered as f64 / args.requests.max(1) as f64,
         "errored": errored,
         "errored_by_code": by_kind.iter().filter(|(k, _)| !["ok", "client_cancelled", "hung"].contains(&k.as_str())).collect::<BTreeMap<_, _>>(),
         "client_cancelled": cancelled,
@@ -378,6 +436,11 @@ fn main() {
         "orphans": orphans,
         "stale_locks": 0,
         "load_secs": load_secs,
+        "machine": {
+            "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
+        },
         "failures": failures,
     });
     if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {

@@ -28,6 +28,7 @@ pub mod hostfs;
 pub mod metrics;
 pub mod notify;
 pub mod reload;
+pub mod retry;
 pub mod router;
 pub mod shutdown;
 pub mod slots;

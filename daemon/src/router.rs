@@ -8,9 +8,21 @@
 //! is forwarded chunk by chunk; a client that goes away drops the worker
 //! stream, which cancels the sequence in the worker at once; a worker that
 //! dies mid-stream ends the client's stream with UNAVAILABLE saying so.
+//!
+//! A model with no Ready slot but one on its way back (restarting after a
+//! crash or kill) keeps the request in its queue until a slot is Ready, up
+//! to the model's `recovery_wait_secs` and never past the request's
+//! deadline, so that one outage costs clients a delay rather than a burst
+//! of failures. A request that cannot wait (the wait is off, the recovery
+//! is expected to outlast what it may wait, or nothing is on its way back)
+//! gets UNAVAILABLE at once. An UNAVAILABLE carries a [`RetryHint`] from
+//! the recovery's progress (none while a slot is draining or stopped: a
+//! restart may follow, or not).
 
+use crate::config::ModelConfig;
 use crate::echo::echo;
-use crate::slots::{SlotManager, SlotState};
+use crate::retry::RetryHint;
+use crate::slots::{Availability, SlotManager};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -91,7 +103,10 @@ impl Router {
         queues.get(model).map(|(_, q)| q.clone())
     }
 
-    fn not_ready(&self, model: &str) -> Status {
+    /// UNAVAILABLE for a model without a Ready slot: each slot's state and
+    /// for how long, why the request does not wait (longer), and the retry
+    /// hint.
+    fn not_ready(&self, model: &str, availability: Availability, why: Option<String>) -> Status {
         let states: Vec<String> = self
             .slots
             .snapshot()
@@ -105,10 +120,69 @@ impl Router {
                 )
             })
             .collect();
-        Status::unavailable(format!(
-            "model `{model}` has no ready slot ({})",
-            states.join("; ")
-        ))
+        let mut message = format!("model `{model}` has no ready slot ({})", states.join("; "));
+        if let Some(why) = why {
+            message = format!("{message}; {why}");
+        }
+        crate::retry::unavailable(message, RetryHint::for_availability(availability))
+    }
+
+    /// What a request that found no free place does next: wait for a place
+    /// on a Ready slot (until its deadline, as any queued request), wait for
+    /// a recovering slot (until its deadline or `recovery_wait_secs` after
+    /// it arrived, whichever comes first), or be refused with UNAVAILABLE.
+    /// A recovery expected to end after the wait would is not waited for:
+    /// the client learns at once, with the hint, instead of at its
+    /// deadline.
+    fn plan_wait(
+        &self,
+        model: &str,
+        m: &ModelConfig,
+        arrived: tokio::time::Instant,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Wait, Status> {
+        let availability = self.slots.availability(model, None);
+        let eta = match availability {
+            Availability::Ready => return Ok(Wait::ForPlace(deadline)),
+            Availability::Stopped | Availability::Down => {
+                return Err(self.not_ready(model, availability, None))
+            }
+            Availability::Retrying { .. } => {
+                return Err(self.not_ready(
+                    model,
+                    availability,
+                    Some("no slot has served yet and its start failed, so requests do not wait for the next attempt".into()),
+                ))
+            }
+            Availability::Recovering { eta } => eta,
+        };
+        let refuse = |why: String| Err(self.not_ready(model, availability, Some(why)));
+        if m.recovery_wait_secs == 0 {
+            return refuse(
+                "this model does not wait for recovering slots (recovery_wait_secs = 0)".into(),
+            );
+        }
+        let now = tokio::time::Instant::now();
+        let recovery_end = arrived + Duration::from_secs(m.recovery_wait_secs);
+        if now >= recovery_end {
+            return refuse(format!(
+                "waited {:.1} s for a slot to recover (recovery_wait_secs = {})",
+                now.duration_since(arrived).as_secs_f64(),
+                m.recovery_wait_secs
+            ));
+        }
+        let (end, bound) = match deadline {
+            Some(d) if d < recovery_end => (d, "this request's deadline"),
+            _ => (recovery_end, "recovery_wait_secs"),
+        };
+        if let Some(eta) = eta.filter(|eta| now + *eta > end) {
+            return refuse(format!(
+                "the first slot back is expected in about {:.1} s, after {bound} ({:.1} s from now)",
+                eta.as_secs_f64(),
+                end.saturating_duration_since(now).as_secs_f64()
+            ));
+        }
+        Ok(Wait::ForRecovery(end))
     }
 
     /// Route a gRPC request, honouring its `grpc-timeout` deadline. Both the
@@ -123,13 +197,6 @@ impl Router {
             .and_then(|v| v.to_str().ok())
             .and_then(parse_grpc_timeout);
         self.generate(request.into_inner(), timeout).await
-    }
-
-    fn has_ready_slot(&self, model: &str) -> bool {
-        self.slots
-            .snapshot()
-            .iter()
-            .any(|s| s.model == model && s.state == SlotState::Ready)
     }
 
     /// Route one request and return the stream of chunks for the client.
@@ -175,35 +242,60 @@ impl Router {
             // Removed by a reload between validation and here.
             return Err(Status::not_found(format!("unknown model `{model}`")));
         };
-        if !self.has_ready_slot(&model) {
-            return Err(self.not_ready(&model));
-        }
+        let started = tokio::time::Instant::now();
+        let deadline = timeout.map(|t| started + t);
+        // Refused before taking a place when it could not wait anyway; a
+        // request that waits for a recovery holds its place like any other,
+        // so `max_queue` bounds the waiters too.
+        self.plan_wait(&model, m, started, deadline)?;
         let permit = queue.try_acquire_owned().map_err(|_| {
             Status::resource_exhausted(format!(
                 "model `{model}` has {} requests waiting (max_queue); retry in a few seconds",
                 m.max_queue
             ))
         })?;
-        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
         let route = loop {
             let notified = self.slots.changed.notified();
             if let Some(route) = self.slots.pick(&model, m.max_in_flight) {
                 route.in_flight.fetch_add(1, Ordering::Relaxed);
                 break route;
             }
-            if !self.has_ready_slot(&model) {
-                return Err(self.not_ready(&model));
+            let wait = self.plan_wait(&model, m, started, deadline)?;
+            let until = match wait {
+                Wait::ForPlace(until) => until,
+                Wait::ForRecovery(until) => Some(until),
+            };
+            let Some(until) = until else {
+                notified.await;
+                continue;
+            };
+            // Woken by any slot change; at `until` either the deadline has
+            // passed (below) or the recovery wait is over, which the next
+            // round's plan refuses, saying what the request waited for.
+            if tokio::time::timeout_at(until, notified).await.is_ok()
+                || deadline.is_none_or(|d| tokio::time::Instant::now() < d)
+            {
+                continue;
             }
-            match deadline {
-                Some(d) => {
-                    if tokio::time::timeout_at(d, notified).await.is_err() {
-                        return Err(Status::deadline_exceeded(format!(
-                            "the deadline passed while waiting for a free slot of model `{model}`"
-                        )));
+            return Err(match wait {
+                Wait::ForPlace(_) => Status::deadline_exceeded(format!(
+                    "the deadline passed while waiting for a free slot of model `{model}`"
+                )),
+                Wait::ForRecovery(_) => {
+                    let hint = RetryHint::for_availability(self.slots.availability(&model, None));
+                    let mut message = format!(
+                        "the deadline passed while waiting for a slot of model `{model}` to recover"
+                    );
+                    if let Some(hint) = &hint {
+                        message = format!("{message}; {}", hint.describe());
                     }
+                    let mut status = Status::deadline_exceeded(message);
+                    if let Some(hint) = hint {
+                        hint.attach(&mut status);
+                    }
+                    status
                 }
-                None => notified.await,
-            }
+            });
         };
         drop(permit);
         let guard = InFlight {
@@ -213,6 +305,7 @@ impl Router {
         let queued_us = arrived.elapsed().as_micros() as u64;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut engine = route.engine.clone();
+        let slots = self.slots.clone();
         let slot = route.slot.clone();
         let stats = route.stats.clone();
         let engine_request = pb::EngineGenerateRequest {
@@ -222,7 +315,7 @@ impl Router {
         let mut upstream = engine
             .generate(engine_request)
             .await
-            .map_err(|s| worker_error(&slot, s))?
+            .map_err(|s| worker_error(&slot, s, || lost_worker_hint(&slots, &model, &slot)))?
             .into_inner();
         let (tx, rx) = mpsc::channel(32);
         tokio::spawn(async move {
@@ -284,12 +377,14 @@ impl Router {
                         // The stream ended without its final chunk.
                         Ok(None) => return "worker_error",
                         Err(status) => {
+                            let status = worker_error(&slot, status, || {
+                                lost_worker_hint(&slots, &model, &slot)
+                            });
                             let outcome = match status.code() {
-                                tonic::Code::Cancelled => "cancelled",
                                 tonic::Code::DeadlineExceeded => "deadline",
                                 _ => "worker_error",
                             };
-                            let _ = tx.send(Err(worker_error(&slot, status))).await;
+                            let _ = tx.send(Err(status)).await;
                             return outcome;
                         }
                     }
@@ -487,18 +582,43 @@ fn check_prompt_size(field: &str, bytes: usize, max: u64) -> Result<(), Status> 
     Ok(())
 }
 
+/// What a request that found no free place waits for, and until when.
+enum Wait {
+    /// A place on a Ready slot, until the deadline (None: none given).
+    ForPlace(Option<tokio::time::Instant>),
+    /// A recovering slot to be Ready, until the deadline or the model's
+    /// recovery wait, whichever comes first.
+    ForRecovery(tokio::time::Instant),
+}
+
 /// Map a worker's error for the client. The worker's own validation and
-/// admission answers pass through; transport failures mean the worker died.
-fn worker_error(slot: &str, status: Status) -> Status {
+/// admission answers pass through; anything else means the worker died,
+/// and `hint` (see [`lost_worker_hint`]) says when to retry. CANCELLED is
+/// among the latter: the worker never cancels a request itself (the daemon
+/// cancels by dropping the stream, and then reads no status), but the
+/// transport reports a connection that closed under a request as
+/// "operation was canceled", which the client must not take for its own
+/// cancellation.
+fn worker_error(slot: &str, status: Status, hint: impl FnOnce() -> Option<RetryHint>) -> Status {
     use tonic::Code;
     match status.code() {
-        Code::InvalidArgument | Code::ResourceExhausted | Code::Cancelled | Code::DeadlineExceeded => status,
-        _ => Status::unavailable(format!(
-            "the worker of slot {slot} failed mid-request ({}: {}); the slot is recovering, retry shortly",
-            status.code(),
-            status.message()
-        )),
+        Code::InvalidArgument | Code::ResourceExhausted | Code::DeadlineExceeded => status,
+        _ => crate::retry::unavailable(
+            format!(
+                "the worker of slot {slot} failed mid-request ({}: {}); the slot is recovering",
+                status.code(),
+                status.message()
+            ),
+            hint(),
+        ),
     }
+}
+
+/// The hint after a worker died under a request: its slot counts as
+/// recovering even while it still shows Ready (its supervisor has not
+/// noticed yet).
+fn lost_worker_hint(slots: &SlotManager, model: &str, slot: &str) -> Option<RetryHint> {
+    RetryHint::for_availability(slots.availability(model, Some(slot)))
 }
 
 /// Parse a gRPC `grpc-timeout` header value (`100m`, `5S`, ...).
@@ -612,6 +732,29 @@ mod tests {
         });
         assert_eq!(err.code(), tonic::Code::NotFound);
         assert_eq!(err.message(), "unknown model `nope`; known models: m");
+    }
+
+    #[test]
+    fn a_connection_closed_under_a_request_is_unavailable_not_the_clients_cancel() {
+        // What hyper reports when the worker's connection closes before its
+        // answer: the client must see UNAVAILABLE, with the hint.
+        let hint = Some(RetryHint::After(Duration::from_millis(700)));
+        let lost = worker_error(
+            "m",
+            Status::cancelled("operation was canceled: connection closed"),
+            || hint,
+        );
+        assert_eq!(lost.code(), tonic::Code::Unavailable, "{lost:?}");
+        assert!(lost.message().contains("slot m"), "{lost:?}");
+        assert_eq!(RetryHint::of(&lost), hint);
+        // The worker's own answers pass through untouched.
+        let own = worker_error(
+            "m",
+            Status::invalid_argument("max_tokens: too many"),
+            || hint,
+        );
+        assert_eq!(own.code(), tonic::Code::InvalidArgument);
+        assert_eq!(RetryHint::of(&own), None);
     }
 
     #[test]

@@ -394,6 +394,13 @@ pub struct ModelConfig {
     /// Requests one slot serves at once; more wait in the model's queue.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: u32,
+    /// With no Ready slot but one on its way back (a restart after a crash
+    /// or kill), how long a request may wait in the queue for it, in
+    /// seconds; the request's own deadline still bounds the wait. 0: refuse
+    /// at once with UNAVAILABLE and a retry hint (engines whose recovery
+    /// takes minutes).
+    #[serde(default = "default_recovery_wait_secs")]
+    pub recovery_wait_secs: u64,
     /// How long in-flight requests may run when the slot drains, in seconds.
     #[serde(default = "default_drain_timeout_secs")]
     pub drain_timeout_secs: u64,
@@ -409,6 +416,10 @@ fn default_max_queue() -> u32 {
 
 fn default_max_in_flight() -> u32 {
     8
+}
+
+fn default_recovery_wait_secs() -> u64 {
+    30
 }
 
 fn default_drain_timeout_secs() -> u64 {

@@ -199,6 +199,21 @@ fn zero_timeout_is_rejected() {
 }
 
 #[test]
+fn recovery_wait_defaults_to_30_s_may_be_off_and_is_bounded() {
+    assert_eq!(
+        parse(ONE_MODEL).unwrap().models["qwen"].recovery_wait_secs,
+        30
+    );
+    let off = parse(&format!("{ONE_MODEL}recovery_wait_secs = 0\n")).unwrap();
+    assert_eq!(off.models["qwen"].recovery_wait_secs, 0);
+    assert_rejected(
+        &format!("{ONE_MODEL}recovery_wait_secs = 86400\n"),
+        "models.qwen.recovery_wait_secs",
+        "use a value from 0 to 3600 s",
+    );
+}
+
+#[test]
 fn absurd_timeout_is_rejected() {
     assert_rejected(
         "[reset]\ntt_smi_timeout_secs = 999999\n",

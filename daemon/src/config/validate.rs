@@ -714,6 +714,14 @@ fn check_model(
     );
     range(
         problems,
+        &key("recovery_wait_secs"),
+        m.recovery_wait_secs,
+        0,
+        3600,
+        "s",
+    );
+    range(
+        problems,
         &key("drain_timeout_secs"),
         m.drain_timeout_secs,
         1,

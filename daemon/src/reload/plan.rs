@@ -106,7 +106,12 @@ impl Plan {
 }
 
 /// Model keys the daemon applies without touching the worker.
-const LIVE_KEYS: &[&str] = &["max_queue", "max_in_flight", "rollback_on_failure"];
+const LIVE_KEYS: &[&str] = &[
+    "max_queue",
+    "max_in_flight",
+    "recovery_wait_secs",
+    "rollback_on_failure",
+];
 
 /// Model keys whose values may be secrets: their changes are named, never
 /// shown.
@@ -416,6 +421,13 @@ mod tests {
         let (act, why) = action(&plan, "a");
         assert_eq!(act, Action::Update);
         assert_eq!(why, "max_in_flight: 8 → 2");
+        // The router reads the recovery wait per request: live too.
+        let new = config(&format!("{A}recovery_wait_secs = 0\n"));
+        let plan = diff(&old, &new, &variant, &BTreeMap::new());
+        assert_eq!(
+            action(&plan, "a"),
+            (Action::Update, "recovery_wait_secs: 30 → 0".to_string())
+        );
     }
 
     #[test]

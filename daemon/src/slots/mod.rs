@@ -6,6 +6,7 @@
 //! (a model is SERVING only while one of its slots is Ready). Each slot's
 //! [`supervisor`] task drives its lifecycle; the router only reads.
 
+pub mod recovery;
 pub mod stats;
 pub mod supervisor;
 
@@ -15,13 +16,15 @@ use crate::worker::logs::LogRing;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 use tt_serving_proto::v1::engine_client::EngineClient;
+
+pub use recovery::Availability;
 
 /// The name of replica `index` of a model: the model's name alone when the
 /// model gives `cards` (one replica), `model/N` when it gives `replicas`. A
@@ -137,6 +140,8 @@ struct SlotEntry {
     task: Option<JoinHandle<()>>,
     /// Why the slot is being stopped (shown while it drains).
     stop_reason: Option<String>,
+    /// Its phases on the way to Ready, for the router's estimates.
+    timeline: recovery::Timeline,
 }
 
 impl SlotEntry {
@@ -169,6 +174,7 @@ impl SlotEntry {
             commands: None,
             task: None,
             stop_reason: None,
+            timeline: recovery::Timeline::new(Instant::now()),
         }
     }
 }
@@ -340,9 +346,27 @@ impl SlotManager {
         self.table().get(slot).and_then(|e| e.stop_reason.clone())
     }
 
-    /// The only place a slot's state changes.
+    /// The only place a slot's state changes (with [`Self::retry_later`],
+    /// its variant for a failure with a retry scheduled).
     pub fn transition(&self, slot: &str, state: SlotState, reason: impl Into<String>) {
-        let reason = reason.into();
+        self.set_state(slot, state, reason.into(), None);
+    }
+
+    /// Failed, with the next attempt at `retry_at`. The state and the retry
+    /// time change together: a reader seeing Failed without a retry takes
+    /// the slot for one that gave up (the router then refuses at once
+    /// instead of waiting for it).
+    pub fn retry_later(&self, slot: &str, reason: impl Into<String>, retry_at: SystemTime) {
+        self.set_state(slot, SlotState::Failed, reason.into(), Some(retry_at));
+    }
+
+    fn set_state(
+        &self,
+        slot: &str,
+        state: SlotState,
+        reason: String,
+        retry_at: Option<SystemTime>,
+    ) {
         let model;
         {
             let mut table = self.table();
@@ -357,12 +381,11 @@ impl SlotManager {
             }
             if from != state {
                 entry.view.since = SystemTime::now();
+                entry.timeline.enter(from, state, Instant::now());
             }
             entry.view.state = state;
             entry.view.reason = reason;
-            if state != SlotState::Failed {
-                entry.view.retry_at = None;
-            }
+            entry.view.retry_at = retry_at;
             if state != SlotState::Ready {
                 entry.engine = None;
             }
@@ -546,6 +569,50 @@ impl SlotManager {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(slot)
+    }
+
+    /// Whether `model` can serve now, soon (and when), or not without an
+    /// operator. `lost` names a slot whose worker the caller has just seen
+    /// die: it still shows Ready until its supervisor notices, so it is
+    /// counted as at the start of a recovery instead.
+    pub fn availability(&self, model: &str, lost: Option<&str>) -> Availability {
+        let now = Instant::now();
+        let table = self.table();
+        let (mut recovering, mut stopped) = (false, false);
+        let mut eta: Option<Duration> = None;
+        let mut retry_in: Option<Duration> = None;
+        for (name, e) in table.iter().filter(|(_, e)| e.view.model == model) {
+            let state = e.view.state;
+            let slot_eta = if state == SlotState::Ready && Some(name.as_str()) == lost {
+                e.timeline.eta_after_loss()
+            } else if state == SlotState::Ready {
+                return Availability::Ready;
+            } else if let (SlotState::Failed, Some(at), false) =
+                (state, e.view.retry_at, e.timeline.has_served())
+            {
+                let d = at.duration_since(SystemTime::now()).unwrap_or_default();
+                retry_in = Some(retry_in.map_or(d, |best| best.min(d)));
+                continue;
+            } else if recovery::is_recovering(state, e.view.retry_at) {
+                e.timeline.eta(state, e.view.retry_at, now)
+            } else {
+                stopped |= matches!(state, SlotState::Draining | SlotState::Stopped);
+                continue;
+            };
+            recovering = true;
+            if let Some(d) = slot_eta {
+                eta = Some(eta.map_or(d, |best| best.min(d)));
+            }
+        }
+        if recovering {
+            Availability::Recovering { eta }
+        } else if let Some(retry_in) = retry_in {
+            Availability::Retrying { retry_in }
+        } else if stopped {
+            Availability::Stopped
+        } else {
+            Availability::Down
+        }
     }
 
     /// The least-loaded Ready slot of `model` with room for one more request

@@ -223,18 +223,16 @@ pub async fn run(
                         .saturating_mul(1u64 << exponent)
                         .min(r.backoff_max_ms),
                 );
-                mgr.update(&slot, |v| v.retry_at = None);
-                mgr.transition(
+                mgr.retry_later(
                     &slot,
-                    SlotState::Failed,
                     format!(
                         "{reason}; retrying in {} ms (attempt {} of {})",
                         backoff.as_millis(),
                         failures.len() + 1,
                         r.max_attempts
                     ),
+                    SystemTime::now() + backoff,
                 );
-                mgr.update(&slot, |v| v.retry_at = Some(SystemTime::now() + backoff));
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
                     cmd = commands.recv() => match cmd {
