@@ -141,6 +141,8 @@ fn check_config(file: &std::path::Path, offline: bool) -> ExitCode {
             ""
         }
     );
+    // The NixOS module's TimeoutStopSec must cover this (tests/nix checks).
+    println!("stop limit: {} s", config.stop_limit().as_secs());
     ExitCode::SUCCESS
 }
 

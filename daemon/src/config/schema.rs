@@ -34,6 +34,24 @@ pub struct Config {
     pub models: BTreeMap<String, ModelConfig>,
 }
 
+impl Config {
+    /// How long a clean stop of every slot may take: the slowest model's
+    /// drain, then SIGTERM's grace twice (the worker's own bounded drain,
+    /// then the wait after SIGKILL), plus 10 s of slack for the rest of the
+    /// shutdown. The one formula for the daemon's shutdown, a loan's
+    /// drain, a reload's stops and the systemd unit's stop timeout (the NixOS
+    /// module renders the same numbers; `check-config` prints the result).
+    pub fn stop_limit(&self) -> std::time::Duration {
+        let secs = self
+            .models
+            .values()
+            .map(|m| m.drain_timeout_secs + 2 * m.restart.stop_timeout_secs + 10)
+            .max()
+            .unwrap_or(10);
+        std::time::Duration::from_secs(secs)
+    }
+}
+
 /// Daemon-level settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
