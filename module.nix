@@ -138,7 +138,10 @@ let
 
   renderModel =
     name: m:
-    removeAttrs m (lib.optional (m.cards == [ ]) "cards") // { env_file = credential "model-${name}-env"; };
+    removeAttrs m (lib.optional (m.cards == [ ]) "cards")
+    // {
+      env_file = credential "model-${name}-env";
+    };
 
   # The typed options' keys first, so that `settings` can override them.
   finalSettings = prune (
@@ -157,7 +160,8 @@ let
         tls_cert = credential "tls-cert";
         tls_key = credential "tls-key";
       };
-      hardware.tt_smi = if cfg.ttSmiPackage != null then lib.getExe' cfg.ttSmiPackage "tt-smi" else null;
+      hardware.tt_smi =
+        if cfg.ttSmiPackage != null then lib.getExe' cfg.ttSmiPackage "tt-smi" else null;
     } (lib.recursiveUpdate cfg.settings { models = lib.mapAttrs renderModel cfg.models; })
   );
 
@@ -195,13 +199,16 @@ let
   # resets cards and builds caches; the base still covers the longest
   # readiness deadline plus the card resets before it.
   startTimeoutSecs =
-    600 + maxOf daemonDefaults.deadline_secs (map (m: m.readiness.deadline_secs or daemonDefaults.deadline_secs) models);
+    600
+    + maxOf daemonDefaults.deadline_secs (
+      map (m: m.readiness.deadline_secs or daemonDefaults.deadline_secs) models
+    );
   # The daemon's clean-stop budget, Config::stop_limit() in
   # daemon/src/config/schema.rs (`check-config` prints it; tests/nix/run.sh
   # checks this covers it): the slowest drain, then SIGTERM's grace twice,
-  # plus 10 s. A shorter TimeoutStopSec= had systemd SIGKILL engines mid-stop,
-  # which wedges their cards. The daemon also sends EXTEND_TIMEOUT_USEC while
-  # it stops; the unit does not rely on it.
+  # plus 10 s. A shorter TimeoutStopSec= lets systemd SIGKILL engines in the
+  # middle of a clean stop, which wedges their cards. The daemon also sends
+  # EXTEND_TIMEOUT_USEC while it stops; the unit does not rely on it.
   stopLimitSecs = maxOf 10 (
     map (
       m:
@@ -383,10 +390,10 @@ in
       type = types.submodule {
         freeformType = settingsFormat.type;
         options.daemon = {
-          control_socket = dirOption "/run/tt-serving/control.sock" "The control socket `ttctl` talks to.";
-          state_dir = dirOption "/var/lib/tt-serving" "Persistent state (the clean-shutdown record, quarantine reasons).";
-          cache_dir = dirOption "/var/cache/tt-serving" "Root of the tensor caches, `<cache_dir>/<model>/<variant>/`.";
-          lock_dir = dirOption "/run/lock/tenstorrent" "One lock file per card, shared with `ttctl` and benchmark scripts.";
+          control_socket = dirOption "/run/tt-serving/control.sock" "The control socket `ttctl` uses.";
+          state_dir = dirOption "/var/lib/tt-serving" "Persistent state (clean-shutdown record).";
+          cache_dir = dirOption "/var/cache/tt-serving" "Root of the tensor caches.";
+          lock_dir = dirOption "/run/lock/tenstorrent" "One lock file per card (tmpfiles).";
         };
       };
     };
@@ -425,7 +432,15 @@ in
       }) secrets;
 
       warnings =
-        lib.optional (cfg.openFirewall && builtins.elem cfg.listenAddress [ "127.0.0.1" "::1" "localhost" ])
+        lib.optional
+          (
+            cfg.openFirewall
+            && builtins.elem cfg.listenAddress [
+              "127.0.0.1"
+              "::1"
+              "localhost"
+            ]
+          )
           "services.tenstorrent-serving.openFirewall opens port ${toString cfg.port}, but the daemon listens on ${cfg.listenAddress} only; set listenAddress = \"0.0.0.0\" to serve other hosts."
         ++ lib.optional (cfg.hugepages.enable && cfg.hugepages.count < totalCards)
           "services.tenstorrent-serving.hugepages.count = ${toString cfg.hugepages.count} is below the ${toString totalCards} cards the models use; tt-metal pins at least one 1 GiB hugepage per card. Raise hugepages.count to at least ${toString totalCards}.";
@@ -479,16 +494,14 @@ in
         wants = lib.optional cfg.hugepages.enable "tenstorrent-hugepages.service";
         # A switch that changes only models reloads the daemon (SIGHUP,
         # Type=notify-reload): unchanged slots keep serving, changed ones
-        # restart, removed ones stop, added ones start. Settings the daemon
-        # cannot change live (the daemon, hardware and reset sections)
-        # restart it instead. See docs/nixos.md.
+        # restart, removed ones stop, added ones start. Every other section
+        # (daemon, hardware, reset, inference, limits, ...) restarts it
+        # instead. See docs/nixos.md.
         reloadTriggers = [ configFile ];
         restartTriggers = [
           (builtins.hashString "sha256" (builtins.toJSON (removeAttrs finalSettings [ "models" ])))
         ];
-        environment = {
-          HOME = d.state_dir;
-        };
+        environment.HOME = d.state_dir;
         unitConfig.RequiresMountsFor = lib.optional cfg.hugepages.enable cfg.hugepages.mountPoint;
         serviceConfig = {
           # systemd sends SIGHUP on reload and waits for RELOADING=1 then
@@ -529,9 +542,7 @@ in
           # owned by controlSocketGroup, so the directory stays traversable.
           RuntimeDirectory = lib.optional (runtimeDirName != null) runtimeDirName;
           RuntimeDirectoryMode = "0755";
-          ReadWritePaths = [
-            (d.lock_dir)
-          ]
+          ReadWritePaths = [ d.lock_dir ]
           ++ unmanagedDirs
           # "-": the mount may be missing; the engine then says so itself.
           ++ lib.optional cfg.hugepages.enable "-${cfg.hugepages.mountPoint}";
