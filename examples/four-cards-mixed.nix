@@ -46,36 +46,36 @@
       ];
       checkpoint = "/srv/models/Qwen3.6-27B";
       worker = [ "/opt/tt-inference/bin/tt-metal-worker" ];
-      meshDevice = "P300";
+      mesh_device = "P300";
       flags = {
         QWEN36_SDPA_STREAMING = "1";
         QWEN36_PAGED_KV = "1";
         QWEN36_TRACE_DECODE = "0";
       };
-      cacheFlags = [ "QWEN36_PAGED_KV" ];
+      cache_flags = [ "QWEN36_PAGED_KV" ];
       banners = {
         patterns = [ "QWEN36_*" ];
         mode = "both";
       };
-      extraEnvironment.TT_METAL_LOGGER_LEVEL = "WARNING";
+      env.TT_METAL_LOGGER_LEVEL = "WARNING";
       # The engine's licence key: read by the daemon at every worker start,
       # never in the store or the logs.
-      environmentFile = "/run/secrets/qwen-worker.env";
-      coldEnvironment.TT_TRANSFORMERS_FORCE_MODEL_LOAD = "1";
+      env_file = "/run/secrets/qwen-worker.env";
+      cold_env.TT_TRANSFORMERS_FORCE_MODEL_LOAD = "1";
       readiness = {
-        deadlineSecs = 3600;
-        pingPrompt = "Q: What is the capital of France?\nA: \"";
-        pingMaxTokens = 8;
+        deadline_secs = 3600;
+        ping_prompt = "Q: What is the capital of France?\nA: \"";
+        ping_max_tokens = 8;
         expect = "Paris";
       };
       restart = {
-        maxAttempts = 3;
-        stallTimeoutSecs = 300;
-        rssLimitMiB = 98304;
-        stopTimeoutSecs = 60;
+        max_attempts = 3;
+        stall_timeout_secs = 300;
+        rss_limit_mib = 98304;
+        stop_timeout_secs = 60;
       };
-      drainTimeoutSecs = 120;
-      maxQueue = 256;
+      drain_timeout_secs = 120;
+      max_queue = 256;
     };
 
     models.smollm2 = {
@@ -85,7 +85,7 @@
         [ "0000:04:00.0" ]
       ];
       checkpoint = "/var/lib/tt-serving/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-      flags.TTW_KV_F16 = true;
+      flags.TTW_KV_F16 = "1";
       banners.patterns = [ "TTW_*" ];
       readiness.expect = "Paris";
     };

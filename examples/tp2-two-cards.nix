@@ -23,14 +23,14 @@
         QWEN36_BFP8_MLP = "1";
       };
       # bfp8 MLP weights change the tensor cache files: a new variant.
-      cacheFlags = [ "QWEN36_BFP8_MLP" ];
+      cache_flags = [ "QWEN36_BFP8_MLP" ];
       banners.patterns = [ "QWEN36_*" ];
-      coldEnvironment.TT_TRANSFORMERS_FORCE_MODEL_LOAD = "1";
+      cold_env.TT_TRANSFORMERS_FORCE_MODEL_LOAD = "1";
       readiness = {
-        deadlineSecs = 3600;
+        deadline_secs = 3600;
         expect = "Paris";
       };
-      restart.rssLimitMiB = 98304;
+      restart.rss_limit_mib = 98304;
     };
   };
 }

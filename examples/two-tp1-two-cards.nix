@@ -9,7 +9,7 @@
       tp = 1;
       cards = [ 0 ];
       checkpoint = "/var/lib/tt-serving/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-      flags.TTW_KV_F16 = true;
+      flags.TTW_KV_F16 = "1";
       banners.patterns = [ "TTW_*" ];
       readiness.expect = "Paris";
     };
@@ -19,17 +19,17 @@
       cards = [ 1 ];
       checkpoint = "/var/lib/tt-serving/models/SmolLM2-135M-Instruct.Q4_1.gguf";
       flags = {
-        TTW_MLP_DOWN_Q8 = true;
-        TTW_KV_F16 = false;
+        TTW_MLP_DOWN_Q8 = "1";
+        TTW_KV_F16 = "0";
       };
       # Q8_0 down projections are stored differently in the tensor cache.
-      cacheFlags = [ "TTW_MLP_DOWN_Q8" ];
+      cache_flags = [ "TTW_MLP_DOWN_Q8" ];
       # A/B arm: the f16 KV banner must not show while the flag is off.
       banners = {
         patterns = [ "TTW_*" ];
         mode = "both";
       };
-      maxQueue = 16;
+      max_queue = 16;
     };
   };
 }

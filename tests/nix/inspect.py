@@ -81,7 +81,15 @@ def example(d, out_toml):
     check(start > max(deadlines, default=1800), f"TimeoutStartSec {start}s does not cover the readiness deadline {max(deadlines, default=1800)}s")
     lock_dir = s["daemon"]["lock_dir"]
     check(lock_dir in sc.get("ReadWritePaths", []), f"lock dir {lock_dir} not in ReadWritePaths")
-    check(any(r.startswith(f"d {lock_dir} ") for r in d["tmpfiles"]), f"no tmpfiles rule for {lock_dir}")
+    # Card locks: only the admin group may write the lock dir (the daemon
+    # refuses one any other group can write), and the daemon, which gives
+    # lock files to that group, is in it.
+    admin = s["daemon"].get("control_admin_group")
+    user = d["unit"]["serviceConfig"]["User"]
+    want_rule = f"d {lock_dir} 2775 {user} {admin} - -" if admin else f"d {lock_dir} 0755 {user} {d['unit']['serviceConfig']['Group']} - -"
+    check(want_rule in d["tmpfiles"], f"no tmpfiles rule {want_rule!r} for the lock dir: {d['tmpfiles']}")
+    if admin:
+        check(admin in sc.get("SupplementaryGroups", []), f"daemon not in the admin group {admin}")
 
     etc = d["etc"].get("tt-serving/config.toml", {}).get("source")
     check(etc is not None, "environment.etc.\"tt-serving/config.toml\" missing")
@@ -97,7 +105,6 @@ def example(d, out_toml):
         check(group in d["groups"], f"group {group} not created")
         check(group in sc.get("SupplementaryGroups", []), f"daemon not in {group}")
     check(d["hardwareTenstorrentEnable"] is True, "hardware.tenstorrent.enable not defaulted to true")
-    admin = s["daemon"].get("control_admin_group")
     if admin:
         check(admin in d["groups"], f"admin group {admin} not created")
 

@@ -3,7 +3,8 @@
 # examples/. Building it renders each config with the real
 # `pkgs.formats.toml` and checks it with `tt-servingd check-config --offline`
 # (the module's checkConfig). The configs in broken/ must fail evaluation's
-# assertions with the message on their `# expect:` line.
+# assertions, and those in invalid/ must evaluate and then fail that
+# build-time check, each with the message on its `# expect:` line.
 {
   pkgs,
   self,
@@ -73,9 +74,31 @@ let
     else
       throw "tests/nix/broken/${name}: no assertion says `${expected}`; got: ${lib.concatStringsSep "; " failed}"
   ) (nixFiles ./broken);
+
+  # The daemon's validator is the module's: building the config file runs
+  # check-config, which must fail saying what the `# expect:` line says.
+  invalid = map (
+    name:
+    let
+      file = ./invalid + "/${name}";
+      config = evalHost file;
+      failure = pkgs.testers.testBuildFailure config.environment.etc."tt-serving/config.toml".source;
+    in
+    if failedAssertions config != [ ] then
+      throw "tests/nix/invalid/${name}: an assertion fails (move it to broken/): ${lib.concatStringsSep "; " (failedAssertions config)}"
+    else
+      {
+        name = "invalid-${name}";
+        path = pkgs.runCommand "tt-serving-invalid-${lib.removeSuffix ".nix" name}" { } ''
+          grep -F -- ${lib.escapeShellArg (expectOf file)} ${failure}/testBuildFailure.log
+          touch $out
+        '';
+      }
+  ) (nixFiles ./invalid);
 in
 pkgs.linkFarm "tt-serving-module-eval" (
   good
+  ++ invalid
   ++ [
     {
       name = "broken-configs-rejected";

@@ -9,8 +9,11 @@
 #      in this directory, for every host config in examples/: no assertion
 #      fails, the rendered TOML round-trips and passes
 #      `tt-servingd check-config --offline`, the unit has what the module
-#      promises; every config in tests/nix/broken/ is rejected by an
-#      assertion with the message on its `# expect:` line.
+#      promises and its TimeoutStopSec= covers the `stop limit` check-config
+#      prints; every config in tests/nix/broken/ is rejected by a module
+#      assertion (Nix matters: secrets, ports, TLS pairs), every config in
+#      tests/nix/invalid/ evaluates and is rejected by check-config (the
+#      build-time check), each with the message on its `# expect:` line.
 #   3. Without NIXPKGS_LIB: a loud SKIPPED line instead of 2.
 #
 # Environment: NIXPKGS_LIB; TT_SERVINGD (default target/debug/tt-servingd);
@@ -111,10 +114,23 @@ check_host() {
     sed 's/^/   | /' "$out/$name.toml"
     if [ -n "$servingd" ]; then
         if res=$("$servingd" check-config --offline "$out/$name.toml" 2>&1); then
-            pass "$file: tt-servingd check-config --offline: $res"
+            pass "$file: tt-servingd check-config --offline: $(head -1 <<<"$res")"
         else
             fail "$file: tt-servingd check-config --offline rejects the rendered config"
             printf '%s\n' "$res" | sed 's/^/    /'
+            return
+        fi
+        # One stop budget: systemd must not kill a clean stop the daemon
+        # may still be making (Config::stop_limit()).
+        local limit stop
+        limit=$(sed -n 's/^stop limit: \([0-9]*\) s$/\1/p' <<<"$res")
+        stop=$(python3 -c 'import json, sys; print(str(json.load(sys.stdin)["unit"]["serviceConfig"]["TimeoutStopSec"]).rstrip("s"))' <"$out/$name.json")
+        if [ -z "$limit" ]; then
+            fail "$file: check-config printed no 'stop limit: N s' line; rebuild $servingd"
+        elif [ "$stop" -gt "$limit" ] 2>/dev/null; then
+            pass "$file: TimeoutStopSec=${stop}s covers the daemon's stop limit ${limit}s"
+        else
+            fail "$file: TimeoutStopSec=${stop}s does not cover the daemon's stop limit ${limit}s: systemd would SIGKILL a clean stop"
         fi
     fi
 }
@@ -143,13 +159,13 @@ t = json.load(sys.stdin)
 b, m, d, e = t["base"], t["modelChange"], t["daemonChange"], t["envFileChange"]
 bad = []
 if m["credentials"] != b["credentials"]: bad.append("a model flag change moves LoadCredential= (the switch would restart the daemon)")
-if "model-smollm2-env:/run/secrets/smollm2.env" not in e["credentials"]: bad.append(f"a model environmentFile is not a credential: {e['credentials']}")
+if "model-smollm2-env:/run/secrets/smollm2.env" not in e["credentials"]: bad.append(f"a model env_file is not a credential: {e['credentials']}")
 if m["restart"] != b["restart"]: bad.append("a model flag change moves the restart trigger (the switch would restart the daemon)")
 if m["reload"] == b["reload"]: bad.append("a model flag change does not move the reload trigger (the switch would not reload)")
 if d["restart"] == b["restart"]: bad.append("a daemon-level change does not move the restart trigger (it would only be reported, never applied)")
 print("\n".join(bad)); sys.exit(1 if bad else 0)
 ' <<<"$json"); then
-    pass "switch: a model change reloads, a daemon-level change restarts, an environmentFile is a credential (restart)"
+    pass "switch: a model change reloads, a daemon-level change restarts, a model env_file is a credential (restart)"
 else
     fail "switch triggers"
     printf '%s\n' "${problems:-$json}" | tail -15 | sed 's/^/    /'
@@ -168,6 +184,40 @@ for bad in tests/nix/broken/*.nix; do
     else
         fail "$bad: not rejected as expected"
         printf '%s\n' "${problems:-$json}" | tail -15 | sed 's/^/    /'
+    fi
+done
+
+# Configs the daemon's validator rejects: the module has no assertion for
+# them; the build-time check-config (checkConfig) stops them.
+for bad in tests/nix/invalid/*.nix; do
+    expected=$(sed -n 's/^# expect: //p' "$bad" | head -1)
+    if [ -z "$expected" ]; then
+        fail "$bad: no '# expect: MESSAGE' line"
+        continue
+    fi
+    if [ -z "$servingd" ]; then
+        fail "$bad: not checked (no tt-servingd)"
+        continue
+    fi
+    name=invalid-$(basename "$bad" .nix)
+    if ! json=$(eval_json tests/nix/eval.nix --argstr libPath "$lib" --argstr example "$root/$bad" 2>&1); then
+        fail "$bad: evaluation"
+        printf '%s\n' "$json" | tail -15 | sed 's/^/    /'
+        continue
+    fi
+    problems=$(python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+open(sys.argv[1], "w", encoding="utf-8").write(d["toml"])
+if d["failedAssertions"]: print("  a module assertion failed (this belongs in broken/):", d["failedAssertions"])
+' "$out/$name.toml" <<<"$json")
+    res=$("$servingd" check-config --offline "$out/$name.toml" 2>&1)
+    rc=$?
+    if [ -z "$problems" ] && [ "$rc" -ne 0 ] && grep -qF -- "$expected" <<<"$res"; then
+        pass "$bad: rejected by check-config at build time: $expected"
+    else
+        fail "$bad: not rejected by check-config as expected (rc $rc)"
+        printf '%s\n' "$problems" "$res" | sed 's/^/    /'
     fi
 done
 

@@ -3,7 +3,7 @@
 # daemon-level setting changed, and returns each evaluation's restart and
 # reload triggers. run.sh checks that a model change only moves the reload
 # trigger (switch-to-configuration then reloads), a daemon-level change
-# moves the restart trigger (it restarts), and a model's environmentFile
+# moves the restart trigger (it restarts), and a model's env_file
 # changes the unit's LoadCredential= (it restarts: systemd copies
 # credentials at start).
 { libPath }:
@@ -38,12 +38,12 @@ in
 {
   base = triggers { };
   modelChange = triggers {
-    services.tenstorrent-serving.models.smollm2.flags.TTW_KV_F16 = true;
+    services.tenstorrent-serving.models.smollm2.flags.TTW_KV_F16 = "1";
   };
   daemonChange = triggers {
     services.tenstorrent-serving.settings.daemon.tick_ms = 500;
   };
   envFileChange = triggers {
-    services.tenstorrent-serving.models.smollm2.environmentFile = "/run/secrets/smollm2.env";
+    services.tenstorrent-serving.models.smollm2.env_file = "/run/secrets/smollm2.env";
   };
 }

@@ -33,7 +33,7 @@ in
         "0000:02:00.0"
       ];
       checkpoint = "${fake}/tiny.gguf";
-      readiness.deadlineSecs = 300;
+      readiness.deadline_secs = 300;
     };
   };
 

@@ -1,4 +1,4 @@
-# expect: services.tenstorrent-serving.models.smollm2: set either `cards` (one replica) or `replicas` (several), not both.
+# expect: models.smollm2.replicas: give either `cards` (one replica) or `replicas` (several), not both
 {
   services.tenstorrent-serving = {
     enable = true;

@@ -1,4 +1,4 @@
-# expect: services.tenstorrent-serving.models.qwen.cards: tp = 2 needs exactly 2 cards, got 1 ([ "0000:01:00.0" ]). Add the cabled partner card or set tp = 1.
+# expect: models.qwen.cards: TP=2 needs exactly 2 cards, got 1 ([0000:01:00.0])
 {
   services.tenstorrent-serving = {
     enable = true;

@@ -1,4 +1,4 @@
-# expect: services.tenstorrent-serving: card 0000:01:00.0 is used by models.a.cards[0] and models.b.cards[0]; a card can belong to one slot only.
+# expect: models.b.cards[0]: card 0000:01:00.0 is already used by models.a.cards[0]; a card can belong to one slot only
 {
   services.tenstorrent-serving = {
     enable = true;

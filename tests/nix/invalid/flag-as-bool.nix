@@ -1,0 +1,15 @@
+# expect: models.smollm2.flags.TTW_KV_F16: invalid type: boolean `true`, expected a string
+# Flags are environment variables: strings, as the daemon reads them ("1",
+# "0"). The module used to turn booleans into "1"/"0"; now the file says
+# what the daemon reads, and check-config names the key.
+{
+  services.tenstorrent-serving = {
+    enable = true;
+    models.smollm2 = {
+      tp = 1;
+      cards = [ 0 ];
+      checkpoint = "/var/lib/tt-serving/models/smollm2.gguf";
+      flags.TTW_KV_F16 = true;
+    };
+  };
+}
