@@ -143,7 +143,7 @@ fn main() {
         let mut line = value;
         line["model"] = json!(model_name);
         line["host_cpu"] = json!(host);
-        line["unix_ms"] = json!(tt_servingd::cards::unix_ms(std::time::SystemTime::now()));
+        line["unix_ms"] = json!(tt_servingd::clock::unix_ms(std::time::SystemTime::now()));
         writeln!(out, "{line}").expect("write result");
     };
 
@@ -276,7 +276,7 @@ fn main() {
             // The worker serving now, from the same stream the transitions
             // come from.
             let pid = first.slots[0].worker_pid as i32;
-            let killed = tt_servingd::cards::unix_ms(std::time::SystemTime::now());
+            let killed = tt_servingd::clock::unix_ms(std::time::SystemTime::now());
             nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,

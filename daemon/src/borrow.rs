@@ -7,8 +7,8 @@
 //! the daemon takes the locks back, resets and proves the cards (the job may
 //! have left them in any state) and restarts the slots.
 
-use crate::daemon::DaemonState;
 use crate::slots::{SlotCommand, SlotState};
+use crate::state::DaemonState;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;

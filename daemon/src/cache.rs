@@ -60,6 +60,110 @@ pub enum CacheState {
     },
 }
 
+/// How a worker starts on its cache variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheMode {
+    /// The variant is complete: the worker reads it.
+    Warm,
+    /// The variant is (re)built: the worker writes it, and the daemon
+    /// marks it complete once the worker passed readiness.
+    Cold,
+}
+
+impl CacheMode {
+    /// `warm` or `cold`, as status, logs, metrics and `TT_CACHE_MODE` say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheMode::Warm => "warm",
+            CacheMode::Cold => "cold",
+        }
+    }
+}
+
+/// The lock that serialises cold builds of one variant, held for the
+/// whole cold start; dropping it lets a waiting replica start warm.
+#[derive(Debug)]
+pub struct BuildLock {
+    _file: fs::File,
+}
+
+/// Decide warm or cold for a start on `variant`. Warm when the variant is
+/// complete (and `force_cold` is not set). Otherwise take the variant's
+/// build lock, waiting for another replica's cold build if one runs
+/// (`on_wait` is called once before waiting), then look again: a build
+/// that finished meanwhile makes this start warm; else the variant dir is
+/// emptied and the start is cold, holding the lock.
+pub async fn claim(
+    variant: &Variant,
+    force_cold: bool,
+    on_wait: impl FnOnce(),
+) -> Result<(CacheMode, Option<BuildLock>), String> {
+    use fs2::FileExt;
+    if let (CacheState::Warm { .. }, false) = (variant.state(), force_cold) {
+        return Ok((CacheMode::Warm, None));
+    }
+    let lock_path = variant.build_lock_path();
+    if let Some(parent) = lock_path.parent() {
+        hostfs::create_dir_all_no_follow(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    let file = hostfs::open_in_place(&lock_path, 0o600).map_err(|e| {
+        format!(
+            "cannot open the cache build lock {}: {e}",
+            lock_path.display()
+        )
+    })?;
+    let file = if file.try_lock_exclusive().is_ok() {
+        file
+    } else {
+        on_wait();
+        tokio::task::spawn_blocking(move || file.lock_exclusive().map(|_| file))
+            .await
+            .map_err(|e| format!("cache build lock task failed: {e}"))?
+            .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?
+    };
+    match variant.state() {
+        CacheState::Warm { .. } if !force_cold => Ok((CacheMode::Warm, None)),
+        state => {
+            if let CacheState::Incomplete { reason } = &state {
+                tracing::warn!(variant = %variant.key, %reason, "cache variant incomplete; rebuilding cold");
+            }
+            variant
+                .prepare_cold()
+                .map_err(|e| format!("cannot prepare cache dir {}: {e}", variant.dir.display()))?;
+            Ok((CacheMode::Cold, Some(BuildLock { _file: file })))
+        }
+    }
+}
+
+/// Remove a variant's directory (`ttctl cache rm`); returns the bytes it
+/// held. The caller checks first that no slot runs on it.
+pub fn remove(dir: &Path) -> io::Result<u64> {
+    let bytes = dir_size(dir);
+    // remove_dir_all never follows links inside the tree.
+    fs::remove_dir_all(dir)?;
+    Ok(bytes)
+}
+
+/// The bytes of the regular files under `dir` (links not followed).
+pub fn dir_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => stack.push(entry.path()),
+                Ok(t) if t.is_file() => total += entry.metadata().map(|m| m.len()).unwrap_or(0),
+                _ => {}
+            }
+        }
+    }
+    total
+}
+
 /// The marker's contents.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Marker {
@@ -155,7 +259,7 @@ impl Variant {
         let files = list_files(&self.dir)?;
         let marker = Marker {
             files,
-            created_unix_ms: crate::cards::unix_ms(std::time::SystemTime::now()),
+            created_unix_ms: crate::clock::unix_ms(std::time::SystemTime::now()),
         };
         let text = serde_json::to_vec_pretty(&marker).map_err(io::Error::other)?;
         atomic_write(&self.dir.join(MARKER), &text)?;

@@ -9,166 +9,17 @@
 //! start's `if-unclean` policy reads.
 
 use crate::api;
-use crate::cards::{CardManager, CardState};
+use crate::cards::CardManager;
 use crate::config::{Config, ReadyWhen, ResetPolicy};
 use crate::notify;
-use crate::reload::Reloads;
-use crate::router::Router;
 use crate::shutdown::{self, Shutdown};
 use crate::slots::{SlotManager, SlotState, SlotView};
+use crate::state::DaemonState;
 use anyhow::Context;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
-use tt_serving_proto::v1 as pb;
-
-/// Shared state the API reads. Cards and slots each have one owner; this
-/// only holds handles and the facts about the process.
-pub struct DaemonState {
-    config_path: PathBuf,
-    cards: Arc<CardManager>,
-    slots: Arc<SlotManager>,
-    router: Router,
-    started: SystemTime,
-    inference_address: String,
-    metrics_address: String,
-    reloads: Reloads,
-    shutdown: Shutdown,
-}
-
-impl DaemonState {
-    /// The config in force (a reload swaps it).
-    pub fn config(&self) -> Arc<Config> {
-        self.slots.config()
-    }
-
-    /// The config file the daemon reads at start and reload.
-    pub fn config_path(&self) -> &Path {
-        &self.config_path
-    }
-
-    /// The reload lock and history.
-    pub fn reloads(&self) -> &Reloads {
-        &self.reloads
-    }
-
-    /// Whether the daemon is shutting down.
-    pub fn is_shutting_down(&self) -> bool {
-        self.shutdown.is_triggered()
-    }
-
-    /// Put a reloaded config in force: slots read it when they start, cards
-    /// follow its assignment, the router its limits.
-    pub fn put_in_force(&self, config: Config) {
-        self.cards.reassign(&config);
-        self.slots.set_config(config);
-        self.router.sync_queues();
-    }
-
-    /// The card table.
-    pub fn cards(&self) -> &Arc<CardManager> {
-        &self.cards
-    }
-
-    /// The slots as they are now.
-    pub fn slots(&self) -> Vec<SlotView> {
-        self.slots.snapshot()
-    }
-
-    /// The slot manager (commands to slots, logs).
-    pub fn slot_manager(&self) -> &Arc<SlotManager> {
-        &self.slots
-    }
-
-    /// The request router.
-    pub fn router(&self) -> &Router {
-        &self.router
-    }
-
-    /// A receiver that changes whenever anything in status changes.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.cards.subscribe()
-    }
-
-    /// The one-line summary, also sent to systemd as STATUS=.
-    pub fn summary(&self) -> String {
-        let cards = self.cards.snapshot();
-        let count = |s: CardState| cards.iter().filter(|c| c.state == s).count();
-        let mut parts = vec![format!("{} card(s)", cards.len())];
-        for (state, word) in [
-            (CardState::Ready, "ready"),
-            (CardState::Idle, "idle"),
-            (CardState::Unmanaged, "unmanaged"),
-            (CardState::HeldElsewhere, "held elsewhere"),
-            (CardState::Resetting, "resetting"),
-            (CardState::Probing, "probing"),
-            (CardState::Failed, "failed"),
-            (CardState::Quarantined, "quarantined"),
-            (CardState::Missing, "missing"),
-        ] {
-            let n = count(state);
-            if n > 0 {
-                parts.push(format!("{n} {word}"));
-            }
-        }
-        let slots = self.slots();
-        let ready = slots.iter().filter(|s| s.state == SlotState::Ready).count();
-        let mut line = format!(
-            "{}; {ready} of {} slot(s) ready",
-            parts.join(", "),
-            slots.len()
-        );
-        if let Some(problems) = self.reloads.last_refused() {
-            line.push_str(&format!(
-                "; last reload refused: {problems} problems (ttctl reload)"
-            ));
-        }
-        line
-    }
-
-    /// The full status message.
-    pub fn status(&self) -> pb::StatusResponse {
-        let summary = self.summary();
-        pb::StatusResponse {
-            daemon: Some(pb::DaemonInfo {
-                version: env!("CARGO_PKG_VERSION").to_string(),
-                pid: std::process::id(),
-                started_unix_ms: crate::cards::unix_ms(self.started),
-                config_path: self.config_path.display().to_string(),
-                summary,
-                driver_version: self.cards.hardware().driver_version().unwrap_or_default(),
-                inference_address: self.inference_address.clone(),
-                metrics_address: self.metrics_address.clone(),
-                lock_dir: self.config().daemon.lock_dir.display().to_string(),
-            }),
-            cards: self
-                .cards
-                .snapshot()
-                .iter()
-                .map(api::convert::card)
-                .collect(),
-            slots: self.slots().iter().map(api::convert::slot).collect(),
-            reloads: self.reloads.history(),
-            queues: self
-                .router
-                .waiting()
-                .into_iter()
-                .map(|(model, waiting)| pb::ModelQueue {
-                    max_queue: self
-                        .config()
-                        .models
-                        .get(&model)
-                        .map(|m| m.max_queue)
-                        .unwrap_or(0),
-                    model,
-                    waiting,
-                })
-                .collect(),
-        }
-    }
-}
 
 const CLEAN_SHUTDOWN: &str = "clean-shutdown";
 
@@ -205,7 +56,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
             "the tenstorrent kernel driver is not loaded (no module/tenstorrent in sys_root); no cards can be found. On NixOS set hardware.tenstorrent.enable = true"
         );
     }
-    let cards = CardManager::new(&config).with_context(|| {
+    let cards = CardManager::new(&config, crate::bus::StatusBus::new()).with_context(|| {
         format!(
             "cannot read cards under {}",
             config.hardware.sys_root.display()
@@ -250,21 +101,21 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         .unwrap_or_else(|_| config.daemon.listen.clone());
 
     let (reporter, health) = tonic_health::server::health_reporter();
-    let slots = SlotManager::new(&config, cards.clone(), reporter.clone());
+    let slots = SlotManager::new(&config, cards.clone());
     let (trigger, shutdown) = shutdown::channel();
-    let state = Arc::new(DaemonState {
-        router: Router::new(slots.clone()),
-        slots,
-        config_path: config_path.to_path_buf(),
+    let state = Arc::new(DaemonState::new(
+        crate::state::Process {
+            config_path: config_path.to_path_buf(),
+            started,
+            inference_address: inference_address.clone(),
+            metrics_address: metrics_address.clone(),
+        },
         cards,
-        started,
-        inference_address: inference_address.clone(),
-        metrics_address: metrics_address.clone(),
-        reloads: Reloads::default(),
-        shutdown: shutdown.clone(),
-    });
+        slots,
+        shutdown.clone(),
+    ));
     // A reload asked for while starting waits for startup to finish.
-    let startup_turn = state.reloads.turn().await;
+    let startup_turn = state.reloads().turn().await;
     let hangups = tokio::spawn(reload_on_sighup(state.clone(), hangups));
 
     api::init_health(&reporter, &state).await;
@@ -305,7 +156,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let ticker = tokio::spawn(tick_loop(state.clone(), starting.clone(), shutdown.clone()));
 
     startup_resets(&state, previous_was_clean, &shutdown).await;
-    state.slots.start_all();
+    state.slot_manager().start_all();
     wait_until_ready(&state, &shutdown).await;
     starting.store(false, std::sync::atomic::Ordering::Relaxed);
     let summary = state.summary();
@@ -322,7 +173,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let limit = state.config().stop_limit();
     // systemd's stop timeout is a floor: ask for what the config needs.
     notify::extend_timeout(limit + Duration::from_secs(10));
-    state.slots.stop_all(limit).await;
+    state.slot_manager().stop_all(limit).await;
     for task in [control_task, public_task] {
         match tokio::time::timeout(Duration::from_secs(10), task).await {
             Ok(Ok(Err(e))) => tracing::error!(error = %e, "server ended with an error"),
@@ -334,11 +185,11 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     signals.abort();
     hangups.abort();
     ticker.abort();
-    state.cards.release_all();
+    state.cards().release_all();
     api::remove_control_socket(&state.config().daemon.control_socket);
     crate::hostfs::write_atomic(
         &clean_record,
-        format!("{}\n", crate::cards::unix_ms(SystemTime::now())).as_bytes(),
+        format!("{}\n", crate::clock::unix_ms(SystemTime::now())).as_bytes(),
         0o644,
     )
     .with_context(|| {
@@ -421,9 +272,9 @@ async fn startup_resets(state: &Arc<DaemonState>, previous_was_clean: bool, shut
     };
     // Cards a worker left dirty (it did not stop cleanly) are reset
     // whatever the policy: an engine killed mid-run wedges its cards.
-    let dirty = state.cards.dirty_cards();
+    let dirty = state.cards().dirty_cards();
     let groups: Vec<Vec<String>> = state
-        .cards
+        .cards()
         .reset_groups()
         .into_iter()
         .filter(|group| reset || group.iter().any(|bdf| dirty.contains(bdf)))
@@ -444,7 +295,7 @@ async fn startup_resets(state: &Arc<DaemonState>, previous_was_clean: bool, shut
     ));
     let mut tasks = tokio::task::JoinSet::new();
     for group in groups {
-        let cards = state.cards.clone();
+        let cards = state.cards().clone();
         tasks.spawn(async move {
             let mut ignore = |_| {};
             if let Err(e) = cards.reset(&group, false, &mut ignore).await {
@@ -472,7 +323,7 @@ async fn tick_loop(
     let mut last_summary = String::new();
     while !shutdown.is_triggered() {
         interval.tick().await;
-        let cards = state.cards.clone();
+        let cards = state.cards().clone();
         // Discovery reads many small files; keep it off the async workers.
         if tokio::task::spawn_blocking(move || cards.refresh())
             .await

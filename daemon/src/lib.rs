@@ -15,8 +15,10 @@
 
 pub mod api;
 pub mod borrow;
+pub mod bus;
 pub mod cache;
 pub mod cards;
+pub mod clock;
 pub mod config;
 pub mod ctl;
 pub mod daemon;
@@ -27,10 +29,13 @@ pub mod fuzzing;
 pub mod hostfs;
 pub mod metrics;
 pub mod notify;
+pub mod preflight;
 pub mod reload;
 pub mod retry;
 pub mod router;
+pub mod secrets;
 pub mod shutdown;
 pub mod slots;
+pub mod state;
 pub mod uds;
 pub mod worker;

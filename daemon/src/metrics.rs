@@ -9,8 +9,6 @@
 //! at each scrape, so they can never drift from what `ttctl status` shows,
 //! and slots or cards that went away disappear from the output.
 
-use crate::cards::CardView;
-use crate::slots::{SlotState, SlotView};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -369,62 +367,55 @@ impl Metrics {
     }
 
     /// Set the state gauges from the tables as they are now.
-    fn refresh(&self, slots: &[SlotView], cards: &[CardView], waiting: &[(String, u32)]) {
+    fn refresh(&self, now: &Snapshot) {
         self.slot_state.clear();
         self.worker_rss.clear();
         self.running.clear();
         self.waiting.clear();
         self.card_temperature.clear();
         self.card_power.clear();
-        for s in slots {
-            for state in ALL_STATES {
+        for s in &now.slots {
+            for state in now.states {
                 self.slot_state
                     .get_or_create(&SlotStateLabels {
-                        slot: s.name.clone(),
+                        slot: s.slot.clone(),
                         model: s.model.clone(),
-                        state: state_word(state).to_string(),
+                        state: state.to_string(),
                     })
-                    .set(i64::from(s.state == state));
+                    .set(i64::from(s.state == *state));
             }
             let labels = SlotLabels {
-                slot: s.name.clone(),
+                slot: s.slot.clone(),
                 model: s.model.clone(),
             };
             self.worker_rss
                 .get_or_create(&labels)
-                .set(i64::try_from(s.worker_rss_bytes).unwrap_or(i64::MAX));
+                .set(i64::try_from(s.rss_bytes).unwrap_or(i64::MAX));
             self.running
                 .get_or_create(&model_labels(&s.model))
                 .inc_by(i64::from(s.in_flight));
         }
-        for (model, n) in waiting {
+        for (model, n) in &now.waiting {
             self.waiting
                 .get_or_create(&model_labels(model))
                 .set(i64::from(*n));
         }
-        for c in cards {
-            let Some(t) = c.info.as_ref().map(|i| &i.telemetry) else {
-                continue;
-            };
-            if let Some(v) = t.temperature_c {
+        for c in &now.cards {
+            if let Some(v) = c.temperature_c {
                 self.card_temperature
-                    .get_or_create(&card_labels(&c.bdf))
+                    .get_or_create(&card_labels(&c.card))
                     .set(v);
             }
-            if let Some(v) = t.power_w {
-                self.card_power.get_or_create(&card_labels(&c.bdf)).set(v);
+            if let Some(v) = c.power_w {
+                self.card_power.get_or_create(&card_labels(&c.card)).set(v);
             }
         }
     }
 
-    /// The text exposition (OpenMetrics) with the state gauges refreshed.
-    pub fn render(
-        &self,
-        slots: &[SlotView],
-        cards: &[CardView],
-        waiting: &[(String, u32)],
-    ) -> String {
-        self.refresh(slots, cards, waiting);
+    /// The text exposition (OpenMetrics) with the state gauges set from
+    /// `now`.
+    pub fn render(&self, now: &Snapshot) -> String {
+        self.refresh(now);
         let mut out = String::new();
         if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
             tracing::error!(error = %e, "cannot encode metrics");
@@ -433,36 +424,46 @@ impl Metrics {
     }
 }
 
-const ALL_STATES: [SlotState; 12] = [
-    SlotState::Pending,
-    SlotState::Locking,
-    SlotState::Resetting,
-    SlotState::Probing,
-    SlotState::Starting,
-    SlotState::Loading,
-    SlotState::Verifying,
-    SlotState::Ready,
-    SlotState::Draining,
-    SlotState::Stopped,
-    SlotState::Failed,
-    SlotState::Quarantined,
-];
+/// What the state gauges show at a scrape. The caller (the metrics
+/// endpoint) gathers it from the slot and card tables; the registry sits
+/// below them and never reads them, so cards, slots and the router can all
+/// record events here.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Every slot state word, so each slot gets a 0/1 gauge per state.
+    pub states: &'static [&'static str],
+    /// Each slot.
+    pub slots: Vec<SlotGauges>,
+    /// Requests waiting per model.
+    pub waiting: Vec<(String, u32)>,
+    /// Each card's sensors.
+    pub cards: Vec<CardGauges>,
+}
 
-fn state_word(state: SlotState) -> &'static str {
-    match state {
-        SlotState::Pending => "pending",
-        SlotState::Locking => "locking",
-        SlotState::Resetting => "resetting",
-        SlotState::Probing => "probing",
-        SlotState::Starting => "starting",
-        SlotState::Loading => "loading",
-        SlotState::Verifying => "verifying",
-        SlotState::Ready => "ready",
-        SlotState::Draining => "draining",
-        SlotState::Stopped => "stopped",
-        SlotState::Failed => "failed",
-        SlotState::Quarantined => "quarantined",
-    }
+/// One slot's gauges.
+#[derive(Debug)]
+pub struct SlotGauges {
+    /// The slot's name.
+    pub slot: String,
+    /// Its model.
+    pub model: String,
+    /// Its state word (one of [`Snapshot::states`]).
+    pub state: &'static str,
+    /// The worker's RSS in bytes.
+    pub rss_bytes: u64,
+    /// Requests running on it.
+    pub in_flight: u32,
+}
+
+/// One card's sensor gauges.
+#[derive(Debug)]
+pub struct CardGauges {
+    /// The card's BDF.
+    pub card: String,
+    /// ASIC temperature, when readable.
+    pub temperature_c: Option<f64>,
+    /// Board power, when readable.
+    pub power_w: Option<f64>,
 }
 
 fn model_labels(model: &str) -> ModelLabels {

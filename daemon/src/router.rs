@@ -229,6 +229,61 @@ impl Router {
         result
     }
 
+    /// Wait (holding the request's queue place) until a Ready slot of the
+    /// model has room, a recovering one is worth waiting for no longer, or
+    /// the deadline passes; the slot's in-flight count is taken.
+    async fn route(
+        &self,
+        model: &str,
+        m: &ModelConfig,
+        started: tokio::time::Instant,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<crate::slots::Route, Status> {
+        loop {
+            let notified = self.slots.changed.notified();
+            if let Some(route) = self.slots.pick(model, m.max_in_flight) {
+                route.in_flight.fetch_add(1, Ordering::Relaxed);
+                return Ok(route);
+            }
+            let wait = self.plan_wait(model, m, started, deadline)?;
+            let until = match wait {
+                Wait::ForPlace(until) => until,
+                Wait::ForRecovery(until) => Some(until),
+            };
+            let Some(until) = until else {
+                notified.await;
+                continue;
+            };
+            // Woken by any slot change; at `until` either the deadline has
+            // passed (below) or the recovery wait is over, which the next
+            // round's plan refuses, saying what the request waited for.
+            if tokio::time::timeout_at(until, notified).await.is_ok()
+                || deadline.is_none_or(|d| tokio::time::Instant::now() < d)
+            {
+                continue;
+            }
+            return Err(match wait {
+                Wait::ForPlace(_) => Status::deadline_exceeded(format!(
+                    "the deadline passed while waiting for a free slot of model `{model}`"
+                )),
+                Wait::ForRecovery(_) => {
+                    let hint = RetryHint::for_availability(self.slots.availability(model, None));
+                    let mut message = format!(
+                        "the deadline passed while waiting for a slot of model `{model}` to recover"
+                    );
+                    if let Some(hint) = &hint {
+                        message = format!("{message}; {}", hint.describe());
+                    }
+                    let mut status = Status::deadline_exceeded(message);
+                    if let Some(hint) = hint {
+                        hint.attach(&mut status);
+                    }
+                    status
+                }
+            });
+        }
+    }
+
     async fn admit(
         &self,
         request: pb::GenerateRequest,
@@ -254,69 +309,40 @@ impl Router {
                 m.max_queue
             ))
         })?;
-        let route = loop {
-            let notified = self.slots.changed.notified();
-            if let Some(route) = self.slots.pick(&model, m.max_in_flight) {
-                route.in_flight.fetch_add(1, Ordering::Relaxed);
-                break route;
-            }
-            let wait = self.plan_wait(&model, m, started, deadline)?;
-            let until = match wait {
-                Wait::ForPlace(until) => until,
-                Wait::ForRecovery(until) => Some(until),
+        // A replica that began draining between the pick and the call (a
+        // rolling restart, a loan) refuses before doing anything, so the
+        // request was not started: route it again, a few times at most.
+        let mut refusals = 0;
+        let (route, guard, upstream) = loop {
+            let route = self.route(&model, m, started, deadline).await?;
+            let guard = InFlight {
+                counter: route.in_flight.clone(),
+                slots: self.slots.clone(),
             };
-            let Some(until) = until else {
-                notified.await;
-                continue;
+            let engine_request = pb::EngineGenerateRequest {
+                request: Some(request.clone()),
+                request_id: format!("req-{}", self.next_id.fetch_add(1, Ordering::Relaxed)),
             };
-            // Woken by any slot change; at `until` either the deadline has
-            // passed (below) or the recovery wait is over, which the next
-            // round's plan refuses, saying what the request waited for.
-            if tokio::time::timeout_at(until, notified).await.is_ok()
-                || deadline.is_none_or(|d| tokio::time::Instant::now() < d)
-            {
-                continue;
-            }
-            return Err(match wait {
-                Wait::ForPlace(_) => Status::deadline_exceeded(format!(
-                    "the deadline passed while waiting for a free slot of model `{model}`"
-                )),
-                Wait::ForRecovery(_) => {
-                    let hint = RetryHint::for_availability(self.slots.availability(&model, None));
-                    let mut message = format!(
-                        "the deadline passed while waiting for a slot of model `{model}` to recover"
-                    );
-                    if let Some(hint) = &hint {
-                        message = format!("{message}; {}", hint.describe());
-                    }
-                    let mut status = Status::deadline_exceeded(message);
-                    if let Some(hint) = hint {
-                        hint.attach(&mut status);
-                    }
-                    status
+            match route.engine.clone().generate(engine_request).await {
+                Ok(upstream) => break (route, guard, upstream.into_inner()),
+                Err(status) if status.code() == tonic::Code::Unavailable && refusals < 3 => {
+                    refusals += 1;
+                    tracing::debug!(slot = %route.slot, message = %status.message(), "worker refused a request before starting it; routing it again");
                 }
-            });
+                Err(status) => {
+                    let slots = self.slots.clone();
+                    return Err(worker_error(&route.slot, status, || {
+                        lost_worker_hint(&slots, &model, &route.slot)
+                    }));
+                }
+            }
         };
         drop(permit);
-        let guard = InFlight {
-            counter: route.in_flight.clone(),
-            slots: self.slots.clone(),
-        };
         let queued_us = arrived.elapsed().as_micros() as u64;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut engine = route.engine.clone();
         let slots = self.slots.clone();
         let slot = route.slot.clone();
         let stats = route.stats.clone();
-        let engine_request = pb::EngineGenerateRequest {
-            request: Some(request),
-            request_id: format!("req-{id}"),
-        };
-        let mut upstream = engine
-            .generate(engine_request)
-            .await
-            .map_err(|s| worker_error(&slot, s, || lost_worker_hint(&slots, &model, &slot)))?
-            .into_inner();
+        let mut upstream = upstream;
         let (tx, rx) = mpsc::channel(32);
         tokio::spawn(async move {
             let _guard = guard;

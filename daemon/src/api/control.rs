@@ -8,9 +8,8 @@ use super::convert;
 use crate::cache::CacheState;
 use crate::cards::reset::Phase;
 use crate::cards::CardError;
-use crate::daemon::DaemonState;
 use crate::echo::echo;
-use crate::slots::SlotState;
+use crate::state::DaemonState;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -44,7 +43,7 @@ impl Control for ControlService {
         request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         self.rule.authorize(&request, Operation::Status)?;
-        Ok(Response::new(self.state.status()))
+        Ok(Response::new(super::convert::status(&self.state)))
     }
 
     type WatchStatusStream = BoxStream<pb::StatusResponse>;
@@ -60,7 +59,7 @@ impl Control for ControlService {
         tokio::spawn(async move {
             loop {
                 changes.borrow_and_update();
-                if tx.send(Ok(state.status())).await.is_err() {
+                if tx.send(Ok(super::convert::status(&state))).await.is_err() {
                     return; // the client went away
                 }
                 if changes.changed().await.is_err() {
@@ -81,24 +80,10 @@ impl Control for ControlService {
         let name = request.into_inner().card;
         let cards = self.state.cards().clone();
         let bdf = cards.resolve_name(&name).map_err(card_status)?;
-        // Resetting a card under a live engine wedges it; the slot must be
-        // stopped or failed first.
-        if let Some(slot) = self.state.slots().into_iter().find(|s| {
-            s.cards.contains(&bdf)
-                && !matches!(
-                    s.state,
-                    SlotState::Pending
-                        | SlotState::Locking
-                        | SlotState::Failed
-                        | SlotState::Stopped
-                        | SlotState::Quarantined
-                )
-        }) {
-            return Err(Status::failed_precondition(format!(
-                "card {bdf} is in use by slot {} ({:?}); the slot resets its own cards when its worker fails. To reset by hand, wait for the slot to fail or stop it first",
-                slot.name, slot.state
-            )));
-        }
+        self.state
+            .slot_manager()
+            .check_manual_reset(&bdf)
+            .map_err(Status::failed_precondition)?;
         tracing::info!(card = %bdf, "reset requested over the control socket");
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -395,7 +380,7 @@ impl Control for ControlService {
                             .filter(|s| s.model == model && s.variant == key)
                             .map(|s| s.name.clone())
                             .collect(),
-                        bytes: dir_size(&dir),
+                        bytes: crate::cache::dir_size(&dir),
                         model,
                         key,
                         state: state.into(),
@@ -432,31 +417,14 @@ impl Control for ControlService {
                     echo(&key)
                 ))
             })?;
-        let busy: Vec<String> = self
-            .state
-            .slots()
-            .into_iter()
-            .filter(|s| {
-                s.model == model
-                    && s.variant == key
-                    && !matches!(
-                        s.state,
-                        SlotState::Failed
-                            | SlotState::Stopped
-                            | SlotState::Pending
-                            | SlotState::Quarantined
-                    )
-            })
-            .map(|s| format!("{} ({:?})", s.name, s.state))
-            .collect();
+        let busy = self.state.slot_manager().using_variant(&model, &key);
         if !busy.is_empty() {
             return Err(Status::failed_precondition(format!(
                 "cache variant {key} is in use by slot(s) {}; removing it under a running worker would break it",
                 busy.join(", ")
             )));
         }
-        let bytes = dir_size(&dir);
-        std::fs::remove_dir_all(&dir)
+        let bytes = crate::cache::remove(&dir)
             .map_err(|e| Status::internal(format!("cannot remove {}: {e}", dir.display())))?;
         tracing::info!(variant = %key, model = %model, bytes, "cache variant removed");
         Ok(Response::new(pb::RemoveCacheResponse {
@@ -464,24 +432,6 @@ impl Control for ControlService {
             bytes,
         }))
     }
-}
-
-fn dir_size(dir: &std::path::Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            match entry.file_type() {
-                Ok(t) if t.is_dir() => stack.push(entry.path()),
-                Ok(_) => total += entry.metadata().map(|m| m.len()).unwrap_or(0),
-                Err(_) => {}
-            }
-        }
-    }
-    total
 }
 
 fn card_status(err: CardError) -> Status {

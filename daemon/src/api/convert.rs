@@ -1,7 +1,9 @@
 //! From the daemon's own types to the control protocol's messages.
 
-use crate::cards::{unix_ms, CardState, CardView};
+use crate::cards::{CardState, CardView};
+use crate::clock::unix_ms;
 use crate::slots::{SlotState, SlotView};
+use crate::state::DaemonState;
 use tt_serving_proto::v1 as pb;
 
 /// A card as the control protocol shows it.
@@ -74,7 +76,10 @@ pub fn slot(view: &SlotView) -> pb::Slot {
         state: slot_state(view.state) as i32,
         since_unix_ms: unix_ms(view.since),
         reason: view.reason.clone(),
-        cache_mode: view.cache_mode.clone(),
+        cache_mode: view
+            .cache_mode
+            .map(|m| m.as_str().to_string())
+            .unwrap_or_default(),
         attempt: view.attempt,
         starts: view.starts,
         retry_at_unix_ms: view.retry_at.map(unix_ms).unwrap_or(0),
@@ -131,5 +136,45 @@ pub fn log_line(line: &crate::worker::logs::LogLine) -> pb::LogLine {
             crate::worker::logs::Stream::Stderr => "stderr".into(),
         },
         text: line.text.clone(),
+    }
+}
+
+/// The full status message.
+pub fn status(state: &DaemonState) -> pb::StatusResponse {
+    let summary = state.summary();
+    pb::StatusResponse {
+        daemon: Some(pb::DaemonInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            pid: std::process::id(),
+            started_unix_ms: crate::clock::unix_ms(state.started()),
+            config_path: state.config_path().display().to_string(),
+            summary,
+            driver_version: state
+                .cards()
+                .hardware()
+                .driver_version()
+                .unwrap_or_default(),
+            inference_address: state.inference_address().to_string(),
+            metrics_address: state.metrics_address().to_string(),
+            lock_dir: state.config().daemon.lock_dir.display().to_string(),
+        }),
+        cards: state.cards().snapshot().iter().map(card).collect(),
+        slots: state.slots().iter().map(slot).collect(),
+        reloads: state.reloads().history(),
+        queues: state
+            .router()
+            .waiting()
+            .into_iter()
+            .map(|(model, waiting)| pb::ModelQueue {
+                max_queue: state
+                    .config()
+                    .models
+                    .get(&model)
+                    .map(|m| m.max_queue)
+                    .unwrap_or(0),
+                model,
+                waiting,
+            })
+            .collect(),
     }
 }

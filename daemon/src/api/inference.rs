@@ -1,8 +1,8 @@
 //! The public `Inference` service: requests go through the router to a
 //! Ready slot of the named model (see `router.rs`).
 
-use crate::daemon::DaemonState;
 use crate::slots::SlotState;
+use crate::state::DaemonState;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio_stream::Stream;

@@ -1,8 +1,8 @@
 //! The HTTP endpoint Prometheus scrapes: `GET /metrics` on `metrics.listen`.
 //! Read-only; nothing else is served on it.
 
-use crate::daemon::DaemonState;
 use crate::shutdown::Shutdown;
+use crate::state::DaemonState;
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
@@ -59,11 +59,7 @@ fn respond<B>(state: &DaemonState, request: &Request<B>) -> Response<Full<Bytes>
     };
     match (request.method(), request.uri().path()) {
         (&Method::GET, "/metrics") => {
-            let text = crate::metrics::get().render(
-                &state.slots(),
-                &state.cards().snapshot(),
-                &state.router().waiting(),
-            );
+            let text = crate::metrics::get().render(&snapshot(state));
             reply(StatusCode::OK, CONTENT_TYPE, text)
         }
         (_, "/metrics") => reply(
@@ -76,5 +72,39 @@ fn respond<B>(state: &DaemonState, request: &Request<B>) -> Response<Full<Bytes>
             "text/plain; charset=utf-8",
             format!("no {path} here; Prometheus metrics are at /metrics\n"),
         ),
+    }
+}
+
+/// The state gauges' values from the slot and card tables as they are now.
+fn snapshot(state: &DaemonState) -> crate::metrics::Snapshot {
+    use crate::metrics::{CardGauges, SlotGauges, Snapshot};
+    use crate::slots::SlotState;
+    Snapshot {
+        states: &SlotState::WORDS,
+        slots: state
+            .slots()
+            .iter()
+            .map(|s| SlotGauges {
+                slot: s.name.clone(),
+                model: s.model.clone(),
+                state: s.state.word(),
+                rss_bytes: s.worker_rss_bytes,
+                in_flight: s.in_flight,
+            })
+            .collect(),
+        waiting: state.router().waiting(),
+        cards: state
+            .cards()
+            .snapshot()
+            .iter()
+            .filter_map(|c| {
+                let t = &c.info.as_ref()?.telemetry;
+                Some(CardGauges {
+                    card: c.bdf.clone(),
+                    temperature_c: t.temperature_c,
+                    power_w: t.power_w,
+                })
+            })
+            .collect(),
     }
 }

@@ -5,7 +5,6 @@
 //! - `control`, `inference`: the services; `convert`: protocol messages.
 //! - `auth`: who may do what on the control socket (peer credentials).
 //! - `tokens`: bearer tokens on the public port; `tls`: its TLS;
-//!   `secrets`: reading their files safely.
 //! - `limits`: Generate streams per public connection; `message_limit`:
 //!   oversize request messages answered with the limit, not a decoder error.
 //! - `conn`: attaching per-connection facts to every request.
@@ -18,15 +17,14 @@ mod inference;
 mod limits;
 mod message_limit;
 pub mod metrics;
-pub(crate) mod secrets;
 pub(crate) mod tls;
 pub(crate) mod tokens;
 
 pub use auth::{group_id, AdminRule, Operation, Peer};
 
 use crate::config::Config;
-use crate::daemon::DaemonState;
 use crate::shutdown::Shutdown;
+use crate::state::DaemonState;
 use anyhow::{bail, Context};
 use message_limit::MessageLimit;
 use std::os::unix::fs::PermissionsExt;
@@ -285,29 +283,61 @@ fn incoming_public(
     })
 }
 
-/// Publish initial health: the daemon ("") serves; each model and the
-/// Inference service serve only while a slot of theirs is Ready.
-pub async fn init_health(reporter: &HealthReporter, state: &DaemonState) {
+/// Keep gRPC health in step with the slots: `""` (the daemon) is always
+/// SERVING; `tt.serving.v1.Inference` is SERVING while any slot is Ready;
+/// each configured model's name is SERVING while one of its slots is Ready.
+/// Published once now, then again whenever the status bus moves, for as
+/// long as the daemon runs (slots know nothing of gRPC).
+pub async fn init_health(reporter: &HealthReporter, state: &Arc<DaemonState>) {
     reporter
         .set_service_status("", ServingStatus::Serving)
         .await;
-    let any_ready = state
-        .slots()
-        .iter()
-        .any(|s| s.state == crate::slots::SlotState::Ready);
-    reporter
-        .set_service_status(
-            INFERENCE_SERVICE,
-            if any_ready {
-                ServingStatus::Serving
-            } else {
-                ServingStatus::NotServing
-            },
-        )
-        .await;
-    for model in state.config().models.keys() {
-        reporter
-            .set_service_status(model, ServingStatus::NotServing)
-            .await;
+    let mut published: std::collections::BTreeMap<String, bool> = Default::default();
+    publish_health(reporter, state, &mut published).await;
+    let (reporter, state) = (reporter.clone(), state.clone());
+    let mut changes = state.subscribe();
+    tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            publish_health(&reporter, &state, &mut published).await;
+        }
+    });
+}
+
+/// Set every health status that differs from what was last published.
+async fn publish_health(
+    reporter: &HealthReporter,
+    state: &DaemonState,
+    published: &mut std::collections::BTreeMap<String, bool>,
+) {
+    let slots = state.slots();
+    let ready = |model: Option<&str>| {
+        slots.iter().any(|s| {
+            s.state == crate::slots::SlotState::Ready && model.is_none_or(|m| s.model == m)
+        })
+    };
+    let mut wanted: std::collections::BTreeMap<String, bool> = state
+        .config()
+        .models
+        .keys()
+        .map(|m| (m.clone(), ready(Some(m))))
+        .collect();
+    // A model a reload removed stops serving.
+    for gone in published.keys() {
+        if gone != INFERENCE_SERVICE && !wanted.contains_key(gone) {
+            wanted.insert(gone.clone(), false);
+        }
+    }
+    wanted.insert(INFERENCE_SERVICE.to_string(), ready(None));
+    for (service, serving) in wanted {
+        if published.get(&service) == Some(&serving) {
+            continue;
+        }
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        reporter.set_service_status(&service, status).await;
+        published.insert(service, serving);
     }
 }

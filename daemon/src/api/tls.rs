@@ -3,7 +3,7 @@
 //! certificate or key stops the daemon before it reports READY rather than
 //! leaving it without a public port.
 
-use super::secrets;
+use crate::secrets;
 use anyhow::Context;
 use std::path::Path;
 use tonic::transport::{Identity, Server, ServerTlsConfig};

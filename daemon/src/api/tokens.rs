@@ -6,7 +6,7 @@
 //! hashed and compared with every digest in constant time, so neither the
 //! comparison's timing nor its length reveals how much of a token matched.
 
-use super::secrets;
+use crate::secrets;
 use sha2::{Digest, Sha256};
 use std::path::Path;
 use std::sync::Arc;

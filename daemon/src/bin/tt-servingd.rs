@@ -101,11 +101,11 @@ fn check_config(file: &std::path::Path, offline: bool) -> ExitCode {
         }
     };
     let scope = if offline {
-        config::Scope::Offline
+        tt_servingd::preflight::Scope::Offline
     } else {
-        config::Scope::Host
+        tt_servingd::preflight::Scope::Host
     };
-    let checked = config::check(&text, scope);
+    let checked = tt_servingd::preflight::check(&text, scope);
     if !checked.problems.is_empty() {
         eprintln!(
             "{}",

@@ -11,6 +11,7 @@ pub mod discovery;
 pub mod lock;
 pub mod reset;
 
+use crate::bus::StatusBus;
 use crate::config::{CardRef, Config};
 use crate::hostfs;
 use discovery::{CardInfo, CardProcess, HardwareRoot};
@@ -19,8 +20,6 @@ use reset::{ResetEvent, ResetFailure, ResetOutcome, Resetter};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
-use tokio::sync::watch;
 
 /// What the daemon is doing with a card.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,13 +114,13 @@ pub struct CardManager {
     /// Which slot each card belongs to; a reload changes it.
     assignment: RwLock<Assignment>,
     table: Mutex<BTreeMap<String, Entry>>,
-    changed: watch::Sender<u64>,
+    bus: StatusBus,
 }
 
 impl CardManager {
     /// Build the table from a first discovery. Configured cards given by
     /// index are resolved to BDFs now, since indices can change later.
-    pub fn new(config: &Config) -> std::io::Result<Arc<CardManager>> {
+    pub fn new(config: &Config, bus: StatusBus) -> std::io::Result<Arc<CardManager>> {
         let hw = HardwareRoot::from(&config.hardware);
         let found = hw.discover()?;
         let (assignment, missing) = Assignment::from_config(config, &found);
@@ -137,7 +136,7 @@ impl CardManager {
             quarantine_dir: config.daemon.state_dir.join("quarantine"),
             assignment: RwLock::new(assignment),
             table: Mutex::new(BTreeMap::new()),
-            changed: watch::channel(0).0,
+            bus,
         });
         {
             let mut table = manager.lock_table();
@@ -153,12 +152,7 @@ impl CardManager {
     }
 
     fn notify(&self) {
-        self.changed.send_modify(|v| *v += 1);
-    }
-
-    /// Tell status watchers that something changed (slots share this bus).
-    pub fn notify_changed(&self) {
-        self.notify();
+        self.bus.notify();
     }
 
     fn dirty_file(&self, bdf: &str) -> PathBuf {
@@ -203,9 +197,9 @@ impl CardManager {
             .collect()
     }
 
-    /// A receiver that changes whenever any card changes.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.changed.subscribe()
+    /// The status bus this table reports its changes on.
+    pub fn bus(&self) -> &StatusBus {
+        &self.bus
     }
 
     /// The hardware root in use.
@@ -768,7 +762,7 @@ impl Assignment {
         let mut missing = Vec::new();
         for (model, m) in &config.models {
             for (i, set) in m.card_sets().iter().enumerate() {
-                let slot = crate::slots::slot_name(model, i, !m.replicas.is_empty());
+                let slot = crate::config::slot_name(model, i, !m.replicas.is_empty());
                 let mut bdfs = Vec::new();
                 for card in set {
                     match resolve(card, found) {
@@ -801,13 +795,6 @@ fn resolve(card: &CardRef, found: &[CardInfo]) -> Option<String> {
         CardRef::Index(i) => found.iter().find(|c| c.index == *i).map(|c| c.bdf.clone()),
         CardRef::Bdf(b) => crate::config::parse_bdf(b),
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Problems for configured cards that are not present under the hardware

@@ -7,12 +7,12 @@
 //! of a type error, and every unknown key is named, not just the first. Then
 //! [`validate`] checks the rules that span fields: TP against the number of
 //! cards, a card in two models, names that must be valid environment
-//! variables, timeouts that are zero or absurd. These two need only the text
-//! ([`Scope::Offline`], what a Nix build sandbox can run). Last, [`host`]
-//! checks what the daemon will meet on this host: the files, programs,
-//! groups and cards the config names ([`Scope::Host`]).
+//! variables, timeouts that are zero or absurd. Both need only the text
+//! (what a Nix build sandbox can run). What the daemon will meet on this
+//! host (files, programs, groups, cards) is checked above this module, by
+//! the `preflight` module, which uses the daemon's own readers for each rule.
 
-mod host;
+pub mod diff;
 mod schema;
 pub(crate) mod validate;
 
@@ -76,25 +76,14 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     })
 }
 
-/// Parse and validate config text (offline: the text alone); every problem
-/// is returned, not just the first.
+/// Parse and validate config text (the text alone); every problem is
+/// returned, not just the first.
 pub fn parse(text: &str) -> Result<Config, Vec<Problem>> {
-    let checked = check(text, Scope::Offline);
+    let checked = check(text);
     match checked.config {
         Some(config) if checked.problems.is_empty() => Ok(config),
         _ => Err(checked.problems),
     }
-}
-
-/// What a check looks at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    /// The text alone: syntax, types, unknown keys, ranges, cross-field
-    /// rules. Gives the same answer on every machine.
-    Offline,
-    /// Also this host: files, modes, groups, programs, the GGUF header and
-    /// size, and the cards when the driver is loaded.
-    Host,
 }
 
 /// The outcome of checking config text.
@@ -102,34 +91,33 @@ pub enum Scope {
 pub struct Checked {
     /// The config as far as it could be typed; None when the text is not TOML.
     pub config: Option<Config>,
-    /// Every problem found, offline ones first.
+    /// Every problem found.
     pub problems: Vec<Problem>,
+    /// Sections whose text could not be typed (the config holds defaults
+    /// there, so checks of the host must skip them).
+    pub untyped: std::collections::BTreeSet<String>,
 }
 
-/// Check config text as `scope` says, collecting every problem.
-pub fn check(text: &str, scope: Scope) -> Checked {
+/// Check config text: syntax, types, every unknown key, ranges and the
+/// cross-field rules, collecting every problem. Gives the same answer on
+/// every machine.
+pub fn check(text: &str) -> Checked {
     let parsed = match validate::deserialize(text) {
         Ok(parsed) => parsed,
         Err(problems) => {
             return Checked {
                 config: None,
                 problems,
+                untyped: Default::default(),
             }
         }
     };
     let mut problems = parsed.problems;
     problems.extend(validate::check(&parsed.config));
-    if scope == Scope::Host {
-        // A key already wrong in the text (a relative path, an empty
-        // name) would only be reported again, less clearly.
-        let offline: std::collections::BTreeSet<String> =
-            problems.iter().map(|p| p.key.clone()).collect();
-        let found = host::check(&parsed.config, &parsed.untyped);
-        problems.extend(found.into_iter().filter(|p| !offline.contains(&p.key)));
-    }
     Checked {
         config: Some(parsed.config),
         problems,
+        untyped: parsed.untyped,
     }
 }
 

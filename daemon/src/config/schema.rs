@@ -426,6 +426,19 @@ fn default_drain_timeout_secs() -> u64 {
     30
 }
 
+/// The name of replica `index` of a model: the model's name alone when the
+/// model gives `cards` (one replica), `model/N` when it gives `replicas`. A
+/// name depends only on the replica's own position, so adding a replica at
+/// the end of `replicas` leaves the others' names (and, on reload, their
+/// workers) alone.
+pub fn slot_name(model: &str, index: usize, numbered: bool) -> String {
+    if numbered {
+        format!("{model}/{index}")
+    } else {
+        model.to_string()
+    }
+}
+
 impl ModelConfig {
     /// The card sets of every replica (from `cards` or `replicas`).
     pub fn card_sets(&self) -> Vec<Vec<CardRef>> {

@@ -471,27 +471,6 @@ fn unknown_keys_do_not_hide_the_other_rules() {
 }
 
 #[test]
-fn host_checks_skip_what_the_text_already_got_wrong() {
-    // A section that could not be typed holds defaults: checking the host
-    // for them (tt-smi on PATH, /sys) would report what the file never said.
-    let checked = check(
-        "[hardware]\nsys_root = 5\ntt_smi = \"/nonexistent/tt-smi\"\n",
-        Scope::Host,
-    );
-    let keys: Vec<&str> = checked.problems.iter().map(|p| p.key.as_str()).collect();
-    assert_eq!(keys, ["hardware.sys_root"], "{:?}", checked.problems);
-    // A key wrong in the text is reported once, by the text's rule.
-    let checked = check(&ONE_MODEL.replace("/m/q.gguf", "q.gguf"), Scope::Host);
-    let at_checkpoint: Vec<&Problem> = checked
-        .problems
-        .iter()
-        .filter(|p| p.key == "models.qwen.checkpoint")
-        .collect();
-    assert_eq!(at_checkpoint.len(), 1, "{:?}", checked.problems);
-    assert!(at_checkpoint[0].message.contains("relative path"));
-}
-
-#[test]
 fn a_worker_that_stops_answering_is_caught_within_the_documented_bound() {
     use std::time::Duration;
     // The default tick: the 4 s that docs/ARCHITECTURE.md and

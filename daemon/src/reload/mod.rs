@@ -14,61 +14,14 @@
 pub mod plan;
 
 use crate::config::{Config, ModelConfig};
-use crate::daemon::DaemonState;
 use crate::notify;
 use crate::slots::{configured_slots, SlotState, SlotView};
+use crate::state::DaemonState;
 use plan::{Action, Plan};
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tt_serving_proto::v1 as pb;
-
-/// Reloads kept for `ttctl status`.
-const HISTORY: usize = 16;
-
-/// The reload lock and the record of past reloads.
-#[derive(Default)]
-pub struct Reloads {
-    lock: tokio::sync::Mutex<()>,
-    history: Mutex<VecDeque<pb::ReloadReport>>,
-}
-
-impl Reloads {
-    /// Wait for the turn to change the config (held by a reload, and by
-    /// startup until READY=1).
-    pub async fn turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.lock.lock().await
-    }
-
-    /// Past reloads, oldest first.
-    pub fn history(&self) -> Vec<pb::ReloadReport> {
-        self.history
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .cloned()
-            .collect()
-    }
-
-    /// Problems of the last reload when it was refused (for STATUS=).
-    pub fn last_refused(&self) -> Option<usize> {
-        let history = self.history.lock().unwrap_or_else(|e| e.into_inner());
-        history
-            .iter()
-            .rev()
-            .find(|r| r.outcome != pb::ReloadOutcome::DryRun as i32)
-            .filter(|r| r.outcome == pb::ReloadOutcome::Refused as i32)
-            .map(|r| r.problems.len())
-    }
-
-    fn record(&self, report: &pb::ReloadReport) {
-        let mut history = self.history.lock().unwrap_or_else(|e| e.into_inner());
-        history.push_back(report.clone());
-        while history.len() > HISTORY {
-            history.pop_front();
-        }
-    }
-}
 
 /// How to reload.
 #[derive(Debug, Clone, Copy)]
@@ -85,7 +38,7 @@ pub async fn reload(state: &Arc<DaemonState>, trigger: &str, options: Options) -
     let _turn = state.reloads().turn().await;
     let mut report = pb::ReloadReport {
         trigger: trigger.to_string(),
-        started_unix_ms: crate::cards::unix_ms(SystemTime::now()),
+        started_unix_ms: crate::clock::unix_ms(SystemTime::now()),
         config_path: state.config_path().display().to_string(),
         ..Default::default()
     };
@@ -163,7 +116,7 @@ fn finish(
     mut report: pb::ReloadReport,
     options: Options,
 ) -> pb::ReloadReport {
-    report.finished_unix_ms = crate::cards::unix_ms(SystemTime::now());
+    report.finished_unix_ms = crate::clock::unix_ms(SystemTime::now());
     // A dry run changed nothing, and read-only users may ask for one: kept
     // out of the history, so dry runs never push real reloads out of it.
     if !options.dry_run {
@@ -180,8 +133,17 @@ fn finish(
         }
     }
     tracing::info!(outcome = ?report.outcome(), summary = %report.summary, "reload finished");
-    state.cards().notify_changed();
+    state.cards().bus().notify();
     report
+}
+
+/// Put a reloaded config in force: slots read it when they start, cards
+/// follow its assignment, the router its limits. The only code that swaps
+/// the config in force.
+fn put_in_force(state: &DaemonState, config: Config) {
+    state.cards().reassign(&config);
+    state.slot_manager().set_config(config);
+    state.router().sync_queues();
 }
 
 fn variant_key(config: &Config, model: &str, m: &ModelConfig) -> String {
@@ -272,7 +234,7 @@ async fn apply(
     }
 
     // 2. The new config in force.
-    state.put_in_force(in_force.clone());
+    put_in_force(state, in_force.clone());
 
     // 3. Start what is new, and what moved cards.
     let mut started: Vec<String> = plan.slots(Action::Start);
@@ -417,7 +379,7 @@ async fn rollback(
     if let Some(previous) = old.models.get(model) {
         in_force.models.insert(model.to_string(), previous.clone());
     }
-    state.put_in_force(in_force.clone());
+    put_in_force(state, in_force.clone());
     let running: Vec<String> = state.slots().into_iter().map(|v| v.name).collect();
     let restored: Vec<String> = configured_slots(in_force)
         .into_iter()
@@ -479,11 +441,7 @@ fn describe(view: &SlotView) -> String {
     match view.state {
         SlotState::Ready => format!(
             "Ready ({} start{})",
-            if view.cache_mode.is_empty() {
-                "unknown"
-            } else {
-                &view.cache_mode
-            },
+            view.cache_mode.map_or("unknown", |m| m.as_str()),
             if view.variant.is_empty() {
                 String::new()
             } else {

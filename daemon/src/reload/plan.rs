@@ -8,6 +8,7 @@
 //! running daemon (sockets, directories, hardware paths), so their changes
 //! are listed as needing a restart and not applied.
 
+use crate::config::diff::{changed_keys, to_value, LIVE_KEYS};
 use crate::config::{Config, ModelConfig};
 use crate::slots::configured_slots;
 use std::collections::BTreeMap;
@@ -104,18 +105,6 @@ impl Plan {
         parts.join(", ")
     }
 }
-
-/// Model keys the daemon applies without touching the worker.
-const LIVE_KEYS: &[&str] = &[
-    "max_queue",
-    "max_in_flight",
-    "recovery_wait_secs",
-    "rollback_on_failure",
-];
-
-/// Model keys whose values may be secrets: their changes are named, never
-/// shown.
-const SECRET_KEYS: &[&str] = &["env", "cold_env", "warm_env"];
 
 /// The one section a reload applies; every other one (daemon, hardware,
 /// reset, and any added later) waits for a restart.
@@ -228,26 +217,6 @@ pub fn in_force(old: &Config, new: &Config) -> Config {
     }
 }
 
-/// The keys (dotted) in which a slot's running definition differs from the
-/// one in force, leaving out where it runs (`cards`, `replicas`) and the
-/// limits a reload applies live. Non-empty: the slot runs an outdated
-/// definition.
-pub fn outdated_keys(running: &ModelConfig, in_force: &ModelConfig) -> Vec<String> {
-    let settings = |m: &ModelConfig| {
-        let mut v = to_value(m);
-        if let toml::Value::Table(t) = &mut v {
-            t.remove("cards");
-            t.remove("replicas");
-        }
-        v
-    };
-    changed_keys(&settings(running), &settings(in_force))
-        .into_iter()
-        .map(|(key, _)| key)
-        .filter(|key| !LIVE_KEYS.contains(&key.as_str()))
-        .collect()
-}
-
 /// A slot definition (see [`slot_definitions`]) with the model settings of
 /// `m` and the slot's own cards kept.
 fn with_settings(def: &toml::Value, m: &ModelConfig) -> toml::Value {
@@ -289,72 +258,6 @@ fn slot_definitions(config: &Config) -> BTreeMap<String, (String, toml::Value)> 
     out
 }
 
-fn to_value<T: serde::Serialize>(value: &T) -> toml::Value {
-    // Config types serialise to TOML tables by construction (they were
-    // parsed from TOML); an empty table keeps the diff total anyway.
-    toml::Value::try_from(value).unwrap_or_else(|_| toml::Value::Table(toml::Table::new()))
-}
-
-/// (dotted key, "old → new") for every leaf that differs. Tables recurse;
-/// other values compare whole.
-fn changed_keys(old: &toml::Value, new: &toml::Value) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    walk("", old, new, &mut out);
-    out
-}
-
-fn walk(prefix: &str, old: &toml::Value, new: &toml::Value, out: &mut Vec<(String, String)>) {
-    let join = |k: &str| {
-        if prefix.is_empty() {
-            k.to_string()
-        } else {
-            format!("{prefix}.{k}")
-        }
-    };
-    let secret = SECRET_KEYS
-        .iter()
-        .any(|s| prefix == *s || prefix.starts_with(&format!("{s}.")));
-    match (old, new) {
-        (toml::Value::Table(o), toml::Value::Table(n)) => {
-            for (k, ov) in o {
-                match n.get(k) {
-                    Some(nv) => walk(&join(k), ov, nv, out),
-                    None => out.push((join(k), "removed".into())),
-                }
-            }
-            for (k, nv) in n {
-                if !o.contains_key(k) {
-                    let shown = if secret || SECRET_KEYS.contains(&join(k).as_str()) {
-                        "added".to_string()
-                    } else {
-                        format!("added ({})", short(nv))
-                    };
-                    out.push((join(k), shown));
-                }
-            }
-        }
-        (o, n) if o != n => {
-            let shown = if secret || SECRET_KEYS.contains(&prefix) {
-                "changed (value hidden)".to_string()
-            } else {
-                format!("{} → {}", short(o), short(n))
-            };
-            out.push((prefix.to_string(), shown));
-        }
-        _ => {}
-    }
-}
-
-fn short(v: &toml::Value) -> String {
-    let text = v.to_string();
-    if text.chars().count() > 60 {
-        let cut: String = text.chars().take(57).collect();
-        format!("{cut}...")
-    } else {
-        text
-    }
-}
-
 fn describe(changes: &[(String, String)]) -> String {
     changes
         .iter()
@@ -366,6 +269,7 @@ fn describe(changes: &[(String, String)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::diff::outdated_keys;
 
     fn config(models: &str) -> Config {
         let text = format!(

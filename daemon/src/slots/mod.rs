@@ -6,9 +6,12 @@
 //! (a model is SERVING only while one of its slots is Ready). Each slot's
 //! [`supervisor`] task drives its lifecycle; the router only reads.
 
+mod backoff;
 pub mod recovery;
+mod start;
 pub mod stats;
-pub mod supervisor;
+mod supervisor;
+mod watchdog;
 
 use crate::cards::CardManager;
 use crate::config::{Config, ModelConfig};
@@ -20,24 +23,9 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
-use tonic_health::server::HealthReporter;
-use tonic_health::ServingStatus;
 use tt_serving_proto::v1::engine_client::EngineClient;
 
 pub use recovery::Availability;
-
-/// The name of replica `index` of a model: the model's name alone when the
-/// model gives `cards` (one replica), `model/N` when it gives `replicas`. A
-/// name depends only on the replica's own position, so adding a replica at
-/// the end of `replicas` leaves the others' names (and, on reload, their
-/// workers) alone.
-pub fn slot_name(model: &str, index: usize, numbered: bool) -> String {
-    if numbered {
-        format!("{model}/{index}")
-    } else {
-        model.to_string()
-    }
-}
 
 /// Lifecycle states (see docs/ARCHITECTURE.md for the transitions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +56,74 @@ pub enum SlotState {
     Quarantined,
 }
 
+impl SlotState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [SlotState; 12] = [
+        SlotState::Pending,
+        SlotState::Locking,
+        SlotState::Resetting,
+        SlotState::Probing,
+        SlotState::Starting,
+        SlotState::Loading,
+        SlotState::Verifying,
+        SlotState::Ready,
+        SlotState::Draining,
+        SlotState::Stopped,
+        SlotState::Failed,
+        SlotState::Quarantined,
+    ];
+
+    /// Every state's word, in lifecycle order (the metrics' `state` label).
+    pub const WORDS: [&'static str; 12] = [
+        "pending",
+        "locking",
+        "resetting",
+        "probing",
+        "starting",
+        "loading",
+        "verifying",
+        "ready",
+        "draining",
+        "stopped",
+        "failed",
+        "quarantined",
+    ];
+
+    /// Whether a slot in this state owns its cards and cache variant in
+    /// use: it is resetting them, or has (or is about to have) a worker on
+    /// them. Resetting a card under it, or removing its cache variant, would
+    /// wedge the card or break the worker. Pending, Locking, Failed, Stopped
+    /// and Quarantined slots hold no worker.
+    pub fn holds_worker(self) -> bool {
+        !matches!(
+            self,
+            SlotState::Pending
+                | SlotState::Locking
+                | SlotState::Failed
+                | SlotState::Stopped
+                | SlotState::Quarantined
+        )
+    }
+
+    /// The state's word, as status and metrics show it.
+    pub fn word(self) -> &'static str {
+        match self {
+            SlotState::Pending => "pending",
+            SlotState::Locking => "locking",
+            SlotState::Resetting => "resetting",
+            SlotState::Probing => "probing",
+            SlotState::Starting => "starting",
+            SlotState::Loading => "loading",
+            SlotState::Verifying => "verifying",
+            SlotState::Ready => "ready",
+            SlotState::Draining => "draining",
+            SlotState::Stopped => "stopped",
+            SlotState::Failed => "failed",
+            SlotState::Quarantined => "quarantined",
+        }
+    }
+}
+
 /// A slot as status shows it.
 #[derive(Debug, Clone)]
 pub struct SlotView {
@@ -84,7 +140,7 @@ pub struct SlotView {
     /// Why.
     pub reason: String,
     /// `warm` or `cold` for the current or last start.
-    pub cache_mode: String,
+    pub cache_mode: Option<crate::cache::CacheMode>,
     /// Start attempt within the restart window.
     pub attempt: u32,
     /// Start attempts since the slot was configured; a restart is done when
@@ -154,7 +210,7 @@ impl SlotEntry {
                 state: SlotState::Pending,
                 since: SystemTime::now(),
                 reason: "configured".into(),
-                cache_mode: String::new(),
+                cache_mode: None,
                 attempt: 0,
                 starts: 0,
                 retry_at: None,
@@ -185,7 +241,6 @@ pub struct SlotManager {
     config: RwLock<Arc<Config>>,
     cards: Arc<CardManager>,
     slots: Mutex<BTreeMap<String, SlotEntry>>,
-    health: HealthReporter,
     /// Woken whenever a slot's state or load changes (the router waits on it).
     pub changed: Notify,
     /// Cache builds asked for (`ttctl cache build`), taken by the slot's
@@ -215,7 +270,7 @@ pub fn configured_slots(config: &Config) -> Vec<(String, String)> {
     for (model, m) in &config.models {
         let numbered = !m.replicas.is_empty();
         for i in 0..m.card_sets().len() {
-            slots.push((slot_name(model, i, numbered), model.clone()));
+            slots.push((crate::config::slot_name(model, i, numbered), model.clone()));
         }
     }
     slots.sort();
@@ -226,18 +281,14 @@ pub fn configured_slots(config: &Config) -> Vec<(String, String)> {
 /// puts in force (empty before its supervisor has started, or when equal).
 fn outdated(view: &SlotView, config: &Config) -> Vec<String> {
     match (&view.definition, config.models.get(&view.model)) {
-        (Some(running), Some(in_force)) => crate::reload::plan::outdated_keys(running, in_force),
+        (Some(running), Some(in_force)) => crate::config::diff::outdated_keys(running, in_force),
         _ => Vec::new(),
     }
 }
 
 impl SlotManager {
     /// Every configured slot, Pending.
-    pub fn new(
-        config: &Config,
-        cards: Arc<CardManager>,
-        health: HealthReporter,
-    ) -> Arc<SlotManager> {
+    pub fn new(config: &Config, cards: Arc<CardManager>) -> Arc<SlotManager> {
         let mut slots = BTreeMap::new();
         for (name, model) in configured_slots(config) {
             let entry = SlotEntry::new(
@@ -252,7 +303,6 @@ impl SlotManager {
             config: RwLock::new(Arc::new(config.clone())),
             cards,
             slots: Mutex::new(slots),
-            health,
             changed: Notify::new(),
             pending_builds: Mutex::new(BTreeMap::new()),
         })
@@ -298,13 +348,13 @@ impl SlotManager {
         self.table()
             .insert(name.to_string(), SlotEntry::new(name, model, cards, logs));
         self.spawn_supervisor(name);
-        self.publish(model);
+        self.publish();
     }
 
     /// Remove a stopped slot (reload); returns its log ring.
     pub fn remove_slot(&self, name: &str) -> Option<Arc<LogRing>> {
         let entry = self.table().remove(name)?;
-        self.publish(&entry.view.model);
+        self.publish();
         Some(entry.logs)
     }
 
@@ -367,7 +417,6 @@ impl SlotManager {
         reason: String,
         retry_at: Option<SystemTime>,
     ) {
-        let model;
         {
             let mut table = self.table();
             let Some(entry) = table.get_mut(slot) else {
@@ -389,23 +438,21 @@ impl SlotManager {
             if state != SlotState::Ready {
                 entry.engine = None;
             }
-            model = entry.view.model.clone();
         }
-        self.publish(&model);
+        self.publish();
     }
 
     /// Change the facts of a slot that are not its state (pid, RSS, cache
     /// mode, attempt, errors), then publish.
     pub fn update(&self, slot: &str, f: impl FnOnce(&mut SlotView)) {
-        let model = {
+        {
             let mut table = self.table();
             let Some(entry) = table.get_mut(slot) else {
                 return;
             };
             f(&mut entry.view);
-            entry.view.model.clone()
-        };
-        self.publish(&model);
+        }
+        self.publish();
     }
 
     /// Make a Ready slot routable with this client.
@@ -416,32 +463,11 @@ impl SlotManager {
         self.changed.notify_waiters();
     }
 
-    fn publish(&self, model: &str) {
-        self.cards.notify_changed();
+    /// Tell everyone who reads slots that one changed: status watchers and
+    /// gRPC health through the status bus, the router through `changed`.
+    fn publish(&self) {
+        self.cards.bus().notify();
         self.changed.notify_waiters();
-        let serving = self
-            .table()
-            .values()
-            .any(|e| e.view.model == model && e.view.state == SlotState::Ready);
-        let any_ready = self
-            .table()
-            .values()
-            .any(|e| e.view.state == SlotState::Ready);
-        let health = self.health.clone();
-        let model = model.to_string();
-        tokio::spawn(async move {
-            let status = |on: bool| {
-                if on {
-                    ServingStatus::Serving
-                } else {
-                    ServingStatus::NotServing
-                }
-            };
-            health.set_service_status(&model, status(serving)).await;
-            health
-                .set_service_status(crate::api::INFERENCE_SERVICE, status(any_ready))
-                .await;
-        });
     }
 
     /// Every slot, sorted by name, with live in-flight counts.
@@ -453,6 +479,32 @@ impl SlotManager {
                 v.in_flight = e.in_flight.load(Ordering::Relaxed);
                 v
             })
+            .collect()
+    }
+
+    /// The reset guard: a card may be reset by hand only while no slot
+    /// holds a worker on it (resetting a card under a live engine wedges
+    /// it). The error names the slot and what to do.
+    pub fn check_manual_reset(&self, bdf: &str) -> Result<(), String> {
+        match self
+            .snapshot()
+            .into_iter()
+            .find(|s| s.cards.iter().any(|c| c == bdf) && s.state.holds_worker())
+        {
+            Some(slot) => Err(format!(
+                "card {bdf} is in use by slot {} ({:?}); the slot resets its own cards when its worker fails. To reset by hand, wait for the slot to fail or stop it first",
+                slot.name, slot.state
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Slots that hold a worker on this cache variant, as `name (state)`.
+    pub fn using_variant(&self, model: &str, key: &str) -> Vec<String> {
+        self.snapshot()
+            .into_iter()
+            .filter(|s| s.model == model && s.variant == key && s.state.holds_worker())
+            .map(|s| format!("{} ({:?})", s.name, s.state))
             .collect()
     }
 

@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Reads and parses `path` (config key `key` in errors): refused when every
-/// local user may read or change it (see [`crate::api::secrets::read`]).
+/// local user may read or change it (see [`crate::secrets::read`]).
 pub fn load(path: &Path, key: &str) -> Result<BTreeMap<String, String>, String> {
-    let bytes = crate::api::secrets::read(path, key).map_err(|e| format!("{e:#}"))?;
+    let bytes = crate::secrets::read(path, key).map_err(|e| format!("{e:#}"))?;
     let text = String::from_utf8(bytes).map_err(|_| {
         format!(
             "{} ({key}) is not UTF-8 text; write it as KEY=VALUE lines",

@@ -337,7 +337,7 @@ async fn capture(
                 };
                 tracing::info!(slot = %slot, stream = stream_name, "worker: {text}");
                 logs.push(LogLine {
-                    unix_ms: crate::cards::unix_ms(std::time::SystemTime::now()),
+                    unix_ms: crate::clock::unix_ms(std::time::SystemTime::now()),
                     stream,
                     text,
                 });

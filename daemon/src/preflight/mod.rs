@@ -1,4 +1,4 @@
-//! What `check-config` checks on the host, beyond the text: that the files,
+//! Preflight: what `check-config` checks on the host, beyond the text: that the files,
 //! programs, groups and cards a config names are there and usable, so a
 //! config it accepts is one the daemon will start with (and whose slots can
 //! start). Each check uses the rule the daemon itself applies (the secret
@@ -11,11 +11,41 @@
 mod gguf;
 mod programs;
 
-use super::schema::{Config, DaemonConfig, ModelConfig};
-use super::validate::Problem;
+use crate::config::{Config, DaemonConfig, ModelConfig, Problem};
 use std::collections::BTreeSet;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
+
+/// What a check looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The text alone: syntax, types, unknown keys, ranges, cross-field
+    /// rules. Gives the same answer on every machine.
+    Offline,
+    /// Also this host: files, modes, groups, programs, the GGUF header and
+    /// size, the daemon's directories, and the cards when the driver is
+    /// loaded.
+    Host,
+}
+
+/// Check config text as `scope` says, collecting every problem: the text's
+/// first, then the host's.
+pub fn check(text: &str, scope: Scope) -> crate::config::Checked {
+    let mut checked = crate::config::check(text);
+    if scope == Scope::Host {
+        if let Some(config) = &checked.config {
+            // A key already wrong in the text (a relative path, an empty
+            // name) would only be reported again, less clearly.
+            let offline: BTreeSet<String> =
+                checked.problems.iter().map(|p| p.key.clone()).collect();
+            let found = check_host(config, &checked.untyped);
+            checked
+                .problems
+                .extend(found.into_iter().filter(|p| !offline.contains(&p.key)));
+        }
+    }
+    checked
+}
 
 fn problem(key: impl Into<String>, message: impl Into<String>) -> Problem {
     Problem {
@@ -26,7 +56,7 @@ fn problem(key: impl Into<String>, message: impl Into<String>) -> Problem {
 
 /// Every host problem of `config`. Sections in `untyped` (their text could
 /// not be typed, so `config` holds defaults there) are not checked.
-pub(super) fn check(config: &Config, untyped: &BTreeSet<String>) -> Vec<Problem> {
+fn check_host(config: &Config, untyped: &BTreeSet<String>) -> Vec<Problem> {
     let read = |section: &str| !untyped.contains(section);
     let mut problems = Vec::new();
     if read("daemon") {
@@ -136,7 +166,7 @@ fn check_inference(config: &Config, problems: &mut Vec<Problem>) {
     if let (Some(cert), Some(key)) = (&i.tls_cert, &i.tls_key) {
         // The key's rule first, so a problem is named at its own key; then
         // the pair as the daemon loads it.
-        if let Err(e) = crate::api::secrets::read(key, "inference.tls_key") {
+        if let Err(e) = crate::secrets::read(key, "inference.tls_key") {
             problems.push(problem("inference.tls_key", format!("{e:#}")));
         } else if let Err(e) = crate::api::tls::load(cert, key) {
             problems.push(problem("inference.tls_cert", format!("{e:#}")));
@@ -202,5 +232,38 @@ fn check_checkpoint(key: &str, path: &Path, gguf_engine: bool, problems: &mut Ve
     };
     if let Err(message) = result {
         problems.push(problem(key, message));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ONE_MODEL: &str = r#"
+[models.qwen]
+tp = 1
+cards = ["0000:01:00.0"]
+checkpoint = "/m/q.gguf"
+"#;
+
+    #[test]
+    fn host_checks_skip_what_the_text_already_got_wrong() {
+        // A section that could not be typed holds defaults: checking the host
+        // for them (tt-smi on PATH, /sys) would report what the file never said.
+        let checked = check(
+            "[hardware]\nsys_root = 5\ntt_smi = \"/nonexistent/tt-smi\"\n",
+            Scope::Host,
+        );
+        let keys: Vec<&str> = checked.problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["hardware.sys_root"], "{:?}", checked.problems);
+        // A key wrong in the text is reported once, by the text's rule.
+        let checked = check(&ONE_MODEL.replace("/m/q.gguf", "q.gguf"), Scope::Host);
+        let at_checkpoint: Vec<&Problem> = checked
+            .problems
+            .iter()
+            .filter(|p| p.key == "models.qwen.checkpoint")
+            .collect();
+        assert_eq!(at_checkpoint.len(), 1, "{:?}", checked.problems);
+        assert!(at_checkpoint[0].message.contains("relative path"));
     }
 }

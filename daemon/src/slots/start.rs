@@ -1,0 +1,486 @@
+//! One start attempt of a slot, as phases. Each phase returns
+//! `Result<_, Outcome>`: an `Err` ends the attempt with that outcome (the
+//! worker, when one runs, already stopped). [`start`] composes them:
+//!
+//! 1. [`prepare`]: the cache variant, warm or cold ([`crate::cache::claim`]),
+//!    the secret env file, the worker's environment.
+//! 2. [`spawn`]: the dirty-card record, then the worker process.
+//! 3. [`wait_loaded`]: `Info` until READY, its progress shown as the
+//!    slot's reason, within `readiness.deadline_secs`.
+//! 4. [`verify`]: the readiness ping, `readiness.expect`, the banner rule.
+//! 5. [`seal_cache`]: a cold start writes the marker; a warm start runs the
+//!    guard.
+//!
+//! Then the slot is Ready and the watchdog takes over. An engine kind
+//! whose start differs (a container to pull, an engine with its own health
+//! endpoint) changes a phase here, not the loop around it.
+
+use super::supervisor::{
+    drain_and_stop, fail_after_stop, log_tail, stop_worker, Outcome, SlotPlan,
+};
+use super::{SlotCommand, SlotManager, SlotState};
+use crate::cache::{BuildLock, CacheMode, Variant};
+use crate::config::ModelConfig;
+use crate::worker::{Worker, WorkerSpec};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tonic::transport::Channel;
+use tt_serving_proto::v1 as pb;
+use tt_serving_proto::v1::engine_client::EngineClient;
+
+/// What the preparation decided for this attempt.
+struct Prepared {
+    variant: Variant,
+    mode: CacheMode,
+    /// Held for a cold start until the marker is written.
+    build_lock: Option<BuildLock>,
+    spec: WorkerSpec,
+}
+
+/// A start attempt, with `ttctl cache build`'s reply when one asked for
+/// this start (it builds cold and stops instead of serving).
+pub(super) async fn start_and_serve(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    commands: &mut UnboundedReceiver<SlotCommand>,
+) -> Outcome {
+    let build = mgr.take_build(&plan.slot);
+    let outcome = match start(mgr, plan, commands, build.is_some()).await {
+        Ok(outcome) | Err(outcome) => outcome,
+    };
+    if let Outcome::Failed {
+        cause: "start_failed",
+        ..
+    } = &outcome
+    {
+        if mgr
+            .view(&plan.slot)
+            .is_some_and(|v| v.cache_mode == Some(CacheMode::Cold))
+        {
+            crate::metrics::get().cache_build(&plan.model, false, Duration::ZERO);
+        }
+    }
+    if let Some(reply) = build {
+        let _ = reply.send(match &outcome {
+            Outcome::Restart { reason } if reason.starts_with("cache built") => Ok(reason.clone()),
+            Outcome::Failed { reason, .. } => Err(reason.clone()),
+            _ => Err("the cache build was interrupted (stop, restart or loan)".into()),
+        });
+    }
+    outcome
+}
+
+/// One start attempt through its phases, then serving. With
+/// `build_only`, the start is cold whatever the cache holds, and the worker
+/// stops once the marker is written.
+async fn start(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    commands: &mut UnboundedReceiver<SlotCommand>,
+    build_only: bool,
+) -> Result<Outcome, Outcome> {
+    let mut prepared = prepare(mgr, plan, build_only).await?;
+    // The deadline runs from the spawn: waiting for another replica's cold
+    // build is not this worker's loading time.
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(plan.m.readiness.deadline_secs);
+    let mut worker = spawn(mgr, plan, &prepared)?;
+    let mode = prepared.mode.as_str();
+    let mut engine = wait_loaded(mgr, plan, mode, &mut worker, commands, deadline).await?;
+    verify(mgr, plan, &mut worker, &mut engine, deadline).await?;
+    seal_cache(mgr, plan, &prepared, &mut worker, &mut engine, started).await?;
+    if build_only {
+        drop(prepared.build_lock.take());
+        return Ok(stop_after_build(mgr, plan, &prepared, &mut worker, &mut engine, started).await);
+    }
+    drop(prepared.build_lock.take());
+    crate::metrics::get().slot_start(&plan.slot, &plan.model, mode);
+    mgr.transition(
+        &plan.slot,
+        SlotState::Ready,
+        format!(
+            "serving ({mode} start took {:.1}s)",
+            started.elapsed().as_secs_f64()
+        ),
+    );
+    mgr.set_engine(&plan.slot, Some(engine.clone()));
+    Ok(super::watchdog::serve(mgr, plan, &mut worker, &mut engine, commands).await)
+}
+
+/// Phase 1: cache variant and mode, secrets, the worker's spec.
+async fn prepare(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    build_only: bool,
+) -> Result<Prepared, Outcome> {
+    let (slot, m) = (&plan.slot, &plan.m);
+    let variant = Variant::for_model(&plan.cache_dir, &plan.model, m, &plan.worker_command);
+    mgr.update(slot, |v| {
+        v.variant = variant.key.clone();
+        v.starts += 1;
+    });
+    let (mode, build_lock) = crate::cache::claim(&variant, build_only, || {
+        mgr.transition(
+            slot,
+            SlotState::Starting,
+            format!(
+                "waiting for another replica's cold build of cache variant {}",
+                variant.key
+            ),
+        )
+    })
+    .await
+    .map_err(|reason| Outcome::start_failed(reason, false))?;
+    mgr.update(slot, |v| v.cache_mode = Some(mode));
+    mgr.transition(
+        slot,
+        SlotState::Starting,
+        format!(
+            "starting the worker ({} start, cache variant {})",
+            mode.as_str(),
+            variant.key
+        ),
+    );
+    // Read at every start, so a rotated secret reaches the next worker.
+    let secrets = match &m.env_file {
+        Some(path) => {
+            crate::worker::env_file::load(path, &format!("models.{}.env_file", plan.model))
+                .map_err(|reason| Outcome::start_failed(reason, false))?
+        }
+        None => BTreeMap::new(),
+    };
+    let spec = WorkerSpec {
+        slot: slot.clone(),
+        command: plan.worker_command.clone(),
+        env: worker_env(plan, &variant, mode, secrets),
+        socket: plan.socket.clone(),
+    };
+    Ok(Prepared {
+        variant,
+        mode,
+        build_lock,
+        spec,
+    })
+}
+
+/// Phase 2: the worker process, Loading.
+fn spawn(mgr: &Arc<SlotManager>, plan: &SlotPlan, prepared: &Prepared) -> Result<Worker, Outcome> {
+    let slot = &plan.slot;
+    let logs = mgr
+        .logs(slot)
+        .ok_or_else(|| Outcome::start_failed("slot vanished", false))?;
+    let _ = std::fs::remove_file(&plan.socket);
+    // A running engine leaves its cards dirty unless it stops cleanly on
+    // request. Record that before it starts, so that a daemon killed while
+    // the worker runs (the worker dies with it: PR_SET_PDEATHSIG) resets the
+    // cards at its next start whatever its reset policy; a clean stop or a
+    // proven reset clears the record.
+    mgr.cards().mark_dirty(&plan.cards);
+    let worker = Worker::spawn(&prepared.spec, logs).map_err(|e| {
+        mgr.cards().clear_dirty(&plan.cards);
+        Outcome::start_failed(e.to_string(), false)
+    })?;
+    mgr.update(slot, |v| v.worker_pid = worker.pid());
+    mgr.transition(
+        slot,
+        SlotState::Loading,
+        format!("{} start: worker loading", prepared.mode.as_str()),
+    );
+    Ok(worker)
+}
+
+/// Phase 3: poll `Info` until the worker is READY; often at first (a warm
+/// start of a small model takes ~0.1 s), then every 50 ms. Its progress
+/// becomes the slot's reason.
+async fn wait_loaded(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    mode: &str,
+    worker: &mut Worker,
+    commands: &mut UnboundedReceiver<SlotCommand>,
+    deadline: Instant,
+) -> Result<EngineClient<Channel>, Outcome> {
+    let m = &plan.m;
+    let mut client: Option<EngineClient<Channel>> = None;
+    let mut poll = Duration::from_millis(10);
+    loop {
+        if Instant::now() >= deadline {
+            worker
+                .terminate(Duration::from_secs(m.restart.stop_timeout_secs))
+                .await;
+            return Err(Outcome::start_failed(
+                format!(
+                    "not ready within {}s (readiness.deadline_secs) while loading; last output: {}",
+                    m.readiness.deadline_secs,
+                    log_tail(worker)
+                ),
+                true,
+            ));
+        }
+        tokio::select! {
+            exit = worker.wait() => {
+                return Err(Outcome::start_failed(
+                    format!("worker {} while loading; last output: {}", exit.describe(), log_tail(worker)),
+                    exit.leaves_cards_dirty(),
+                ));
+            }
+            cmd = commands.recv() => return Err(stop_worker(mgr, plan, worker, None, cmd).await),
+            _ = tokio::time::sleep(poll) => {}
+        }
+        poll = (poll * 2).min(Duration::from_millis(50));
+        if client.is_none() {
+            client = crate::uds::channel(&plan.socket)
+                .await
+                .ok()
+                .map(EngineClient::new);
+        }
+        let Some(c) = client.as_mut() else { continue };
+        match tokio::time::timeout(Duration::from_secs(5), c.info(pb::InfoRequest {})).await {
+            Ok(Ok(info)) => {
+                let info = info.into_inner();
+                if info.state == pb::WorkerState::Ready as i32 {
+                    // ListModels reports it from the ready replicas.
+                    mgr.update(&plan.slot, |v| v.context_length = info.context_length);
+                    break;
+                }
+                if let Some(p) = info.progress {
+                    let progress = if p.total > 0 {
+                        format!("{mode} start: {} ({}/{})", p.message, p.done, p.total)
+                    } else {
+                        format!("{mode} start: {}", p.message)
+                    };
+                    mgr.transition(&plan.slot, SlotState::Loading, progress);
+                }
+            }
+            _ => client = None,
+        }
+    }
+    client.ok_or_else(|| Outcome::start_failed("lost the worker's socket", true))
+}
+
+/// Phase 4: a real inference ping within the readiness deadline, the
+/// expected text, then the banner rule (fail closed: never served).
+async fn verify(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    worker: &mut Worker,
+    engine: &mut EngineClient<Channel>,
+    deadline: Instant,
+) -> Result<(), Outcome> {
+    let m = &plan.m;
+    mgr.transition(&plan.slot, SlotState::Verifying, "readiness ping");
+    let grace = Duration::from_secs(m.restart.stop_timeout_secs);
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let text = tokio::select! {
+        result = tokio::time::timeout(remaining, ping(engine, m)) => match result {
+            Ok(Ok(text)) => text,
+            Ok(Err(e)) => {
+                worker.terminate(grace).await;
+                return Err(Outcome::start_failed(format!("readiness ping failed: {e}"), true));
+            }
+            Err(_) => {
+                worker.terminate(grace).await;
+                return Err(Outcome::start_failed(
+                    format!("readiness ping did not finish within readiness.deadline_secs ({}s)", m.readiness.deadline_secs),
+                    true,
+                ));
+            }
+        },
+        exit = worker.wait() => {
+            return Err(Outcome::start_failed(
+                format!("worker {} during the readiness ping; last output: {}", exit.describe(), log_tail(worker)),
+                exit.leaves_cards_dirty(),
+            ));
+        }
+    };
+    let failed_check = if let Some(expect) = m
+        .readiness
+        .expect
+        .as_ref()
+        .filter(|e| !text.contains(e.as_str()))
+    {
+        Some(format!(
+            "readiness ping answered {text:?}, which lacks the expected {expect:?} (readiness.expect): the model is loaded wrong or is the wrong model"
+        ))
+    } else {
+        let violations = check_banners(engine, worker, m).await;
+        (!violations.is_empty()).then(|| {
+            format!(
+                "banner check failed (fail-closed, never served): {}",
+                violations.join("; ")
+            )
+        })
+    };
+    match failed_check {
+        Some(reason) => Err(fail_after_stop(mgr, plan, worker, Some(engine), reason).await),
+        None => Ok(()),
+    }
+}
+
+/// Phase 5: a cold start certifies the variant's file set (marker); a warm
+/// start checks it generated no file it should have read (guard), the
+/// field's NaN-placeholder trap.
+async fn seal_cache(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    prepared: &Prepared,
+    worker: &mut Worker,
+    engine: &mut EngineClient<Channel>,
+    started: Instant,
+) -> Result<(), Outcome> {
+    let variant = &prepared.variant;
+    let failure = match prepared.mode {
+        CacheMode::Cold => match variant.write_marker() {
+            Ok(_) => {
+                tracing::info!(slot = %plan.slot, variant = %variant.key, "cache variant marked complete");
+                crate::metrics::get().cache_build(&plan.model, true, started.elapsed());
+                None
+            }
+            Err(e) => Some(format!(
+                "cannot write the cache marker in {}: {e}",
+                variant.dir.display()
+            )),
+        },
+        CacheMode::Warm => match variant.guard() {
+            Ok(unexpected) if unexpected.is_empty() => None,
+            Ok(unexpected) => Some(format!(
+                "warm start generated cache files it should have read: {} (deleted). The worker may be serving placeholder weights; rebuild the variant with `ttctl cache rm {}` then `ttctl slot restart {}`",
+                unexpected.join(", "),
+                variant.key,
+                plan.slot
+            )),
+            Err(e) => Some(format!(
+                "cannot check the cache variant {}: {e}",
+                variant.dir.display()
+            )),
+        },
+    };
+    match failure {
+        Some(reason) => Err(fail_after_stop(mgr, plan, worker, Some(engine), reason).await),
+        None => Ok(()),
+    }
+}
+
+/// `ttctl cache build`: the variant is built; stop the worker cleanly.
+async fn stop_after_build(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    prepared: &Prepared,
+    worker: &mut Worker,
+    engine: &mut EngineClient<Channel>,
+    started: Instant,
+) -> Outcome {
+    let reason = format!(
+        "cache built: variant {} of model {} is complete ({:.1}s)",
+        prepared.variant.key,
+        plan.model,
+        started.elapsed().as_secs_f64()
+    );
+    let exit = drain_and_stop(
+        mgr,
+        plan,
+        worker,
+        Some(engine),
+        "cache built; stopping the build worker",
+    )
+    .await;
+    if exit.leaves_cards_dirty() {
+        Outcome::start_failed(
+            format!("{reason}, but the build worker {}", exit.describe()),
+            true,
+        )
+    } else {
+        Outcome::Restart { reason }
+    }
+}
+
+/// The worker's environment: the model's tables, then its `env_file`
+/// (`secrets`), then its flags, then the contract.
+fn worker_env(
+    plan: &SlotPlan,
+    variant: &Variant,
+    mode: CacheMode,
+    secrets: BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let m = &plan.m;
+    let mut env = BTreeMap::new();
+    env.extend(m.env.clone());
+    env.extend(match mode {
+        CacheMode::Cold => m.cold_env.clone(),
+        CacheMode::Warm => m.warm_env.clone(),
+    });
+    env.extend(secrets);
+    env.extend(m.flags.clone());
+    // The contract, last so nothing above can override it.
+    env.insert("TT_VISIBLE_DEVICES".into(), plan.cards.join(","));
+    env.insert("MESH_DEVICE".into(), m.mesh_device());
+    env.insert("TT_WORKER_SOCKET".into(), plan.socket.display().to_string());
+    env.insert("TT_WORKER_MODEL".into(), m.checkpoint.display().to_string());
+    env.insert("TT_WORKER_TP".into(), m.tp.to_string());
+    env.insert("TT_CACHE_DIR".into(), variant.dir.display().to_string());
+    env.insert("TT_CACHE_MODE".into(), mode.as_str().into());
+    env
+}
+
+/// A greedy generation of the readiness prompt; the text it produced.
+async fn ping(engine: &mut EngineClient<Channel>, m: &ModelConfig) -> Result<String, String> {
+    let request = pb::EngineGenerateRequest {
+        request: Some(pb::GenerateRequest {
+            input: Some(pb::generate_request::Input::Prompt(
+                m.readiness.ping_prompt.clone(),
+            )),
+            max_tokens: m.readiness.ping_max_tokens,
+            ..Default::default()
+        }),
+        request_id: "readiness-ping".into(),
+    };
+    let mut stream = engine
+        .generate(request)
+        .await
+        .map_err(|s| s.message().to_string())?
+        .into_inner();
+    let mut text = String::new();
+    let mut finished = false;
+    while let Some(chunk) = stream
+        .message()
+        .await
+        .map_err(|s| s.message().to_string())?
+    {
+        match chunk.chunk {
+            Some(pb::generate_response::Chunk::Delta(d)) => text.push_str(&d.text),
+            Some(pb::generate_response::Chunk::Final(_)) => finished = true,
+            None => {}
+        }
+    }
+    if !finished {
+        return Err("the stream ended without a final chunk".into());
+    }
+    Ok(text)
+}
+
+/// Banners may print only once a feature first runs, so this runs after the
+/// ping. The worker's own list (Info) and its output lines both count; the
+/// output pipe can trail the RPC by a moment, so missing banners get a short
+/// grace period before the rule fails closed.
+async fn check_banners(
+    engine: &mut EngineClient<Channel>,
+    worker: &Worker,
+    m: &ModelConfig,
+) -> Vec<String> {
+    let grace = Instant::now() + Duration::from_millis(500);
+    loop {
+        let mut engaged = worker.engaged();
+        if let Ok(Ok(info)) =
+            tokio::time::timeout(Duration::from_secs(5), engine.info(pb::InfoRequest {})).await
+        {
+            engaged.extend(info.into_inner().banners_engaged);
+        }
+        let violations = crate::worker::banners::check(&m.banners, &m.flags, &engaged);
+        if violations.is_empty() || Instant::now() >= grace {
+            return violations;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

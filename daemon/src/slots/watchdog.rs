@@ -1,0 +1,175 @@
+//! The Ready watchdog: while a slot serves, every tick it reads the
+//! worker's RSS, polls `Health`, and ends the slot's serving when the
+//! worker exits, is told to stop, outgrows `restart.rss_limit_mib`, stops
+//! answering (`UNANSWERED_HEALTH_POLLS` polls in a row), or has requests
+//! active without decode progress for `restart.stall_timeout_secs`.
+
+use super::supervisor::{drain_and_stop, log_tail, stop_worker, Outcome, SlotPlan};
+use super::{SlotCommand, SlotManager, SlotState};
+use crate::config::UNANSWERED_HEALTH_POLLS;
+use crate::worker::Worker;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedReceiver;
+use tonic::transport::Channel;
+use tt_serving_proto::v1 as pb;
+use tt_serving_proto::v1::engine_client::EngineClient;
+
+/// What the watchdog remembers between ticks.
+#[derive(Default)]
+struct Watch {
+    /// When requests were first seen active without progress since.
+    busy_since: Option<Instant>,
+    /// The worker's last reported decode progress.
+    last_progress_ms: u64,
+    /// Health polls in a row that got no answer.
+    unanswered: u32,
+}
+
+/// Ready: watch for exit, hangs, memory growth and commands.
+pub(super) async fn serve(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    worker: &mut Worker,
+    engine: &mut EngineClient<Channel>,
+    commands: &mut UnboundedReceiver<SlotCommand>,
+) -> Outcome {
+    let mut tick = tokio::time::interval(plan.tick);
+    // After a poll that waited its whole timeout, poll again at once, then
+    // every tick: no burst of catch-up polls.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watch = Watch::default();
+    loop {
+        tokio::select! {
+            exit = worker.wait() => {
+                mgr.set_engine(&plan.slot, None);
+                return Outcome::Failed {
+                    reason: format!("worker {}; last output: {}", exit.describe(), log_tail(worker)),
+                    dirty: exit.leaves_cards_dirty(),
+                    cause: exit.metric_cause(),
+                };
+            }
+            cmd = commands.recv() => return stop_worker(mgr, plan, worker, Some(engine), cmd).await,
+            _ = tick.tick() => {}
+        }
+        if let Some(outcome) = check_rss(mgr, plan, worker, engine).await {
+            return outcome;
+        }
+        if let Some(outcome) = check_health(mgr, plan, worker, engine, &mut watch).await {
+            return outcome;
+        }
+    }
+}
+
+/// Restart a worker whose RSS is over `restart.rss_limit_mib` before the
+/// kernel's OOM killer takes it (and wedges its cards).
+async fn check_rss(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    worker: &mut Worker,
+    engine: &mut EngineClient<Channel>,
+) -> Option<Outcome> {
+    let rss = worker.rss_bytes();
+    mgr.update(&plan.slot, |v| v.worker_rss_bytes = rss);
+    let limit = plan.m.restart.rss_limit_mib?;
+    if rss <= limit * 1024 * 1024 {
+        return None;
+    }
+    let reason = format!(
+        "worker RSS {} MiB is over restart.rss_limit_mib ({limit} MiB); restarting it before the kernel's OOM killer does",
+        rss / (1024 * 1024)
+    );
+    tracing::warn!(slot = %plan.slot, "{reason}");
+    mgr.update(&plan.slot, |v| v.last_error = reason.clone());
+    let exit = drain_and_stop(mgr, plan, worker, Some(engine), "RSS over the limit").await;
+    Some(if exit.leaves_cards_dirty() {
+        Outcome::Failed {
+            reason,
+            dirty: true,
+            cause: "rss",
+        }
+    } else {
+        crate::metrics::get().worker_restart(&plan.slot, &plan.model, "rss");
+        Outcome::Restart { reason }
+    })
+}
+
+/// Poll `Health` once: an unanswered worker after a few polls, or one with
+/// requests active and no decode progress for the stall timeout, is hung.
+async fn check_health(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    worker: &mut Worker,
+    engine: &mut EngineClient<Channel>,
+    watch: &mut Watch,
+) -> Option<Outcome> {
+    let health =
+        tokio::time::timeout(plan.health_timeout, engine.health(pb::HealthRequest {})).await;
+    let (active, progress_ms) = match health {
+        Ok(Ok(h)) => {
+            watch.unanswered = 0;
+            let h = h.into_inner();
+            (
+                h.active_sequences + h.queued_sequences,
+                h.last_progress_unix_ms,
+            )
+        }
+        // A worker that does not answer Health (frozen by SIGSTOP, its RPC
+        // thread stuck) cannot serve either, while requests would queue
+        // behind it until the stall timeout. A few misses in a row are a
+        // hang, with or without work in flight.
+        unanswered_poll => {
+            watch.unanswered += 1;
+            if watch.unanswered < UNANSWERED_HEALTH_POLLS {
+                return None;
+            }
+            let last = match unanswered_poll {
+                Ok(Err(status)) => format!("the last failed: {}", status.message()),
+                _ => format!("each waited {} ms", plan.health_timeout.as_millis()),
+            };
+            let reason = format!(
+                "worker stopped answering: {} Health polls in a row unanswered ({last}); it is frozen or hung",
+                watch.unanswered
+            );
+            // Out of routing and NOT_SERVING before anything else.
+            mgr.set_engine(&plan.slot, None);
+            mgr.transition(
+                &plan.slot,
+                SlotState::Failed,
+                format!("{reason}; killing it, then its cards are reset"),
+            );
+            return Some(kill_hung(worker, format!("{reason}; killed it")).await);
+        }
+    };
+    if active == 0 || progress_ms != watch.last_progress_ms {
+        watch.busy_since = (active > 0).then(Instant::now);
+        watch.last_progress_ms = progress_ms;
+    } else if watch.busy_since.is_none() {
+        watch.busy_since = Some(Instant::now());
+    }
+    let stall = Duration::from_secs(plan.m.restart.stall_timeout_secs);
+    if watch
+        .busy_since
+        .is_some_and(|since| since.elapsed() >= stall)
+    {
+        mgr.set_engine(&plan.slot, None);
+        let reason = format!(
+            "worker hung: {active} sequence(s) active and no decode progress for {}s (restart.stall_timeout_secs); killed it",
+            stall.as_secs()
+        );
+        return Some(kill_hung(worker, reason).await);
+    }
+    None
+}
+
+/// SIGKILL a hung worker (it ends a stopped process too; no SIGCONT
+/// needed); its cards are dirty.
+async fn kill_hung(worker: &mut Worker, reason: String) -> Outcome {
+    worker.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = worker.wait().await;
+    Outcome::Failed {
+        reason,
+        dirty: true,
+        cause: "watchdog",
+    }
+}
