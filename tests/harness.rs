@@ -36,6 +36,23 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// Whether the tests run as root (tests that switch users need it).
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Return early, saying SKIPPED, from a test that switches users when not
+/// run as root.
+#[macro_export]
+macro_rules! needs_root {
+    () => {
+        if !$crate::is_root() {
+            eprintln!("SKIPPED: this test switches users and needs root");
+            return;
+        }
+    };
+}
+
 /// Poll `condition` until it returns Some or the deadline passes.
 pub fn wait_until<T>(what: &str, mut condition: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + DEADLINE;

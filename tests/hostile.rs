@@ -8,26 +8,13 @@ use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use tt_serving_tests::{
-    bin, model_table, output_text, run_to_exit, tiny_model, wait_until, Daemon, DaemonOptions,
-    FakeHw,
+    bin, model_table, needs_root, output_text, run_to_exit, tiny_model, wait_until, Daemon,
+    DaemonOptions, FakeHw,
 };
 
 /// `nobody`/`nogroup` on Debian-like systems.
 const NOBODY: u32 = 65534;
 const NOGROUP_GID: u32 = 65534;
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-macro_rules! needs_root {
-    () => {
-        if !is_root() {
-            eprintln!("SKIPPED: this test switches users and needs root");
-            return;
-        }
-    };
-}
 
 /// A file an attacker would like the daemon to overwrite.
 fn victim(dir: &Path) -> PathBuf {
@@ -46,6 +33,15 @@ fn assert_untouched(victim: &Path) {
 
 fn configured(hw: &FakeHw, dir: &Path, opts: &DaemonOptions) -> Daemon {
     Daemon::configure(hw, dir, opts)
+}
+
+/// Options for one TP=1 slot `tiny` on card 0 with the tiny model.
+fn tiny_on_card_0(dir: &Path) -> DaemonOptions {
+    let model = tiny_model(dir);
+    DaemonOptions {
+        extra: model_table("tiny", 1, &[0], &model, ""),
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -115,13 +111,8 @@ fn links_planted_in_the_state_dir_are_replaced_not_written_through() {
     let hw = FakeHw::new(1);
     let dir = tempfile::tempdir().unwrap();
     let target = victim(dir.path());
-    let model = tiny_model(dir.path());
     let bdf = FakeHw::bdf(0);
-    let opts = DaemonOptions {
-        extra: model_table("tiny", 1, &[0], &model, ""),
-        ..Default::default()
-    };
-    let mut daemon = configured(&hw, dir.path(), &opts);
+    let mut daemon = configured(&hw, dir.path(), &tiny_on_card_0(dir.path()));
     // The dirty-card record is written when the worker starts.
     let dirty = dir.path().join("state/dirty");
     std::fs::create_dir_all(&dirty).unwrap();
@@ -244,13 +235,8 @@ fn an_ordinary_user_cannot_hold_a_card_lock() {
 fn a_foreign_lock_holder_is_named_in_status_and_the_log() {
     let hw = FakeHw::new(1);
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
     let bdf = FakeHw::bdf(0);
-    let opts = DaemonOptions {
-        extra: model_table("tiny", 1, &[0], &model, ""),
-        ..Default::default()
-    };
-    let mut daemon = configured(&hw, dir.path(), &opts);
+    let mut daemon = configured(&hw, dir.path(), &tiny_on_card_0(dir.path()));
     std::fs::create_dir_all(&daemon.lock_dir).unwrap();
     let lock = daemon.lock_dir.join(format!("{bdf}.lock"));
     // A benchmark script holding the card with flock(1) (its `sleep`
@@ -296,12 +282,7 @@ fn a_foreign_lock_holder_is_named_in_status_and_the_log() {
 }
 
 fn borrow_daemon(dir: &Path, hw: &FakeHw) -> Daemon {
-    let model = tiny_model(dir);
-    let opts = DaemonOptions {
-        extra: model_table("tiny", 1, &[0], &model, ""),
-        ..Default::default()
-    };
-    let mut daemon = configured(hw, dir, &opts);
+    let mut daemon = configured(hw, dir, &tiny_on_card_0(dir));
     daemon.spawn(&[]);
     daemon.wait_slot_state("tiny", "ready");
     daemon
@@ -408,15 +389,10 @@ fn a_jobs_leftover_grandchild_ends_with_the_lease() {
 fn a_process_with_the_card_open_without_its_lock_keeps_the_slot_from_starting() {
     let hw = FakeHw::new(1);
     let dir = tempfile::tempdir().unwrap();
-    let model = tiny_model(dir.path());
     let mut stray = Command::new("sleep").arg("60").spawn().unwrap();
     // The driver lists it as having /dev/tenstorrent/0 open.
     hw.root.set_pids(0, &[stray.id()]).unwrap();
-    let opts = DaemonOptions {
-        extra: model_table("tiny", 1, &[0], &model, ""),
-        ..Default::default()
-    };
-    let mut daemon = configured(&hw, dir.path(), &opts);
+    let mut daemon = configured(&hw, dir.path(), &tiny_on_card_0(dir.path()));
     daemon.spawn(&[]);
     let slot = wait_until("the slot to name the stray process", || {
         let slot = daemon.slot("tiny");

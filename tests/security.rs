@@ -16,7 +16,8 @@ use tt_serving_proto::v1::{
     ChatMessage, ChatMessages, GenerateRequest, ListModelsRequest, StatusRequest,
 };
 use tt_serving_tests::{
-    bin, model_table, output_text, run_to_exit, tiny_model, Daemon, DaemonOptions, FakeHw,
+    bin, model_table, needs_root, output_text, run_to_exit, tiny_model, Daemon, DaemonOptions,
+    FakeHw,
 };
 
 /// `nobody`/`nogroup`: an unprivileged user and its group on Debian-like
@@ -27,19 +28,6 @@ const NOGROUP: &str = "nogroup";
 const OUTSIDER: u32 = 1;
 
 const TOKEN: &str = "tok-3f9a1c77d2e04b5a9e61";
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-macro_rules! needs_root {
-    () => {
-        if !is_root() {
-            eprintln!("SKIPPED: this test switches users and needs root");
-            return;
-        }
-    };
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("tokio runtime")

@@ -333,39 +333,27 @@ fn read_marker(dir: &Path) -> io::Result<Marker> {
 /// description, with sizes.
 fn list_files(dir: &Path) -> io::Result<BTreeMap<String, u64>> {
     let mut out = BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(current) = stack.pop() {
-        for entry in fs::read_dir(&current)? {
-            let entry = entry?;
-            let kind = entry.file_type()?;
-            let path = entry.path();
-            if kind.is_dir() {
-                stack.push(path);
-            } else if kind.is_file() {
-                let rel = path
-                    .strip_prefix(dir)
-                    .map_err(io::Error::other)?
-                    .to_string_lossy()
-                    .into_owned();
-                let ours = |name: &str| rel == name || rel.starts_with(&format!(".{name}.tmp."));
-                if !ours(MARKER) && !ours(DESCRIPTION) {
-                    out.insert(rel, entry.metadata()?.len());
-                }
-            }
+    for (rel, kind, meta) in walk(dir)? {
+        let ours = |name: &str| rel == name || rel.starts_with(&format!(".{name}.tmp."));
+        if kind.is_file() && !ours(MARKER) && !ours(DESCRIPTION) {
+            out.insert(rel, meta.len());
         }
     }
     Ok(out)
 }
 
-/// Write a file so that readers see the old contents or the new, never a
-/// torn mix, and never through a link (see `hostfs::write_atomic`).
-pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    hostfs::write_atomic(path, bytes, 0o644)
+/// Every symbolic link under `dir` (relative paths).
+fn list_links(dir: &Path) -> io::Result<Vec<String>> {
+    Ok(walk(dir)?
+        .into_iter()
+        .filter(|(_, kind, _)| kind.is_symlink())
+        .map(|(rel, _, _)| rel)
+        .collect())
 }
 
-/// Every symbolic link under `dir` (relative paths); directories are walked
-/// without following links.
-fn list_links(dir: &Path) -> io::Result<Vec<String>> {
+/// Every entry under `dir` but directories: relative path, type and
+/// metadata, never following a link.
+fn walk(dir: &Path) -> io::Result<Vec<(String, fs::FileType, fs::Metadata)>> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(current) = stack.pop() {
@@ -375,17 +363,23 @@ fn list_links(dir: &Path) -> io::Result<Vec<String>> {
             let path = entry.path();
             if kind.is_dir() {
                 stack.push(path);
-            } else if kind.is_symlink() {
-                out.push(
-                    path.strip_prefix(dir)
-                        .map_err(io::Error::other)?
-                        .to_string_lossy()
-                        .into_owned(),
-                );
+                continue;
             }
+            let rel = path
+                .strip_prefix(dir)
+                .map_err(io::Error::other)?
+                .to_string_lossy()
+                .into_owned();
+            out.push((rel, kind, entry.metadata()?));
         }
     }
     Ok(out)
+}
+
+/// Write a file so that readers see the old contents or the new, never a
+/// torn mix, and never through a link (see `hostfs::write_atomic`).
+pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    hostfs::write_atomic(path, bytes, 0o644)
 }
 
 /// Every variant dir of every model under the cache root, as

@@ -516,17 +516,11 @@ impl CardManager {
         let mut temporary_locks = Vec::new();
         {
             let mut table = self.lock_table();
-            for bdf in bdfs {
-                let entry = table
-                    .get(bdf)
-                    .ok_or_else(|| CardError::NotFound(bdf.clone()))?;
-                if entry.busy {
-                    return Err(CardError::Busy(bdf.clone()));
-                }
+            for entry in free_entries(&table, bdfs)? {
                 if entry.lock.is_none() {
                     temporary_locks.push(lock::try_lock(
                         &self.lock_dir,
-                        bdf,
+                        &entry.view.bdf,
                         "tt-servingd reset",
                         self.lock_policy,
                     )?);
@@ -650,14 +644,7 @@ impl CardManager {
     pub fn lend(&self, bdfs: &[String], purpose: &str) -> Result<(), CardError> {
         {
             let mut table = self.lock_table();
-            for bdf in bdfs {
-                let entry = table
-                    .get(bdf)
-                    .ok_or_else(|| CardError::NotFound(bdf.clone()))?;
-                if entry.busy {
-                    return Err(CardError::Busy(bdf.clone()));
-                }
-            }
+            free_entries(&table, bdfs)?;
             for bdf in bdfs {
                 if let Some(entry) = table.get_mut(bdf) {
                     entry.lent = Some(purpose.to_string());
@@ -739,6 +726,25 @@ impl CardManager {
             entry.view.held_by_daemon = false;
         }
     }
+}
+
+/// The entries of these cards, when every one exists and no reset runs on
+/// it.
+fn free_entries<'a>(
+    table: &'a BTreeMap<String, Entry>,
+    bdfs: &[String],
+) -> Result<Vec<&'a Entry>, CardError> {
+    bdfs.iter()
+        .map(|bdf| {
+            let entry = table
+                .get(bdf)
+                .ok_or_else(|| CardError::NotFound(bdf.clone()))?;
+            if entry.busy {
+                return Err(CardError::Busy(bdf.clone()));
+            }
+            Ok(entry)
+        })
+        .collect()
 }
 
 /// Which slot uses which card, from the config.

@@ -239,12 +239,8 @@ fn check_checkpoint(key: &str, path: &Path, gguf_engine: bool, problems: &mut Ve
 mod tests {
     use super::*;
 
-    const ONE_MODEL: &str = r#"
-[models.qwen]
-tp = 1
-cards = ["0000:01:00.0"]
-checkpoint = "/m/q.gguf"
-"#;
+    const ONE_MODEL: &str =
+        "[models.qwen]\ntp = 1\ncards = [\"0000:01:00.0\"]\ncheckpoint = \"/m/q.gguf\"\n";
 
     #[test]
     fn host_checks_skip_what_the_text_already_got_wrong() {

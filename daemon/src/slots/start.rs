@@ -313,10 +313,7 @@ async fn verify(
             )
         })
     };
-    match failed_check {
-        Some(reason) => Err(fail_after_stop(mgr, plan, worker, Some(engine), reason).await),
-        None => Ok(()),
-    }
+    stop_on_failure(mgr, plan, worker, engine, failed_check).await
 }
 
 /// Phase 5: a cold start certifies the variant's file set (marker); a warm
@@ -357,6 +354,18 @@ async fn seal_cache(
             )),
         },
     };
+    stop_on_failure(mgr, plan, worker, engine, failure).await
+}
+
+/// A check that failed (`Some(reason)`) stops the worker cleanly and ends
+/// the attempt.
+async fn stop_on_failure(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    worker: &mut Worker,
+    engine: &mut EngineClient<Channel>,
+    failure: Option<String>,
+) -> Result<(), Outcome> {
     match failure {
         Some(reason) => Err(fail_after_stop(mgr, plan, worker, Some(engine), reason).await),
         None => Ok(()),
