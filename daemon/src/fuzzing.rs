@@ -59,6 +59,7 @@ pub fn generate_request(data: &[u8]) {
 }
 
 fn check_request(config: &Config, request: &pb::GenerateRequest) {
+    use crate::router::RouteError;
     match crate::router::validate_request(config, request) {
         Ok(()) => {
             assert!(config.models.contains_key(&request.model), "{request:?}");
@@ -103,24 +104,19 @@ fn check_request(config: &Config, request: &pb::GenerateRequest) {
                 "{request:?}"
             );
         }
-        Err(status) => match status.code() {
-            tonic::Code::NotFound => {
-                assert!(status.message().starts_with("unknown model"), "{status:?}");
-                // Client input is echoed bounded, never whole.
-                assert!(
-                    status.message().len() < 512,
-                    "an unbounded echo: {status:?}"
-                );
-            }
-            tonic::Code::InvalidArgument => {
-                let field = status.message().split(':').next().unwrap_or_default();
-                assert!(
-                    !field.is_empty() && !field.contains(' '),
-                    "an INVALID_ARGUMENT that does not start with the field: {status:?}"
-                );
-            }
-            other => panic!("validation answered {other:?}: {status:?}"),
-        },
+        Err(RouteError::UnknownModel(message)) => {
+            assert!(message.starts_with("unknown model"), "{message}");
+            // Client input is echoed bounded, never whole.
+            assert!(message.len() < 512, "an unbounded echo: {message}");
+        }
+        Err(RouteError::Invalid(message)) => {
+            let field = message.split(':').next().unwrap_or_default();
+            assert!(
+                !field.is_empty() && !field.contains(' '),
+                "an invalid-request answer that does not start with the field: {message}"
+            );
+        }
+        Err(other) => panic!("validation answered {other:?}"),
     }
 }
 

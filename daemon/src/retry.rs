@@ -7,11 +7,6 @@
 
 use crate::slots::Availability;
 use std::time::Duration;
-use tonic::metadata::MetadataValue;
-use tonic::Status;
-
-/// The gRPC metadata key (gRFC A6 "server pushback").
-pub const GRPC_PUSHBACK: &str = "grpc-retry-pushback-ms";
 
 /// When to try again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,35 +73,6 @@ impl RetryHint {
             }
         }
     }
-
-    /// Put the hint into a gRPC status's metadata (sent with its trailers).
-    pub fn attach(&self, status: &mut Status) {
-        if let Ok(value) = MetadataValue::try_from(self.grpc_pushback_ms()) {
-            status.metadata_mut().insert(GRPC_PUSHBACK, value);
-        }
-    }
-
-    /// The hint a status carries, for a front door that receives the
-    /// router's `Status` and renders it otherwise (HTTP's `Retry-After`).
-    pub fn of(status: &Status) -> Option<RetryHint> {
-        let value = status.metadata().get(GRPC_PUSHBACK)?.to_str().ok()?;
-        let ms: i64 = value.parse().ok()?;
-        Some(match u64::try_from(ms) {
-            Ok(ms) => RetryHint::After(Duration::from_millis(ms)),
-            Err(_) => RetryHint::NotUntilFixed,
-        })
-    }
-}
-
-/// UNAVAILABLE with `message`, the hint (if any) in words after it, and in
-/// the metadata.
-pub fn unavailable(message: impl std::fmt::Display, hint: Option<RetryHint>) -> Status {
-    let Some(hint) = hint else {
-        return Status::unavailable(message.to_string());
-    };
-    let mut status = Status::unavailable(format!("{message}; {}", hint.describe()));
-    hint.attach(&mut status);
-    status
 }
 
 #[cfg(test)]
@@ -114,19 +80,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn estimates_are_bounded_and_round_trip_through_a_status() {
+    fn estimates_are_bounded() {
         let hint = |a| RetryHint::for_availability(a);
         let eta = |eta| hint(Availability::Recovering { eta });
         let soon = RetryHint::After(Duration::from_millis(2345));
         assert_eq!(eta(Some(Duration::from_millis(2345))), Some(soon));
         assert_eq!(soon.grpc_pushback_ms(), "2345");
         assert_eq!(soon.retry_after_secs(), Some(3));
-        let status = unavailable("model `m` has no ready slot", Some(soon));
-        assert_eq!(
-            status.message(),
-            "model `m` has no ready slot; retry in about 2.3 s"
-        );
-        assert_eq!(RetryHint::of(&status), Some(soon));
+        assert_eq!(soon.describe(), "retry in about 2.3 s");
 
         let after = |d| Some(RetryHint::After(d));
         assert_eq!(eta(Some(Duration::ZERO)), after(RetryHint::MIN));
@@ -139,7 +100,6 @@ mod tests {
         assert_eq!(hint(Availability::Down), Some(down));
         assert_eq!(down.grpc_pushback_ms(), "-1");
         assert_eq!(down.retry_after_secs(), None);
-        assert_eq!(RetryHint::of(&unavailable("x", Some(down))), Some(down));
 
         // A start that never succeeded retries by itself: its backoff.
         assert_eq!(
@@ -149,10 +109,7 @@ mod tests {
             after(Duration::from_secs(4))
         );
 
-        // Draining or stopped: no estimate, no metadata.
+        // Draining or stopped: no estimate.
         assert_eq!(hint(Availability::Stopped), None);
-        let plain = unavailable("model `m` has no ready slot", None);
-        assert_eq!(plain.message(), "model `m` has no ready slot");
-        assert_eq!(RetryHint::of(&plain), None);
     }
 }

@@ -350,7 +350,7 @@ impl Control for ControlService {
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         self.rule.authorize(&request, Operation::Generate)?;
-        let stream = self.state.router().serve(request).await?;
+        let stream = super::route::generate(&self.state, request).await?;
         Ok(Response::new(Box::pin(stream)))
     }
 

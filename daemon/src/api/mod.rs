@@ -17,6 +17,7 @@ mod inference;
 mod limits;
 mod message_limit;
 pub mod metrics;
+pub mod route;
 pub(crate) mod tls;
 pub(crate) mod tokens;
 
