@@ -1,17 +1,35 @@
 //! tt-servingd, the tt-serving daemon, and ttctl, its operator tool.
 //!
-//! Layout:
-//! - [`config`]: the TOML file, parsed strictly and validated as a whole.
-//! - [`cards`]: discovery under `dev_root`/`sys_root`/`proc_root`, per-card
-//!   locks, reset with proof, and [`cards::CardManager`], the one owner of
-//!   card state.
-//! - [`slots`]: the slot lifecycle (one model instance on its cards).
-//! - [`api`]: the gRPC services: Control on the local socket, Inference,
-//!   health and reflection on the public port.
-//! - [`daemon`]: startup order, the tick loop, signals and clean shutdown.
-//! - [`notify`]: systemd notifications; [`shutdown`]: the shutdown signal.
-//! - [`ctl`]: `ttctl`, the operator's client.
-//! - [`echo`]: quoting client input in errors and logs, bounded.
+//! Layout, in layers: a module imports only from layers above it in this
+//! list, never from its callers (no import cycle between modules).
+//!
+//! 1. Foundations, which import nothing of ours but `config`:
+//!    - [`config`]: the TOML file, parsed strictly and validated as a
+//!      whole; [`config::diff`] compares model definitions.
+//!    - [`clock`]: timestamps; [`echo`]: quoting client input, bounded;
+//!      [`shutdown`]: the shutdown signal; [`notify`]: systemd
+//!      notifications; [`uds`]: gRPC over unix sockets; [`secrets`]:
+//!      reading secret files; [`bus`]: the status bus that cards and slots
+//!      publish changes on.
+//!    - [`hostfs`]: writing on the host so that no planted link redirects
+//!      it; [`metrics`]: the Prometheus registry (events only).
+//! 2. [`cards`]: discovery under `dev_root`/`sys_root`/`proc_root`,
+//!    per-card locks, reset with proof, and [`cards::CardManager`], the one
+//!    owner of card state.
+//! 3. [`cache`]: tensor cache variants, markers, the guard, warm or cold;
+//!    [`worker`]: spawning and watching a worker process.
+//! 4. [`slots`]: the slot lifecycle (one model instance on its cards) and
+//!    [`slots::SlotManager`], the one owner of slot state.
+//! 5. [`retry`]: the retry hint of an unavailable model; [`router`]:
+//!    validation, queues, routing and forwarding, with [`router::RouteError`].
+//! 6. [`state`]: the daemon's shared handles; [`reload`]: live
+//!    reconfiguration; [`borrow`]: lending cards to an outside job.
+//! 7. [`api`]: the gRPC services (Control on the local socket; Inference,
+//!    health and reflection on the public port), the metrics endpoint;
+//!    [`preflight`]: `check-config`'s checks of the host.
+//! 8. [`daemon`]: startup order, the tick loop, signals and clean
+//!    shutdown; [`demo`]: `tt-servingd demo`; [`ctl`]: `ttctl`, the
+//!    operator's client.
 
 pub mod api;
 pub mod borrow;

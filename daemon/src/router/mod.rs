@@ -399,7 +399,12 @@ impl Router {
                             let status = worker_error(&slot, status, || {
                                 lost_worker_hint(&slots, &model, &slot)
                             });
-                            let outcome = status.outcome();
+                            // Mid-stream, anything but a deadline is the
+                            // worker's failure, whatever the client is told.
+                            let outcome = match status.outcome() {
+                                "deadline" => "deadline",
+                                _ => "worker_error",
+                            };
                             let _ = tx.send(Err(status)).await;
                             return outcome;
                         }
