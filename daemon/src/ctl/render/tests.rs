@@ -801,3 +801,67 @@ fn cache_removed_line_names_the_path_and_the_bytes() {
         "removed /c/m/k: freed 0 bytes"
     );
 }
+
+/// Everything `status --json` has to show or leave out: every card shape
+/// above, a card in a state this ttctl does not know, slot counters,
+/// fields the JSON never had (`lock_dir`, `starts`, `queues`) and a reload.
+fn json_sample() -> StatusResponse {
+    use tt_serving_proto::v1::{ModelQueue, ReloadOutcome, ReloadReport, ReloadStep};
+    let mut sample = status();
+    sample.cards.push(Card {
+        bdf: "0000:06:00.0".into(),
+        state: 99,
+        ..Default::default()
+    });
+    sample.slots[0].starts = 3;
+    sample.slots[0].generated_tokens = 1234;
+    sample.slots[0].requests_served = 12;
+    sample.slots[0].ttft_p50_ms = 41.5;
+    sample.slots[0].itl_p50_ms = 5.25;
+    sample.slots[1].outdated_keys = vec!["flags.KV".into()];
+    sample.queues = vec![ModelQueue {
+        model: "qwen".into(),
+        waiting: 2,
+        max_queue: 64,
+    }];
+    sample.reloads = vec![ReloadReport {
+        outcome: ReloadOutcome::Applied as i32,
+        trigger: "SIGHUP".into(),
+        started_unix_ms: NOW - 5_000,
+        finished_unix_ms: NOW - 1_000,
+        config_path: "/etc/tt-serving/config.toml".into(),
+        problems: vec![],
+        steps: vec![ReloadStep {
+            slot: "smol".into(),
+            model: "smol".into(),
+            action: "restart".into(),
+            reason: "flags.KV: \"0\" → \"1\"".into(),
+            result: "Failed: worker exited with code 3".into(),
+        }],
+        needs_restart: vec!["daemon.listen: \"a\" → \"b\"".into()],
+        summary: "1 restart".into(),
+    }];
+    sample
+}
+
+/// `status --json` and `cache ls --json` are contracts scripts read: these
+/// files hold the exact text ttctl printed for the samples when the JSON
+/// was last changed on purpose. A difference here is a contract change.
+#[test]
+fn json_output_is_exactly_the_pinned_text() {
+    fn pretty(value: &impl Serialize) -> String {
+        serde_json::to_string_pretty(value).unwrap()
+    }
+    assert_eq!(
+        pretty(&status_json(&json_sample())),
+        include_str!("testdata/status.json").trim_end()
+    );
+    assert_eq!(
+        pretty(&status_json(&StatusResponse::default())),
+        include_str!("testdata/status-no-daemon-info.json").trim_end()
+    );
+    assert_eq!(
+        pretty(&cache_json(&cache())),
+        include_str!("testdata/cache.json").trim_end()
+    );
+}
