@@ -8,7 +8,7 @@ use tonic::transport::Channel;
 use tt_serving_proto::v1::control_client::ControlClient;
 use tt_serving_proto::v1::{ListCacheRequest, ListCacheResponse, RemoveCacheRequest};
 
-use super::render::{cache_json, cache_removed_line, cache_table, cache_verdict};
+use super::render::{cache_json, cache_removed_line, cache_table, cache_verdict, json_text};
 use super::{answer_within, emit, Failure};
 
 /// Listing walks every variant dir to add up sizes, which takes a moment on
@@ -31,11 +31,7 @@ pub(super) async fn ls(
 ) -> Result<(), Failure> {
     let cache = list(client, socket).await?;
     let text = if json {
-        let mut text = serde_json::to_string_pretty(&cache_json(&cache)).map_err(|err| {
-            Failure::Failed(format!("cannot encode the cache listing as JSON: {err}"))
-        })?;
-        text.push('\n');
-        text
+        json_text(&cache_json(&cache), true, "the cache listing")?
     } else {
         cache_table(&cache)
     };

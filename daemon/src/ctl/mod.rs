@@ -19,8 +19,8 @@
 //! - `client`: [`connect`] to the control socket, with errors that tell the
 //!   operator what to do ([`ConnectError`]). The integration tests reuse it.
 //! - `render`: pure functions from the daemon's answers to tables, lines and
-//!   the stable JSON that `status --json` and `cache ls --json` print
-//!   ([`StatusJson`], [`CacheJson`]).
+//!   the stable JSON that `status --json` and `cache ls --json` print (the
+//!   protocol messages, and [`CacheJson`]).
 //! - `status`: `ttctl status`, once or `--watch`.
 //! - `card`: `ttctl card reset`.
 //! - `slot`: `ttctl slot restart`.
@@ -56,11 +56,9 @@ pub use args::{
 };
 pub use client::{connect, ConnectError, DEFAULT_SOCKET};
 pub use render::{
-    cache_json, cache_removed_line, cache_table, cache_verdict, card_state_word,
-    finish_reason_word, generate_summary, log_line, reset_progress_line, restart_step,
-    slot_restart_requested_line, slot_state_word, status_json, status_table, CacheJson,
-    CacheVariantJson, CacheVerdict, CardJson, CardProcessJson, DaemonJson, LockHolderJson,
-    ReloadJson, ReloadStepJson, RestartFollow, RestartStep, SlotJson, StatusJson, TelemetryJson,
+    cache_json, cache_removed_line, cache_table, cache_verdict, generate_summary, log_line,
+    reset_progress_line, restart_step, slot_restart_requested_line, status_table, CacheJson,
+    CacheVerdict, RestartFollow, RestartStep,
 };
 
 /// Run one ttctl command to completion, printing results to stdout, notes

@@ -9,7 +9,7 @@ use tt_serving_proto::v1::control_client::ControlClient;
 use tt_serving_proto::v1::{ReloadOutcome, ReloadRequest};
 
 use super::args::ReloadArgs;
-use super::render::{reload_failed_slots, reload_json, reload_report_text};
+use super::render::{json_text, reload_failed_slots, reload_report_text};
 use super::{emit, Failure};
 
 /// Ask for the reload and wait for the report: with waiting, the daemon
@@ -30,9 +30,7 @@ pub(super) async fn run(
         .map_err(|status| Failure::from_status(status, socket))?
         .into_inner();
     let text = if args.json {
-        let json = serde_json::to_string_pretty(&reload_json(&report))
-            .map_err(|e| Failure::Failed(format!("cannot encode the report as JSON: {e}")))?;
-        format!("{json}\n")
+        json_text(&report, true, "the report")?
     } else {
         reload_report_text(&report)
     };

@@ -4,65 +4,25 @@
 //! Everything here is a pure function of its inputs (the current time is a
 //! parameter), so the output is pinned by unit tests without a daemon.
 //!
-//! The JSON is written through serde structs of our own rather than derived
-//! from the prost types: prost types do not implement `Serialize`, and
-//! scripts need a format that stays put when the proto grows internal
-//! fields. Field names mirror control.proto; enum values are the same
-//! lowercase words the tables print.
+//! The JSON is the protocol messages themselves (`json.rs` says why and
+//! where it deliberately differs); enum values are the words the tables
+//! print ([`Word`]).
 
+mod json;
 mod reload;
 mod top;
 
-pub use reload::{
-    last_reload_line, reload_failed_slots, reload_json, reload_report_text, ReloadJson,
-    ReloadStepJson,
-};
+pub(super) use json::json_text;
+pub use json::{cache_json, CacheJson};
+pub use reload::{last_reload_line, reload_failed_slots, reload_report_text};
 
 pub use top::top_frame;
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
 use tt_serving_proto::v1::{
     CacheVariant, Card, CardState, DaemonInfo, FinishReason, GenerationFinal, ListCacheResponse,
     LogLine, RemoveCacheResponse, ResetPhase, ResetProgress, Slot, SlotState, StatusResponse,
 };
-
-/// The word for a card state, as printed in tables and JSON. Values from a
-/// newer daemon that this ttctl does not know print as `unknown`.
-pub fn card_state_word(state: i32) -> &'static str {
-    match CardState::try_from(state) {
-        Ok(CardState::Ready) => "ready",
-        Ok(CardState::Idle) => "idle",
-        Ok(CardState::HeldElsewhere) => "held-elsewhere",
-        Ok(CardState::Resetting) => "resetting",
-        Ok(CardState::Probing) => "probing",
-        Ok(CardState::Quarantined) => "quarantined",
-        Ok(CardState::Missing) => "missing",
-        Ok(CardState::Failed) => "failed",
-        Ok(CardState::Unmanaged) => "unmanaged",
-        Ok(CardState::Unspecified) | Err(_) => "unknown",
-    }
-}
-
-/// The word for a slot state, as printed in tables and JSON.
-pub fn slot_state_word(state: i32) -> &'static str {
-    match SlotState::try_from(state) {
-        Ok(SlotState::Pending) => "pending",
-        Ok(SlotState::Locking) => "locking",
-        Ok(SlotState::Resetting) => "resetting",
-        Ok(SlotState::Probing) => "probing",
-        Ok(SlotState::Starting) => "starting",
-        Ok(SlotState::Loading) => "loading",
-        Ok(SlotState::Verifying) => "verifying",
-        Ok(SlotState::Ready) => "ready",
-        Ok(SlotState::Draining) => "draining",
-        Ok(SlotState::Stopped) => "stopped",
-        Ok(SlotState::Failed) => "failed",
-        Ok(SlotState::Quarantined) => "quarantined",
-        Ok(SlotState::Unspecified) | Err(_) => "unknown",
-    }
-}
+use tt_serving_proto::Word;
 
 /// What a reset phase is doing, for progress lines without a message.
 fn reset_phase_words(phase: i32) -> &'static str {
@@ -171,7 +131,7 @@ fn cards_table(cards: &[Card]) -> String {
             heartbeat_word(card).to_string(),
             lock_words(card),
             or_dash(&card.slot).to_string(),
-            card_state_word(card.state).to_string(),
+            CardState::word(card.state),
         ]);
         if !card.state_reason.is_empty() {
             table.note(format!("reason: {}", one_line(&card.state_reason)));
@@ -253,7 +213,7 @@ fn slots_table(slots: &[Slot], cards: &[Card], now_unix_ms: u64) -> String {
             slot.name.clone(),
             slot.model.clone(),
             slot_cards(slot, cards),
-            slot_state_word(slot.state).to_string(),
+            SlotState::word(slot.state),
             if slot.since_unix_ms == 0 {
                 "-".to_string()
             } else {
@@ -422,266 +382,6 @@ fn push_cells(out: &mut String, cells: &[String], widths: &[usize]) {
     out.push('\n');
 }
 
-/// `ttctl status --json`: `{"daemon": {...}, "cards": [...], "slots": [...]}`.
-/// Public (and `Deserialize`) so tests and tools can read ttctl's output
-/// back into a typed value.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct StatusJson {
-    /// The daemon itself.
-    pub daemon: DaemonJson,
-    /// Every card, in the daemon's order (by BDF).
-    pub cards: Vec<CardJson>,
-    /// Every slot, in the daemon's order (by name).
-    pub slots: Vec<SlotJson>,
-    /// Recent reloads, oldest first. Absent in output of older ttctl.
-    #[serde(default)]
-    pub reloads: Vec<ReloadJson>,
-}
-
-/// Mirrors `DaemonInfo`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DaemonJson {
-    /// tt-servingd version.
-    pub version: String,
-    /// Process id.
-    pub pid: u32,
-    /// Unix time in milliseconds when the daemon started.
-    pub started_unix_ms: u64,
-    /// The config file in use.
-    pub config_path: String,
-    /// The one-line summary (systemd STATUS=).
-    pub summary: String,
-    /// Kernel driver version; empty when the driver is not loaded.
-    pub driver_version: String,
-    /// The address the inference port is bound to.
-    pub inference_address: String,
-    /// Address of the Prometheus endpoint; empty when off.
-    #[serde(default)]
-    pub metrics_address: String,
-}
-
-/// Mirrors `Card`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CardJson {
-    /// PCI address, the stable identity.
-    pub bdf: String,
-    /// Current /dev/tenstorrent/N index; null while the node is gone.
-    pub index: Option<u32>,
-    /// Card type, e.g. p150a.
-    pub card_type: String,
-    /// Board serial.
-    pub serial: String,
-    /// Firmware bundle version.
-    pub fw_bundle_version: String,
-    /// Last heartbeat counter read.
-    pub heartbeat: u64,
-    /// Whether the heartbeat advanced at the last check.
-    pub heartbeat_ok: bool,
-    /// Sensor readings; each null when unreadable.
-    pub telemetry: TelemetryJson,
-    /// The card state word (`ready`, `held-elsewhere`, ...).
-    pub state: String,
-    /// Why it is in that state.
-    pub state_reason: String,
-    /// Who holds the card's lock; null when nobody.
-    pub lock_holder: Option<LockHolderJson>,
-    /// Processes other than the daemon's workers with the device open.
-    pub processes: Vec<CardProcessJson>,
-    /// The slot this card belongs to, empty when none.
-    pub slot: String,
-    /// Failed resets in a row.
-    pub reset_failures: u32,
-    /// Output of the last tt-smi run (truncated by the daemon).
-    pub last_reset_output: String,
-    /// ASIC clock in MHz.
-    pub aiclk_mhz: u32,
-    /// M3 application firmware version.
-    pub m3app_fw_version: String,
-}
-
-/// Mirrors `Telemetry`; absent readings are null.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TelemetryJson {
-    /// ASIC temperature, °C.
-    pub temperature_c: Option<f64>,
-    /// Board power, W.
-    pub power_w: Option<f64>,
-    /// Core voltage, V.
-    pub voltage_v: Option<f64>,
-    /// Current, A.
-    pub current_a: Option<f64>,
-    /// Fan speed, RPM.
-    pub fan_rpm: Option<u32>,
-}
-
-/// Mirrors `LockHolder`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LockHolderJson {
-    /// Pid written in the lock file (0 when unknown).
-    pub pid: u32,
-    /// What the holder uses the card for.
-    pub purpose: String,
-    /// True when the holder is the daemon.
-    pub is_daemon: bool,
-    /// The holder's user, empty when unknown.
-    #[serde(default)]
-    pub user: String,
-    /// The holder's command line, empty when unknown.
-    #[serde(default)]
-    pub command: String,
-}
-
-/// Mirrors `CardProcess`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CardProcessJson {
-    /// Process id.
-    pub pid: u32,
-    /// Command name, when readable.
-    pub command: String,
-}
-
-/// Mirrors `Slot`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SlotJson {
-    /// Slot name.
-    pub name: String,
-    /// Model name.
-    pub model: String,
-    /// BDFs of its cards, rank order.
-    pub cards: Vec<String>,
-    /// The slot state word (`ready`, `failed`, ...).
-    pub state: String,
-    /// Unix time in milliseconds of the last transition.
-    pub since_unix_ms: u64,
-    /// Why it entered this state.
-    pub reason: String,
-    /// `warm`, `cold`, or empty before the first start.
-    pub cache_mode: String,
-    /// Start attempt number within the restart window.
-    pub attempt: u32,
-    /// Unix time in milliseconds of the next retry (0 if none).
-    pub retry_at_unix_ms: u64,
-    /// Worker process id (0 when none).
-    pub worker_pid: u32,
-    /// Worker resident memory in bytes (0 when none).
-    pub worker_rss_bytes: u64,
-    /// Requests being served.
-    pub requests_in_flight: u32,
-    /// The last error, kept after recovery.
-    pub last_error: String,
-    /// Tokens generated since the slot was configured.
-    #[serde(default)]
-    pub generated_tokens: u64,
-    /// Requests finished since the slot was configured.
-    #[serde(default)]
-    pub requests_served: u64,
-    /// Median time to first token over recent requests, ms (0: none).
-    #[serde(default)]
-    pub ttft_p50_ms: f64,
-    /// Median inter-token latency over recent tokens, ms (0: none).
-    #[serde(default)]
-    pub itl_p50_ms: f64,
-    /// Keys in which the definition the slot runs differs from the one in
-    /// force (empty: up to date).
-    #[serde(default)]
-    pub outdated_keys: Vec<String>,
-}
-
-/// The JSON form of a status snapshot.
-pub fn status_json(status: &StatusResponse) -> StatusJson {
-    let d = status.daemon.clone().unwrap_or_default();
-    StatusJson {
-        daemon: DaemonJson {
-            version: d.version,
-            pid: d.pid,
-            started_unix_ms: d.started_unix_ms,
-            config_path: d.config_path,
-            summary: d.summary,
-            driver_version: d.driver_version,
-            inference_address: d.inference_address,
-            metrics_address: d.metrics_address,
-        },
-        cards: status.cards.iter().map(card_json).collect(),
-        slots: status.slots.iter().map(slot_json).collect(),
-        reloads: status.reloads.iter().map(reload_json).collect(),
-    }
-}
-
-fn card_json(card: &Card) -> CardJson {
-    let t = card.telemetry.unwrap_or_default();
-    CardJson {
-        bdf: card.bdf.clone(),
-        index: card.index,
-        card_type: card.card_type.clone(),
-        serial: card.serial.clone(),
-        fw_bundle_version: card.fw_bundle_version.clone(),
-        heartbeat: card.heartbeat,
-        heartbeat_ok: card.heartbeat_ok,
-        telemetry: TelemetryJson {
-            temperature_c: t.temperature_c,
-            power_w: t.power_w,
-            voltage_v: t.voltage_v,
-            current_a: t.current_a,
-            fan_rpm: t.fan_rpm,
-        },
-        state: card_state_word(card.state).to_string(),
-        state_reason: card.state_reason.clone(),
-        lock_holder: card.lock_holder.as_ref().map(|h| LockHolderJson {
-            pid: h.pid,
-            purpose: h.purpose.clone(),
-            is_daemon: h.is_daemon,
-            user: h.user.clone(),
-            command: h.command.clone(),
-        }),
-        processes: card
-            .processes
-            .iter()
-            .map(|p| CardProcessJson {
-                pid: p.pid,
-                command: p.command.clone(),
-            })
-            .collect(),
-        slot: card.slot.clone(),
-        reset_failures: card.reset_failures,
-        last_reset_output: card.last_reset_output.clone(),
-        aiclk_mhz: card.aiclk_mhz,
-        m3app_fw_version: card.m3app_fw_version.clone(),
-    }
-}
-
-fn slot_json(slot: &Slot) -> SlotJson {
-    SlotJson {
-        name: slot.name.clone(),
-        model: slot.model.clone(),
-        cards: slot.cards.clone(),
-        state: slot_state_word(slot.state).to_string(),
-        since_unix_ms: slot.since_unix_ms,
-        reason: slot.reason.clone(),
-        cache_mode: slot.cache_mode.clone(),
-        attempt: slot.attempt,
-        retry_at_unix_ms: slot.retry_at_unix_ms,
-        worker_pid: slot.worker_pid,
-        worker_rss_bytes: slot.worker_rss_bytes,
-        requests_in_flight: slot.requests_in_flight,
-        last_error: slot.last_error.clone(),
-        generated_tokens: slot.generated_tokens,
-        requests_served: slot.requests_served,
-        ttft_p50_ms: slot.ttft_p50_ms,
-        itl_p50_ms: slot.itl_p50_ms,
-        outdated_keys: slot.outdated_keys.clone(),
-    }
-}
-
-/// The word for why a generation ended: `stop`, `length`, `cancelled`.
-pub fn finish_reason_word(reason: i32) -> &'static str {
-    match FinishReason::try_from(reason) {
-        Ok(FinishReason::Stop) => "stop",
-        Ok(FinishReason::Length) => "length",
-        Ok(FinishReason::Cancelled) => "cancelled",
-        Ok(FinishReason::Unspecified) | Err(_) => "unknown",
-    }
-}
-
 /// `ttctl generate`'s summary, from the final chunk:
 /// `[stop] 12 prompt tokens, 8 completion tokens, slot qwen, TTFT 35.2 ms,
 /// decode 41.3 tok/s`.
@@ -708,7 +408,7 @@ pub fn generate_summary(done: &GenerationFinal) -> String {
     };
     format!(
         "[{}] {} prompt tokens, {} completion tokens, slot {}, TTFT {ttft}, decode {decode}",
-        finish_reason_word(done.finish_reason),
+        FinishReason::word(done.finish_reason),
         usage.prompt_tokens,
         usage.completion_tokens,
         or_dash(&done.slot),
@@ -753,7 +453,7 @@ pub enum RestartFollow {
 /// 4242); ...` and what happens next. It never claims a state the restart
 /// has not reached yet.
 pub fn slot_restart_requested_line(before: &Slot, follow: RestartFollow) -> String {
-    let was = slot_state_word(before.state);
+    let was = SlotState::word(before.state);
     let found = if before.worker_pid == 0 {
         format!("it was {was}")
     } else {
@@ -817,11 +517,11 @@ pub fn restart_step(before: &Slot, now: &Slot) -> RestartStep {
             "slot {name} stopped instead of restarting: {reason}"
         )),
         _ if reason.is_empty() => {
-            RestartStep::Progress(format!("slot {name}: {}", slot_state_word(now.state)))
+            RestartStep::Progress(format!("slot {name}: {}", SlotState::word(now.state)))
         }
         _ => RestartStep::Progress(format!(
             "slot {name}: {}: {reason}",
-            slot_state_word(now.state)
+            SlotState::word(now.state)
         )),
     }
 }
@@ -863,62 +563,6 @@ fn used_by_words(variant: &CacheVariant) -> String {
         "-".to_string()
     } else {
         variant.used_by.join(",")
-    }
-}
-
-/// `ttctl cache ls --json`: `{"cache_dir": ..., "variants": [...]}`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CacheJson {
-    /// The cache root.
-    pub cache_dir: String,
-    /// Every variant on disk, sorted by model, then key.
-    pub variants: Vec<CacheVariantJson>,
-}
-
-/// Mirrors `CacheVariant`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CacheVariantJson {
-    /// Model name.
-    pub model: String,
-    /// Variant key.
-    pub key: String,
-    /// `warm`, `cold` or `incomplete`.
-    pub state: String,
-    /// Why it is incomplete; empty otherwise.
-    pub reason: String,
-    /// Bytes on disk.
-    pub bytes: u64,
-    /// Files listed by the completeness marker (0 unless warm).
-    pub files: u32,
-    /// Slots whose current config selects this variant.
-    pub used_by: Vec<String>,
-    /// What went into the key (checkpoint identity, TP, flags, worker),
-    /// sorted by name.
-    pub inputs: BTreeMap<String, String>,
-}
-
-/// The JSON form of a cache listing.
-pub fn cache_json(cache: &ListCacheResponse) -> CacheJson {
-    CacheJson {
-        cache_dir: cache.cache_dir.clone(),
-        variants: cache
-            .variants
-            .iter()
-            .map(|v| CacheVariantJson {
-                model: v.model.clone(),
-                key: v.key.clone(),
-                state: v.state.clone(),
-                reason: v.reason.clone(),
-                bytes: v.bytes,
-                files: v.files,
-                used_by: v.used_by.clone(),
-                inputs: v
-                    .inputs
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-            })
-            .collect(),
     }
 }
 

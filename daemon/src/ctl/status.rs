@@ -8,7 +8,7 @@ use tonic::transport::Channel;
 use tt_serving_proto::v1::control_client::ControlClient;
 use tt_serving_proto::v1::{StatusRequest, StatusResponse};
 
-use super::render::{status_json, status_table};
+use super::render::{json_text, status_table};
 use super::{answer_within, emit, Failure, StatusArgs};
 
 /// Status is answered from the daemon's memory; a daemon that takes longer
@@ -28,9 +28,7 @@ pub(super) async fn once(
 ) -> Result<(), Failure> {
     let response = answer_within(STATUS_TIMEOUT, client.status(StatusRequest {}), socket).await?;
     let text = if args.json {
-        let mut text = to_json(&response, true)?;
-        text.push('\n');
-        text
+        json_text(&response, true, "the status")?
     } else {
         status_table(&response, now_unix_ms())
     };
@@ -111,9 +109,7 @@ impl Frames {
         now_unix_ms: u64,
     ) -> Result<Option<String>, Failure> {
         let body = if self.json {
-            let mut line = to_json(snapshot, false)?;
-            line.push('\n');
-            line
+            json_text(snapshot, false, "the status")?
         } else {
             status_table(snapshot, now_unix_ms)
         };
@@ -128,16 +124,6 @@ impl Frames {
         self.last = Some(body);
         Ok(Some(text))
     }
-}
-
-fn to_json(status: &StatusResponse, pretty: bool) -> Result<String, Failure> {
-    let json = status_json(status);
-    let text = if pretty {
-        serde_json::to_string_pretty(&json)
-    } else {
-        serde_json::to_string(&json)
-    };
-    text.map_err(|err| Failure::Failed(format!("cannot encode the status as JSON: {err}")))
 }
 
 pub(super) fn now_unix_ms() -> u64 {

@@ -508,10 +508,10 @@ async fn status_json_is_one_parseable_object() {
     let h = serve(fake());
     let (out, failure) = ttctl(&h.socket, &["status", "--json"]).await;
     assert!(failure.is_none(), "{failure:?}");
-    let status: StatusJson = serde_json::from_str(&out).unwrap();
-    assert_eq!(status.daemon.pid, 812);
-    assert_eq!(status.cards[0].state, "ready");
-    assert_eq!(status.slots[0].state, "ready");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(status["daemon"]["pid"], 812);
+    assert_eq!(status["cards"][0]["state"], "ready");
+    assert_eq!(status["slots"][0]["state"], "ready");
 }
 
 #[tokio::test]
@@ -539,8 +539,8 @@ async fn watch_json_prints_one_object_per_line() {
     let states: Vec<String> = out
         .lines()
         .map(|line| {
-            let status: StatusJson = serde_json::from_str(line).unwrap();
-            status.slots[0].state.clone()
+            let status: serde_json::Value = serde_json::from_str(line).unwrap();
+            status["slots"][0]["state"].as_str().unwrap().to_string()
         })
         .collect();
     assert_eq!(states, ["loading", "ready"]);
@@ -1133,16 +1133,16 @@ async fn cache_ls_prints_the_table_or_json() {
 
     let (out, failure) = ttctl(&h.socket, &["cache", "ls", "--json"]).await;
     assert!(failure.is_none(), "{failure:?}");
-    let cache: CacheJson = serde_json::from_str(&out).unwrap();
-    assert_eq!(cache.cache_dir, "/var/cache/tt-serving");
-    assert_eq!(cache.variants.len(), 7);
-    let qwen = &cache.variants[4];
+    let cache: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(cache["cache_dir"], "/var/cache/tt-serving");
+    assert_eq!(cache["variants"].as_array().unwrap().len(), 7);
+    let qwen = &cache["variants"][4];
     assert_eq!(
-        (qwen.model.as_str(), qwen.key.as_str()),
-        ("qwen", "3f2a9c0d1e2b4a5c")
+        (&qwen["model"], &qwen["key"]),
+        (&"qwen".into(), &"3f2a9c0d1e2b4a5c".into())
     );
-    assert_eq!(qwen.used_by, ["qwen"]);
-    assert_eq!(qwen.inputs["tp"], "1");
+    assert_eq!(qwen["used_by"], serde_json::json!(["qwen"]));
+    assert_eq!(qwen["inputs"]["tp"], "1");
 }
 
 #[tokio::test]

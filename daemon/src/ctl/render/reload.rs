@@ -1,21 +1,10 @@
 //! Rendering reload reports: `ttctl reload` and the reload line of
 //! `ttctl status`.
 
-use serde::{Deserialize, Serialize};
 use tt_serving_proto::v1::{ReloadOutcome, ReloadReport};
+use tt_serving_proto::Word;
 
 use super::{duration_words, one_line};
-
-/// The word for a reload outcome.
-pub fn reload_outcome_word(outcome: i32) -> &'static str {
-    match ReloadOutcome::try_from(outcome) {
-        Ok(ReloadOutcome::Applied) => "applied",
-        Ok(ReloadOutcome::Refused) => "refused",
-        Ok(ReloadOutcome::Unchanged) => "unchanged",
-        Ok(ReloadOutcome::DryRun) => "dry-run",
-        Ok(ReloadOutcome::Unspecified) | Err(_) => "unknown",
-    }
-}
 
 /// Whether a started or restarted slot did not come up. Result texts start
 /// with the slot state the daemon saw (`Ready (...)`, `Failed: ...`).
@@ -113,7 +102,7 @@ pub fn last_reload_line(reloads: &[ReloadReport], now_unix_ms: u64) -> Option<St
                 .map(|p| one_line(p))
                 .unwrap_or_default()
         ),
-        _ => format!("{}: {}", reload_outcome_word(last.outcome), last.summary),
+        _ => format!("{}: {}", ReloadOutcome::word(last.outcome), last.summary),
     };
     Some(format!(
         "last reload {ago} ago by {}: {what}",
@@ -123,69 +112,6 @@ pub fn last_reload_line(reloads: &[ReloadReport], now_unix_ms: u64) -> Option<St
             &last.trigger
         }
     ))
-}
-
-/// Mirrors `ReloadReport`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ReloadJson {
-    /// `applied`, `refused`, `unchanged` or `dry-run`.
-    pub outcome: String,
-    /// Who asked: `ttctl`, `SIGHUP`.
-    pub trigger: String,
-    /// Unix time in milliseconds when it began.
-    pub started_unix_ms: u64,
-    /// Unix time in milliseconds when it ended.
-    pub finished_unix_ms: u64,
-    /// The config file read.
-    pub config_path: String,
-    /// Why the file was refused.
-    pub problems: Vec<String>,
-    /// Every slot and what happened to it.
-    pub steps: Vec<ReloadStepJson>,
-    /// Daemon-level changes not applied until a restart.
-    pub needs_restart: Vec<String>,
-    /// Slots per action, in one line.
-    pub summary: String,
-}
-
-/// Mirrors `ReloadStep`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ReloadStepJson {
-    /// Slot name.
-    pub slot: String,
-    /// Model name.
-    pub model: String,
-    /// `keep`, `update`, `restart`, `stop` or `start`.
-    pub action: String,
-    /// Why.
-    pub reason: String,
-    /// How the slot ended up.
-    pub result: String,
-}
-
-/// The JSON form of a reload report.
-pub fn reload_json(report: &ReloadReport) -> ReloadJson {
-    ReloadJson {
-        outcome: reload_outcome_word(report.outcome).to_string(),
-        trigger: report.trigger.clone(),
-        started_unix_ms: report.started_unix_ms,
-        finished_unix_ms: report.finished_unix_ms,
-        config_path: report.config_path.clone(),
-        problems: report.problems.clone(),
-        steps: report
-            .steps
-            .iter()
-            .map(|s| ReloadStepJson {
-                slot: s.slot.clone(),
-                model: s.model.clone(),
-                action: s.action.clone(),
-                reason: s.reason.clone(),
-                result: s.result.clone(),
-            })
-            .collect(),
-        needs_restart: report.needs_restart.clone(),
-        summary: report.summary.clone(),
-    }
 }
 
 #[cfg(test)]
@@ -282,6 +208,5 @@ mod tests {
             Some("last reload 1m00s ago by ttctl: applied: 1 keep, 1 restart, 1 start")
         );
         assert_eq!(last_reload_line(&[dry], 0), None);
-        assert_eq!(reload_json(&applied()).steps[1].action, "restart");
     }
 }

@@ -1,9 +1,10 @@
 //! `ttctl top`'s frame: one row per slot with rates computed from two
 //! status snapshots.
 
-use tt_serving_proto::v1::StatusResponse;
+use tt_serving_proto::v1::{SlotState, StatusResponse};
+use tt_serving_proto::Word;
 
-use super::{bytes_words, duration_words, slot_state_word, Table};
+use super::{bytes_words, duration_words, Table};
 
 /// A frame of `ttctl top` from the current snapshot and, when there is one,
 /// the previous snapshot and the seconds between the two.
@@ -66,7 +67,7 @@ pub fn top_frame(
             });
         table.row(vec![
             slot.name.clone(),
-            slot_state_word(slot.state).to_string(),
+            SlotState::word(slot.state),
             slot.requests_in_flight.to_string(),
             queue,
             tokens.map_or("-".to_string(), |t| format!("{t:.1}")),
@@ -101,7 +102,7 @@ fn millis(ms: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tt_serving_proto::v1::{ModelQueue, Slot, SlotState};
+    use tt_serving_proto::v1::{ModelQueue, Slot};
 
     fn snapshot(tokens: u64, requests: u64) -> StatusResponse {
         StatusResponse {
