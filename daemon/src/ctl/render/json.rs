@@ -14,7 +14,7 @@
 //! says nothing about what is on disk. The variants in it are the
 //! messages.
 //!
-//! Tests pin the exact text on samples: scripts parse it.
+//! `tests/json.rs` pins the exact text on samples: scripts parse it.
 
 use serde::Serialize;
 use tt_serving_proto::v1::{CacheVariant, ListCacheResponse};
