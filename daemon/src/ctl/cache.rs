@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 use tt_serving_proto::v1::control_client::ControlClient;
-use tt_serving_proto::v1::{ListCacheRequest, ListCacheResponse, RemoveCacheRequest};
+use tt_serving_proto::v1::{CacheVariant, ListCacheRequest, ListCacheResponse, RemoveCacheRequest};
 
 use super::render::{cache_json, cache_removed_line, cache_table, cache_verdict, json_text};
 use super::{answer_within, emit, Failure};
@@ -48,13 +48,74 @@ pub(super) async fn verify(
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
     let cache = list(client, socket).await?;
-    let verdict = cache_verdict(model, &cache);
+    let verdict = cache_verdict(model, &check(model, &cache));
     if !verdict.listing.is_empty() {
         emit(out, &verdict.listing)?;
     }
     match verdict.outcome {
         Ok(line) => emit(out, &format!("{line}\n")),
         Err(why) => Err(Failure::Failed(why)),
+    }
+}
+
+/// A model's variants on disk and what they mean for its next start.
+#[derive(Debug)]
+pub struct CacheCheck<'a> {
+    /// The model's variants, sorted by key.
+    pub variants: Vec<&'a CacheVariant>,
+    /// What its next start will be.
+    pub next_start: NextStart<'a>,
+}
+
+/// Whether a model's next start will be warm, and if not, why.
+#[derive(Debug, PartialEq)]
+pub enum NextStart<'a> {
+    /// No model of the config has that name and nothing of it is on disk:
+    /// there is no next start. `models` are the names the config has.
+    UnknownModel { models: &'a [String] },
+    /// A model of the config with no variant on disk yet: cold.
+    NoCache,
+    /// Not a model of the config in force: its variants are left from an
+    /// earlier config. `models` are the names the config has.
+    LeftOver { models: &'a [String] },
+    /// None of its variants is the one its slots' config selects: cold.
+    NoneSelected,
+    /// The selected variant is not complete: cold.
+    NotWarm(&'a CacheVariant),
+    /// Warm, from these selected variants.
+    Warm(Vec<&'a CacheVariant>),
+}
+
+/// Judge `model`'s next start from the listing. A start is warm when the
+/// variant its slots' current config selects (the one with `used_by` set)
+/// is on disk and complete (`warm`), as the supervisor decides at each
+/// start; a variant no slot uses is left over from an older config (or
+/// worker) and does not count.
+pub(super) fn check<'a>(model: &str, cache: &'a ListCacheResponse) -> CacheCheck<'a> {
+    let variants: Vec<&CacheVariant> = cache.variants.iter().filter(|v| v.model == model).collect();
+    let models = cache.models.as_slice();
+    let configured = models.iter().any(|m| m == model);
+    let selected: Vec<&CacheVariant> = variants
+        .iter()
+        .copied()
+        .filter(|v| !v.used_by.is_empty())
+        .collect();
+    let next_start = if !configured && variants.is_empty() {
+        NextStart::UnknownModel { models }
+    } else if variants.is_empty() {
+        NextStart::NoCache
+    } else if !configured {
+        NextStart::LeftOver { models }
+    } else if selected.is_empty() {
+        NextStart::NoneSelected
+    } else if let Some(bad) = selected.iter().find(|v| v.state != "warm") {
+        NextStart::NotWarm(bad)
+    } else {
+        NextStart::Warm(selected)
+    };
+    CacheCheck {
+        variants,
+        next_start,
     }
 }
 

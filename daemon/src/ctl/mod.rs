@@ -55,11 +55,6 @@ pub use args::{
     StatusArgs, TopArgs,
 };
 pub use client::{connect, ConnectError, DEFAULT_SOCKET};
-pub use render::{
-    cache_json, cache_removed_line, cache_table, cache_verdict, generate_summary, log_line,
-    reset_progress_line, restart_step, slot_restart_requested_line, status_table, CacheJson,
-    CacheVerdict, RestartFollow, RestartStep,
-};
 
 /// Run one ttctl command to completion, printing results to stdout, notes
 /// (such as `generate`'s summary) and `ttctl: <what went wrong>` to stderr,

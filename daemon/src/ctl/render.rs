@@ -22,11 +22,11 @@ mod slot;
 mod status;
 mod top;
 
-pub use cache::{cache_removed_line, cache_table, cache_verdict, CacheVerdict};
+pub use cache::{cache_removed_line, cache_table, cache_verdict};
 pub use card::reset_progress_line;
 pub use generate::generate_summary;
 pub(super) use json::json_text;
-pub use json::{cache_json, CacheJson};
+pub use json::cache_json;
 pub use logs::log_line;
 pub use reload::{last_reload_line, reload_failed_slots, reload_report_text};
 pub use slot::{restart_step, slot_restart_requested_line, RestartFollow, RestartStep};

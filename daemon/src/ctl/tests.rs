@@ -1337,3 +1337,45 @@ fn usage_errors_exit_2_and_help_documents_exit_codes() {
     assert!(help.contains("3  tt-servingd cannot be reached"), "{help}");
     assert!(help.contains("TTCTL_SOCKET"), "{help}");
 }
+
+#[test]
+fn next_start_is_warm_only_from_the_variant_the_config_selects() {
+    let listing = cache_listing();
+    let judged = |model: &str| cache::check(model, &listing).next_start;
+    let variant = |key: &str| listing.variants.iter().find(|v| v.key == key).unwrap();
+    assert_eq!(
+        judged("qwen"),
+        cache::NextStart::Warm(vec![variant("3f2a9c0d1e2b4a5c")])
+    );
+    assert_eq!(
+        judged("smol"),
+        cache::NextStart::NotWarm(variant("5000000000000001"))
+    );
+    assert_eq!(
+        judged("mixed"),
+        cache::NextStart::NotWarm(variant("a000000000000002"))
+    );
+    assert_eq!(
+        judged("big"),
+        cache::NextStart::NotWarm(variant("b000000000000001"))
+    );
+    // `old` is configured but no slot uses its variant.
+    assert_eq!(judged("old"), cache::NextStart::NoneSelected);
+    assert_eq!(judged("fresh"), cache::NextStart::NoCache);
+    assert_eq!(
+        judged("ghost"),
+        cache::NextStart::UnknownModel {
+            models: &listing.models
+        }
+    );
+    let mut removed = cache_listing();
+    removed.models.retain(|m| m != "qwen");
+    let check = cache::check("qwen", &removed);
+    assert_eq!(check.variants.len(), 2);
+    assert_eq!(
+        check.next_start,
+        cache::NextStart::LeftOver {
+            models: &removed.models
+        }
+    );
+}

@@ -3,6 +3,7 @@
 
 use tt_serving_proto::v1::{CacheVariant, ListCacheResponse, RemoveCacheResponse};
 
+use super::super::cache::{CacheCheck, NextStart};
 use super::{bytes_words, one_line, or_dash, Table};
 
 /// `ttctl cache ls`: one row per variant (MODEL, VARIANT, STATE, SIZE,
@@ -56,37 +57,63 @@ pub struct CacheVerdict {
     pub outcome: Result<String, String>,
 }
 
-/// Judge whether `model`'s next start will be warm: the variant its slots'
-/// current config selects (the one with `used_by` set) must be on disk and
-/// warm. A variant no slot uses is left over from an older config (or
-/// worker) and does not count. A name the config does not have is an
-/// error naming the models it has, not a promise of a cold start.
-pub fn cache_verdict(model: &str, cache: &ListCacheResponse) -> CacheVerdict {
-    let variants: Vec<&CacheVariant> = cache.variants.iter().filter(|v| v.model == model).collect();
-    let configured = cache.models.iter().any(|m| m == model);
-    if !configured && variants.is_empty() {
-        return CacheVerdict {
-            listing: String::new(),
-            outcome: Err(format!(
-                "unknown model `{model}`; the config names {}",
-                if cache.models.is_empty() {
-                    "no models".to_string()
-                } else {
-                    format!("these models: {}", cache.models.join(", "))
-                }
-            )),
-        };
-    }
-    if variants.is_empty() {
-        return CacheVerdict {
-            listing: String::new(),
-            outcome: Err(format!(
-                "no cache for {model} yet: the next start builds it cold"
-            )),
-        };
-    }
+/// The verdict of `ttctl cache verify MODEL`, in words: the model's
+/// variants as a table (the one its config selects marked), then why its
+/// next start is warm or cold.
+pub fn cache_verdict(model: &str, check: &CacheCheck) -> CacheVerdict {
+    let listing = if check.variants.is_empty() {
+        String::new()
+    } else {
+        verify_table(&check.variants)
+    };
+    let count = check.variants.len();
+    let outcome = match &check.next_start {
+        NextStart::UnknownModel { models } => Err(format!(
+            "unknown model `{model}`; the config names {}",
+            if models.is_empty() {
+                "no models".to_string()
+            } else {
+                format!("these models: {}", models.join(", "))
+            }
+        )),
+        NextStart::NoCache => Err(format!(
+            "no cache for {model} yet: the next start builds it cold"
+        )),
+        NextStart::LeftOver { models } => Err(format!(
+            "{model} is not a model of the config in force, which names {}; its {count} cache \
+             variant(s) on disk are left from an earlier config: `ttctl cache rm VARIANT` \
+             removes one",
+            if models.is_empty() {
+                "no models".to_string()
+            } else {
+                models.join(", ")
+            },
+        )),
+        NextStart::NoneSelected => Err(format!(
+            "{model}: none of its {count} cache variant(s) on disk is the one its current config \
+             selects (no slot uses them): a cold build will happen at the next start"
+        )),
+        NextStart::NotWarm(bad) => Err(not_warm_line(model, bad)),
+        NextStart::Warm(selected) => {
+            let keys: Vec<&str> = selected.iter().map(|v| v.key.as_str()).collect();
+            let slots: Vec<&str> = selected
+                .iter()
+                .flat_map(|v| v.used_by.iter().map(String::as_str))
+                .collect();
+            Ok(format!(
+                "{model}: variant {} is warm: the next start of {} is warm",
+                keys.join(", "),
+                slots.join(", ")
+            ))
+        }
+    };
+    CacheVerdict { listing, outcome }
+}
+
+/// The model's variants, without the MODEL column `cache ls` has.
+fn verify_table(variants: &[&CacheVariant]) -> String {
     let mut table = Table::new(&["VARIANT", "STATE", "SIZE", "FILES", "USED BY"]);
-    for v in &variants {
+    for v in variants {
         table.row(vec![
             v.key.clone(),
             or_dash(&v.state).to_string(),
@@ -102,65 +129,32 @@ pub fn cache_verdict(model: &str, cache: &ListCacheResponse) -> CacheVerdict {
             table.note(format!("reason: {}", or_dash(&one_line(&v.reason))));
         }
     }
-    let used: Vec<&&CacheVariant> = variants.iter().filter(|v| !v.used_by.is_empty()).collect();
-    let outcome = if !configured {
-        Err(format!(
-            "{model} is not a model of the config in force, which names {}; its {} cache \
-             variant(s) on disk are left from an earlier config: `ttctl cache rm VARIANT` \
-             removes one",
-            if cache.models.is_empty() {
-                "no models".to_string()
+    table.render()
+}
+
+/// Why the selected variant `bad` will not give a warm start.
+fn not_warm_line(model: &str, bad: &CacheVariant) -> String {
+    let slots = bad.used_by.join(", ");
+    let key = &bad.key;
+    match bad.state.as_str() {
+        "cold" => format!(
+            "{model}: variant {key} (used by {slots}) is cold, its build never completed: \
+             a cold build will happen at the next start"
+        ),
+        "incomplete" => format!(
+            "{model}: variant {key} (used by {slots}) is incomplete: {}; \
+             a cold build will happen at the next start",
+            or_dash(&one_line(&bad.reason))
+        ),
+        other => format!(
+            "{model}: variant {key} (used by {slots}) is {}, not warm: \
+             a cold build will happen at the next start",
+            if other.is_empty() {
+                "in an unknown state"
             } else {
-                cache.models.join(", ")
-            },
-            variants.len()
-        ))
-    } else if used.is_empty() {
-        Err(format!(
-            "{model}: none of its {} cache variant(s) on disk is the one its current config \
-             selects (no slot uses them): a cold build will happen at the next start",
-            variants.len()
-        ))
-    } else if let Some(bad) = used.iter().find(|v| v.state != "warm") {
-        let slots = bad.used_by.join(", ");
-        Err(match bad.state.as_str() {
-            "cold" => format!(
-                "{model}: variant {} (used by {slots}) is cold, its build never completed: \
-                 a cold build will happen at the next start",
-                bad.key
-            ),
-            "incomplete" => format!(
-                "{model}: variant {} (used by {slots}) is incomplete: {}; \
-                 a cold build will happen at the next start",
-                bad.key,
-                or_dash(&one_line(&bad.reason))
-            ),
-            other => format!(
-                "{model}: variant {} (used by {slots}) is {}, not warm: \
-                 a cold build will happen at the next start",
-                bad.key,
-                if other.is_empty() {
-                    "in an unknown state"
-                } else {
-                    other
-                }
-            ),
-        })
-    } else {
-        let keys: Vec<&str> = used.iter().map(|v| v.key.as_str()).collect();
-        let slots: Vec<&str> = used
-            .iter()
-            .flat_map(|v| v.used_by.iter().map(String::as_str))
-            .collect();
-        Ok(format!(
-            "{model}: variant {} is warm: the next start of {} is warm",
-            keys.join(", "),
-            slots.join(", ")
-        ))
-    };
-    CacheVerdict {
-        listing: table.render(),
-        outcome,
+                other
+            }
+        ),
     }
 }
 

@@ -1,6 +1,12 @@
 use tt_serving_proto::v1::RemoveCacheResponse;
 
+use super::super::super::cache::check;
+use super::super::cache::CacheVerdict;
 use super::*;
+
+fn verify(model: &str, listing: &ListCacheResponse) -> CacheVerdict {
+    cache_verdict(model, &check(model, listing))
+}
 
 #[test]
 fn cache_table_shows_state_size_files_users_and_reasons() {
@@ -58,7 +64,7 @@ fn cache_json_mirrors_the_listing_with_sorted_inputs() {
 
 #[test]
 fn cache_verdict_is_warm_only_for_the_variant_the_slots_use() {
-    let verdict = cache_verdict("qwen", &cache());
+    let verdict = verify("qwen", &cache());
     assert_eq!(
         verdict.outcome,
         Ok(
@@ -76,7 +82,7 @@ fn cache_verdict_is_warm_only_for_the_variant_the_slots_use() {
 
 #[test]
 fn cache_verdict_explains_every_cold_next_start() {
-    let incomplete = cache_verdict("llama", &cache());
+    let incomplete = verify("llama", &cache());
     assert_eq!(
         incomplete.outcome,
         Err(
@@ -90,7 +96,7 @@ fn cache_verdict_explains_every_cold_next_start() {
 
     let mut listing = cache();
     listing.variants[1].state = "cold".into();
-    let cold = cache_verdict("qwen", &listing);
+    let cold = verify("qwen", &listing);
     assert_eq!(
         cold.outcome,
         Err(
@@ -103,7 +109,7 @@ fn cache_verdict_explains_every_cold_next_start() {
     // The config changed: what is on disk is no longer what the slots use.
     listing.variants[1].used_by.clear();
     listing.variants[1].state = "warm".into();
-    let stale = cache_verdict("qwen", &listing);
+    let stale = verify("qwen", &listing);
     assert_eq!(
         stale.outcome,
         Err(
@@ -113,7 +119,7 @@ fn cache_verdict_explains_every_cold_next_start() {
         )
     );
 
-    let none = cache_verdict("smol", &cache());
+    let none = verify("smol", &cache());
     assert_eq!(none.listing, "");
     assert_eq!(
         none.outcome,
@@ -123,7 +129,7 @@ fn cache_verdict_explains_every_cold_next_start() {
 
 #[test]
 fn cache_verdict_of_a_name_the_config_lacks_names_the_models_it_has() {
-    let unknown = cache_verdict("ghost", &cache());
+    let unknown = verify("ghost", &cache());
     assert_eq!(unknown.listing, "");
     assert_eq!(
         unknown.outcome,
@@ -132,7 +138,7 @@ fn cache_verdict_of_a_name_the_config_lacks_names_the_models_it_has() {
     let mut none = cache();
     none.models.clear();
     assert_eq!(
-        cache_verdict("ghost", &none).outcome,
+        verify("ghost", &none).outcome,
         Err("unknown model `ghost`; the config names no models".to_string())
     );
 
@@ -140,7 +146,7 @@ fn cache_verdict_of_a_name_the_config_lacks_names_the_models_it_has() {
     // the verdict says they are left over, with the command that frees them.
     let mut removed = cache();
     removed.models.retain(|m| m != "qwen");
-    let verdict = cache_verdict("qwen", &removed);
+    let verdict = verify("qwen", &removed);
     assert!(
         verdict.listing.contains("3f2a9c0d1e2b4a5c"),
         "{}",
