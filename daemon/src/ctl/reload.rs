@@ -2,13 +2,11 @@
 //! changed, and show the plan and each slot's result.
 
 use std::io::Write;
-use std::path::Path;
 
-use tonic::transport::Channel;
-use tt_serving_proto::v1::control_client::ControlClient;
 use tt_serving_proto::v1::{ReloadOutcome, ReloadRequest};
 
 use super::args::ReloadArgs;
+use super::client::Daemon;
 use super::render::{json_text, reload_failed_slots, reload_report_text};
 use super::{emit, Failure};
 
@@ -16,19 +14,16 @@ use super::{emit, Failure};
 /// answers once the started slots are Ready or have failed, which for a
 /// cold build can take as long as the build. No timeout on our side.
 pub(super) async fn run(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     args: ReloadArgs,
-    socket: &Path,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let report = client
+    let report = daemon
         .reload(ReloadRequest {
             dry_run: args.dry_run,
             no_wait: args.no_wait,
         })
-        .await
-        .map_err(|status| Failure::from_status(status, socket))?
-        .into_inner();
+        .await?;
     let text = if args.json {
         json_text(&report, true, "the report")?
     } else {

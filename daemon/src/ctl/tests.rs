@@ -1,6 +1,7 @@
 //! ttctl against a fake Control server on a real unix socket: the real
 //! connector, real gRPC streams, and the exit code each outcome maps to.
 
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
@@ -979,7 +980,7 @@ async fn logs_prints_the_recent_lines_and_ends() {
 #[tokio::test]
 async fn logs_follow_runs_until_ctrl_c_and_exits_0() {
     let h = serve(fake());
-    let mut client = connect(&h.socket).await.unwrap();
+    let mut daemon = client::Daemon::connect(&h.socket).await.unwrap();
     let args = LogsArgs {
         slot: "qwen".into(),
         lines: 100,
@@ -988,7 +989,7 @@ async fn logs_follow_runs_until_ctrl_c_and_exits_0() {
     let out = SharedOut::default();
     let mut writer = out.clone();
     let (ctrl_c, pressed) = tokio::sync::oneshot::channel::<()>();
-    let following = logs::run(&mut client, &args, &h.socket, &mut writer, async {
+    let following = logs::run(&mut daemon, &args, &mut writer, async {
         let _ = pressed.await;
         Ok(())
     });
