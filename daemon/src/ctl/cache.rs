@@ -1,4 +1,5 @@
-//! `ttctl cache ...`: the tensor cache's variants on disk.
+//! `ttctl cache ...`: the tensor cache's variants on disk, and what they
+//! mean for a model's next start ([`check`], for `cache verify`).
 
 use std::io::Write;
 

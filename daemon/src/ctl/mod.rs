@@ -7,26 +7,36 @@
 //!
 //! | code | meaning |
 //! |------|---------|
-//! | 0 | success (also: Ctrl-C ends `status --watch` or `logs -f`, or stdout was closed) |
-//! | 1 | the operation failed: the daemon refused it, a reset was not proven, a generation failed, a cache variant is not warm |
+//! | 0 | success (also: Ctrl-C ends `status --watch`, `logs -f` or `top`, or stdout was closed) |
+//! | 1 | the operation failed: the daemon refused it, a reset was not proven, a generation failed, a cache variant is not warm, a reload was refused or a slot it started did not come up |
 //! | 2 | usage error (clap) |
 //! | 3 | the daemon cannot be reached, or the connection to it was lost |
+//! | other | `card borrow`: the borrowed job's own exit status |
 //!
 //! Layout:
 //! - `args`: the command line (clap). Commands are grouped by what they act
-//!   on (`card ...`, `slot ...`, `cache ...`); everyday checks (`status`,
-//!   `generate`, `logs`) are top-level.
+//!   on (`card ...`, `slot ...`, `cache ...`); everyday checks and whole-
+//!   daemon actions (`status`, `generate`, `logs`, `top`, `reload`) are
+//!   top-level.
 //! - `client`: [`connect`] to the control socket, with errors that tell the
-//!   operator what to do ([`ConnectError`]). The integration tests reuse it.
-//! - `render`: pure functions from the daemon's answers to tables, lines and
-//!   the stable JSON that `status --json` and `cache ls --json` print (the
-//!   protocol messages, and [`CacheJson`]).
+//!   operator what to do ([`ConnectError`]), and `Daemon`, the one client
+//!   every command calls through: it maps every call's errors to a
+//!   `Failure` (and so an exit code) in one place and holds each call's
+//!   deadline.
+//! - `render`: pure functions from the daemon's answers to tables and
+//!   lines, one file per command, and the JSON (`render/json.rs`: the
+//!   protocol messages themselves, one thin mirror for `cache ls`).
 //! - `status`: `ttctl status`, once or `--watch`.
-//! - `card`: `ttctl card reset`.
-//! - `slot`: `ttctl slot restart`.
+//! - `card`: `ttctl card reset` and `ttctl card borrow`.
+//! - `slot`: `ttctl slot restart`, following the restart.
 //! - `generate`: `ttctl generate`.
 //! - `logs`: `ttctl logs`, once or `--follow`.
-//! - `cache`: `ttctl cache ls|verify|rm`.
+//! - `cache`: `ttctl cache ls|verify|rm|build`, and what the listing means
+//!   for a model's next start (`verify`'s judgement, read from the
+//!   daemon's `used_by` and `state`).
+//! - `reload`: `ttctl reload`, the plan and each slot's result.
+//! - `top`: `ttctl top`, rates and latencies per slot, redrawn.
+//! - `tests`: every command against a fake daemon on a real socket.
 
 mod args;
 mod cache;
