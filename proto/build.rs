@@ -11,6 +11,48 @@ const PROTOS: &[&str] = &[
     "tt/serving/v1/engine.proto",
 ];
 
+/// The messages `ttctl` prints as JSON (`status --json`, `reload --json`,
+/// the variants of `cache ls --json`). They derive `serde::Serialize`, so the
+/// JSON is the message itself rather than a hand-kept copy of it; `src/json.rs`
+/// says how each one reads.
+const JSON_MESSAGES: &[&str] = &[
+    "StatusResponse",
+    "DaemonInfo",
+    "Card",
+    "Telemetry",
+    "LockHolder",
+    "CardProcess",
+    "Slot",
+    "ReloadReport",
+    "ReloadStep",
+    "CacheVariant",
+];
+
+/// Where the JSON is not the field as prost holds it (`src/json.rs` explains
+/// each rule): enums as words, sub-messages that were always printed as
+/// objects, and the fields the JSON was fixed without.
+const JSON_FIELDS: &[(&str, &str)] = &[
+    ("StatusResponse.daemon", OR_DEFAULT),
+    ("StatusResponse.queues", SKIP),
+    ("DaemonInfo.lock_dir", SKIP),
+    ("Card.telemetry", OR_DEFAULT),
+    (
+        "Card.state",
+        r#"#[serde(serialize_with = "crate::json::word::<CardState, _>")]"#,
+    ),
+    (
+        "Slot.state",
+        r#"#[serde(serialize_with = "crate::json::word::<SlotState, _>")]"#,
+    ),
+    ("Slot.starts", SKIP),
+    (
+        "ReloadReport.outcome",
+        r#"#[serde(serialize_with = "crate::json::word::<ReloadOutcome, _>")]"#,
+    ),
+];
+const OR_DEFAULT: &str = r#"#[serde(serialize_with = "crate::json::or_default")]"#;
+const SKIP: &str = "#[serde(skip)]";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in PROTOS {
         println!("cargo:rerun-if-changed=proto/{proto}");
@@ -22,6 +64,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("tt_serving_descriptor.bin"),
         fds.encode_to_vec(),
     )?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    let mut config = tonic_prost_build::configure()
+        // Sorted, so a variant's inputs list (and print) the same way every
+        // time.
+        .btree_map(".tt.serving.v1.CacheVariant.inputs");
+    for message in JSON_MESSAGES {
+        config = config.message_attribute(
+            format!(".tt.serving.v1.{message}"),
+            "#[derive(::serde::Serialize)]",
+        );
+    }
+    for (field, attribute) in JSON_FIELDS {
+        config = config.field_attribute(format!(".tt.serving.v1.{field}"), attribute);
+    }
+    config.compile_fds(fds)?;
     Ok(())
 }

@@ -7,6 +7,12 @@
 //! - `inference.proto`: `Inference`, the client-facing service.
 //! - `control.proto`: `Control`, the operator's service on the local socket.
 //! - `engine.proto`: `Engine`, the daemon-to-worker contract.
+//! - [`json`]: how the Control messages read as JSON (ttctl's `--json`
+//!   output) and the words ttctl prints for their enums ([`Word`]).
+
+pub mod json;
+
+pub use json::Word;
 
 /// Package `tt.serving.v1`.
 pub mod v1 {

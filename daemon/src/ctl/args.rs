@@ -2,7 +2,8 @@
 //!
 //! Commands are grouped by the thing they act on (`card ...`, `slot ...`,
 //! `cache ...`), so the help output reads like the daemon's own vocabulary;
-//! the everyday checks (`status`, `generate`, `logs`) sit at the top level.
+//! the everyday checks and whole-daemon actions (`status`, `generate`,
+//! `logs`, `top`, `reload`) sit at the top level.
 //! A group is only added together with a command that does something.
 
 use std::path::PathBuf;

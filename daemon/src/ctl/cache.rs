@@ -1,41 +1,23 @@
-//! `ttctl cache ...`: the tensor cache's variants on disk.
+//! `ttctl cache ...`: the tensor cache's variants on disk, and what they
+//! mean for a model's next start ([`check`], for `cache verify`).
 
 use std::io::Write;
-use std::path::Path;
-use std::time::Duration;
 
-use tonic::transport::Channel;
-use tt_serving_proto::v1::control_client::ControlClient;
-use tt_serving_proto::v1::{ListCacheRequest, ListCacheResponse, RemoveCacheRequest};
+use tt_serving_proto::v1::{CacheVariant, ListCacheResponse};
 
-use super::render::{cache_json, cache_removed_line, cache_table, cache_verdict};
-use super::{answer_within, emit, Failure};
-
-/// Listing walks every variant dir to add up sizes, which takes a moment on
-/// a big cache but not minutes.
-const LIST_TIMEOUT: Duration = Duration::from_secs(120);
-
-async fn list(
-    client: &mut ControlClient<Channel>,
-    socket: &Path,
-) -> Result<ListCacheResponse, Failure> {
-    answer_within(LIST_TIMEOUT, client.list_cache(ListCacheRequest {}), socket).await
-}
+use super::client::Daemon;
+use super::render::{cache_json, cache_removed_line, cache_table, cache_verdict, json_text};
+use super::{emit, Failure};
 
 /// `ttctl cache ls [--json]`.
 pub(super) async fn ls(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     json: bool,
-    socket: &Path,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let cache = list(client, socket).await?;
+    let cache = daemon.list_cache().await?;
     let text = if json {
-        let mut text = serde_json::to_string_pretty(&cache_json(&cache)).map_err(|err| {
-            Failure::Failed(format!("cannot encode the cache listing as JSON: {err}"))
-        })?;
-        text.push('\n');
-        text
+        json_text(&cache_json(&cache), true, "the cache listing")?
     } else {
         cache_table(&cache)
     };
@@ -46,13 +28,12 @@ pub(super) async fn ls(
 /// start will be warm (exit 0) or cold (exit 1, saying why); a model the
 /// config does not name exits 1 naming the ones it does.
 pub(super) async fn verify(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     model: &str,
-    socket: &Path,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let cache = list(client, socket).await?;
-    let verdict = cache_verdict(model, &cache);
+    let cache = daemon.list_cache().await?;
+    let verdict = cache_verdict(model, &check(model, &cache));
     if !verdict.listing.is_empty() {
         emit(out, &verdict.listing)?;
     }
@@ -62,46 +43,88 @@ pub(super) async fn verify(
     }
 }
 
+/// A model's variants on disk and what they mean for its next start.
+#[derive(Debug)]
+pub struct CacheCheck<'a> {
+    /// The model's variants, sorted by key.
+    pub variants: Vec<&'a CacheVariant>,
+    /// What its next start will be.
+    pub next_start: NextStart<'a>,
+}
+
+/// Whether a model's next start will be warm, and if not, why.
+#[derive(Debug, PartialEq)]
+pub enum NextStart<'a> {
+    /// No model of the config has that name and nothing of it is on disk:
+    /// there is no next start. `models` are the names the config has.
+    UnknownModel { models: &'a [String] },
+    /// A model of the config with no variant on disk yet: cold.
+    NoCache,
+    /// Not a model of the config in force: its variants are left from an
+    /// earlier config. `models` are the names the config has.
+    LeftOver { models: &'a [String] },
+    /// None of its variants is the one its slots' config selects: cold.
+    NoneSelected,
+    /// The selected variant is not complete: cold.
+    NotWarm(&'a CacheVariant),
+    /// Warm, from these selected variants.
+    Warm(Vec<&'a CacheVariant>),
+}
+
+/// Judge `model`'s next start from the listing. A start is warm when the
+/// variant its slots' current config selects (the one with `used_by` set)
+/// is on disk and complete (`warm`), as the supervisor decides at each
+/// start; a variant no slot uses is left over from an older config (or
+/// worker) and does not count.
+pub(super) fn check<'a>(model: &str, cache: &'a ListCacheResponse) -> CacheCheck<'a> {
+    let variants: Vec<&CacheVariant> = cache.variants.iter().filter(|v| v.model == model).collect();
+    let models = cache.models.as_slice();
+    let configured = models.iter().any(|m| m == model);
+    let selected: Vec<&CacheVariant> = variants
+        .iter()
+        .copied()
+        .filter(|v| !v.used_by.is_empty())
+        .collect();
+    let next_start = if !configured && variants.is_empty() {
+        NextStart::UnknownModel { models }
+    } else if variants.is_empty() {
+        NextStart::NoCache
+    } else if !configured {
+        NextStart::LeftOver { models }
+    } else if selected.is_empty() {
+        NextStart::NoneSelected
+    } else if let Some(bad) = selected.iter().find(|v| v.state != "warm") {
+        NextStart::NotWarm(bad)
+    } else {
+        NextStart::Warm(selected)
+    };
+    CacheCheck {
+        variants,
+        next_start,
+    }
+}
+
 /// `ttctl cache rm VARIANT`. The daemon refuses a variant a running slot
 /// uses (FAILED_PRECONDITION) and an unknown key (NOT_FOUND); both exit 1
-/// with its message. No deadline: deleting a large variant takes as long
-/// as the disk needs.
+/// with its message.
 pub(super) async fn rm(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     variant: &str,
-    socket: &Path,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let removed = client
-        .remove_cache(RemoveCacheRequest {
-            key: variant.to_string(),
-        })
-        .await
-        .map_err(|status| Failure::from_status(status, socket))?
-        .into_inner();
+    let removed = daemon.remove_cache(variant).await?;
     emit(out, &format!("{}\n", cache_removed_line(&removed)))
 }
 
 /// `ttctl cache build MODEL`: one line per progress message; exit 0 when the
 /// variant is complete, 1 with the daemon's reason when the build failed.
 pub(super) async fn build(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     model: &str,
-    socket: &Path,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let mut stream = client
-        .build_cache(tt_serving_proto::v1::BuildCacheRequest {
-            model: model.to_string(),
-        })
-        .await
-        .map_err(|status| Failure::from_status(status, socket))?
-        .into_inner();
-    while let Some(progress) = stream
-        .message()
-        .await
-        .map_err(|status| Failure::from_status(status, socket))?
-    {
+    let mut stream = daemon.build_cache(model).await?;
+    while let Some(progress) = stream.next().await? {
         if progress.finished {
             return if progress.ok {
                 emit(out, &format!("{}\n", progress.message))

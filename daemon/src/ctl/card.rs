@@ -1,12 +1,8 @@
 //! `ttctl card ...`: card maintenance.
 
 use std::io::Write;
-use std::path::Path;
 
-use tonic::transport::Channel;
-use tt_serving_proto::v1::control_client::ControlClient;
-use tt_serving_proto::v1::ResetCardRequest;
-
+use super::client::Daemon;
 use super::render::reset_progress_line;
 use super::{emit, Failure};
 
@@ -15,23 +11,12 @@ use super::{emit, Failure};
 /// card came back, never tt-smi's exit code (tt-smi exits 0 even when the
 /// reset failed), so the exit code follows the final message's `ok`.
 pub(super) async fn reset(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     card: &str,
-    socket: &Path,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let mut stream = client
-        .reset_card(ResetCardRequest {
-            card: card.to_string(),
-        })
-        .await
-        .map_err(|status| Failure::from_status(status, socket))?
-        .into_inner();
-    while let Some(progress) = stream
-        .message()
-        .await
-        .map_err(|status| Failure::from_status(status, socket))?
-    {
+    let mut stream = daemon.reset_card(card).await?;
+    while let Some(progress) = stream.next().await? {
         if !progress.finished {
             emit(out, &format!("{}\n", reset_progress_line(&progress)))?;
             continue;
@@ -70,21 +55,16 @@ pub(super) async fn reset(
 /// dies mid-loan the daemon notices the closed stream and takes the cards
 /// back itself.
 pub(super) async fn borrow(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     cards: &[String],
     command: &[String],
-    socket: &Path,
     err: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
     use tt_serving_proto::v1::borrow_event::Kind;
     use tt_serving_proto::v1::borrow_request::Step;
-    use tt_serving_proto::v1::{BorrowDone, BorrowRequest, BorrowStart, StatusRequest};
+    use tt_serving_proto::v1::{BorrowDone, BorrowRequest, BorrowStart};
 
-    let status = client
-        .status(StatusRequest {})
-        .await
-        .map_err(|s| Failure::from_status(s, socket))?
-        .into_inner();
+    let status = daemon.status().await?;
     let lock_dir = std::path::PathBuf::from(status.daemon.map(|d| d.lock_dir).unwrap_or_default());
     let purpose = format!(
         "ttctl card borrow (pid {}): {}",
@@ -101,19 +81,11 @@ pub(super) async fn borrow(
     tx.send(start)
         .await
         .map_err(|_| Failure::Failed("cannot start the loan".into()))?;
-    let mut events = client
-        .borrow_cards(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .map_err(|s| Failure::from_status(s, socket))?
-        .into_inner();
+    let mut events = daemon.borrow_cards(rx).await?;
     let bdfs = loop {
-        let event = events
-            .message()
-            .await
-            .map_err(|s| Failure::from_status(s, socket))?
-            .ok_or_else(|| {
-                Failure::Failed("tt-servingd ended the loan before lending the cards".into())
-            })?;
+        let event = events.next().await?.ok_or_else(|| {
+            Failure::Failed("tt-servingd ended the loan before lending the cards".into())
+        })?;
         match Kind::try_from(event.kind) {
             Ok(Kind::Lent) => break event.bdfs,
             _ => super::note(err, &format!("ttctl: {}\n", event.message)),
@@ -210,11 +182,7 @@ pub(super) async fn borrow(
             step: Some(Step::Done(BorrowDone { exit_code: code })),
         })
         .await;
-    while let Some(event) = events
-        .message()
-        .await
-        .map_err(|s| Failure::from_status(s, socket))?
-    {
+    while let Some(event) = events.next().await? {
         match Kind::try_from(event.kind) {
             Ok(Kind::Returned) if event.ok => {
                 super::note(err, &format!("ttctl: {}\n", event.message));

@@ -1,4 +1,5 @@
-//! Connecting to the daemon's control socket.
+//! Reaching the daemon: connecting to its control socket, and [`Daemon`],
+//! the one client every command calls through.
 //!
 //! The channel itself comes from [`crate::uds::channel`], the one place that
 //! builds gRPC channels over unix sockets. What this module adds is the
@@ -6,14 +7,27 @@
 //! that the most common mistakes (daemon not running, not in the socket's
 //! group, a socket file left behind by a crash) are reported up front, each
 //! with what to do, instead of as an opaque transport error on the first
-//! call.
+//! call. After that, [`Daemon`] turns every error of every call into a
+//! [`Failure`] in one place, so commands never see a `tonic::Status`.
 
+use std::future::Future;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
+use tonic::{Code, Streaming};
 use tt_serving_proto::v1::control_client::ControlClient;
+use tt_serving_proto::v1::{
+    BorrowEvent, BorrowRequest, BuildCacheProgress, BuildCacheRequest, GenerateRequest,
+    GenerateResponse, ListCacheRequest, ListCacheResponse, LogLine, LogsRequest, ReloadReport,
+    ReloadRequest, RemoveCacheRequest, RemoveCacheResponse, ResetCardRequest, ResetProgress,
+    SlotReply, SlotRequest, StatusRequest, StatusResponse,
+};
+
+use super::Failure;
 
 /// Where the NixOS module puts the control socket.
 pub const DEFAULT_SOCKET: &str = "/run/tt-serving/control.sock";
@@ -153,7 +167,7 @@ fn find_io_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a i
 
 /// `outer: cause: root cause`, skipping causes whose text repeats the outer
 /// message (tonic and hyper often nest the same words).
-pub(super) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
     let mut cur = err.source();
     while let Some(e) = cur {
@@ -165,6 +179,232 @@ pub(super) fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
         cur = e.source();
     }
     text
+}
+
+impl From<ConnectError> for Failure {
+    fn from(err: ConnectError) -> Self {
+        Failure::Unreachable(err.to_string())
+    }
+}
+
+/// Status is answered from the daemon's memory; a daemon that takes longer
+/// than this is stuck, and a hanging `ttctl status` would hide that.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The daemon only queues a slot restart for the slot's supervisor and
+/// answers; the drain and the start happen after the reply.
+const RESTART_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Listing walks every variant dir to add up sizes, which takes a moment on
+/// a big cache but not minutes.
+const LIST_CACHE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The daemon, as ttctl's commands call it: one method per Control call,
+/// each answering with the message or the [`Failure`] it means (exit 1 for
+/// what the daemon refused, exit 3 for a daemon that went away or stopped
+/// answering). Calls answered from the daemon's memory or a quick look at
+/// the disk have a deadline; calls that wait for work to finish (a reload,
+/// a removal, every stream) do not.
+pub(super) struct Daemon {
+    /// The gRPC client on the control socket.
+    client: ControlClient<Channel>,
+    /// The control socket, named in failures.
+    socket: PathBuf,
+}
+
+impl Daemon {
+    /// [`connect`] to the control socket at `socket`.
+    pub(super) async fn connect(socket: &Path) -> Result<Daemon, Failure> {
+        Ok(Daemon {
+            client: connect(socket).await?,
+            socket: socket.to_path_buf(),
+        })
+    }
+
+    /// `Status`: one snapshot.
+    pub(super) async fn status(&mut self) -> Result<StatusResponse, Failure> {
+        let call = self.client.status(StatusRequest {});
+        answer_within(STATUS_TIMEOUT, call, &self.socket).await
+    }
+
+    /// `WatchStatus`: the current snapshot, then one after every change.
+    pub(super) async fn watch_status(&mut self) -> Result<Answers<StatusResponse>, Failure> {
+        let call = self.client.watch_status(StatusRequest {});
+        open(call, &self.socket).await
+    }
+
+    /// `ResetCard`: each step of the reset, the last one `finished`.
+    pub(super) async fn reset_card(
+        &mut self,
+        card: &str,
+    ) -> Result<Answers<ResetProgress>, Failure> {
+        let call = self.client.reset_card(ResetCardRequest {
+            card: card.to_string(),
+        });
+        open(call, &self.socket).await
+    }
+
+    /// `BorrowCards`: the daemon's events while `requests` drive the loan.
+    pub(super) async fn borrow_cards(
+        &mut self,
+        requests: mpsc::Receiver<BorrowRequest>,
+    ) -> Result<Answers<BorrowEvent>, Failure> {
+        let call = self.client.borrow_cards(ReceiverStream::new(requests));
+        open(call, &self.socket).await
+    }
+
+    /// `RestartSlot`: the slot as the queued request found it.
+    pub(super) async fn restart_slot(&mut self, slot: &str) -> Result<SlotReply, Failure> {
+        let call = self.client.restart_slot(SlotRequest {
+            slot: slot.to_string(),
+        });
+        answer_within(RESTART_TIMEOUT, call, &self.socket).await
+    }
+
+    /// `Generate`: the text as it is decoded, then the final chunk.
+    pub(super) async fn generate(
+        &mut self,
+        request: GenerateRequest,
+    ) -> Result<Answers<GenerateResponse>, Failure> {
+        let call = self.client.generate(request);
+        open(call, &self.socket).await
+    }
+
+    /// `Logs`: a slot worker's recent lines, then new ones when following.
+    pub(super) async fn logs(&mut self, request: LogsRequest) -> Result<Answers<LogLine>, Failure> {
+        let call = self.client.logs(request);
+        open(call, &self.socket).await
+    }
+
+    /// `ListCache`: every variant on disk.
+    pub(super) async fn list_cache(&mut self) -> Result<ListCacheResponse, Failure> {
+        let call = self.client.list_cache(ListCacheRequest {});
+        answer_within(LIST_CACHE_TIMEOUT, call, &self.socket).await
+    }
+
+    /// `RemoveCache`. No deadline: deleting a large variant takes as long
+    /// as the disk needs.
+    pub(super) async fn remove_cache(&mut self, key: &str) -> Result<RemoveCacheResponse, Failure> {
+        let call = self.client.remove_cache(RemoveCacheRequest {
+            key: key.to_string(),
+        });
+        answer(call.await, &self.socket)
+    }
+
+    /// `BuildCache`: progress, the last message `finished`.
+    pub(super) async fn build_cache(
+        &mut self,
+        model: &str,
+    ) -> Result<Answers<BuildCacheProgress>, Failure> {
+        let call = self.client.build_cache(BuildCacheRequest {
+            model: model.to_string(),
+        });
+        open(call, &self.socket).await
+    }
+
+    /// `Reload`. No deadline: waiting for the started slots can take as
+    /// long as a cold build.
+    pub(super) async fn reload(&mut self, request: ReloadRequest) -> Result<ReloadReport, Failure> {
+        let call = self.client.reload(request);
+        answer(call.await, &self.socket)
+    }
+}
+
+/// A stream of answers from the daemon, its errors already [`Failure`]s.
+pub(super) struct Answers<T> {
+    /// The gRPC response stream.
+    stream: Streaming<T>,
+    /// The control socket, named in failures.
+    socket: PathBuf,
+}
+
+impl<T> Answers<T> {
+    /// The next answer, or None once the daemon ended the stream.
+    /// Cancel-safe, like the stream under it: a `select!` may drop it.
+    pub(super) async fn next(&mut self) -> Result<Option<T>, Failure> {
+        self.stream
+            .message()
+            .await
+            .map_err(|status| status_failure(status, &self.socket))
+    }
+
+    /// The failure for a stream the daemon ended before ttctl was done with
+    /// it: `what` says which (`the status stream; it is probably stopping`).
+    pub(super) fn ended(&self, what: &str) -> Failure {
+        Failure::Unreachable(format!(
+            "tt-servingd at {} ended {what} (check 'systemctl status tenstorrent-serving')",
+            self.socket.display()
+        ))
+    }
+}
+
+/// Open a streaming call.
+async fn open<T>(
+    call: impl Future<Output = Result<tonic::Response<Streaming<T>>, tonic::Status>>,
+    socket: &Path,
+) -> Result<Answers<T>, Failure> {
+    Ok(Answers {
+        stream: answer(call.await, socket)?,
+        socket: socket.to_path_buf(),
+    })
+}
+
+/// Await one unary call, giving up after `limit`: a daemon that takes
+/// longer is stuck, and a hanging ttctl would hide that.
+async fn answer_within<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    socket: &Path,
+) -> Result<T, Failure> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(result) => answer(result, socket),
+        Err(_elapsed) => Err(Failure::Unreachable(format!(
+            "tt-servingd at {} did not answer within {}s; it may be hung \
+             (check 'systemctl status tenstorrent-serving' and its journal)",
+            socket.display(),
+            limit.as_secs()
+        ))),
+    }
+}
+
+fn answer<T>(
+    result: Result<tonic::Response<T>, tonic::Status>,
+    socket: &Path,
+) -> Result<T, Failure> {
+    result
+        .map(tonic::Response::into_inner)
+        .map_err(|status| status_failure(status, socket))
+}
+
+/// Classify an RPC error. A status the daemon sent carries only its code
+/// and message, which are shown as they are (the daemon's messages are
+/// written for operators). A status that tonic made locally from a broken
+/// connection carries the transport error as its source: the daemon went
+/// away mid-call.
+fn status_failure(status: tonic::Status, socket: &Path) -> Failure {
+    if let Some(source) = std::error::Error::source(&status) {
+        return Failure::Unreachable(format!(
+            "lost the connection to tt-servingd at {}: {} \
+             (check 'systemctl status tenstorrent-serving')",
+            socket.display(),
+            error_chain(source)
+        ));
+    }
+    if status.code() == Code::Unimplemented {
+        return Failure::Failed(
+            "the running tt-servingd does not know this command; it is probably older \
+             than this ttctl (restart the daemon after upgrading)"
+                .to_string(),
+        );
+    }
+    if status.message().is_empty() {
+        Failure::Failed(format!(
+            "tt-servingd refused the request: {}",
+            status.code().description()
+        ))
+    } else {
+        Failure::Failed(status.message().to_string())
+    }
 }
 
 #[cfg(test)]

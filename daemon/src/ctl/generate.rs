@@ -2,16 +2,14 @@
 //! it streams.
 
 use std::io::Write;
-use std::path::Path;
 
-use tonic::transport::Channel;
-use tt_serving_proto::v1::control_client::ControlClient;
 use tt_serving_proto::v1::generate_request::Input;
 use tt_serving_proto::v1::generate_response::Chunk;
 use tt_serving_proto::v1::{
     ChatMessage, ChatMessages, FinishReason, GenerateRequest, SamplingParams,
 };
 
+use super::client::Daemon;
 use super::render::generate_summary;
 use super::{emit, note, Failure, GenerateArgs};
 
@@ -52,28 +50,23 @@ pub(super) fn request(args: &GenerateArgs) -> GenerateRequest {
 /// whose refusals (unknown model, no ready slot, full queue, bad values)
 /// come back as the failure message, exit 1.
 pub(super) async fn run(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     args: &GenerateArgs,
-    socket: &Path,
     out: &mut (dyn Write + Send),
     err: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let mut stream = client
-        .generate(request(args))
-        .await
-        .map_err(|status| Failure::from_status(status, socket))?
-        .into_inner();
+    let mut stream = daemon.generate(request(args)).await?;
     // Whether what was printed so far ends a line; nothing printed does not,
     // so even an empty answer prints the final newline.
     let mut at_line_start = false;
     loop {
-        let next = match stream.message().await {
+        let next = match stream.next().await {
             Ok(next) => next,
-            Err(status) => {
+            Err(failure) => {
                 // Partial text stays printed; end its line so the error
                 // does not run into it on a terminal.
                 end_line(out, at_line_start);
-                return Err(Failure::from_status(status, socket));
+                return Err(failure);
             }
         };
         match next.and_then(|response| response.chunk) {

@@ -2,14 +2,12 @@
 
 use std::future::Future;
 use std::io::{self, Write};
-use std::path::Path;
 
-use tonic::transport::Channel;
-use tt_serving_proto::v1::control_client::ControlClient;
 use tt_serving_proto::v1::LogsRequest;
 
+use super::client::Daemon;
 use super::render::log_line;
-use super::{emit, Failure, LogsArgs};
+use super::{ctrl_c_pressed, emit, Failure, LogsArgs};
 
 /// Print the last `args.lines` lines the daemon kept for the slot; with
 /// `--follow`, keep printing new ones until `interrupted` resolves (Ctrl-C:
@@ -21,21 +19,18 @@ use super::{emit, Failure, LogsArgs};
 /// first poll, and a plain listing keeps the default, which ends the
 /// process at once.
 pub(super) async fn run(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     args: &LogsArgs,
-    socket: &Path,
     out: &mut (dyn Write + Send),
     interrupted: impl Future<Output = io::Result<()>>,
 ) -> Result<(), Failure> {
-    let mut stream = client
+    let mut stream = daemon
         .logs(LogsRequest {
             slot: args.slot.clone(),
             lines: args.lines,
             follow: args.follow,
         })
-        .await
-        .map_err(|status| Failure::from_status(status, socket))?
-        .into_inner();
+        .await?;
     // Polled from the first wait on, so a Ctrl-C between two lines is not
     // lost.
     let follow = args.follow;
@@ -49,20 +44,14 @@ pub(super) async fn run(
     tokio::pin!(ctrl_c);
     loop {
         let next = tokio::select! {
-            signal = &mut ctrl_c => {
-                return signal.map_err(|err| {
-                    Failure::Failed(format!("cannot listen for Ctrl-C: {err}"))
-                });
-            }
-            next = stream.message() => next,
+            signal = &mut ctrl_c => return ctrl_c_pressed(signal),
+            next = stream.next() => next?,
         };
-        match next.map_err(|status| Failure::from_status(status, socket))? {
+        match next {
             Some(line) => emit(out, &format!("{}\n", log_line(&line)))?,
             None if args.follow => {
-                return Err(Failure::Unreachable(format!(
-                    "tt-servingd at {} ended the log stream of slot {}; it is probably \
-                     stopping (check 'systemctl status tenstorrent-serving')",
-                    socket.display(),
+                return Err(stream.ended(&format!(
+                    "the log stream of slot {}; it is probably stopping",
                     args.slot
                 )));
             }

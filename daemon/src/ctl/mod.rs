@@ -7,26 +7,36 @@
 //!
 //! | code | meaning |
 //! |------|---------|
-//! | 0 | success (also: Ctrl-C ends `status --watch` or `logs -f`, or stdout was closed) |
-//! | 1 | the operation failed: the daemon refused it, a reset was not proven, a generation failed, a cache variant is not warm |
+//! | 0 | success (also: Ctrl-C ends `status --watch`, `logs -f` or `top`, or stdout was closed) |
+//! | 1 | the operation failed: the daemon refused it, a reset was not proven, a generation failed, a cache variant is not warm, a reload was refused or a slot it started did not come up |
 //! | 2 | usage error (clap) |
 //! | 3 | the daemon cannot be reached, or the connection to it was lost |
+//! | other | `card borrow`: the borrowed job's own exit status |
 //!
 //! Layout:
 //! - `args`: the command line (clap). Commands are grouped by what they act
-//!   on (`card ...`, `slot ...`, `cache ...`); everyday checks (`status`,
-//!   `generate`, `logs`) are top-level.
+//!   on (`card ...`, `slot ...`, `cache ...`); everyday checks and whole-
+//!   daemon actions (`status`, `generate`, `logs`, `top`, `reload`) are
+//!   top-level.
 //! - `client`: [`connect`] to the control socket, with errors that tell the
-//!   operator what to do ([`ConnectError`]). The integration tests reuse it.
-//! - `render`: pure functions from the daemon's answers to tables, lines and
-//!   the stable JSON that `status --json` and `cache ls --json` print
-//!   ([`StatusJson`], [`CacheJson`]).
+//!   operator what to do ([`ConnectError`]), and `Daemon`, the one client
+//!   every command calls through: it maps every call's errors to a
+//!   `Failure` (and so an exit code) in one place and holds each call's
+//!   deadline.
+//! - `render`: pure functions from the daemon's answers to tables and
+//!   lines, one file per command, and the JSON (`render/json.rs`: the
+//!   protocol messages themselves, one thin mirror for `cache ls`).
 //! - `status`: `ttctl status`, once or `--watch`.
-//! - `card`: `ttctl card reset`.
-//! - `slot`: `ttctl slot restart`.
+//! - `card`: `ttctl card reset` and `ttctl card borrow`.
+//! - `slot`: `ttctl slot restart`, following the restart.
 //! - `generate`: `ttctl generate`.
 //! - `logs`: `ttctl logs`, once or `--follow`.
-//! - `cache`: `ttctl cache ls|verify|rm`.
+//! - `cache`: `ttctl cache ls|verify|rm|build`, and what the listing means
+//!   for a model's next start (`verify`'s judgement, read from the
+//!   daemon's `used_by` and `state`).
+//! - `reload`: `ttctl reload`, the plan and each slot's result.
+//! - `top`: `ttctl top`, rates and latencies per slot, redrawn.
+//! - `tests`: every command against a fake daemon on a real socket.
 
 mod args;
 mod cache;
@@ -42,26 +52,15 @@ mod status;
 mod tests;
 mod top;
 
-use std::future::Future;
 use std::io::{self, IsTerminal, Write};
-use std::path::Path;
 use std::process::ExitCode;
-use std::time::Duration;
-
-use tonic::Code;
 
 pub use args::{
     CacheCommand, CardCommand, Cli, Command, GenerateArgs, LogsArgs, ReloadArgs, SlotCommand,
     StatusArgs, TopArgs,
 };
+use client::Daemon;
 pub use client::{connect, ConnectError, DEFAULT_SOCKET};
-pub use render::{
-    cache_json, cache_removed_line, cache_table, cache_verdict, card_state_word,
-    finish_reason_word, generate_summary, log_line, reset_progress_line, restart_step,
-    slot_restart_requested_line, slot_state_word, status_json, status_table, CacheJson,
-    CacheVariantJson, CacheVerdict, CardJson, CardProcessJson, DaemonJson, LockHolderJson,
-    ReloadJson, ReloadStepJson, RestartFollow, RestartStep, SlotJson, StatusJson, TelemetryJson,
-};
 
 /// Run one ttctl command to completion, printing results to stdout, notes
 /// (such as `generate`'s summary) and `ttctl: <what went wrong>` to stderr,
@@ -90,40 +89,26 @@ async fn execute(
     err: &mut (dyn Write + Send),
     is_tty: bool,
 ) -> Result<(), Failure> {
-    let socket = cli.socket.as_path();
-    let mut client = connect(socket).await?;
+    let mut daemon = Daemon::connect(&cli.socket).await?;
+    let daemon = &mut daemon;
     match cli.command {
-        Command::Status(args) if args.watch => {
-            status::watch(&mut client, args, socket, out, is_tty).await
-        }
-        Command::Status(args) => status::once(&mut client, args, socket, out).await,
-        Command::Card(CardCommand::Reset { card }) => {
-            card::reset(&mut client, &card, socket, out).await
-        }
+        Command::Status(args) if args.watch => status::watch(daemon, args, out, is_tty).await,
+        Command::Status(args) => status::once(daemon, args, out).await,
+        Command::Card(CardCommand::Reset { card }) => card::reset(daemon, &card, out).await,
         Command::Card(CardCommand::Borrow { cards, command }) => {
-            card::borrow(&mut client, &cards, &command, socket, err).await
+            card::borrow(daemon, &cards, &command, err).await
         }
         Command::Slot(SlotCommand::Restart { slot, no_wait }) => {
-            slot::restart(&mut client, &slot, no_wait, socket, out).await
+            slot::restart(daemon, &slot, no_wait, out).await
         }
-        Command::Generate(args) => generate::run(&mut client, &args, socket, out, err).await,
-        Command::Logs(args) => {
-            logs::run(&mut client, &args, socket, out, tokio::signal::ctrl_c()).await
-        }
-        Command::Cache(CacheCommand::Ls { json }) => {
-            cache::ls(&mut client, json, socket, out).await
-        }
-        Command::Cache(CacheCommand::Verify { model }) => {
-            cache::verify(&mut client, &model, socket, out).await
-        }
-        Command::Cache(CacheCommand::Rm { variant }) => {
-            cache::rm(&mut client, &variant, socket, out).await
-        }
-        Command::Cache(CacheCommand::Build { model }) => {
-            cache::build(&mut client, &model, socket, out).await
-        }
-        Command::Reload(args) => reload::run(&mut client, args, socket, out).await,
-        Command::Top(args) => top::run(&mut client, args, socket, out, is_tty).await,
+        Command::Generate(args) => generate::run(daemon, &args, out, err).await,
+        Command::Logs(args) => logs::run(daemon, &args, out, tokio::signal::ctrl_c()).await,
+        Command::Cache(CacheCommand::Ls { json }) => cache::ls(daemon, json, out).await,
+        Command::Cache(CacheCommand::Verify { model }) => cache::verify(daemon, &model, out).await,
+        Command::Cache(CacheCommand::Rm { variant }) => cache::rm(daemon, &variant, out).await,
+        Command::Cache(CacheCommand::Build { model }) => cache::build(daemon, &model, out).await,
+        Command::Reload(args) => reload::run(daemon, args, out).await,
+        Command::Top(args) => top::run(daemon, args, out, is_tty).await,
     }
 }
 
@@ -157,43 +142,6 @@ impl Failure {
             Failure::OutputClosed | Failure::JobExit(_) => "",
         }
     }
-
-    /// Classify an RPC error. A status the daemon sent carries only its code
-    /// and message, which are shown as they are (the daemon's messages are
-    /// written for operators). A status that tonic made locally from a
-    /// broken connection carries the transport error as its source: the
-    /// daemon went away mid-call.
-    fn from_status(status: tonic::Status, socket: &Path) -> Failure {
-        if let Some(source) = std::error::Error::source(&status) {
-            return Failure::Unreachable(format!(
-                "lost the connection to tt-servingd at {}: {} \
-                 (check 'systemctl status tenstorrent-serving')",
-                socket.display(),
-                client::error_chain(source)
-            ));
-        }
-        if status.code() == Code::Unimplemented {
-            return Failure::Failed(
-                "the running tt-servingd does not know this command; it is probably older \
-                 than this ttctl (restart the daemon after upgrading)"
-                    .to_string(),
-            );
-        }
-        if status.message().is_empty() {
-            Failure::Failed(format!(
-                "tt-servingd refused the request: {}",
-                status.code().description()
-            ))
-        } else {
-            Failure::Failed(status.message().to_string())
-        }
-    }
-}
-
-impl From<ConnectError> for Failure {
-    fn from(err: ConnectError) -> Self {
-        Failure::Unreachable(err.to_string())
-    }
 }
 
 /// Write and flush `text`, so a watcher sees each snapshot at once.
@@ -212,24 +160,8 @@ fn note(err: &mut (dyn Write + Send), text: &str) {
     let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
 }
 
-/// Await one unary call, giving up after `limit`: these calls are answered
-/// from the daemon's memory or a quick look at the disk, and a daemon that
-/// takes longer is stuck; a hanging ttctl would hide that.
-async fn answer_within<T>(
-    limit: Duration,
-    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    socket: &Path,
-) -> Result<T, Failure> {
-    tokio::time::timeout(limit, call)
-        .await
-        .map_err(|_elapsed| {
-            Failure::Unreachable(format!(
-                "tt-servingd at {} did not answer within {}s; it may be hung \
-                 (check 'systemctl status tenstorrent-serving' and its journal)",
-                socket.display(),
-                limit.as_secs()
-            ))
-        })?
-        .map(tonic::Response::into_inner)
-        .map_err(|status| Failure::from_status(status, socket))
+/// Ctrl-C ends a command that follows the daemon (`status --watch`, `logs
+/// -f`, `top`) successfully; not being able to listen for it is a failure.
+fn ctrl_c_pressed(signal: io::Result<()>) -> Result<(), Failure> {
+    signal.map_err(|err| Failure::Failed(format!("cannot listen for Ctrl-C: {err}")))
 }

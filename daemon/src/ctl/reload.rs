@@ -2,37 +2,30 @@
 //! changed, and show the plan and each slot's result.
 
 use std::io::Write;
-use std::path::Path;
 
-use tonic::transport::Channel;
-use tt_serving_proto::v1::control_client::ControlClient;
 use tt_serving_proto::v1::{ReloadOutcome, ReloadRequest};
 
 use super::args::ReloadArgs;
-use super::render::{reload_failed_slots, reload_json, reload_report_text};
+use super::client::Daemon;
+use super::render::{json_text, reload_failed_slots, reload_report_text};
 use super::{emit, Failure};
 
 /// Ask for the reload and wait for the report: with waiting, the daemon
 /// answers once the started slots are Ready or have failed, which for a
 /// cold build can take as long as the build. No timeout on our side.
 pub(super) async fn run(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     args: ReloadArgs,
-    socket: &Path,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let report = client
+    let report = daemon
         .reload(ReloadRequest {
             dry_run: args.dry_run,
             no_wait: args.no_wait,
         })
-        .await
-        .map_err(|status| Failure::from_status(status, socket))?
-        .into_inner();
+        .await?;
     let text = if args.json {
-        let json = serde_json::to_string_pretty(&reload_json(&report))
-            .map_err(|e| Failure::Failed(format!("cannot encode the report as JSON: {e}")))?;
-        format!("{json}\n")
+        json_text(&report, true, "the report")?
     } else {
         reload_report_text(&report)
     };

@@ -1,19 +1,10 @@
 //! `ttctl slot ...`: slot maintenance.
 
 use std::io::Write;
-use std::path::Path;
-use std::time::Duration;
 
-use tonic::transport::Channel;
-use tt_serving_proto::v1::control_client::ControlClient;
-use tt_serving_proto::v1::{SlotRequest, StatusRequest};
-
+use super::client::Daemon;
 use super::render::{restart_step, slot_restart_requested_line, RestartFollow, RestartStep};
-use super::{answer_within, emit, Failure};
-
-/// The daemon only queues the restart for the slot's supervisor and
-/// answers; the drain and the start happen after the reply.
-const RESTART_TIMEOUT: Duration = Duration::from_secs(30);
+use super::{emit, Failure};
 
 /// `ttctl slot restart <SLOT>`: ask the daemon to restart the slot, then
 /// (unless `no_wait`) follow it over WatchStatus, printing each state it
@@ -24,20 +15,12 @@ const RESTART_TIMEOUT: Duration = Duration::from_secs(30);
 /// there are): exit 1. There is no time limit: a cold start can take many
 /// minutes, and every state change is printed meanwhile.
 pub(super) async fn restart(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     slot: &str,
     no_wait: bool,
-    socket: &Path,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let reply = answer_within(
-        RESTART_TIMEOUT,
-        client.restart_slot(SlotRequest {
-            slot: slot.to_string(),
-        }),
-        socket,
-    )
-    .await?;
+    let reply = daemon.restart_slot(slot).await?;
     let Some(before) = reply.slot else {
         return emit(
             out,
@@ -60,17 +43,9 @@ pub(super) async fn restart(
     if follow != RestartFollow::Following {
         return Ok(());
     }
-    let mut updates = client
-        .watch_status(StatusRequest {})
-        .await
-        .map_err(|status| Failure::from_status(status, socket))?
-        .into_inner();
+    let mut updates = daemon.watch_status().await?;
     let mut printed = String::new();
-    while let Some(status) = updates
-        .message()
-        .await
-        .map_err(|status| Failure::from_status(status, socket))?
-    {
+    while let Some(status) = updates.next().await? {
         let Some(now) = status.slots.iter().find(|s| s.name == before.name) else {
             return Err(Failure::Failed(format!(
                 "slot {} is no longer configured (a reload removed it); see `ttctl status`",
@@ -89,10 +64,8 @@ pub(super) async fn restart(
             RestartStep::Failed(message) => return Err(Failure::Failed(message)),
         }
     }
-    Err(Failure::Unreachable(format!(
-        "tt-servingd at {} ended the status stream before the restart of slot {} finished \
-         (check 'systemctl status tenstorrent-serving')",
-        socket.display(),
+    Err(updates.ended(&format!(
+        "the status stream before the restart of slot {} finished",
         before.name
     )))
 }

@@ -1,36 +1,27 @@
 //! `ttctl status`: one snapshot, or every change with `--watch`.
 
 use std::io::Write;
-use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use tonic::transport::Channel;
-use tt_serving_proto::v1::control_client::ControlClient;
-use tt_serving_proto::v1::{StatusRequest, StatusResponse};
+use tt_serving_proto::v1::StatusResponse;
 
-use super::render::{status_json, status_table};
-use super::{answer_within, emit, Failure, StatusArgs};
+use super::client::Daemon;
+use super::render::{json_text, status_table};
+use super::{ctrl_c_pressed, emit, Failure, StatusArgs};
 
-/// Status is answered from the daemon's memory; a daemon that takes longer
-/// than this is stuck, and a hanging `ttctl status` would hide that.
-const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Clear the screen and move the cursor home, so a watched table redraws in
-/// place instead of scrolling.
-const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
+/// Clear the screen and move the cursor home, so a watched table (or `ttctl
+/// top`'s frame) redraws in place instead of scrolling.
+pub(super) const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
 
 /// Print one snapshot.
 pub(super) async fn once(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     args: StatusArgs,
-    socket: &Path,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let response = answer_within(STATUS_TIMEOUT, client.status(StatusRequest {}), socket).await?;
+    let response = daemon.status().await?;
     let text = if args.json {
-        let mut text = to_json(&response, true)?;
-        text.push('\n');
-        text
+        json_text(&response, true, "the status")?
     } else {
         status_table(&response, now_unix_ms())
     };
@@ -40,17 +31,12 @@ pub(super) async fn once(
 /// Print every snapshot the daemon streams until Ctrl-C (exit 0) or the
 /// daemon goes away (exit 3).
 pub(super) async fn watch(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     args: StatusArgs,
-    socket: &Path,
     out: &mut (dyn Write + Send),
     is_tty: bool,
 ) -> Result<(), Failure> {
-    let mut stream = client
-        .watch_status(StatusRequest {})
-        .await
-        .map_err(|status| Failure::from_status(status, socket))?
-        .into_inner();
+    let mut stream = daemon.watch_status().await?;
     // Registered once, before the first wait, so a Ctrl-C between two
     // snapshots is not lost.
     let ctrl_c = tokio::signal::ctrl_c();
@@ -58,19 +44,11 @@ pub(super) async fn watch(
     let mut frames = Frames::new(args.json, is_tty);
     loop {
         let next = tokio::select! {
-            signal = &mut ctrl_c => {
-                return signal.map_err(|err| {
-                    Failure::Failed(format!("cannot listen for Ctrl-C: {err}"))
-                });
-            }
-            next = stream.message() => next,
+            signal = &mut ctrl_c => return ctrl_c_pressed(signal),
+            next = stream.next() => next?,
         };
-        let Some(snapshot) = next.map_err(|status| Failure::from_status(status, socket))? else {
-            return Err(Failure::Unreachable(format!(
-                "tt-servingd at {} ended the status stream; it is probably stopping \
-                 (check 'systemctl status tenstorrent-serving')",
-                socket.display()
-            )));
+        let Some(snapshot) = next else {
+            return Err(stream.ended("the status stream; it is probably stopping"));
         };
         if let Some(text) = frames.next(&snapshot, now_unix_ms())? {
             emit(out, &text)?;
@@ -111,9 +89,7 @@ impl Frames {
         now_unix_ms: u64,
     ) -> Result<Option<String>, Failure> {
         let body = if self.json {
-            let mut line = to_json(snapshot, false)?;
-            line.push('\n');
-            line
+            json_text(snapshot, false, "the status")?
         } else {
             status_table(snapshot, now_unix_ms)
         };
@@ -128,16 +104,6 @@ impl Frames {
         self.last = Some(body);
         Ok(Some(text))
     }
-}
-
-fn to_json(status: &StatusResponse, pretty: bool) -> Result<String, Failure> {
-    let json = status_json(status);
-    let text = if pretty {
-        serde_json::to_string_pretty(&json)
-    } else {
-        serde_json::to_string(&json)
-    };
-    text.map_err(|err| Failure::Failed(format!("cannot encode the status as JSON: {err}")))
 }
 
 pub(super) fn now_unix_ms() -> u64 {

@@ -1,27 +1,22 @@
 //! `ttctl top`: poll status and redraw rates and latencies per slot.
 
 use std::io::Write;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tonic::transport::Channel;
-use tt_serving_proto::v1::control_client::ControlClient;
-use tt_serving_proto::v1::{StatusRequest, StatusResponse};
+use tt_serving_proto::v1::StatusResponse;
 
 use super::args::TopArgs;
+use super::client::Daemon;
 use super::render::top_frame;
-use super::{answer_within, emit, Failure};
-
-const STATUS_TIMEOUT: Duration = Duration::from_secs(30);
-const CLEAR_SCREEN: &str = "\x1b[H\x1b[2J";
+use super::status::{now_unix_ms, CLEAR_SCREEN};
+use super::{ctrl_c_pressed, emit, Failure};
 
 /// Draw frames every `interval` until Ctrl-C or `iterations` frames. On a
 /// terminal each frame replaces the last; otherwise frames follow each
 /// other, separated by a blank line.
 pub(super) async fn run(
-    client: &mut ControlClient<Channel>,
+    daemon: &mut Daemon,
     args: TopArgs,
-    socket: &Path,
     out: &mut (dyn Write + Send),
     is_tty: bool,
 ) -> Result<(), Failure> {
@@ -31,13 +26,12 @@ pub(super) async fn run(
     let mut previous: Option<(StatusResponse, Instant)> = None;
     let mut frames = 0u32;
     loop {
-        let snapshot =
-            answer_within(STATUS_TIMEOUT, client.status(StatusRequest {}), socket).await?;
+        let snapshot = daemon.status().await?;
         let taken = Instant::now();
         let before = previous
             .as_ref()
             .map(|(s, at)| (s, taken.duration_since(*at).as_secs_f64()));
-        let mut text = top_frame(&snapshot, before, super::status::now_unix_ms());
+        let mut text = top_frame(&snapshot, before, now_unix_ms());
         if is_tty {
             text.insert_str(0, CLEAR_SCREEN);
         } else if frames > 0 {
@@ -50,9 +44,7 @@ pub(super) async fn run(
         }
         previous = Some((snapshot, taken));
         tokio::select! {
-            signal = &mut ctrl_c => {
-                return signal.map_err(|err| Failure::Failed(format!("cannot listen for Ctrl-C: {err}")));
-            }
+            signal = &mut ctrl_c => return ctrl_c_pressed(signal),
             _ = tokio::time::sleep(interval) => {}
         }
     }

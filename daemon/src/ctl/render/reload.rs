@@ -1,21 +1,10 @@
 //! Rendering reload reports: `ttctl reload` and the reload line of
 //! `ttctl status`.
 
-use serde::{Deserialize, Serialize};
 use tt_serving_proto::v1::{ReloadOutcome, ReloadReport};
+use tt_serving_proto::Word;
 
 use super::{duration_words, one_line};
-
-/// The word for a reload outcome.
-pub fn reload_outcome_word(outcome: i32) -> &'static str {
-    match ReloadOutcome::try_from(outcome) {
-        Ok(ReloadOutcome::Applied) => "applied",
-        Ok(ReloadOutcome::Refused) => "refused",
-        Ok(ReloadOutcome::Unchanged) => "unchanged",
-        Ok(ReloadOutcome::DryRun) => "dry-run",
-        Ok(ReloadOutcome::Unspecified) | Err(_) => "unknown",
-    }
-}
 
 /// Whether a started or restarted slot did not come up. Result texts start
 /// with the slot state the daemon saw (`Ready (...)`, `Failed: ...`).
@@ -113,7 +102,7 @@ pub fn last_reload_line(reloads: &[ReloadReport], now_unix_ms: u64) -> Option<St
                 .map(|p| one_line(p))
                 .unwrap_or_default()
         ),
-        _ => format!("{}: {}", reload_outcome_word(last.outcome), last.summary),
+        _ => format!("{}: {}", ReloadOutcome::word(last.outcome), last.summary),
     };
     Some(format!(
         "last reload {ago} ago by {}: {what}",
@@ -123,165 +112,4 @@ pub fn last_reload_line(reloads: &[ReloadReport], now_unix_ms: u64) -> Option<St
             &last.trigger
         }
     ))
-}
-
-/// Mirrors `ReloadReport`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ReloadJson {
-    /// `applied`, `refused`, `unchanged` or `dry-run`.
-    pub outcome: String,
-    /// Who asked: `ttctl`, `SIGHUP`.
-    pub trigger: String,
-    /// Unix time in milliseconds when it began.
-    pub started_unix_ms: u64,
-    /// Unix time in milliseconds when it ended.
-    pub finished_unix_ms: u64,
-    /// The config file read.
-    pub config_path: String,
-    /// Why the file was refused.
-    pub problems: Vec<String>,
-    /// Every slot and what happened to it.
-    pub steps: Vec<ReloadStepJson>,
-    /// Daemon-level changes not applied until a restart.
-    pub needs_restart: Vec<String>,
-    /// Slots per action, in one line.
-    pub summary: String,
-}
-
-/// Mirrors `ReloadStep`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ReloadStepJson {
-    /// Slot name.
-    pub slot: String,
-    /// Model name.
-    pub model: String,
-    /// `keep`, `update`, `restart`, `stop` or `start`.
-    pub action: String,
-    /// Why.
-    pub reason: String,
-    /// How the slot ended up.
-    pub result: String,
-}
-
-/// The JSON form of a reload report.
-pub fn reload_json(report: &ReloadReport) -> ReloadJson {
-    ReloadJson {
-        outcome: reload_outcome_word(report.outcome).to_string(),
-        trigger: report.trigger.clone(),
-        started_unix_ms: report.started_unix_ms,
-        finished_unix_ms: report.finished_unix_ms,
-        config_path: report.config_path.clone(),
-        problems: report.problems.clone(),
-        steps: report
-            .steps
-            .iter()
-            .map(|s| ReloadStepJson {
-                slot: s.slot.clone(),
-                model: s.model.clone(),
-                action: s.action.clone(),
-                reason: s.reason.clone(),
-                result: s.result.clone(),
-            })
-            .collect(),
-        needs_restart: report.needs_restart.clone(),
-        summary: report.summary.clone(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tt_serving_proto::v1::ReloadStep;
-
-    fn step(slot: &str, action: &str, reason: &str, result: &str) -> ReloadStep {
-        ReloadStep {
-            slot: slot.into(),
-            model: slot.into(),
-            action: action.into(),
-            reason: reason.into(),
-            result: result.into(),
-        }
-    }
-
-    fn applied() -> ReloadReport {
-        ReloadReport {
-            outcome: ReloadOutcome::Applied as i32,
-            trigger: "ttctl".into(),
-            started_unix_ms: 1_000,
-            finished_unix_ms: 4_500,
-            config_path: "/etc/tt-serving/config.toml".into(),
-            steps: vec![
-                step("a", "keep", "unchanged", "untouched"),
-                step(
-                    "b",
-                    "restart",
-                    "flags.KV: \"0\" → \"1\"",
-                    "Failed: worker exited with code 3",
-                ),
-                step("c/1", "start", "added to the config", "Ready (cold start)"),
-            ],
-            needs_restart: vec!["daemon.listen: \"a\" → \"b\"".into()],
-            summary: "1 keep, 1 restart, 1 start".into(),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn applied_report_lists_every_slot_its_result_and_restart_only_settings() {
-        let text = reload_report_text(&applied());
-        assert!(
-            text.starts_with("reload applied in 3s: 1 keep, 1 restart, 1 start\n"),
-            "{text}"
-        );
-        assert!(text.contains("  keep     a    unchanged\n"), "{text}");
-        assert!(!text.contains("untouched"), "{text}");
-        assert!(
-            text.contains("  restart  b    flags.KV: \"0\" → \"1\"\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("-> Failed: worker exited with code 3\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("needs a daemon restart (not applied):\n  daemon.listen"),
-            "{text}"
-        );
-        assert_eq!(reload_failed_slots(&applied()), vec!["b".to_string()]);
-    }
-
-    #[test]
-    fn refused_report_names_each_problem() {
-        let report = ReloadReport {
-            outcome: ReloadOutcome::Refused as i32,
-            config_path: "/etc/c.toml".into(),
-            problems: vec!["models.b.tp: 3 is not 1 or 2".into()],
-            ..Default::default()
-        };
-        let text = reload_report_text(&report);
-        assert_eq!(
-            text,
-            "reload refused: 1 problem(s) in /etc/c.toml; the daemon keeps serving its current config\n  models.b.tp: 3 is not 1 or 2\n"
-        );
-        let line = last_reload_line(&[applied(), report], 10_000);
-        assert_eq!(
-            line.as_deref(),
-            Some("last reload 10s ago by ?: refused (1 problem(s): models.b.tp: 3 is not 1 or 2)")
-        );
-    }
-
-    #[test]
-    fn dry_runs_are_not_the_last_reload() {
-        let dry = ReloadReport {
-            outcome: ReloadOutcome::DryRun as i32,
-            ..applied()
-        };
-        let line = last_reload_line(&[applied(), dry.clone()], 64_500);
-        assert_eq!(
-            line.as_deref(),
-            Some("last reload 1m00s ago by ttctl: applied: 1 keep, 1 restart, 1 start")
-        );
-        assert_eq!(last_reload_line(&[dry], 0), None);
-        assert_eq!(reload_json(&applied()).steps[1].action, "restart");
-    }
 }

@@ -1,0 +1,181 @@
+use super::*;
+
+#[test]
+fn header_names_version_pid_driver_uptime_and_summary() {
+    let table = status_table(&status(), NOW);
+    assert_eq!(
+        table.lines().next(),
+        Some(
+            "tt-servingd 0.1.0 (pid 812, driver 2.0.0, inference on 127.0.0.1:50051, \
+             metrics on 127.0.0.1:9464, up 2h03m): 1/2 slots ready"
+        )
+    );
+}
+
+#[test]
+fn card_with_index_and_telemetry_shows_every_column() {
+    let table = status_table(&status(), NOW);
+    assert!(table.contains("IDX  BDF"), "{table}");
+    assert!(
+        table.contains("TEMP (°C)  POWER (W)  HEARTBEAT  LOCK"),
+        "{table}"
+    );
+    assert_eq!(
+        words(line_of(&table, "0000:01:00.0  p150a")),
+        [
+            "0",
+            "0000:01:00.0",
+            "p150a",
+            "45.2",
+            "61.0",
+            "ok",
+            "pid",
+            "812",
+            "daemon",
+            "qwen",
+            "ready"
+        ]
+    );
+}
+
+#[test]
+fn card_mid_reset_has_no_index_no_telemetry_and_no_heartbeat() {
+    let table = status_table(&status(), NOW);
+    assert_eq!(
+        words(line_of(&table, "0000:02:00.0  p150a")),
+        [
+            "-",
+            "0000:02:00.0",
+            "p150a",
+            "-",
+            "-",
+            "—",
+            "pid",
+            "812",
+            "daemon",
+            "qwen",
+            "resetting"
+        ]
+    );
+}
+
+#[test]
+fn held_elsewhere_card_names_the_lock_holder_and_open_processes() {
+    let table = status_table(&status(), NOW);
+    assert_eq!(
+        words(line_of(&table, "0000:03:00.0  p150a")),
+        [
+            "2",
+            "0000:03:00.0",
+            "p150a",
+            "38.0",
+            "20.5",
+            "ok",
+            "pid",
+            "4242",
+            "alice",
+            "bench-sweep",
+            "-",
+            "held-elsewhere"
+        ]
+    );
+    let mut after = table
+        .lines()
+        .skip_while(|l| !l.contains("0000:03:00.0  p150a"));
+    after.next();
+    assert_eq!(
+        after.next(),
+        Some("    reason: lock held by pid 4242 (bench-sweep)")
+    );
+    assert_eq!(
+        after.next(),
+        Some("    pid 4242 (python3) has the device open")
+    );
+}
+
+#[test]
+fn quarantined_card_shows_its_reason_on_one_line() {
+    let table = status_table(&status(), NOW);
+    let row = words(line_of(&table, "0000:04:00.0  p150a"));
+    assert_eq!(row.first(), Some(&"3"));
+    assert_eq!(row.last(), Some(&"quarantined"));
+    assert!(row.contains(&"stalled"), "{row:?}");
+    assert!(table.contains(
+        "\n    reason: 3 resets in a row failed: heartbeat did not advance / after 5s\n"
+    ));
+}
+
+#[test]
+fn columns_line_up_despite_multibyte_headers() {
+    let table = status_table(&status(), NOW);
+    let header = line_of(&table, "IDX");
+    let col = |line: &str, needle: &str| {
+        line.char_indices()
+            .position(|(i, _)| line[i..].starts_with(needle))
+            .unwrap()
+    };
+    let heartbeat_col = col(header, "HEARTBEAT");
+    let row = line_of(&table, "0000:02:00.0");
+    assert_eq!(col(row, "—"), heartbeat_col, "{table}");
+    let row = line_of(&table, "0000:01:00.0  p150a");
+    assert_eq!(col(row, "ok"), heartbeat_col, "{table}");
+}
+
+#[test]
+fn slots_table_shows_cards_by_index_age_and_rss() {
+    let table = status_table(&status(), NOW);
+    assert!(table.contains("NAME  MODEL"), "{table}");
+    assert_eq!(
+        words(line_of(&table, "qwen  qwen")),
+        [
+            "qwen",
+            "qwen",
+            "0,0000:02:00.0",
+            "ready",
+            "3m12s",
+            "ago",
+            "warm",
+            "1",
+            "9001",
+            "10.5",
+            "GiB",
+            "2",
+            "-"
+        ]
+    );
+}
+
+#[test]
+fn failed_slot_shows_reason_retry_and_last_error() {
+    let table = status_table(&status(), NOW);
+    let row = line_of(&table, "smol  smol");
+    assert!(row.contains("failed"), "{row}");
+    assert!(row.contains("42s ago"), "{row}");
+    assert!(row.ends_with("worker killed by SIGKILL"), "{row}");
+    assert!(table.contains(
+        "    reason: worker killed by SIGKILL without a stop request (most likely OOM) (retry in 30s)"
+    ));
+}
+
+#[test]
+fn empty_status_says_no_slots_configured() {
+    let table = status_table(&StatusResponse::default(), NOW);
+    assert!(table.contains("no cards found"), "{table}");
+    assert!(table.ends_with("no slots configured\n"), "{table}");
+}
+
+#[test]
+fn state_words_are_lowercase_and_unknown_values_do_not_panic() {
+    assert_eq!(
+        CardState::word(CardState::HeldElsewhere as i32),
+        "held-elsewhere"
+    );
+    assert_eq!(CardState::word(CardState::Unmanaged as i32), "unmanaged");
+    assert_eq!(CardState::word(99), "unknown");
+    assert_eq!(SlotState::word(SlotState::Verifying as i32), "verifying");
+    assert_eq!(
+        SlotState::word(SlotState::Quarantined as i32),
+        "quarantined"
+    );
+    assert_eq!(SlotState::word(-1), "unknown");
+}

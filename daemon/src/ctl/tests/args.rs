@@ -1,0 +1,118 @@
+use super::*;
+
+#[test]
+fn socket_is_global_and_defaults_to_the_module_path() {
+    let before =
+        Cli::try_parse_from(["ttctl", "--socket", "/a.sock", "card", "reset", "1"]).unwrap();
+    assert_eq!(before.socket, Path::new("/a.sock"));
+    let after = Cli::try_parse_from([
+        "ttctl",
+        "card",
+        "reset",
+        "0000:01:00.0",
+        "--socket",
+        "/b.sock",
+    ])
+    .unwrap();
+    assert_eq!(after.socket, Path::new("/b.sock"));
+    assert!(matches!(
+        after.command,
+        Command::Card(CardCommand::Reset { ref card }) if card == "0000:01:00.0"
+    ));
+    if std::env::var_os("TTCTL_SOCKET").is_none() {
+        let default = Cli::try_parse_from(["ttctl", "status"]).unwrap();
+        assert_eq!(default.socket, Path::new(DEFAULT_SOCKET));
+    }
+}
+
+#[test]
+fn top_interval_outside_its_range_is_a_usage_error_naming_the_range() {
+    for (value, says) in [
+        ("0.05", "0.05 is outside 0.1..3600 seconds"),
+        ("7200", "7200 is outside 0.1..3600 seconds"),
+        ("soon", "not a number of seconds"),
+    ] {
+        let err = Cli::try_parse_from(["ttctl", "top", "--interval", value]).unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{value}: {err}");
+        assert!(err.to_string().contains(says), "{value}: {err}");
+    }
+    let cli =
+        Cli::try_parse_from(["ttctl", "top", "--interval", "0.1", "--iterations", "3"]).unwrap();
+    let Command::Top(args) = cli.command else {
+        panic!("{cli:?}");
+    };
+    assert_eq!((args.interval, args.iterations), (0.1, 3));
+}
+
+#[test]
+fn new_commands_parse_with_their_defaults() {
+    let cli = Cli::try_parse_from(["ttctl", "generate", "qwen", "Hello"]).unwrap();
+    let Command::Generate(args) = cli.command else {
+        panic!("{cli:?}");
+    };
+    assert_eq!(
+        (args.model.as_str(), args.prompt.as_str()),
+        ("qwen", "Hello")
+    );
+    assert_eq!(args.max_tokens, 64);
+    assert!(!args.chat && args.stop.is_empty() && args.seed.is_none());
+    assert_eq!(crate::ctl::generate::request(&args).sampling, None);
+
+    let cli = Cli::try_parse_from(["ttctl", "logs", "qwen/1"]).unwrap();
+    let Command::Logs(args) = cli.command else {
+        panic!("{cli:?}");
+    };
+    assert_eq!(
+        (args.slot.as_str(), args.lines, args.follow),
+        ("qwen/1", 100, false)
+    );
+    let cli = Cli::try_parse_from(["ttctl", "logs", "-f", "-n", "20", "qwen"]).unwrap();
+    assert!(matches!(
+        cli.command,
+        Command::Logs(LogsArgs {
+            lines: 20,
+            follow: true,
+            ..
+        })
+    ));
+
+    assert!(matches!(
+        Cli::try_parse_from(["ttctl", "cache", "ls", "--json"])
+            .unwrap()
+            .command,
+        Command::Cache(CacheCommand::Ls { json: true })
+    ));
+    assert!(matches!(
+        Cli::try_parse_from(["ttctl", "slot", "restart", "m/0"]).unwrap().command,
+        Command::Slot(SlotCommand::Restart { ref slot, no_wait: false }) if slot == "m/0"
+    ));
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_documents_exit_codes() {
+    for argv in [
+        &["ttctl"][..],
+        &["ttctl", "card"],
+        &["ttctl", "card", "reset"],
+        &["ttctl", "status", "--bogus"],
+        &["ttctl", "generate", "qwen"],
+        &["ttctl", "generate", "qwen", "hi", "--max-tokens", "many"],
+        &["ttctl", "generate", "qwen", "hi", "--stop"],
+        &["ttctl", "logs"],
+        &["ttctl", "logs", "qwen", "-n", "-1"],
+        &["ttctl", "slot"],
+        &["ttctl", "slot", "restart"],
+        &["ttctl", "cache"],
+        &["ttctl", "cache", "verify"],
+        &["ttctl", "cache", "rm"],
+    ] {
+        let err = Cli::try_parse_from(argv).unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{argv:?}: {err}");
+    }
+    let help = Cli::try_parse_from(["ttctl", "--help"])
+        .unwrap_err()
+        .to_string();
+    assert!(help.contains("Exit codes:"), "{help}");
+    assert!(help.contains("3  tt-servingd cannot be reached"), "{help}");
+    assert!(help.contains("TTCTL_SOCKET"), "{help}");
+}
