@@ -200,22 +200,30 @@ fn assert_outcomes_match(m: &chaos::Scrape, records: &[RequestRecord]) {
     }
 }
 
+/// Both slots Ready, their workers hanging after `hang_after` tokens (so
+/// streams stay open), with a watchdog stall timeout of `stall_secs`.
+fn hanging_rig(hang_after: u32, stall_secs: u64) -> (Rig, Duration) {
+    let rig = rig(
+        &format!(
+            "env = {{ TTW_TEST_FAULTS = \"1\", TTW_FAULT_HANG_AFTER_TOKENS = \"{hang_after}\" }}"
+        ),
+        &format!("backoff_ms = 50\nstall_timeout_secs = {stall_secs}"),
+        "never",
+    );
+    rig.daemon.wait_slot_state("one", "ready");
+    rig.daemon.wait_slot_state("two", "ready");
+    (rig, Duration::from_secs(stall_secs))
+}
+
 #[test]
 fn workers_killed_mid_stream_repeatedly_end_their_streams_and_recover() {
     // The hang keeps every stream open after a few tokens, so each kill
     // lands mid-stream; the stall timeout is long so the watchdog stays out
     // of it.
-    let rig = rig(
-        "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_HANG_AFTER_TOKENS = \"12\" }",
-        "backoff_ms = 50\nstall_timeout_secs = 30",
-        "never",
-    );
-    rig.daemon.wait_slot_state("one", "ready");
-    rig.daemon.wait_slot_state("two", "ready");
+    let (rig, stall) = hanging_rig(12, 30);
     let base = baseline(&rig.daemon);
     let address = rig.daemon.inference_address();
     let rt = runtime();
-    let stall = Duration::from_secs(30);
     let mut records = Vec::new();
     let mut sent = [0usize; 2];
     for (round, slot) in ["one", "two", "one", "two"].into_iter().enumerate() {
@@ -285,17 +293,10 @@ fn workers_killed_mid_stream_repeatedly_end_their_streams_and_recover() {
 
 #[test]
 fn hung_and_frozen_workers_end_every_request_within_its_bound() {
-    let rig = rig(
-        "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_HANG_AFTER_TOKENS = \"8\" }",
-        "backoff_ms = 50\nstall_timeout_secs = 2",
-        "never",
-    );
-    rig.daemon.wait_slot_state("one", "ready");
-    rig.daemon.wait_slot_state("two", "ready");
+    let (rig, stall) = hanging_rig(8, 2);
     let base = baseline(&rig.daemon);
     let address = rig.daemon.inference_address();
     let rt = runtime();
-    let stall = Duration::from_secs(2);
     // A worker that stops decoding (its RPCs still answer): the watchdog
     // kills it, long deadlines end with UNAVAILABLE, a short one with
     // DEADLINE_EXCEEDED.

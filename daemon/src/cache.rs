@@ -60,25 +60,7 @@ pub enum CacheState {
     },
 }
 
-/// How a worker starts on its cache variant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheMode {
-    /// The variant is complete: the worker reads it.
-    Warm,
-    /// The variant is (re)built: the worker writes it, and the daemon
-    /// marks it complete once the worker passed readiness.
-    Cold,
-}
-
-impl CacheMode {
-    /// `warm` or `cold`, as status, logs, metrics and `TT_CACHE_MODE` say it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CacheMode::Warm => "warm",
-            CacheMode::Cold => "cold",
-        }
-    }
-}
+pub use tt_serving_proto::CacheMode;
 
 /// The lock that serialises cold builds of one variant, held for the
 /// whole cold start; dropping it lets a waiting replica start warm.

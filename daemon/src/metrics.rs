@@ -375,7 +375,7 @@ impl Metrics {
         self.card_temperature.clear();
         self.card_power.clear();
         for s in &now.slots {
-            for state in now.states {
+            for state in &now.states {
                 self.slot_state
                     .get_or_create(&SlotStateLabels {
                         slot: s.slot.clone(),
@@ -431,7 +431,7 @@ impl Metrics {
 #[derive(Debug, Default)]
 pub struct Snapshot {
     /// Every slot state word, so each slot gets a 0/1 gauge per state.
-    pub states: &'static [&'static str],
+    pub states: Vec<&'static str>,
     /// Each slot.
     pub slots: Vec<SlotGauges>,
     /// Requests waiting per model.

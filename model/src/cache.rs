@@ -31,24 +31,7 @@ const MAGIC: &[u8; 8] = b"TTWTENS1";
 pub const HEADER_LEN: usize = 64;
 const MAX_DIMS: usize = 4;
 
-/// How the worker uses its cache directory, as the daemon decides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheMode {
-    /// Map existing files; never read the checkpoint's tensor data.
-    Warm,
-    /// Read the checkpoint, shard it, and write every file.
-    Cold,
-}
-
-impl CacheMode {
-    /// `warm` or `cold`, as on the command line and in `Info`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CacheMode::Warm => "warm",
-            CacheMode::Cold => "cold",
-        }
-    }
-}
+pub use tt_serving_proto::CacheMode;
 
 /// Why a cache file could not be written or used.
 #[derive(Debug, thiserror::Error)]

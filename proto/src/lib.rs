@@ -9,8 +9,34 @@
 //! - `engine.proto`: `Engine`, the daemon-to-worker contract.
 //! - [`json`]: how the Control messages read as JSON (ttctl's `--json`
 //!   output) and the words ttctl prints for their enums ([`Word`]).
+//! - [`CacheMode`]: `TT_CACHE_MODE`, the one worker-environment value
+//!   both the daemon and the worker interpret.
 
 pub mod json;
+
+/// How a worker starts on its cache variant (`TT_CACHE_MODE`), as the
+/// daemon decides it and the worker obeys it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheMode {
+    /// The variant is complete: the worker maps its files and never reads
+    /// the checkpoint's tensor data.
+    Warm,
+    /// The variant is (re)built: the worker reads the checkpoint, writes
+    /// every file, and the daemon marks the variant complete once the
+    /// worker passed readiness.
+    Cold,
+}
+
+impl CacheMode {
+    /// `warm` or `cold`: the value of `TT_CACHE_MODE`, and what status,
+    /// logs, metrics and `Info` say.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheMode::Warm => "warm",
+            CacheMode::Cold => "cold",
+        }
+    }
+}
 
 pub use json::Word;
 

@@ -80,7 +80,7 @@ fn snapshot(state: &DaemonState) -> crate::metrics::Snapshot {
     use crate::metrics::{CardGauges, SlotGauges, Snapshot};
     use crate::slots::SlotState;
     Snapshot {
-        states: &SlotState::WORDS,
+        states: SlotState::ALL.iter().map(|s| s.word()).collect(),
         slots: state
             .slots()
             .iter()

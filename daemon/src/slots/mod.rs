@@ -73,22 +73,6 @@ impl SlotState {
         SlotState::Quarantined,
     ];
 
-    /// Every state's word, in lifecycle order (the metrics' `state` label).
-    pub const WORDS: [&'static str; 12] = [
-        "pending",
-        "locking",
-        "resetting",
-        "probing",
-        "starting",
-        "loading",
-        "verifying",
-        "ready",
-        "draining",
-        "stopped",
-        "failed",
-        "quarantined",
-    ];
-
     /// Whether a slot in this state owns its cards and cache variant in
     /// use: it is resetting them, or has (or is about to have) a worker on
     /// them. Resetting a card under it, or removing its cache variant, would

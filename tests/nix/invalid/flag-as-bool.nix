@@ -3,13 +3,6 @@
 # "0"). The module used to turn booleans into "1"/"0"; now the file says
 # what the daemon reads, and check-config names the key.
 {
-  services.tenstorrent-serving = {
-    enable = true;
-    models.smollm2 = {
-      tp = 1;
-      cards = [ 0 ];
-      checkpoint = "/var/lib/tt-serving/models/smollm2.gguf";
-      flags.TTW_KV_F16 = true;
-    };
-  };
+  imports = [ ../../../examples/minimal.nix ];
+  services.tenstorrent-serving.models.smollm2.flags.TTW_KV_F16 = true;
 }
