@@ -306,8 +306,12 @@ impl Router {
         // rolling restart, a loan) refuses before doing anything, so the
         // request was not started: route it again, a few times at most.
         let mut refusals = 0;
+        let mut permit = Some(permit);
         let (route, guard, upstream) = loop {
             let route = self.route(&model, m, started, deadline).await?;
+            // Routed: the request leaves the queue (a retry below routes it
+            // again without taking a new place).
+            drop(permit.take());
             let guard = InFlight {
                 counter: route.in_flight.clone(),
                 slots: self.slots.clone(),
@@ -330,7 +334,6 @@ impl Router {
                 }
             }
         };
-        drop(permit);
         let queued_us = arrived.elapsed().as_micros() as u64;
         let slots = self.slots.clone();
         let slot = route.slot.clone();
