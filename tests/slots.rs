@@ -631,7 +631,8 @@ fn demo_mode_runs_a_tp2_slot_on_two_simulated_cards() {
     let model = tiny_model(dir.path());
     let demo_dir = dir.path().join("demo");
     let mut child = Command::new(tt_serving_tests::bin("tt-servingd"))
-        .args(["demo", "--listen", "127.0.0.1:0", "--model"])
+        .args(["demo", "--listen", "127.0.0.1:0"])
+        .args(["--openai-listen", "127.0.0.1:0", "--model"])
         .arg(&model)
         .arg("--dir")
         .arg(&demo_dir)
@@ -660,6 +661,30 @@ fn demo_mode_runs_a_tp2_slot_on_two_simulated_cards() {
     );
     let out = ttctl(&["generate", "smollm2", "hello", "--max-tokens", "4"]);
     assert!(out.status.success(), "{}", output_text(&out));
+    // The demo's OpenAI front door answers a chat, as the README shows.
+    let openai = status["daemon"]["openai_address"]
+        .as_str()
+        .unwrap_or_default();
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "60",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+        ])
+        .arg(r#"{"model":"smollm2","messages":[{"role":"user","content":"Hello"}],"max_tokens":4}"#)
+        .arg(format!("http://{openai}/v1/chat/completions"))
+        .output()
+        .unwrap();
+    let chat: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", output_text(&out)));
+    assert_eq!(chat["choices"][0]["message"]["role"], "assistant", "{chat}");
+    assert!(
+        chat["usage"]["completion_tokens"].as_u64().unwrap_or(0) >= 1,
+        "{chat}"
+    );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -672,6 +697,10 @@ fn demo_mode_runs_a_tp2_slot_on_two_simulated_cards() {
     assert!(
         err.contains("ttctl --socket"),
         "the demo prints what to try: {err}"
+    );
+    assert!(
+        err.contains("/v1/chat/completions"),
+        "the demo prints an OpenAI one-liner: {err}"
     );
 }
 

@@ -90,6 +90,28 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
                 })?,
         )
     };
+    // The OpenAI front door: the same tokens and TLS files as the gRPC port.
+    let openai_listener = if config.openai.listen.is_empty() {
+        None
+    } else {
+        Some(TcpListener::bind(&config.openai.listen).await.with_context(|| {
+            format!(
+                "cannot listen on {} (openai.listen); is another server (a standalone vLLM?) using the port? Set another address, or \"\" to turn the front door off",
+                config.openai.listen
+            )
+        })?)
+    };
+    let openai_tls = match (&config.inference.tls_cert, &config.inference.tls_key) {
+        (Some(cert), Some(key)) if openai_listener.is_some() => {
+            Some(api::openai::HttpTls::load(cert, key)?)
+        }
+        _ => None,
+    };
+    let openai_address = openai_listener
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     let metrics_address = metrics_listener
         .as_ref()
         .and_then(|l| l.local_addr().ok())
@@ -109,6 +131,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
             started,
             inference_address: inference_address.clone(),
             metrics_address: metrics_address.clone(),
+            openai_address: openai_address.clone(),
         },
         cards,
         slots,
@@ -128,6 +151,15 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     ));
     let tls = public_port.tls();
     let tokens_required = public_port.tokens_required();
+    let openai_task = openai_listener.map(|listener| {
+        tokio::spawn(api::openai::serve(
+            listener,
+            state.clone(),
+            public_port.token_check(),
+            openai_tls,
+            shutdown.clone(),
+        ))
+    });
     let public_task = tokio::spawn(api::serve_public(
         public_listener,
         state.clone(),
@@ -146,6 +178,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         control_socket = %state.config().daemon.control_socket.display(),
         inference = %inference_address,
         metrics = %metrics_address,
+        openai = %openai_address,
         tls,
         tokens_required,
         "listening"
@@ -174,7 +207,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     // systemd's stop timeout is a floor: ask for what the config needs.
     notify::extend_timeout(limit + Duration::from_secs(10));
     state.slot_manager().stop_all(limit).await;
-    for task in [control_task, public_task] {
+    for task in [control_task, public_task].into_iter().chain(openai_task) {
         match tokio::time::timeout(Duration::from_secs(10), task).await {
             Ok(Ok(Err(e))) => tracing::error!(error = %e, "server ended with an error"),
             Ok(Err(e)) => tracing::error!(error = %e, "server task failed"),

@@ -81,6 +81,7 @@ pub fn prepare(
     dir: &Path,
     model: Option<PathBuf>,
     listen: &str,
+    openai_listen: &str,
 ) -> anyhow::Result<(PathBuf, std::process::Child)> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let dir = std::fs::canonicalize(dir)?;
@@ -120,6 +121,9 @@ lock_dir = "{dir}/locks"
 [metrics]
 listen = "127.0.0.1:0"                 # any free port; `ttctl status` shows it
 
+[openai]
+listen = "{openai_listen}"
+
 [hardware]
 {hardware_lines}
 [models.smollm2]
@@ -139,11 +143,18 @@ ping_prompt = "The capital of France is"
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "ttctl".into());
     eprintln!(
-        "\ndemo: config in {config}\ndemo: try, in another terminal:\n  {ttctl} --socket {dir}/control.sock status\n  {ttctl} --socket {dir}/control.sock generate smollm2 'The capital of France is'\n  {ttctl} --socket {dir}/control.sock logs smollm2\n  grpcurl -plaintext -d '{{\"model\":\"smollm2\",\"prompt\":\"Hello\",\"max_tokens\":16}}' {listen} tt.serving.v1.Inference/Generate\n  {fakehw} fault --root {hw} --card 1 never-returns   # then watch recovery fail closed\ndemo: Ctrl-C stops everything.\n",
+        "\ndemo: config in {config}\ndemo: try, in another terminal:\n  {ttctl} --socket {dir}/control.sock status\n  {ttctl} --socket {dir}/control.sock generate smollm2 'The capital of France is'\n  {ttctl} --socket {dir}/control.sock logs smollm2\n  grpcurl -plaintext -d '{{\"model\":\"smollm2\",\"prompt\":\"Hello\",\"max_tokens\":16}}' {listen} tt.serving.v1.Inference/Generate\n  {fakehw} fault --root {hw} --card 1 never-returns   # then watch recovery fail closed\n{openai}demo: Ctrl-C stops everything.\n",
         config = path.display(),
         dir = dir.display(),
         fakehw = fakehw.display(),
         hw = hw.display(),
+        openai = if openai_listen.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "  curl -sN http://{openai_listen}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\":\"smollm2\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"stream\":true}}'\n"
+            )
+        },
     );
     Ok((path, firmware))
 }

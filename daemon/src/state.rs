@@ -25,6 +25,7 @@ pub struct DaemonState {
     started: SystemTime,
     inference_address: String,
     metrics_address: String,
+    openai_address: String,
     reloads: Reloads,
     shutdown: Shutdown,
 }
@@ -39,6 +40,8 @@ pub struct Process {
     pub inference_address: String,
     /// The metrics endpoint's bound address, empty when off.
     pub metrics_address: String,
+    /// The OpenAI front door's bound address, empty when off.
+    pub openai_address: String,
 }
 
 impl DaemonState {
@@ -57,6 +60,7 @@ impl DaemonState {
             started: process.started,
             inference_address: process.inference_address,
             metrics_address: process.metrics_address,
+            openai_address: process.openai_address,
             reloads: Reloads::default(),
             shutdown,
         }
@@ -75,6 +79,11 @@ impl DaemonState {
     /// The metrics endpoint's address (empty when off).
     pub fn metrics_address(&self) -> &str {
         &self.metrics_address
+    }
+
+    /// The OpenAI front door's address (empty when off).
+    pub fn openai_address(&self) -> &str {
+        &self.openai_address
     }
 
     /// The config in force (a reload swaps it).

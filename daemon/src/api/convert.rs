@@ -156,6 +156,7 @@ pub fn status(state: &DaemonState) -> pb::StatusResponse {
                 .unwrap_or_default(),
             inference_address: state.inference_address().to_string(),
             metrics_address: state.metrics_address().to_string(),
+            openai_address: state.openai_address().to_string(),
             lock_dir: state.config().daemon.lock_dir.display().to_string(),
         }),
         cards: state.cards().snapshot().iter().map(card).collect(),

@@ -17,6 +17,7 @@ mod inference;
 mod limits;
 mod message_limit;
 pub mod metrics;
+pub mod openai;
 pub mod route;
 pub(crate) mod tls;
 pub(crate) mod tokens;
@@ -206,6 +207,11 @@ impl PublicPort {
     /// Whether a bearer token is required.
     pub fn tokens_required(&self) -> bool {
         self.tokens.enabled()
+    }
+
+    /// The token check, for the OpenAI front door (the same tokens).
+    pub fn token_check(&self) -> tokens::TokenCheck {
+        self.tokens.clone()
     }
 }
 

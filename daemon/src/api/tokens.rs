@@ -92,17 +92,33 @@ impl Tokens {
 
     /// Check a request's `authorization: Bearer <token>` metadata.
     pub fn check(&self, metadata: &MetadataMap) -> Result<(), Status> {
-        let Some(value) = metadata.get("authorization") else {
-            return Err(Status::unauthenticated(
-                "this endpoint needs a bearer token: send the metadata `authorization: Bearer <token>` with a token from the daemon's inference.tokens_file (grpcurl: -H 'authorization: Bearer <token>'); ask the operator for one",
+        let value = metadata.get("authorization").map(|v| v.to_str());
+        let value = match value {
+            Some(Ok(v)) => Some(v),
+            Some(Err(_)) => Some(""),
+            None => None,
+        };
+        self.check_bearer(
+            value,
+            "metadata `authorization: Bearer <token>` (grpcurl: -H 'authorization: Bearer <token>')",
+        )
+            .map_err(Status::unauthenticated)
+    }
+
+    /// Check an `authorization` value (None: absent), whatever protocol
+    /// carried it; `how` says how to send one. The refusal says why, never
+    /// the token.
+    pub fn check_bearer(&self, value: Option<&str>, how: &str) -> Result<(), String> {
+        let Some(value) = value else {
+            return Err(format!(
+                "this endpoint needs a bearer token: send the {how} with a token from the daemon's inference.tokens_file; ask the operator for one"
             ));
         };
         let malformed = || {
-            Status::unauthenticated(
-                "the `authorization` metadata is not a bearer token; send `authorization: Bearer <token>` with a token from the daemon's inference.tokens_file",
+            format!(
+                "the `authorization` value is not a bearer token; send the {how} with a token from the daemon's inference.tokens_file"
             )
         };
-        let value = value.to_str().map_err(|_| malformed())?;
         let (scheme, token) = value.trim().split_once(' ').ok_or_else(malformed)?;
         let token = token.trim();
         if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
@@ -111,9 +127,7 @@ impl Tokens {
         if self.accepts(token) {
             Ok(())
         } else {
-            Err(Status::unauthenticated(
-                "the bearer token is not accepted: it is none of the tokens in the daemon's inference.tokens_file; check it for typos or ask the operator for a current one",
-            ))
+            Err("the bearer token is not accepted: it is none of the tokens in the daemon's inference.tokens_file; check it for typos or ask the operator for a current one".into())
         }
     }
 }
@@ -141,6 +155,17 @@ impl TokenCheck {
     /// Whether tokens are required.
     pub fn enabled(&self) -> bool {
         self.tokens.is_some()
+    }
+
+    /// Check an HTTP `Authorization` header (None: absent); passes when no
+    /// tokens are configured.
+    pub fn check_http(&self, authorization: Option<&str>) -> Result<(), String> {
+        match &self.tokens {
+            None => Ok(()),
+            Some(tokens) => {
+                tokens.check_bearer(authorization, "header `Authorization: Bearer <token>`")
+            }
+        }
     }
 }
 

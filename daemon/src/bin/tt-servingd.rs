@@ -59,6 +59,9 @@ enum Command {
         /// The inference port's address.
         #[arg(long, default_value = "127.0.0.1:50051")]
         listen: String,
+        /// The OpenAI-compatible HTTP front door's address ("" for none).
+        #[arg(long, default_value = "127.0.0.1:8000")]
+        openai_listen: String,
     },
 }
 
@@ -71,20 +74,23 @@ fn main() -> ExitCode {
         }
         Command::CheckConfig { file, offline } => check_config(&file, offline),
         Command::Run { config } => run(&config),
-        Command::Demo { dir, model, listen } => {
-            match tt_servingd::demo::prepare(&dir, model, &listen) {
-                Ok((config, mut firmware)) => {
-                    let code = run(&config);
-                    let _ = firmware.kill();
-                    let _ = firmware.wait();
-                    code
-                }
-                Err(e) => {
-                    eprintln!("tt-servingd demo: {e:#}");
-                    ExitCode::FAILURE
-                }
+        Command::Demo {
+            dir,
+            model,
+            listen,
+            openai_listen,
+        } => match tt_servingd::demo::prepare(&dir, model, &listen, &openai_listen) {
+            Ok((config, mut firmware)) => {
+                let code = run(&config);
+                let _ = firmware.kill();
+                let _ = firmware.wait();
+                code
             }
-        }
+            Err(e) => {
+                eprintln!("tt-servingd demo: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -22,6 +22,9 @@ pub struct Config {
     /// The Prometheus endpoint.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// The OpenAI-compatible HTTP front door.
+    #[serde(default)]
+    pub openai: OpenaiConfig,
     /// Who may use the public inference port, and over what.
     #[serde(default)]
     pub inference: InferenceConfig,
@@ -167,6 +170,17 @@ impl Default for MetricsConfig {
             listen: "127.0.0.1:9464".into(),
         }
     }
+}
+
+/// The OpenAI-compatible HTTP front door (`/v1/completions`,
+/// `/v1/chat/completions`, `/v1/models`, `/health`): the same router,
+/// queues, limits, tokens and TLS as the gRPC port, on its own address.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OpenaiConfig {
+    /// Address to serve on, e.g. `127.0.0.1:8000`; empty (the default)
+    /// turns the front door off.
+    pub listen: String,
 }
 
 /// The public inference port's authentication and transport.

@@ -434,6 +434,27 @@ fn metrics_listen_that_is_not_an_address_is_rejected_with_the_fix() {
 }
 
 #[test]
+fn openai_listen_must_be_an_address_of_its_own() {
+    assert_rejected(
+        "[openai]\nlisten = \"localhost:8000\"\n",
+        "openai.listen",
+        "or \"\" to turn the OpenAI front door off",
+    );
+    assert_rejected(
+        "[daemon]\nlisten = \"127.0.0.1:9000\"\n[openai]\nlisten = \"127.0.0.1:9000\"\n",
+        "openai.listen",
+        "is also daemon.listen",
+    );
+    assert_rejected(
+        "[openai]\nlisten = \"127.0.0.1:8000\"\nport = 1\n",
+        "openai.port",
+        "",
+    );
+    let off = crate::config::parse("[openai]\nlisten = \"\"\n").map(|c| c.openai.listen);
+    assert_eq!(off.ok().as_deref(), Some(""));
+}
+
+#[test]
 fn every_unknown_key_in_a_table_is_named() {
     let problems = problems_of(&format!(
         "{ONE_MODEL}tpp = 2\ncheckpont = \"/m/x.gguf\"\n[models.qwen.readiness]\ndeadline = 5\nping = \"x\"\n[daemon]\nlisen = \"x\"\nsocket = \"y\"\n"

@@ -50,6 +50,7 @@ const SECTIONS: &[&str] = &[
     "inference",
     "limits",
     "metrics",
+    "openai",
     "models",
 ];
 
@@ -85,6 +86,7 @@ pub(super) fn deserialize(text: &str) -> Result<Parsed, Vec<Problem>> {
             "inference" => section(key, value, &mut parsed.problems, &mut config.inference),
             "limits" => section(key, value, &mut parsed.problems, &mut config.limits),
             "metrics" => section(key, value, &mut parsed.problems, &mut config.metrics),
+            "openai" => section(key, value, &mut parsed.problems, &mut config.openai),
             "models" => match value.as_table() {
                 Some(models) => {
                     for (name, model) in models {
@@ -292,6 +294,31 @@ pub(super) fn check(config: &Config) -> Vec<Problem> {
                 config.metrics.listen
             ),
         ));
+    }
+    if !config.openai.listen.is_empty() {
+        match config.openai.listen.parse::<SocketAddr>() {
+            Err(_) => problems.push(problem(
+                "openai.listen",
+                format!(
+                    "`{}` is not an IP address and port; use e.g. \"127.0.0.1:8000\", or \"\" to turn the OpenAI front door off",
+                    config.openai.listen
+                ),
+            )),
+            Ok(address) if address.port() != 0 => {
+                for (key, other) in [
+                    ("daemon.listen", &config.daemon.listen),
+                    ("metrics.listen", &config.metrics.listen),
+                ] {
+                    if other.parse::<SocketAddr>().is_ok_and(|o| o == address) {
+                        problems.push(problem(
+                            "openai.listen",
+                            format!("{address} is also {key}; give the OpenAI front door its own port"),
+                        ));
+                    }
+                }
+            }
+            Ok(_) => {}
+        }
     }
     // Which model key first claimed each card, to report cards used twice.
     let mut claimed: BTreeMap<String, String> = BTreeMap::new();

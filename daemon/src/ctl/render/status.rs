@@ -38,6 +38,9 @@ fn header_line(daemon: Option<&DaemonInfo>, now_unix_ms: u64) -> String {
     if !d.inference_address.is_empty() {
         facts.push(format!("inference on {}", d.inference_address));
     }
+    if !d.openai_address.is_empty() {
+        facts.push(format!("OpenAI HTTP on {}", d.openai_address));
+    }
     if !d.metrics_address.is_empty() {
         facts.push(format!("metrics on {}", d.metrics_address));
     }

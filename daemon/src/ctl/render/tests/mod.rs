@@ -32,6 +32,7 @@ fn daemon() -> DaemonInfo {
         driver_version: "2.0.0".into(),
         inference_address: "127.0.0.1:50051".into(),
         metrics_address: "127.0.0.1:9464".into(),
+        openai_address: "127.0.0.1:8000".into(),
         lock_dir: "/run/lock/tenstorrent".into(),
     }
 }

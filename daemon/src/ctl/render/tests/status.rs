@@ -7,7 +7,7 @@ fn header_names_version_pid_driver_uptime_and_summary() {
         table.lines().next(),
         Some(
             "tt-servingd 0.1.0 (pid 812, driver 2.0.0, inference on 127.0.0.1:50051, \
-             metrics on 127.0.0.1:9464, up 2h03m): 1/2 slots ready"
+             OpenAI HTTP on 127.0.0.1:8000, metrics on 127.0.0.1:9464, up 2h03m): 1/2 slots ready"
         )
     );
 }

@@ -1,0 +1,165 @@
+//! Errors as OpenAI sends them: `{"error": {"message", "type", "param",
+//! "code"}}` with the matching HTTP status, and `Retry-After` where waiting
+//! helps. The router's [`RouteError`] is mapped here, at this door's edge.
+
+use super::wire::Refused;
+use crate::config::Config;
+use crate::router::RouteError;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// One error answer.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    kind: &'static str,
+    message: String,
+    param: Option<String>,
+    code: Option<&'static str>,
+    retry_after_secs: Option<u64>,
+}
+
+impl ApiError {
+    /// An error of this status and OpenAI type.
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after_secs: None,
+        }
+    }
+
+    /// 401: a missing, malformed or wrong bearer token.
+    pub fn unauthenticated(why: String) -> ApiError {
+        ApiError {
+            code: Some("invalid_api_key"),
+            ..ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", why)
+        }
+    }
+
+    /// 400 naming the field.
+    pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            param: (!param.is_empty()).then(|| param.to_string()),
+            ..ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
+    }
+
+    /// 413: the body is over the limit.
+    pub fn too_large(max_prompt_bytes: u64) -> ApiError {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!(
+                "the request body is larger than this server accepts: prompts are limited to {max_prompt_bytes} bytes (limits.max_prompt_bytes), plus 1 MiB for the other fields; shorten the prompt"
+            ),
+        )
+    }
+
+    /// The error as the JSON of an SSE event, for a stream that already
+    /// started (its status line is sent).
+    pub fn event_json(&self) -> serde_json::Value {
+        self.body()
+    }
+
+    fn body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+impl From<Refused> for ApiError {
+    fn from(r: Refused) -> ApiError {
+        ApiError::invalid(&r.param, r.message)
+    }
+}
+
+impl From<RouteError> for ApiError {
+    fn from(e: RouteError) -> ApiError {
+        let message = e.message();
+        let retry = e.hint().and_then(|h| h.retry_after_secs());
+        let mut error = match &e {
+            // The router's messages start with the field: `stop[1]: ...`.
+            RouteError::Invalid(m) => {
+                let param = m.split(':').next().unwrap_or_default();
+                ApiError::invalid(param, message)
+            }
+            RouteError::UnknownModel(_) => ApiError {
+                param: Some("model".into()),
+                code: Some("model_not_found"),
+                ..ApiError::new(StatusCode::NOT_FOUND, "not_found_error", message)
+            },
+            RouteError::QueueFull(_) => ApiError {
+                // A full queue drains in seconds at this batch size.
+                retry_after_secs: Some(1),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+            },
+            RouteError::Unavailable { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable_error",
+                message,
+            ),
+            RouteError::Deadline { .. } => {
+                ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout_error", message)
+            }
+            RouteError::Worker { code, .. } => match code {
+                tonic::Code::InvalidArgument => {
+                    ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+                }
+                tonic::Code::ResourceExhausted => {
+                    ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+                }
+                tonic::Code::DeadlineExceeded => {
+                    ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout_error", message)
+                }
+                _ => ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable_error",
+                    message,
+                ),
+            },
+        };
+        if retry.is_some() {
+            error.retry_after_secs = retry;
+        }
+        error
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        set_retry_after(&mut response, self.retry_after_secs);
+        response
+    }
+}
+
+/// Set `Retry-After` (seconds) when there is a hint.
+pub fn set_retry_after(response: &mut Response, secs: Option<u64>) {
+    if let Some(value) = secs.and_then(|s| HeaderValue::from_str(&s.to_string()).ok()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+}
+
+/// 404 for a model not in the config, listing the known ones.
+pub fn unknown_model(model: &str, config: &Config) -> ApiError {
+    let known: Vec<&str> = config.models.keys().map(String::as_str).collect();
+    ApiError::from(RouteError::UnknownModel(format!(
+        "unknown model `{}`; known models: {}",
+        crate::echo::echo(model),
+        if known.is_empty() {
+            "(none configured)".to_string()
+        } else {
+            known.join(", ")
+        }
+    )))
+}

@@ -1,0 +1,337 @@
+//! `POST /v1/completions` and `POST /v1/chat/completions`: parse the body,
+//! route it, and answer as OpenAI does, streamed (Server-Sent Events:
+//! `data: {chunk}` lines, an optional usage chunk, `data: [DONE]`) or
+//! collected into one JSON body.
+
+use super::errors::ApiError;
+use super::wire::{self, Parsed, Usage};
+use super::Front;
+use crate::router::{ChunkStream, RouteError};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio_stream::StreamExt;
+use tt_serving_proto::v1 as pb;
+
+/// The two endpoints' shapes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Completion,
+    Chat,
+}
+
+impl Endpoint {
+    fn object(self, streamed: bool) -> &'static str {
+        match (self, streamed) {
+            (Endpoint::Completion, _) => "text_completion",
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Endpoint::Completion => "cmpl",
+            Endpoint::Chat => "chatcmpl",
+        }
+    }
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(front): State<Front>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(front, &headers, body, Endpoint::Completion).await
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(
+    State(front): State<Front>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer(front, &headers, body, Endpoint::Chat).await
+}
+
+/// The request header that carries a client's deadline in milliseconds
+/// (OpenAI's API has none; gRPC clients send `grpc-timeout`).
+pub const TIMEOUT_HEADER: &str = "x-request-timeout-ms";
+
+/// The deadline a client set with [`TIMEOUT_HEADER`], if any.
+fn deadline(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
+    let Some(value) = headers.get(TIMEOUT_HEADER) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map(|ms| Some(Duration::from_millis(ms)))
+        .ok_or_else(|| {
+            ApiError::invalid(
+                TIMEOUT_HEADER,
+                format!(
+                    "{TIMEOUT_HEADER}: give the deadline as a whole number of milliseconds above 0"
+                ),
+            )
+        })
+}
+
+async fn answer(
+    front: Front,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    endpoint: Endpoint,
+) -> Response {
+    let parsed = match parse(&front, body, endpoint) {
+        Ok(parsed) => parsed,
+        Err(e) => return e.into_response(),
+    };
+    let timeout = match deadline(headers) {
+        Ok(timeout) => timeout,
+        Err(e) => return e.into_response(),
+    };
+    let model = parsed.request.model.clone();
+    let stream = match front.state.router().generate(parsed.request, timeout).await {
+        Ok(stream) => stream,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let head = Head {
+        id: format!(
+            "{}-{}-{}",
+            endpoint.id_prefix(),
+            crate::clock::unix_ms(front.state.started()),
+            NEXT_ID.fetch_add(1, Ordering::Relaxed)
+        ),
+        created: crate::clock::now_unix_ms() / 1000,
+        model,
+        endpoint,
+    };
+    if parsed.stream {
+        streamed(head, stream, parsed.include_usage).into_response()
+    } else {
+        collected(head, stream).await
+    }
+}
+
+/// The body as the endpoint's request, or the error naming what is wrong.
+fn parse(
+    front: &Front,
+    body: Result<Bytes, BytesRejection>,
+    endpoint: Endpoint,
+) -> Result<Parsed, ApiError> {
+    let body = body.map_err(|rejection| {
+        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(front.state.config().limits.max_prompt_bytes)
+        } else {
+            ApiError::invalid("", format!("cannot read the request body: {rejection}"))
+        }
+    })?;
+    let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::invalid(
+            "",
+            format!(
+                "the body is not valid JSON ({e}); send a JSON object as the OpenAI API defines it"
+            ),
+        )
+    })?;
+    let fields = match endpoint {
+        Endpoint::Completion => wire::COMPLETION_FIELDS,
+        Endpoint::Chat => wire::CHAT_FIELDS,
+    };
+    let (own, common) = wire::split_fields(value, fields)?;
+    let typed = |e: serde_path_to_error::Error<serde_json::Error>| {
+        let path = e.path().to_string();
+        let param = if path == "." { String::new() } else { path };
+        let message = if param.is_empty() {
+            e.inner().to_string()
+        } else {
+            format!("{param}: {}", e.inner())
+        };
+        ApiError::invalid(&param, message)
+    };
+    let common: wire::Common = serde_path_to_error::deserialize(common).map_err(typed)?;
+    let parsed = match endpoint {
+        Endpoint::Completion => serde_path_to_error::deserialize::<_, wire::CompletionRequest>(own)
+            .map_err(typed)?
+            .parse(common)?,
+        Endpoint::Chat => serde_path_to_error::deserialize::<_, wire::ChatRequest>(own)
+            .map_err(typed)?
+            .parse(common)?,
+    };
+    Ok(parsed)
+}
+
+/// What every chunk and answer repeats.
+struct Head {
+    id: String,
+    created: u64,
+    model: String,
+    endpoint: Endpoint,
+}
+
+impl Head {
+    /// A chunk (streamed) or an answer (collected) with these choices.
+    fn body(&self, streamed: bool, choices: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id,
+            "object": self.endpoint.object(streamed),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+
+    /// One streamed choice: new text, and the finish reason at the end.
+    fn choice(&self, text: Option<&str>, finish: Option<&str>) -> serde_json::Value {
+        match self.endpoint {
+            Endpoint::Completion => serde_json::json!([{
+                "index": 0,
+                "text": text.unwrap_or(""),
+                "logprobs": null,
+                "finish_reason": finish,
+            }]),
+            Endpoint::Chat => {
+                let delta = match text {
+                    Some(t) => serde_json::json!({ "content": t }),
+                    None => serde_json::json!({}),
+                };
+                serde_json::json!([{
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": null,
+                    "finish_reason": finish,
+                }])
+            }
+        }
+    }
+}
+
+fn event(value: &serde_json::Value) -> Event {
+    Event::default().data(value.to_string())
+}
+
+/// Server-Sent Events as OpenAI sends them. The events are produced by a
+/// task reading the router's stream; when the client goes away the channel
+/// closes, the task drops the router's stream, and the worker cancels the
+/// sequence.
+fn streamed(
+    head: Head,
+    mut stream: ChunkStream,
+    include_usage: bool,
+) -> Sse<impl tokio_stream::Stream<Item = Result<Event, std::convert::Infallible>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(32);
+    tokio::spawn(async move {
+        // A chat stream opens with the assistant's role.
+        if head.endpoint == Endpoint::Chat {
+            let first = serde_json::json!([{
+                "index": 0,
+                "delta": { "role": "assistant", "content": "" },
+                "logprobs": null,
+                "finish_reason": null,
+            }]);
+            if tx.send(event(&head.body(true, first))).await.is_err() {
+                return;
+            }
+        }
+        loop {
+            // A client that left while the worker is quiet (a long prefill,
+            // a hang) is noticed here, not at the next token.
+            let chunk = tokio::select! {
+                chunk = stream.next() => chunk,
+                () = tx.closed() => return,
+            };
+            let Some(chunk) = chunk else { return };
+            let events = match chunk {
+                Ok(chunk) => chunk_events(&head, chunk, include_usage),
+                Err(e) => {
+                    // The status line is sent: the error goes in the
+                    // stream, as OpenAI's SDKs read it, and the stream ends
+                    // without [DONE].
+                    let _ = tx.send(event(&ApiError::from(e).event_json())).await;
+                    return;
+                }
+            };
+            for e in events {
+                if tx.send(e).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok))
+}
+
+/// The events of one router chunk: a text delta, or the finish (then the
+/// usage chunk when asked for, then `[DONE]`).
+fn chunk_events(head: &Head, chunk: pb::GenerateResponse, include_usage: bool) -> Vec<Event> {
+    match chunk.chunk {
+        Some(pb::generate_response::Chunk::Delta(d)) if !d.text.is_empty() => {
+            vec![event(&head.body(true, head.choice(Some(&d.text), None)))]
+        }
+        Some(pb::generate_response::Chunk::Final(f)) => {
+            let mut events = vec![event(&head.body(
+                true,
+                head.choice(None, Some(wire::finish_reason(f.finish_reason))),
+            ))];
+            if include_usage {
+                let mut usage = head.body(true, serde_json::json!([]));
+                usage["usage"] = serde_json::json!(Usage::from(f.usage.unwrap_or_default()));
+                events.push(event(&usage));
+            }
+            events.push(Event::default().data("[DONE]"));
+            events
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The whole answer as one JSON body.
+async fn collected(head: Head, mut stream: ChunkStream) -> Response {
+    let mut text = String::new();
+    let mut last = None;
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(pb::GenerateResponse {
+                chunk: Some(pb::generate_response::Chunk::Delta(d)),
+            }) => text.push_str(&d.text),
+            Ok(pb::GenerateResponse {
+                chunk: Some(pb::generate_response::Chunk::Final(f)),
+            }) => last = Some(f),
+            Ok(_) => {}
+            Err(e) => return ApiError::from(e).into_response(),
+        }
+    }
+    let Some(last) = last else {
+        return ApiError::from(RouteError::unavailable(
+            "the worker's stream ended without its final chunk",
+            None,
+        ))
+        .into_response();
+    };
+    let finish = wire::finish_reason(last.finish_reason);
+    let choice = match head.endpoint {
+        Endpoint::Completion => serde_json::json!([{
+            "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+        }]),
+        Endpoint::Chat => serde_json::json!([{
+            "index": 0,
+            "message": { "role": "assistant", "content": text },
+            "logprobs": null,
+            "finish_reason": finish,
+        }]),
+    };
+    let mut body = head.body(false, choice);
+    body["usage"] = serde_json::json!(Usage::from(last.usage.unwrap_or_default()));
+    axum::Json(body).into_response()
+}

@@ -1,0 +1,198 @@
+//! The OpenAI-compatible HTTP front door (`[openai] listen`): what every
+//! SDK, chat UI, agent framework and benchmark harness in this field
+//! already speaks, in front of the same router, queues, `[limits]`, bearer
+//! tokens, TLS, metrics and cancellation as the gRPC port.
+//!
+//! Layout:
+//! - [`wire`]: the request and response bodies, read strictly (an unknown
+//!   field, or a parameter no engine honours, is refused by name).
+//! - `errors`: [`crate::router::RouteError`] and refused fields as OpenAI's
+//!   error JSON with the matching HTTP status and `Retry-After`.
+//! - `generate`: the two generation endpoints, streamed as Server-Sent
+//!   Events exactly as OpenAI sends them, or collected.
+//! - `tls`: rustls on the front door, from `inference.tls_cert`/`tls_key`.
+//!
+//! axum (on hyper) does routing, extraction and SSE framing; nothing here
+//! parses HTTP. A client that disconnects drops its response stream, which
+//! drops the router's stream and cancels the sequence at the worker.
+
+mod errors;
+mod generate;
+mod tls;
+pub mod wire;
+
+use crate::shutdown::Shutdown;
+use crate::slots::SlotState;
+use crate::state::DaemonState;
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use errors::ApiError;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+
+pub use tls::HttpTls;
+
+/// Everything a handler reads.
+#[derive(Clone)]
+struct Front {
+    state: Arc<DaemonState>,
+    tokens: super::tokens::TokenCheck,
+}
+
+/// Serve the front door on `listener` until shutdown.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<DaemonState>,
+    tokens: super::tokens::TokenCheck,
+    tls: Option<HttpTls>,
+    shutdown: Shutdown,
+) -> anyhow::Result<()> {
+    // Bodies beyond the longest prompt plus room for the other fields are
+    // refused while reading (413), before any JSON is parsed.
+    let max_body = usize::try_from(state.config().limits.max_prompt_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1 << 20);
+    let front = Front { state, tokens };
+    let authenticated = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(generate::completions))
+        .route("/v1/chat/completions", post(generate::chat))
+        .route_layer(axum::middleware::from_fn_with_state(
+            front.clone(),
+            authenticate,
+        ));
+    let app = Router::new()
+        .route("/health", get(health))
+        .merge(authenticated)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(front);
+    match tls {
+        None => axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.wait().await })
+            .await
+            .map_err(anyhow::Error::from),
+        Some(tls) => tls.serve(listener, app, shutdown).await,
+    }
+}
+
+/// Bearer tokens, when configured, in front of everything but `/health`
+/// (load balancers probe it without credentials).
+async fn authenticate(State(front): State<Front>, request: Request, next: Next) -> Response {
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap_or(""));
+    match front.tokens.check_http(authorization) {
+        Ok(()) => next.run(request).await,
+        Err(why) => {
+            tracing::debug!(reason = %why, "refused an unauthenticated request on the OpenAI front door");
+            ApiError::unauthenticated(why).into_response()
+        }
+    }
+}
+
+async fn not_found(request: Request) -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found_error",
+        format!(
+            "no {} {} here; the OpenAI front door serves GET /v1/models, POST /v1/completions, POST /v1/chat/completions and GET /health",
+            request.method(),
+            crate::echo::echo(request.uri().path())
+        ),
+    )
+    .into_response()
+}
+
+/// The context length every ready replica can give (the smallest any of
+/// them reported); None while none is ready.
+fn max_model_len(slots: &[crate::slots::SlotView], model: &str) -> Option<u32> {
+    slots
+        .iter()
+        .filter(|s| s.model == model && s.state == SlotState::Ready && s.context_length > 0)
+        .map(|s| s.context_length)
+        .min()
+}
+
+/// `GET /v1/models`: every configured model, with its ready replicas and
+/// `max_model_len` from the workers.
+async fn models(State(front): State<Front>) -> Response {
+    let config = front.state.config();
+    let slots = front.state.slots();
+    let created = crate::clock::unix_ms(front.state.started()) / 1000;
+    let data: Vec<serde_json::Value> = config
+        .models
+        .iter()
+        .map(|(name, m)| {
+            let ready = slots
+                .iter()
+                .filter(|s| &s.model == name && s.state == SlotState::Ready)
+                .count();
+            serde_json::json!({
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "tt-serving",
+                "max_model_len": max_model_len(&slots, name),
+                "replicas": m.card_sets().len(),
+                "ready_replicas": ready,
+            })
+        })
+        .collect();
+    axum::Json(serde_json::json!({ "object": "list", "data": data })).into_response()
+}
+
+/// `?model=` on `/health`.
+#[derive(serde::Deserialize)]
+struct HealthQuery {
+    model: Option<String>,
+}
+
+/// `GET /health[?model=NAME]`: 200 when the named model (or, without one,
+/// any model) has a Ready replica; 503 with each slot's state and a
+/// `Retry-After` otherwise. Open without a token, like gRPC health.
+async fn health(State(front): State<Front>, Query(q): Query<HealthQuery>) -> Response {
+    let config = front.state.config();
+    if let Some(model) = &q.model {
+        if !config.models.contains_key(model) {
+            return errors::unknown_model(model, &config).into_response();
+        }
+    }
+    let slots = front.state.slots();
+    let wanted = |s: &&crate::slots::SlotView| q.model.as_ref().is_none_or(|m| &s.model == m);
+    let ready: Vec<&str> = slots
+        .iter()
+        .filter(wanted)
+        .filter(|s| s.state == SlotState::Ready)
+        .map(|s| s.name.as_str())
+        .collect();
+    if !ready.is_empty() {
+        return axum::Json(serde_json::json!({ "status": "ok", "ready_slots": ready }))
+            .into_response();
+    }
+    let states: Vec<String> = slots
+        .iter()
+        .filter(wanted)
+        .map(|s| format!("slot {} is {}: {}", s.name, s.state.word(), s.reason))
+        .collect();
+    let reason = if states.is_empty() {
+        "no model is configured".to_string()
+    } else {
+        format!("no slot is ready ({})", states.join("; "))
+    };
+    let hint = q.model.as_ref().and_then(|m| {
+        crate::retry::RetryHint::for_availability(front.state.slot_manager().availability(m, None))
+    });
+    let mut response = (
+        StatusCode::SERVICE_UNAVAILABLE,
+        axum::Json(serde_json::json!({ "status": "unavailable", "reason": reason })),
+    )
+        .into_response();
+    errors::set_retry_after(&mut response, hint.and_then(|h| h.retry_after_secs()));
+    response
+}

@@ -1,0 +1,418 @@
+//! The OpenAI wire format: what clients send (`/v1/completions`,
+//! `/v1/chat/completions`) and what they get back, as the OpenAI API and its
+//! SDKs define them. Requests are read strictly: an unknown field is refused
+//! by name, and a known parameter the engines cannot honour is refused by
+//! name too (fail closed: never ignored silently).
+
+use serde::{Deserialize, Serialize};
+use tt_serving_proto::v1 as pb;
+
+/// A string or a list of strings (`prompt`, `stop`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    /// One string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage` before `[DONE]`.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The sampling and length parameters both endpoints share.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Common {
+    /// Stream Server-Sent Events.
+    #[serde(default)]
+    pub stream: bool,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Tokens to generate at most.
+    pub max_tokens: Option<u32>,
+    /// Softmax temperature; 0 is greedy.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling.
+    pub top_p: Option<f32>,
+    /// Top-k sampling (vLLM's extension).
+    pub top_k: Option<u32>,
+    /// The sampler's seed.
+    pub seed: Option<u64>,
+    /// Stop strings.
+    pub stop: Option<OneOrMany>,
+    /// Completions per prompt: only 1.
+    pub n: Option<u32>,
+    /// The caller's end user, for the caller's own accounting; not used.
+    pub user: Option<String>,
+    /// Refused: see [`Common::refuse_unsupported`].
+    pub presence_penalty: Option<serde_json::Value>,
+    /// Refused.
+    pub frequency_penalty: Option<serde_json::Value>,
+    /// Refused.
+    pub logit_bias: Option<serde_json::Value>,
+    /// Refused.
+    pub logprobs: Option<serde_json::Value>,
+    /// Refused.
+    pub top_logprobs: Option<serde_json::Value>,
+}
+
+/// `POST /v1/completions`: its own fields ([`Common`] is read separately).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    /// The model, as `/v1/models` lists it.
+    pub model: String,
+    /// The prompt (one string, or a list of one).
+    pub prompt: OneOrMany,
+    /// Refused unless false.
+    #[serde(default)]
+    pub echo: bool,
+    /// Refused unless 1.
+    pub best_of: Option<u32>,
+    /// Refused.
+    pub suffix: Option<String>,
+}
+
+/// One chat message; `content` is text or a list of text parts.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatMessageIn {
+    /// `system`, `user` or `assistant` (the router checks).
+    pub role: String,
+    /// The text.
+    pub content: Content,
+    /// A participant name; not used by the templates, refused.
+    pub name: Option<String>,
+}
+
+/// Message content: a string, or parts of which only `text` ones are
+/// supported.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Parts.
+    Parts(Vec<ContentPart>),
+}
+
+/// A content part.
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    /// `text` (others are refused).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    #[serde(default)]
+    pub text: String,
+}
+
+/// `POST /v1/chat/completions`: its own fields ([`Common`] is read
+/// separately).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatRequest {
+    /// The model, as `/v1/models` lists it.
+    pub model: String,
+    /// The conversation.
+    pub messages: Vec<ChatMessageIn>,
+    /// The newer name of `max_tokens`.
+    pub max_completion_tokens: Option<u32>,
+}
+
+/// The fields both endpoints know ([`Common`]).
+const COMMON_FIELDS: &[&str] = &[
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "n",
+    "user",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+];
+
+/// Fields only `/v1/completions` knows ([`CompletionRequest`]).
+pub const COMPLETION_FIELDS: &[&str] = &["model", "prompt", "echo", "best_of", "suffix"];
+
+/// Fields only `/v1/chat/completions` knows ([`ChatRequest`]).
+pub const CHAT_FIELDS: &[&str] = &["model", "messages", "max_completion_tokens"];
+
+/// Split a body into the endpoint's own fields and the [`Common`] ones, so
+/// each is read with its own struct (serde keeps the path of a type error
+/// that way, which it loses through `#[serde(flatten)]`), refusing a field
+/// neither knows by name.
+pub fn split_fields(
+    body: serde_json::Value,
+    endpoint: &[&str],
+) -> Result<(serde_json::Value, serde_json::Value), Refused> {
+    let serde_json::Value::Object(fields) = body else {
+        return Err(Refused {
+            param: String::new(),
+            message: "the body must be a JSON object".into(),
+        });
+    };
+    let (mut own, mut common) = (serde_json::Map::new(), serde_json::Map::new());
+    for (key, value) in fields {
+        if endpoint.contains(&key.as_str()) {
+            own.insert(key, value);
+        } else if COMMON_FIELDS.contains(&key.as_str()) {
+            common.insert(key, value);
+        } else {
+            let key = crate::echo::echo(&key);
+            return Err(refuse(
+                &key,
+                "not a parameter this server knows; leave it out (it is never ignored silently)",
+            ));
+        }
+    }
+    Ok((own.into(), common.into()))
+}
+
+/// A refused request field: its name (the OpenAI error's `param`) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// The field.
+    pub param: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+fn refuse(param: &str, why: &str) -> Refused {
+    Refused {
+        param: param.to_string(),
+        message: format!("{param}: {why}"),
+    }
+}
+
+impl Common {
+    /// Parameters no engine behind this daemon honours yet are refused by
+    /// name, never dropped: a client that asks for a penalty and silently
+    /// gets none would measure or ship the wrong thing.
+    fn refuse_unsupported(&self) -> Result<(), Refused> {
+        let unsupported = [
+            ("presence_penalty", self.presence_penalty.is_some()),
+            ("frequency_penalty", self.frequency_penalty.is_some()),
+            ("logit_bias", self.logit_bias.is_some()),
+            (
+                "logprobs",
+                self.logprobs
+                    .as_ref()
+                    .is_some_and(|v| v != &serde_json::Value::Bool(false) && !v.is_null()),
+            ),
+            ("top_logprobs", self.top_logprobs.is_some()),
+        ];
+        for (param, given) in unsupported {
+            if given {
+                return Err(refuse(
+                    param,
+                    "not supported by the engines this server runs; leave it out",
+                ));
+            }
+        }
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(refuse(
+                "n",
+                "only n = 1 is supported; send one request per completion",
+            ));
+        }
+        if self.stream_options.is_some() && !self.stream {
+            return Err(refuse(
+                "stream_options",
+                "only allowed with \"stream\": true",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The request fields both endpoints carry into `GenerateRequest`.
+    fn apply(self, request: &mut pb::GenerateRequest) {
+        request.max_tokens = self.max_tokens.unwrap_or(0);
+        let sampling = pb::SamplingParams {
+            temperature: self.temperature.unwrap_or(1.0),
+            top_p: self.top_p.unwrap_or(0.0),
+            top_k: self.top_k.unwrap_or(0),
+            seed: self.seed,
+        };
+        // OpenAI's default temperature is 1; an explicit 0 is greedy, as
+        // is the proto's absent sampling.
+        request.sampling = Some(sampling);
+        request.stop = self.stop.map(OneOrMany::into_vec).unwrap_or_default();
+    }
+}
+
+/// What the handlers need from a parsed request.
+pub struct Parsed {
+    /// The request for the router.
+    pub request: pb::GenerateRequest,
+    /// Stream Server-Sent Events.
+    pub stream: bool,
+    /// Send `usage` in a last chunk (streaming).
+    pub include_usage: bool,
+}
+
+impl CompletionRequest {
+    /// Into the router's request, or the field refused.
+    pub fn parse(self, common: Common) -> Result<Parsed, Refused> {
+        common.refuse_unsupported()?;
+        if self.echo {
+            return Err(refuse(
+                "echo",
+                "echoing the prompt is not supported; leave it out",
+            ));
+        }
+        if self.best_of.is_some_and(|b| b != 1) {
+            return Err(refuse("best_of", "only best_of = 1 is supported"));
+        }
+        if self.suffix.is_some() {
+            return Err(refuse(
+                "suffix",
+                "insertion (suffix) is not supported; leave it out",
+            ));
+        }
+        let prompt = match self.prompt.into_vec() {
+            mut one if one.len() == 1 => one.remove(0),
+            many => {
+                return Err(refuse(
+                    "prompt",
+                    &format!(
+                        "give one prompt, not a list of {}; send one request per prompt",
+                        many.len()
+                    ),
+                ))
+            }
+        };
+        let (stream, include_usage) = streaming(&common);
+        let mut request = pb::GenerateRequest {
+            model: self.model,
+            input: Some(pb::generate_request::Input::Prompt(prompt)),
+            ..Default::default()
+        };
+        common.apply(&mut request);
+        Ok(Parsed {
+            request,
+            stream,
+            include_usage,
+        })
+    }
+}
+
+impl ChatRequest {
+    /// Into the router's request, or the field refused.
+    pub fn parse(self, common: Common) -> Result<Parsed, Refused> {
+        common.refuse_unsupported()?;
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.into_iter().enumerate() {
+            if m.name.is_some() {
+                return Err(refuse(
+                    &format!("messages[{i}].name"),
+                    "participant names are not supported; leave it out",
+                ));
+            }
+            let content = match m.content {
+                Content::Text(text) => text,
+                Content::Parts(parts) => {
+                    let mut text = String::new();
+                    for (j, part) in parts.into_iter().enumerate() {
+                        if part.kind != "text" {
+                            return Err(refuse(
+                                &format!("messages[{i}].content[{j}].type"),
+                                &format!(
+                                    "`{}` parts are not supported; send text",
+                                    crate::echo::echo(&part.kind)
+                                ),
+                            ));
+                        }
+                        text.push_str(&part.text);
+                    }
+                    text
+                }
+            };
+            messages.push(pb::ChatMessage {
+                role: m.role,
+                content,
+            });
+        }
+        let (stream, include_usage) = streaming(&common);
+        let max_completion_tokens = self.max_completion_tokens;
+        let mut request = pb::GenerateRequest {
+            model: self.model,
+            input: Some(pb::generate_request::Input::Chat(pb::ChatMessages {
+                messages,
+            })),
+            ..Default::default()
+        };
+        common.apply(&mut request);
+        if let Some(max) = max_completion_tokens {
+            request.max_tokens = max;
+        }
+        Ok(Parsed {
+            request,
+            stream,
+            include_usage,
+        })
+    }
+}
+
+fn streaming(common: &Common) -> (bool, bool) {
+    (
+        common.stream,
+        common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage),
+    )
+}
+
+/// `usage`.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Usage {
+    /// Prompt tokens after templating.
+    pub prompt_tokens: u32,
+    /// Generated tokens.
+    pub completion_tokens: u32,
+    /// Their sum.
+    pub total_tokens: u32,
+}
+
+impl From<pb::Usage> for Usage {
+    fn from(u: pb::Usage) -> Usage {
+        Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens + u.completion_tokens,
+        }
+    }
+}
+
+/// OpenAI's word for why generation ended.
+pub fn finish_reason(reason: i32) -> &'static str {
+    match pb::FinishReason::try_from(reason) {
+        Ok(pb::FinishReason::Length) => "length",
+        // A cancelled request has no client left to read this.
+        _ => "stop",
+    }
+}

@@ -1,0 +1,121 @@
+"""The official `openai` Python SDK against the daemon's OpenAI front door.
+
+Usage: openai_sdk.py BASE_URL MODEL TOKEN
+
+Runs the calls a user of the SDK makes (no retries, so every error is the
+daemon's own answer) and prints one JSON object with what each returned, for
+tests/openai.rs to assert on. A call that raises unexpectedly fails the
+script with the traceback.
+"""
+
+import json
+import sys
+
+import openai
+
+base_url, model, token = sys.argv[1], sys.argv[2], sys.argv[3]
+client = openai.OpenAI(base_url=base_url, api_key=token, max_retries=0, timeout=60)
+out = {}
+
+out["models"] = [m.id for m in client.models.list().data]
+
+# Completions, collected then streamed: greedy, so the same text both ways.
+c = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
+out["completion"] = {
+    "object": c.object,
+    "text": c.choices[0].text,
+    "finish_reason": c.choices[0].finish_reason,
+    "prompt_tokens": c.usage.prompt_tokens,
+    "completion_tokens": c.usage.completion_tokens,
+    "total_tokens": c.usage.total_tokens,
+}
+pieces, finish, usage, chunks = [], None, None, 0
+for chunk in client.completions.create(
+    model=model,
+    prompt="The capital of France is",
+    max_tokens=8,
+    temperature=0,
+    stream=True,
+    stream_options={"include_usage": True},
+):
+    chunks += 1
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for choice in chunk.choices:
+        pieces.append(choice.text)
+        finish = choice.finish_reason or finish
+out["completion_stream"] = {
+    "text": "".join(pieces),
+    "finish_reason": finish,
+    "chunks": chunks,
+    "prompt_tokens": usage.prompt_tokens if usage else None,
+    "completion_tokens": usage.completion_tokens if usage else None,
+}
+
+# Chat, collected then streamed.
+messages = [
+    {"role": "system", "content": "You are a terse assistant."},
+    {"role": "user", "content": "Name a colour."},
+]
+c = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0)
+out["chat"] = {
+    "object": c.object,
+    "role": c.choices[0].message.role,
+    "content": c.choices[0].message.content,
+    "finish_reason": c.choices[0].finish_reason,
+    "prompt_tokens": c.usage.prompt_tokens,
+    "completion_tokens": c.usage.completion_tokens,
+}
+pieces, finish, roles = [], None, []
+with client.chat.completions.create(
+    model=model, messages=messages, max_tokens=6, temperature=0, stream=True
+) as stream:
+    for chunk in stream:
+        assert chunk.usage is None, "usage without stream_options.include_usage"
+        for choice in chunk.choices:
+            if choice.delta.role:
+                roles.append(choice.delta.role)
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+out["chat_stream"] = {"content": "".join(pieces), "finish_reason": finish, "roles": roles}
+
+# Headers of a raw response.
+raw = client.chat.completions.with_raw_response.create(
+    model=model, messages=messages, max_tokens=2, temperature=0
+)
+out["raw"] = {"status": raw.status_code, "content_type": raw.headers.get("content-type")}
+
+
+def error(call):
+    """The typed exception a call raises, with its status and body."""
+    try:
+        call()
+    except openai.APIStatusError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        return {
+            "class": type(e).__name__,
+            "status": e.status_code,
+            "message": body.get("message"),
+            "param": body.get("param"),
+            "type": body.get("type"),
+        }
+    return {"class": None}
+
+
+out["unknown_model"] = error(
+    lambda: client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
+)
+out["refused_param"] = error(
+    lambda: client.completions.create(model=model, prompt="x", max_tokens=1, logit_bias={"1": 5})
+)
+out["bad_type"] = error(
+    lambda: client.completions.create(model=model, prompt="x", max_tokens="many")
+)
+out["unknown_field"] = error(
+    lambda: client.completions.create(model=model, prompt="x", extra_body={"frobnicate": 1})
+)
+out["n_two"] = error(lambda: client.chat.completions.create(model=model, messages=messages, n=2))
+wrong = openai.OpenAI(base_url=base_url, api_key="wrong-token", max_retries=0, timeout=60)
+out["wrong_token"] = error(lambda: wrong.models.list())
+
+json.dump(out, sys.stdout)
