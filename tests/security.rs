@@ -487,6 +487,68 @@ fn tls_serves_clients_that_trust_the_ca_and_refuses_plaintext() {
     });
 }
 
+/// The OpenAI front door serves TLS from the same certificate and key as
+/// the gRPC port: curl trusting the CA gets the models list (with a token),
+/// plaintext HTTP gets no answer.
+#[test]
+fn the_openai_port_serves_tls_with_the_same_certificate_and_tokens() {
+    let secrets = tempfile::tempdir().unwrap();
+    let Some((ca, cert, key)) = make_certificates(secrets.path()) else {
+        eprintln!("SKIPPED: openssl is not installed");
+        return;
+    };
+    let hw = FakeHw::new(1);
+    let tokens = tokens_file(secrets.path(), 0o600);
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: format!(
+                "[openai]\nlisten = \"127.0.0.1:0\"\n[inference]\ntokens_file = \"{}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\n{}",
+                tokens.display(),
+                cert.display(),
+                key.display(),
+                idle_model()
+            ),
+            ..Default::default()
+        },
+    );
+    let address = daemon.status()["daemon"]["openai_address"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let port = address.rsplit(':').next().unwrap_or_default().to_string();
+    let curl = |scheme: &str, token: Option<&str>| {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "--max-time", "10", "--cacert"]).arg(&ca);
+        // The certificate names `localhost`; the daemon listens on 127.0.0.1.
+        cmd.args(["--resolve", &format!("localhost:{port}:127.0.0.1")]);
+        if let Some(token) = token {
+            cmd.args(["-H", &format!("Authorization: Bearer {token}")]);
+        }
+        cmd.arg(format!("{scheme}://localhost:{port}/v1/models"))
+            .output()
+            .expect("run curl")
+    };
+    let models = curl("https", Some(TOKEN));
+    let text = output_text(&models);
+    assert!(models.status.success(), "{text}");
+    let body: serde_json::Value =
+        serde_json::from_slice(&models.stdout).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(body["data"][0]["id"], "small", "{body}");
+    let no_token = curl("https", None);
+    assert!(
+        String::from_utf8_lossy(&no_token.stdout).contains("authentication_error"),
+        "{}",
+        output_text(&no_token)
+    );
+    let plain = curl("http", Some(TOKEN));
+    assert!(
+        !String::from_utf8_lossy(&plain.stdout).contains("\"data\""),
+        "plaintext HTTP was answered: {}",
+        output_text(&plain)
+    );
+}
+
 #[test]
 fn oversize_prompts_and_max_tokens_are_refused_before_any_worker() {
     let hw = FakeHw::new(1);
