@@ -46,7 +46,7 @@
       ];
       checkpoint = "/srv/models/Qwen3.6-27B";
       worker = [ "/opt/tt-inference/bin/tt-metal-worker" ];
-      mesh_device = "P300";
+      mesh_device = "(1,2)";
       flags = {
         QWEN36_SDPA_STREAMING = "1";
         QWEN36_PAGED_KV = "1";

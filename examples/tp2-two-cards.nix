@@ -1,4 +1,4 @@
-# One TP=2 model on two cabled P150a cards (one 1x2 mesh, MESH_DEVICE=P300),
+# One TP=2 model on two cabled P150a cards (one 1x2 mesh, MESH_DEVICE=(1,2)),
 # served by a site's tt-metal engine. A cold build of a 27B model takes a
 # quarter of an hour, so the readiness deadline is generous.
 {

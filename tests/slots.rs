@@ -198,6 +198,21 @@ fn missing_banner_fails_closed_and_the_model_is_not_served() {
     assert_eq!(err.code(), Code::Unavailable);
 }
 
+/// A flag the rule's patterns name is checked wherever it is set: here
+/// through `cold_env` instead of `flags` (the first start is cold).
+#[test]
+fn a_flag_set_through_cold_env_is_held_to_the_banner_rule() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let extra = "cold_env = { TTW_KV_F16 = \"1\" }\nenv = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_SKIP_BANNER = \"TTW_KV_F16\" }\nbanners = { patterns = [\"TTW_KV*\"] }\n[models.m.restart]\nmax_attempts = 1\n";
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
+    let slot = daemon.wait_slot_state("m", "failed");
+    let reason = slot["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("banner check failed"), "{reason}");
+    assert!(reason.contains("TTW_KV_F16=1"), "{reason}");
+}
+
 #[test]
 fn both_mode_rejects_a_banner_from_a_flag_that_is_off() {
     let hw = FakeHw::new(1);

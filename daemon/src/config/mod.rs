@@ -17,7 +17,7 @@ mod schema;
 pub(crate) mod validate;
 
 pub use schema::*;
-pub use validate::{parse_bdf, Problem, MAX_MODEL_NAME_BYTES};
+pub use validate::{parse_bdf, Problem, MAX_MODEL_NAME_BYTES, RESERVED_ENV};
 
 use std::path::Path;
 

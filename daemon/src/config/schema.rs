@@ -467,8 +467,11 @@ impl ModelConfig {
     pub fn mesh_device(&self) -> String {
         match &self.mesh_device {
             Some(m) => m.clone(),
-            None if self.tp == 2 => "P300".into(),
-            None => "P150".into(),
+            // The literal mesh shape the vLLM TT plugin reads: its preset
+            // names have no P300, and a bare P150 with one visible card
+            // resolves to (1,N) by accident.
+            None if self.tp == 2 => "(1,2)".into(),
+            None => "(1,1)".into(),
         }
     }
 }

@@ -56,7 +56,7 @@ fn empty_config_is_valid_with_defaults() {
 fn minimal_model_gets_defaults() {
     let config = parse(ONE_MODEL).unwrap();
     let m = &config.models["qwen"];
-    assert_eq!(m.mesh_device(), "P150");
+    assert_eq!(m.mesh_device(), "(1,1)");
     assert_eq!(
         m.card_sets(),
         vec![vec![CardRef::Bdf("0000:01:00.0".into())]]

@@ -599,7 +599,7 @@ fn check_model(
     {
         problems.push(problem(
             key("mesh_device"),
-            "is empty; remove it for the default (P150 for TP=1, P300 for TP=2) or name a mesh",
+            "is empty; remove it for the default ((1,1) for TP=1, (1,2) for TP=2) or name a mesh",
         ));
     }
     for (table, vars) in [

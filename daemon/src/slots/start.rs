@@ -89,7 +89,15 @@ async fn start(
     let mut worker = spawn(mgr, plan, &prepared)?;
     let mode = prepared.mode.as_str();
     let mut engine = wait_loaded(mgr, plan, mode, &mut worker, commands, deadline).await?;
-    verify(mgr, plan, &mut worker, &mut engine, deadline).await?;
+    verify(
+        mgr,
+        plan,
+        &prepared.spec.env,
+        &mut worker,
+        &mut engine,
+        deadline,
+    )
+    .await?;
     seal_cache(mgr, plan, &prepared, &mut worker, &mut engine, started).await?;
     if build_only {
         drop(prepared.build_lock.take());
@@ -265,6 +273,7 @@ async fn wait_loaded(
 async fn verify(
     mgr: &Arc<SlotManager>,
     plan: &SlotPlan,
+    env: &BTreeMap<String, String>,
     worker: &mut Worker,
     engine: &mut EngineClient<Channel>,
     deadline: Instant,
@@ -305,7 +314,8 @@ async fn verify(
             "readiness ping answered {text:?}, which lacks the expected {expect:?} (readiness.expect): the model is loaded wrong or is the wrong model"
         ))
     } else {
-        let violations = check_banners(engine, worker, m).await;
+        let covered = crate::worker::banners::covered_settings(&m.banners, &m.flags, env);
+        let violations = check_banners(engine, worker, m, &covered).await;
         (!violations.is_empty()).then(|| {
             format!(
                 "banner check failed (fail-closed, never served): {}",
@@ -477,6 +487,7 @@ async fn check_banners(
     engine: &mut EngineClient<Channel>,
     worker: &Worker,
     m: &ModelConfig,
+    covered: &BTreeMap<String, String>,
 ) -> Vec<String> {
     let grace = Instant::now() + Duration::from_millis(500);
     loop {
@@ -486,7 +497,7 @@ async fn check_banners(
         {
             engaged.extend(info.into_inner().banners_engaged);
         }
-        let violations = crate::worker::banners::check(&m.banners, &m.flags, &engaged);
+        let violations = crate::worker::banners::check(&m.banners, covered, &engaged);
         if violations.is_empty() || Instant::now() >= grace {
             return violations;
         }

@@ -50,6 +50,36 @@ pub fn covers(rule: &BannerConfig, flag: &str) -> bool {
     rule.patterns.is_empty() || rule.patterns.iter().any(|p| glob_match(p, flag))
 }
 
+/// The settings the rule checks, with the values the worker got: every
+/// `flags` entry the rule covers, and, when the rule names patterns, every
+/// variable of the worker's environment they match, wherever it was set
+/// (`env`, `cold_env`, `warm_env` or the secret `env_file`): a flag moved
+/// out of `flags` is checked exactly as before. Without patterns the rule
+/// means "every flag", so only `flags` counts (an env table holds much
+/// that is not a feature flag). The daemon's own contract variables are
+/// never flags.
+pub fn covered_settings(
+    rule: &BannerConfig,
+    flags: &BTreeMap<String, String>,
+    worker_env: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut covered: BTreeMap<String, String> = flags
+        .iter()
+        .filter(|(f, _)| covers(rule, f))
+        .map(|(f, v)| (f.clone(), worker_env.get(f).unwrap_or(v).clone()))
+        .collect();
+    if !rule.patterns.is_empty() {
+        covered.extend(
+            worker_env
+                .iter()
+                .filter(|(name, _)| !crate::config::RESERVED_ENV.contains(&name.as_str()))
+                .filter(|(name, _)| covers(rule, name))
+                .map(|(n, v)| (n.clone(), v.clone())),
+        );
+    }
+    covered
+}
+
 /// Check the banner rule. Returns every violation, each naming the flag and
 /// what was wrong; empty means the rule holds.
 pub fn check(
@@ -80,6 +110,38 @@ pub fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flag_set_through_an_env_table_is_covered_when_the_rule_names_it() {
+        let env = flags(&[
+            ("QWEN_FAST", "1"),
+            ("QWEN_SLOW", "0"),
+            ("OMP_NUM_THREADS", "1"),
+            ("TT_VISIBLE_DEVICES", "1"),
+            ("FLAGGED", "1"),
+        ]);
+        let from_flags = flags(&[("FLAGGED", "1")]);
+        let patterned = covered_settings(
+            &rule(&["QWEN*", "TT_*"], BannerMode::Both),
+            &from_flags,
+            &env,
+        );
+        assert_eq!(
+            patterned.keys().collect::<Vec<_>>(),
+            ["QWEN_FAST", "QWEN_SLOW"],
+            "env entries matching the patterns, never the contract's variables"
+        );
+        let problems = check(
+            &rule(&["QWEN*"], BannerMode::Truthy),
+            &patterned,
+            &BTreeSet::new(),
+        );
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with("QWEN_FAST=1"), "{problems:?}");
+        // Without patterns only the flags table counts.
+        let every = covered_settings(&rule(&[], BannerMode::Truthy), &from_flags, &env);
+        assert_eq!(every.keys().collect::<Vec<_>>(), ["FLAGGED"]);
+    }
 
     fn rule(patterns: &[&str], mode: BannerMode) -> BannerConfig {
         BannerConfig {
