@@ -213,6 +213,56 @@ fn a_flag_set_through_cold_env_is_held_to_the_banner_rule() {
     assert!(reason.contains("TTW_KV_F16=1"), "{reason}");
 }
 
+/// A model whose every prefill step is silent for 3 s (as an engine that
+/// prefills a long prompt in one call), with a 1 s stall timeout, serving a
+/// ~60-token prompt: the stall bound grows with the prompt tokens pending
+/// prefill at `min_prefill_tokens_per_sec`.
+fn silent_prefill(min_rate: u32) -> (Daemon, Result<tt_serving_tests::Generated, tonic::Status>) {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let extra = format!(
+        "env = {{ TTW_TEST_FAULTS = \"1\", TTW_FAULT_PREFILL_STALL_MS = \"3000\" }}\n[models.m.restart]\nstall_timeout_secs = 1\nmin_prefill_tokens_per_sec = {min_rate}\nmax_attempts = 1\n"
+    );
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, &extra));
+    daemon.wait_slot_state("m", "ready");
+    let prompt = "the sea is wide and the sky is blue ".repeat(6);
+    let answer = runtime().block_on(generate(&daemon.inference_address(), "m", &prompt, 4));
+    (daemon, answer)
+}
+
+#[test]
+fn a_long_silent_prefill_is_given_time_in_proportion_to_its_prompt() {
+    // 10 tokens/s: ~6 s more than the stall timeout for the 3 s prefill.
+    let (daemon, answer) = silent_prefill(10);
+    let worker = daemon.slot("m")["worker_pid"].clone();
+    let answer = answer.expect("the prefill outlasted the stall timeout and was not killed");
+    assert_eq!(answer.last.usage.map(|u| u.completion_tokens), Some(4));
+    let slot = daemon.slot("m");
+    assert_eq!(slot["state"], "ready", "{slot:#}");
+    assert_eq!(slot["worker_pid"], worker, "the same worker: {slot:#}");
+}
+
+#[test]
+fn a_silent_prefill_past_its_allowance_is_a_hang() {
+    // 1000 tokens/s allows ~0.06 s for the prompt: the 3 s silence is a hang.
+    let (daemon, answer) = silent_prefill(1000);
+    let err = answer.expect_err("the hung prefill was killed");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    let reason = wait_until("the watchdog's reason", || {
+        let reason = daemon.slot("m")["reason"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        reason.contains("worker hung").then_some(reason)
+    });
+    assert!(
+        reason
+            .contains("prompt tokens pending prefill at restart.min_prefill_tokens_per_sec = 1000"),
+        "{reason}"
+    );
+}
+
 #[test]
 fn both_mode_rejects_a_banner_from_a_flag_that_is_off() {
     let hw = FakeHw::new(1);

@@ -10,6 +10,7 @@
 //! | `TTW_FAULT_SLOW_LOAD_MS=MS`    | spread MS of extra sleep over the load steps        |
 //! | `TTW_FAULT_CRASH_AFTER_TOKENS=N` | abort (SIGABRT) once N tokens were generated      |
 //! | `TTW_FAULT_HANG_AFTER_TOKENS=N`  | stop decoding forever once N tokens were generated; RPCs still answer |
+//! | `TTW_FAULT_PREFILL_STALL_MS=MS`  | every step that prefills sleeps MS first: a long prefill that shows no progress, as an engine that prefills in one opaque call |
 //! | `TTW_FAULT_SKIP_BANNER=FLAG`   | the feature of FLAG runs but its banner is withheld |
 //! | `TTW_FAULT_EXTRA_BANNER=FLAG`  | print `FLAG engaged` on the first step though FLAG's feature is not running |
 //! | `TTW_FAULT_WARM_EXTRA_FILE=1`  | a warm start writes a stray file into the cache dir |
@@ -34,6 +35,8 @@ pub struct Faults {
     pub crash_after_tokens: Option<u64>,
     /// Hang after this many generated tokens.
     pub hang_after_tokens: Option<u64>,
+    /// Sleep before each step that prefills, in milliseconds.
+    pub prefill_stall_ms: Option<u64>,
     /// Banner withheld.
     pub skip_banner: Option<String>,
     /// Banner printed without its feature.
@@ -81,6 +84,7 @@ impl Faults {
             slow_load_ms: num("TTW_FAULT_SLOW_LOAD_MS")?.unwrap_or(0),
             crash_after_tokens: num("TTW_FAULT_CRASH_AFTER_TOKENS")?,
             hang_after_tokens: num("TTW_FAULT_HANG_AFTER_TOKENS")?,
+            prefill_stall_ms: num("TTW_FAULT_PREFILL_STALL_MS")?,
             skip_banner: text("TTW_FAULT_SKIP_BANNER"),
             extra_banner: text("TTW_FAULT_EXTRA_BANNER"),
             warm_extra_file: env.get("TTW_FAULT_WARM_EXTRA_FILE").map(String::as_str) == Some("1"),

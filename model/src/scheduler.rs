@@ -396,6 +396,21 @@ impl Engine {
         self.status
             .active
             .store(self.running.len() as u32, Ordering::Release);
+        self.publish_prefill();
+    }
+
+    /// Publish (and return) the prompt tokens the batch has still to feed.
+    fn publish_prefill(&self) -> usize {
+        let pending: usize = self
+            .running
+            .iter()
+            .filter(|s| s.prefilling())
+            .map(|s| s.sub.prompt.len() - s.fed)
+            .sum();
+        self.status
+            .prefill_tokens
+            .store(pending as u64, Ordering::Release);
+        pending
     }
 
     fn step(&mut self) {
@@ -438,6 +453,10 @@ impl Engine {
             .map(|(b, &i)| (i, b.tokens.len(), b.want_logits))
             .collect();
 
+        let pending = self.publish_prefill();
+        if let Some(ms) = self.faults.prefill_stall_ms.filter(|_| pending > 0) {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         let logits = match self.ranks.step(batch) {
             Ok(l) => l,
             Err(e) => {

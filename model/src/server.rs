@@ -269,6 +269,7 @@ impl Engine for EngineService {
             queued_sequences: self.status.queued(),
             last_progress_unix_ms: self.status.last_step_unix_ms.load(Ordering::Acquire),
             progress: Some(progress(&self.status)),
+            prefill_tokens: self.status.prefill_tokens.load(Ordering::Acquire),
         }))
     }
 

@@ -59,6 +59,9 @@ pub struct Status {
     pub in_flight: AtomicU32,
     /// Unix ms of the last completed step.
     pub last_step_unix_ms: AtomicU64,
+    /// Prompt tokens of batch sequences not yet fed (Health's
+    /// `prefill_tokens`).
+    pub prefill_tokens: AtomicU64,
     /// A drain found the engine thread stuck in a step: the worker exits
     /// with a failure status so the daemon treats its cards as dirty.
     pub engine_stuck: AtomicBool,
@@ -73,6 +76,7 @@ impl Default for Status {
             active: AtomicU32::new(0),
             in_flight: AtomicU32::new(0),
             last_step_unix_ms: AtomicU64::new(0),
+            prefill_tokens: AtomicU64::new(0),
             engine_stuck: AtomicBool::new(false),
             loaded: OnceLock::new(),
         }

@@ -553,6 +553,12 @@ pub struct RestartConfig {
     /// not answer `Health` at all is caught sooner, within
     /// [`DaemonConfig::unanswered_health_bound`].)
     pub stall_timeout_secs: u64,
+    /// The slowest prefill the watchdog allows for, in prompt tokens per
+    /// second: while the worker reports `prefill_tokens` pending, the stall
+    /// bound grows by `prefill_tokens / min_prefill_tokens_per_sec`
+    /// seconds, so a long prompt's silent prefill is not taken for a hang
+    /// (the field saw ~135 s for 240k tokens). 0: no allowance.
+    pub min_prefill_tokens_per_sec: u64,
     /// Worker resident memory limit in MiB; over it the worker is drained
     /// and restarted before the kernel's OOM killer acts. None: no limit.
     pub rss_limit_mib: Option<u64>,
@@ -568,6 +574,7 @@ impl Default for RestartConfig {
             backoff_ms: 1000,
             backoff_max_ms: 60_000,
             stall_timeout_secs: 120,
+            min_prefill_tokens_per_sec: 100,
             rss_limit_mib: None,
             stop_timeout_secs: 20,
         }

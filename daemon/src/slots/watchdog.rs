@@ -105,13 +105,14 @@ async fn check_health(
 ) -> Option<Outcome> {
     let health =
         tokio::time::timeout(plan.health_timeout, engine.health(pb::HealthRequest {})).await;
-    let (active, progress_ms) = match health {
+    let (active, progress_ms, prefill_tokens) = match health {
         Ok(Ok(h)) => {
             watch.unanswered = 0;
             let h = h.into_inner();
             (
                 h.active_sequences + h.queued_sequences,
                 h.last_progress_unix_ms,
+                h.prefill_tokens,
             )
         }
         // A worker that does not answer Health (frozen by SIGSTOP, its RPC
@@ -147,19 +148,65 @@ async fn check_health(
     } else if watch.busy_since.is_none() {
         watch.busy_since = Some(Instant::now());
     }
-    let stall = Duration::from_secs(plan.m.restart.stall_timeout_secs);
+    let stall = stall_bound(&plan.m.restart, prefill_tokens);
     if watch
         .busy_since
         .is_some_and(|since| since.elapsed() >= stall)
     {
         mgr.set_engine(&plan.slot, None);
+        let allowance = if prefill_tokens > 0 {
+            format!(
+                ", including {:.0}s for {prefill_tokens} prompt tokens pending prefill at restart.min_prefill_tokens_per_sec = {}",
+                (stall - Duration::from_secs(plan.m.restart.stall_timeout_secs)).as_secs_f64(),
+                plan.m.restart.min_prefill_tokens_per_sec
+            )
+        } else {
+            String::new()
+        };
         let reason = format!(
-            "worker hung: {active} sequence(s) active and no decode progress for {}s (restart.stall_timeout_secs); killed it",
-            stall.as_secs()
+            "worker hung: {active} sequence(s) active and no decode progress for {:.0}s (restart.stall_timeout_secs{allowance}); killed it",
+            stall.as_secs_f64()
         );
         return Some(kill_hung(worker, reason).await);
     }
     None
+}
+
+/// How long requests may be active without decode progress: the stall
+/// timeout, plus time for the prompt tokens still to prefill at the slowest
+/// rate allowed (an engine prefilling a long prompt takes no decode step
+/// for minutes, and is not hung for that).
+fn stall_bound(restart: &crate::config::RestartConfig, prefill_tokens: u64) -> Duration {
+    let base = Duration::from_secs(restart.stall_timeout_secs);
+    match restart.min_prefill_tokens_per_sec {
+        0 => base,
+        rate => base + Duration::from_secs_f64(prefill_tokens as f64 / rate as f64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stall_bound_grows_with_the_prompt_tokens_pending_prefill() {
+        let restart = crate::config::RestartConfig {
+            stall_timeout_secs: 120,
+            min_prefill_tokens_per_sec: 100,
+            ..Default::default()
+        };
+        assert_eq!(stall_bound(&restart, 0), Duration::from_secs(120));
+        // The field's 240k-token prompt: 40 min more than the stall timeout.
+        assert_eq!(
+            stall_bound(&restart, 240_000),
+            Duration::from_secs(120 + 2400)
+        );
+        let off = crate::config::RestartConfig {
+            min_prefill_tokens_per_sec: 0,
+            ..restart
+        };
+        assert_eq!(stall_bound(&off, 240_000), Duration::from_secs(120));
+    }
 }
 
 /// SIGKILL a hung worker (it ends a stopped process too; no SIGCONT
