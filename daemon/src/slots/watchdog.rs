@@ -184,6 +184,18 @@ fn stall_bound(restart: &crate::config::RestartConfig, prefill_tokens: u64) -> D
     }
 }
 
+/// SIGKILL a hung worker (it ends a stopped process too; no SIGCONT
+/// needed); its cards are dirty.
+async fn kill_hung(worker: &mut Worker, reason: String) -> Outcome {
+    worker.signal(nix::sys::signal::Signal::SIGKILL);
+    let _ = worker.wait().await;
+    Outcome::Failed {
+        reason,
+        dirty: true,
+        cause: "watchdog",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,17 +218,5 @@ mod tests {
             ..restart
         };
         assert_eq!(stall_bound(&off, 240_000), Duration::from_secs(120));
-    }
-}
-
-/// SIGKILL a hung worker (it ends a stopped process too; no SIGCONT
-/// needed); its cards are dirty.
-async fn kill_hung(worker: &mut Worker, reason: String) -> Outcome {
-    worker.signal(nix::sys::signal::Signal::SIGKILL);
-    let _ = worker.wait().await;
-    Outcome::Failed {
-        reason,
-        dirty: true,
-        cause: "watchdog",
     }
 }
