@@ -161,17 +161,93 @@ pub struct Marker {
 fn file_identity(path: &Path) -> String {
     let canonical = fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     match fs::metadata(&canonical) {
-        Ok(meta) => {
-            let mtime = meta
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map(|d| d.as_secs())
-                .unwrap_or(0);
-            format!("{} size={} mtime={mtime}", canonical.display(), meta.len())
-        }
+        Ok(meta) if meta.is_dir() => directory_identity(&canonical),
+        Ok(meta) => format!(
+            "{} size={} mtime={}",
+            canonical.display(),
+            meta.len(),
+            mtime_secs(&meta)
+        ),
         Err(_) => format!("{} (unreadable)", canonical.display()),
     }
+}
+
+fn mtime_secs(meta: &fs::Metadata) -> u64 {
+    meta.modified()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Deepest directory level, and most entries, read for a checkpoint
+/// directory's identity (a Hugging Face snapshot is two levels deep and
+/// holds tens of files).
+const IDENTITY_MAX_DEPTH: usize = 8;
+const IDENTITY_MAX_ENTRIES: usize = 100_000;
+
+/// A checkpoint directory (Hugging Face layout, hundreds of GB) is known by
+/// its files' relative names, sizes and mtimes, never by hashing their
+/// contents: replacing, adding, growing or touching a file makes a new
+/// variant. Links are followed for the sizes (a Hugging Face cache's
+/// snapshot links into its blobs); nothing is written.
+fn directory_identity(dir: &Path) -> String {
+    let mut listing = Vec::new();
+    let mut stack = vec![(dir.to_path_buf(), 0usize)];
+    let mut truncated = false;
+    while let Some((at, depth)) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&at) else {
+            listing.push(format!("{} (unreadable)", at.display()));
+            continue;
+        };
+        for entry in entries.flatten() {
+            if listing.len() >= IDENTITY_MAX_ENTRIES {
+                truncated = true;
+                break;
+            }
+            let path = entry.path();
+            let relative = path
+                .strip_prefix(dir)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            match fs::metadata(&path) {
+                Ok(meta) if meta.is_dir() => {
+                    if depth + 1 < IDENTITY_MAX_DEPTH {
+                        stack.push((path, depth + 1));
+                    }
+                }
+                Ok(meta) => listing.push(format!(
+                    "{relative} size={} mtime={}",
+                    meta.len(),
+                    mtime_secs(&meta)
+                )),
+                Err(_) => listing.push(format!("{relative} (unreadable)")),
+            }
+        }
+    }
+    listing.sort();
+    let mut hash = Sha256::new();
+    for line in &listing {
+        hash.update(line.as_bytes());
+        hash.update([0]);
+    }
+    let digest: String = hash
+        .finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!(
+        "{} directory files={}{} listing={digest}",
+        dir.display(),
+        listing.len(),
+        if truncated {
+            " (listing truncated)"
+        } else {
+            ""
+        }
+    )
 }
 
 impl Variant {
@@ -389,6 +465,25 @@ pub fn list_variants(cache_dir: &Path) -> Vec<(String, String, PathBuf)> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_checkpoint_directory_is_known_by_its_files_names_sizes_and_mtimes() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("Qwen");
+        std::fs::create_dir_all(model.join("sub")).unwrap();
+        std::fs::write(model.join("config.json"), "{}").unwrap();
+        std::fs::write(model.join("sub/model-00001.safetensors"), "weights").unwrap();
+        let first = super::file_identity(&model);
+        assert!(first.contains("directory files=2"), "{first}");
+        assert_eq!(super::file_identity(&model), first, "stable");
+        std::fs::write(model.join("sub/model-00001.safetensors"), "new weights").unwrap();
+        let grown = super::file_identity(&model);
+        assert_ne!(grown, first, "a file that changed size");
+        std::fs::write(model.join("tokenizer.json"), "{}").unwrap();
+        let added = super::file_identity(&model);
+        assert_ne!(added, grown, "a file added");
+        assert!(added.contains("files=3"), "{added}");
+    }
+
     use super::*;
 
     fn model(dir: &Path, flags: &[(&str, &str)], cache_flags: &[&str]) -> ModelConfig {
