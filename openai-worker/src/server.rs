@@ -121,14 +121,11 @@ impl Engine for EngineService {
         _: Request<pb::InfoRequest>,
     ) -> Result<Response<pb::InfoResponse>, RpcStatus> {
         let loaded = self.status.loaded().cloned().unwrap_or_default();
-        let mut version = format!(
-            "tt-worker-openai {} ({})",
-            env!("CARGO_PKG_VERSION"),
-            self.identity.kind.name()
-        );
-        if let Some(v) = &loaded.engine_version {
-            version = format!("{version} {v}");
-        }
+        let engine = match &loaded.engine_version {
+            Some(v) => format!("{} {v}", self.identity.kind.name()),
+            None => self.identity.kind.name().to_string(),
+        };
+        let version = format!("tt-worker-openai {} ({engine})", env!("CARGO_PKG_VERSION"));
         Ok(Response::new(pb::InfoResponse {
             model_name: loaded.model.clone(),
             architecture: String::new(),

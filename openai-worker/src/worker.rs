@@ -252,12 +252,13 @@ async fn wait_ready(
             }
             _ = shutdown.notified() => return Err(End::Stop),
             _ = &mut deadline => {
+                // The last line before the stop says where the load hung.
+                let last = engine.output.last_line();
                 let stopped = engine.stop(s.stop_timeout).await;
                 let mut message = format!(
-                    "the engine was not ready within {}s (--ready-timeout-secs): its health path {} did not answer 200 with a model listed in /v1/models; last engine line: {:?}",
+                    "the engine was not ready within {}s (--ready-timeout-secs): its health path {} did not answer 200 with a model listed in /v1/models; last engine line: {last:?}",
                     s.ready_timeout.as_secs(),
                     s.health_path,
-                    engine.output.last_line()
                 );
                 if stopped == Stopped::Killed {
                     message.push_str("; it ignored SIGTERM and was killed");
