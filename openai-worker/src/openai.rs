@@ -83,7 +83,7 @@ pub fn plan(request: &pb::GenerateRequest, style: &RequestStyle) -> Result<Plan,
     }
     // Absent sampling means greedy; the engines' own default temperature is
     // 1, so greedy is always said out loud.
-    let sampling = request.sampling.clone().unwrap_or_default();
+    let sampling = request.sampling.unwrap_or_default();
     if !sampling.temperature.is_finite() || sampling.temperature < 0.0 {
         return Err(format!(
             "sampling.temperature must be >= 0, got {}",
