@@ -79,6 +79,10 @@ impl EngineKind {
 /// start, TT_TRANSFORMERS_FORCE_MODEL_LOAD=1. Its output is the worker's
 /// (the daemon reads `<FLAG> engaged` banners there). The engine runs in
 /// its own process group; stopping the worker stops the whole group.
+///
+/// Health reads the engine's /metrics (at most twice a second, while the
+/// daemon polls); vLLM logs every request it serves unless started with
+/// `--disable-uvicorn-access-log`.
 #[derive(Debug, Parser)]
 #[command(name = "tt-worker-openai", version, verbatim_doc_comment)]
 pub struct Cli {
