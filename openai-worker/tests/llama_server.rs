@@ -9,6 +9,7 @@
 mod common;
 
 use common::*;
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tt_serving_proto::v1 as pb;
@@ -19,7 +20,10 @@ fn llama_server() -> Option<(PathBuf, PathBuf)> {
             std::env::var_os("CI").is_none(),
             "CI is set but TT_LLAMA_SERVER is not: export TT_LLAMA_SERVER=\"$(scripts/llama-server.sh)\" before the tests"
         );
-        eprintln!(
+        // Straight to stderr, past the test harness's capture: a skip must
+        // be seen even when the test "passes".
+        let _ = writeln!(
+            std::io::stderr(),
             "SKIPPED: TT_LLAMA_SERVER is not set, so the llama-server tests did not run; \
              export TT_LLAMA_SERVER=\"$(scripts/llama-server.sh)\" (a ~10 minute build, cached) to run them"
         );
