@@ -99,8 +99,15 @@ async fn llama_server_serves_a_prompt_and_a_chat_through_the_worker() {
     assert!(!out.text.is_empty(), "{out:?}");
     let usage = out.final_.usage.unwrap();
     assert!(usage.prompt_tokens >= 5, "{usage:?}");
-    assert_eq!(usage.completion_tokens, 8);
-    assert_eq!(out.final_.finish_reason, pb::FinishReason::Length as i32);
+    // Eight tokens, unless the model ended its answer first.
+    let length = out.final_.finish_reason == pb::FinishReason::Length as i32;
+    assert!(
+        (length && usage.completion_tokens == 8)
+            || (!length && (1..8).contains(&usage.completion_tokens)),
+        "{out:?}"
+    );
+    // Its OpenAI endpoints return no token ids: one delta per token.
+    assert!(out.ids.is_empty());
     // Greedy is deterministic.
     let again = run(&mut c, prompt_request("The capital of France is", 8))
         .await
