@@ -182,8 +182,10 @@ async fn life(s: Settings) -> Result<(), Failure> {
     let argv = s.engine_command(port);
     tracing::info!(socket = %s.socket.display(), engine = s.kind.name(), port, ?argv, "starting the engine");
     let started = Instant::now();
-    let engine = Engine::spawn(&argv, &env, s.container.clone())
-        .map_err(|e| Failure::new(1, e.to_string()))?;
+    let engine = Engine::spawn(&argv, &env, s.container.clone()).map_err(|e| {
+        let _ = std::fs::remove_file(&s.socket);
+        Failure::new(1, e.to_string())
+    })?;
     let status = Arc::new(Status::new(engine.output.clone()));
     let shutdown = Arc::new(Notify::new());
     let service = EngineService::new(

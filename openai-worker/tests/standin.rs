@@ -595,6 +595,7 @@ async fn an_engine_that_is_not_installed_is_named() {
         "{}",
         w.output()
     );
+    assert!(!w.socket.exists());
 }
 
 #[test]
