@@ -1,0 +1,458 @@
+//! The command line and the environment contract, validated into
+//! [`Settings`].
+//!
+//! Options before `--` configure the worker; everything after `--` is the
+//! engine's command line, with `{port}`, `{checkpoint}`, `{tp}` and
+//! `{cache_dir}` substituted. The daemon passes the contract through the
+//! environment (`TT_WORKER_SOCKET`, `TT_WORKER_MODEL`, ...), exactly as it
+//! does for `tt-worker`. Bad arguments exit with status 2.
+
+use clap::{Parser, ValueEnum};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tt_serving_proto::CacheMode;
+
+/// The engines the worker knows the defaults of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EngineKind {
+    /// vLLM (with the Tenstorrent plugin on a real host): health `/health`,
+    /// token ids with `return_token_ids`, context from `/v1/models`
+    /// `max_model_len`, load from `vllm:num_requests_running` and
+    /// `vllm:num_requests_waiting`.
+    Vllm,
+    /// llama.cpp's `llama-server`: health `/health`, asks `return_tokens`
+    /// (its OpenAI endpoints do not return ids: deltas then carry none),
+    /// context from `/props` `n_ctx`, load from `llamacpp:requests_processing`
+    /// and `llamacpp:requests_deferred` (start it with `--metrics`).
+    LlamaServer,
+}
+
+impl EngineKind {
+    /// The word `--engine` takes, for logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Vllm => "vllm",
+            EngineKind::LlamaServer => "llama-server",
+        }
+    }
+
+    /// The path that answers 200 once the engine can serve.
+    pub fn default_health_path(self) -> &'static str {
+        "/health"
+    }
+
+    /// The request field that asks the engine for token ids.
+    pub fn default_token_ids_field(self) -> &'static str {
+        match self {
+            EngineKind::Vllm => "return_token_ids",
+            EngineKind::LlamaServer => "return_tokens",
+        }
+    }
+
+    /// The Prometheus gauges of running and waiting requests.
+    pub fn load_gauges(self) -> (&'static str, &'static str) {
+        match self {
+            EngineKind::Vllm => ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+            EngineKind::LlamaServer => {
+                ("llamacpp:requests_processing", "llamacpp:requests_deferred")
+            }
+        }
+    }
+}
+
+/// tt-worker-openai: serves engine.proto on the daemon's unix socket and runs
+/// an OpenAI-compatible engine (vLLM, llama-server) as its child.
+///
+/// Examples (a model's `worker` in the daemon's config):
+///
+///   ["tt-worker-openai", "--", "vllm", "serve", "{checkpoint}", "--port", "{port}", "--max-model-len", "34816"]
+///
+///   ["tt-worker-openai", "--engine", "llama-server", "--", "llama-server", "-m", "{checkpoint}", "--port", "{port}", "--metrics"]
+///
+/// In the engine's arguments `{port}` becomes a free loopback port the worker
+/// picked, `{checkpoint}` the model's checkpoint (TT_WORKER_MODEL), `{tp}`
+/// its tensor parallelism (TT_WORKER_TP) and `{cache_dir}` the cache
+/// variant's directory (TT_CACHE_DIR). The engine gets the worker's
+/// environment plus TT_CACHE_PATH={cache_dir}/weights (the tensor cache),
+/// TT_METAL_CACHE=<model cache dir>/kernels-<variant> (compiled kernels,
+/// outside the variant; an existing TT_METAL_CACHE is kept) and, on a cold
+/// start, TT_TRANSFORMERS_FORCE_MODEL_LOAD=1. Its output is the worker's
+/// (the daemon reads `<FLAG> engaged` banners there). The engine runs in
+/// its own process group; stopping the worker stops the whole group.
+///
+/// Health reads the engine's /metrics (at most twice a second, while the
+/// daemon polls); vLLM logs every request it serves unless started with
+/// `--disable-uvicorn-access-log`.
+#[derive(Debug, Parser)]
+#[command(name = "tt-worker-openai", version, verbatim_doc_comment)]
+pub struct Cli {
+    /// Which engine runs behind the worker; sets the defaults of the options
+    /// below.
+    #[arg(long, value_enum, default_value_t = EngineKind::Vllm)]
+    pub engine: EngineKind,
+    /// The engine's path that answers 200 once it can serve
+    /// [default: /health].
+    #[arg(long, value_name = "PATH")]
+    pub health_path: Option<String>,
+    /// The request field set to `true` to ask for token ids
+    /// [default: vllm `return_token_ids`, llama-server `return_tokens`];
+    /// `none` asks for nothing. When the engine returns no ids the deltas
+    /// carry text only (the daemon then counts one token per delta).
+    #[arg(long, value_name = "FIELD")]
+    pub token_ids_field: Option<String>,
+    /// Seconds the engine may take from start to ready (health 200 and a
+    /// model listed); past it the worker stops the engine and exits 1. The
+    /// daemon's own readiness deadline usually ends a start first.
+    #[arg(long, value_name = "SECS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ready_timeout_secs: u64,
+    /// Seconds the engine may take to exit after SIGTERM before its process
+    /// group gets SIGKILL (the worker then exits 1: its cards need a reset).
+    /// Keep it below the model's `restart.stop_timeout_secs`.
+    #[arg(long, value_name = "SECS", default_value_t = 15)]
+    pub stop_timeout_secs: u64,
+    /// Seconds in-flight requests may finish after SIGTERM before they are
+    /// cancelled (a Shutdown call brings its own drain timeout).
+    #[arg(long, value_name = "SECS", default_value_t = 5)]
+    pub sigterm_drain_secs: u64,
+    /// `max_tokens` sent for requests that leave it 0; by default the field
+    /// is left out and the engine's own default applies (vLLM's completions
+    /// default is 16 tokens).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub default_max_tokens: Option<u32>,
+    /// The container the engine command runs (`docker run --name NAME
+    /// --rm ...`): a stale one of that name is removed before the start, and
+    /// the worker runs `<runtime> stop` beside SIGTERM and `<runtime> rm -f`
+    /// after every end, since signals to the `docker run` client do not
+    /// reliably reach the container.
+    #[arg(long, value_name = "NAME")]
+    pub container: Option<String>,
+    /// The container runtime's command.
+    #[arg(long, value_name = "PROGRAM", default_value = "docker")]
+    pub container_runtime: String,
+    /// Unix socket to serve engine.proto on.
+    #[arg(long, env = "TT_WORKER_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// The checkpoint, substituted for `{checkpoint}`.
+    #[arg(long, env = "TT_WORKER_MODEL")]
+    pub model: Option<String>,
+    /// Tensor-parallel degree, substituted for `{tp}`.
+    #[arg(long, env = "TT_WORKER_TP", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub tp: u32,
+    /// The cache variant's directory, substituted for `{cache_dir}`.
+    #[arg(long, env = "TT_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// `cold` builds the tensor cache (forces the engine to read the
+    /// checkpoint), `warm` uses it.
+    #[arg(long, env = "TT_CACHE_MODE", value_parser = ["warm", "cold"])]
+    pub cache_mode: Option<String>,
+    /// Card PCI addresses, comma-separated, one per rank.
+    #[arg(long, env = "TT_VISIBLE_DEVICES")]
+    pub visible_devices: Option<String>,
+    /// The engine's command line (after `--`).
+    #[arg(last = true, required = true, num_args = 1.., value_name = "ENGINE")]
+    pub engine_argv: Vec<String>,
+}
+
+/// Validated settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The engine kind.
+    pub kind: EngineKind,
+    /// Health path, starting with `/`.
+    pub health_path: String,
+    /// Field asking for token ids; `None` asks for nothing.
+    pub token_ids_field: Option<String>,
+    /// Deadline from spawn to ready.
+    pub ready_timeout: Duration,
+    /// SIGTERM to SIGKILL.
+    pub stop_timeout: Duration,
+    /// Drain after SIGTERM.
+    pub sigterm_drain: Duration,
+    /// `max_tokens` for requests leaving it 0.
+    pub default_max_tokens: Option<u32>,
+    /// Container name and runtime.
+    pub container: Option<Container>,
+    /// The socket to serve on.
+    pub socket: PathBuf,
+    /// The checkpoint.
+    pub checkpoint: String,
+    /// TP degree.
+    pub tp: u32,
+    /// The cache variant's directory.
+    pub cache_dir: PathBuf,
+    /// Warm or cold.
+    pub cache_mode: CacheMode,
+    /// BDF per rank.
+    pub bdfs: Vec<String>,
+    /// The engine's command line before substitution.
+    pub engine_argv: Vec<String>,
+}
+
+/// A container the engine runs in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Container {
+    /// `--container`.
+    pub name: String,
+    /// `--container-runtime`.
+    pub runtime: String,
+}
+
+/// An argument problem (exit status 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+impl Cli {
+    /// Checks the arguments and the contract's environment.
+    pub fn settings(self) -> Result<Settings, UsageError> {
+        let missing = |what: &str| {
+            UsageError(format!(
+                "missing {what}: the daemon sets it; to run by hand, export it or pass the option"
+            ))
+        };
+        let health_path = self
+            .health_path
+            .unwrap_or_else(|| self.engine.default_health_path().to_string());
+        if !health_path.starts_with('/') {
+            return Err(UsageError(format!(
+                "--health-path {health_path:?} must start with `/`"
+            )));
+        }
+        let token_ids_field = match self.token_ids_field {
+            Some(f) if f == "none" => None,
+            Some(f) if f.is_empty() => {
+                return Err(UsageError(
+                    "--token-ids-field is empty; give a field name or `none`".into(),
+                ))
+            }
+            Some(f) => Some(f),
+            None => Some(self.engine.default_token_ids_field().to_string()),
+        };
+        let devices = self
+            .visible_devices
+            .ok_or_else(|| missing("TT_VISIBLE_DEVICES"))?;
+        let bdfs: Vec<String> = devices
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+        // One card per rank, as tt-worker insists: a mismatch means the
+        // daemon and the worker disagree about the slot.
+        if bdfs.len() != self.tp as usize {
+            return Err(UsageError(format!(
+                "TT_VISIBLE_DEVICES lists {} card(s) ({devices:?}) but TT_WORKER_TP is {}; give exactly one BDF per rank",
+                bdfs.len(),
+                self.tp
+            )));
+        }
+        let cache_mode = match self.cache_mode.as_deref() {
+            Some("cold") => CacheMode::Cold,
+            Some("warm") => CacheMode::Warm,
+            Some(other) => {
+                return Err(UsageError(format!(
+                    "TT_CACHE_MODE={other:?}: expected `warm` or `cold`"
+                )))
+            }
+            None => return Err(missing("TT_CACHE_MODE")),
+        };
+        let container = match self.container {
+            Some(name) if name.is_empty() => {
+                return Err(UsageError(
+                    "--container is empty; give the container's name or leave the option out"
+                        .into(),
+                ))
+            }
+            Some(name) => Some(Container {
+                name,
+                runtime: self.container_runtime,
+            }),
+            None => None,
+        };
+        if self.engine_argv.first().is_none_or(|p| p.is_empty()) {
+            return Err(UsageError(
+                "no engine command after `--`; e.g. `tt-worker-openai -- vllm serve {checkpoint} --port {port}`".into(),
+            ));
+        }
+        if !self.engine_argv.iter().any(|a| a.contains("{port}")) {
+            return Err(UsageError(format!(
+                "the engine command {:?} has no `{{port}}`: the worker picks the port and must tell the engine (e.g. `--port {{port}}`)",
+                self.engine_argv
+            )));
+        }
+        Ok(Settings {
+            kind: self.engine,
+            health_path,
+            token_ids_field,
+            ready_timeout: Duration::from_secs(self.ready_timeout_secs),
+            stop_timeout: Duration::from_secs(self.stop_timeout_secs),
+            sigterm_drain: Duration::from_secs(self.sigterm_drain_secs),
+            default_max_tokens: self.default_max_tokens,
+            container,
+            socket: self
+                .socket
+                .ok_or_else(|| missing("TT_WORKER_SOCKET (--socket)"))?,
+            checkpoint: self
+                .model
+                .ok_or_else(|| missing("TT_WORKER_MODEL (--model)"))?,
+            tp: self.tp,
+            cache_dir: self
+                .cache_dir
+                .ok_or_else(|| missing("TT_CACHE_DIR (--cache-dir)"))?,
+            cache_mode,
+            bdfs,
+            engine_argv: self.engine_argv,
+        })
+    }
+}
+
+impl Settings {
+    /// The engine's command line with the placeholders filled in. Other
+    /// text in braces (JSON in an engine option, say) is left alone.
+    pub fn engine_command(&self, port: u16) -> Vec<String> {
+        let cache_dir = self.cache_dir.display().to_string();
+        self.engine_argv
+            .iter()
+            .map(|a| {
+                a.replace("{port}", &port.to_string())
+                    .replace("{checkpoint}", &self.checkpoint)
+                    .replace("{tp}", &self.tp.to_string())
+                    .replace("{cache_dir}", &cache_dir)
+            })
+            .collect()
+    }
+}
+
+/// Where compiled kernels go (`TT_METAL_CACHE`): beside the variant dir, in
+/// the model's cache dir, as `kernels-<variant>`.
+///
+/// Never inside the variant dir: after a warm start the daemon's cache
+/// guard deletes every file the variant's marker does not list and refuses
+/// the start (the field's NaN-placeholder trap), and tt-metal compiles
+/// kernels on the first request of each new shape, long after the marker
+/// was written. Kernels also follow the engine build, not the weights, so
+/// they have no place in the weights' completeness marker.
+pub fn kernel_cache_dir(cache_dir: &Path) -> Result<PathBuf, UsageError> {
+    match (cache_dir.parent(), cache_dir.file_name()) {
+        (Some(parent), Some(variant)) if !parent.as_os_str().is_empty() => {
+            let mut name = std::ffi::OsString::from("kernels-");
+            name.push(variant);
+            Ok(parent.join(name))
+        }
+        _ => Err(UsageError(format!(
+            "TT_CACHE_DIR {} has no parent directory to put the kernel cache beside it; give an absolute variant path (<cache_dir>/<model>/<variant>) or set TT_METAL_CACHE",
+            cache_dir.display()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Result<Settings, String> {
+        let mut argv = vec!["tt-worker-openai"];
+        argv.extend_from_slice(args);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        cli.settings().map_err(|e| e.to_string())
+    }
+
+    const CONTRACT: &[&str] = &[
+        "--socket",
+        "/run/w.sock",
+        "--model",
+        "/models/qwen",
+        "--tp",
+        "2",
+        "--cache-dir",
+        "/var/cache/tt/qwen/abc123",
+        "--cache-mode",
+        "cold",
+        "--visible-devices",
+        "0000:01:00.0,0000:02:00.0",
+    ];
+
+    fn with_contract(extra: &[&'static str]) -> Vec<&'static str> {
+        let mut v = CONTRACT.to_vec();
+        v.extend_from_slice(extra);
+        v
+    }
+
+    #[test]
+    fn placeholders_are_substituted_and_other_braces_kept() {
+        let s = cli(&with_contract(&[
+            "--",
+            "vllm",
+            "serve",
+            "{checkpoint}",
+            "--port",
+            "{port}",
+            "--tensor-parallel-size",
+            "{tp}",
+            "--download-dir",
+            "{cache_dir}/hf",
+            "--override-generation-config",
+            "{\"temperature\": 0}",
+        ]))
+        .unwrap();
+        assert_eq!(
+            s.engine_command(41234),
+            [
+                "vllm",
+                "serve",
+                "/models/qwen",
+                "--port",
+                "41234",
+                "--tensor-parallel-size",
+                "2",
+                "--download-dir",
+                "/var/cache/tt/qwen/abc123/hf",
+                "--override-generation-config",
+                "{\"temperature\": 0}",
+            ]
+        );
+    }
+
+    #[test]
+    fn defaults_follow_the_engine_kind() {
+        let v = cli(&with_contract(&["--", "vllm", "--port", "{port}"])).unwrap();
+        assert_eq!(v.token_ids_field.as_deref(), Some("return_token_ids"));
+        assert_eq!(v.health_path, "/health");
+        let l = cli(&with_contract(&[
+            "--engine",
+            "llama-server",
+            "--token-ids-field",
+            "none",
+            "--",
+            "llama-server",
+            "--port",
+            "{port}",
+        ]))
+        .unwrap();
+        assert_eq!(l.kind, EngineKind::LlamaServer);
+        assert_eq!(l.token_ids_field, None);
+    }
+
+    #[test]
+    fn an_engine_command_without_a_port_is_refused() {
+        let e = cli(&with_contract(&["--", "vllm", "serve", "m"])).unwrap_err();
+        assert!(e.contains("{port}"), "{e}");
+    }
+
+    #[test]
+    fn a_card_count_other_than_tp_is_refused() {
+        let mut args = CONTRACT.to_vec();
+        args[5] = "1";
+        args.extend_from_slice(&["--", "vllm", "--port", "{port}"]);
+        let e = cli(&args).unwrap_err();
+        assert!(e.contains("one BDF per rank"), "{e}");
+    }
+
+    #[test]
+    fn kernels_live_beside_the_variant_not_in_it() {
+        let k = kernel_cache_dir(Path::new("/var/cache/tt/qwen/abc123")).unwrap();
+        assert_eq!(k, Path::new("/var/cache/tt/qwen/kernels-abc123"));
+        assert!(!k.starts_with("/var/cache/tt/qwen/abc123"));
+        assert!(kernel_cache_dir(Path::new("/")).is_err());
+    }
+}

@@ -1,0 +1,268 @@
+//! A small HTTP/1.1 client towards the engine on loopback, over hyper's
+//! connection API, and the SSE framing of its streamed answers.
+//!
+//! Every request gets its own connection, owned by the returned
+//! [`Response`]: dropping it closes the socket. That is how a cancelled
+//! Generate call reaches the engine: vLLM and llama-server abort a request
+//! whose client disconnects, and a pooled connection kept alive would hide
+//! the disconnect. Loopback connects cost microseconds, far below a token.
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::StatusCode;
+use hyper_util::rt::TokioIo;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+
+/// Bodies of non-streamed answers (`/metrics`, `/v1/models`, errors) are
+/// read up to this size; more means the engine is not what we think it is.
+const MAX_BODY: usize = 8 << 20;
+
+/// What went wrong talking to the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// Nothing listens on the port (yet), or the connection broke.
+    #[error("cannot reach the engine at 127.0.0.1:{port}{path}: {source}")]
+    Connect {
+        /// The engine's port.
+        port: u16,
+        /// The request path.
+        path: String,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// The HTTP exchange failed.
+    #[error("HTTP exchange with the engine on {path} failed: {source}")]
+    Exchange {
+        /// The request path.
+        path: String,
+        /// What failed.
+        source: hyper::Error,
+    },
+    /// The answer did not come within the time allowed.
+    #[error("the engine did not answer {path} within {timeout:?}")]
+    Timeout {
+        /// The request path.
+        path: String,
+        /// The time allowed.
+        timeout: Duration,
+    },
+    /// The body was larger than [`MAX_BODY`].
+    #[error("the engine's answer to {path} is larger than {MAX_BODY} bytes")]
+    TooLarge {
+        /// The request path.
+        path: String,
+    },
+}
+
+/// An answer whose body is read as it arrives, holding its connection.
+pub struct Response {
+    /// The status code.
+    pub status: StatusCode,
+    /// The body.
+    pub body: Incoming,
+    /// The connection's task; aborted (closing the socket) on drop.
+    connection: JoinHandle<()>,
+}
+
+impl Drop for Response {
+    fn drop(&mut self) {
+        self.connection.abort();
+    }
+}
+
+impl Response {
+    /// The next piece of the body; `None` at its end.
+    pub async fn chunk(&mut self) -> Option<Result<Bytes, hyper::Error>> {
+        loop {
+            match self.body.frame().await? {
+                Ok(frame) => match frame.into_data() {
+                    Ok(data) => return Some(Ok(data)),
+                    Err(_) => continue, // trailers
+                },
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// The whole body (bounded), for answers that are not streamed.
+    pub async fn text(mut self, path: &str) -> Result<String, HttpError> {
+        let mut out = Vec::new();
+        while let Some(chunk) = self.chunk().await {
+            let chunk = chunk.map_err(|source| HttpError::Exchange {
+                path: path.to_string(),
+                source,
+            })?;
+            if out.len() + chunk.len() > MAX_BODY {
+                return Err(HttpError::TooLarge {
+                    path: path.to_string(),
+                });
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+}
+
+/// Sends one request to `127.0.0.1:port` and returns once the answer's
+/// head has arrived (for a streamed answer, before its body).
+pub async fn send(
+    port: u16,
+    method: hyper::Method,
+    path: &str,
+    json: Option<Vec<u8>>,
+) -> Result<Response, HttpError> {
+    let stream = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|source| HttpError::Connect {
+            port,
+            path: path.to_string(),
+            source,
+        })?;
+    // Tokens are small writes; do not hold them back.
+    let _ = stream.set_nodelay(true);
+    let exchange = |source| HttpError::Exchange {
+        path: path.to_string(),
+        source,
+    };
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(exchange)?;
+    let connection = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, format!("127.0.0.1:{port}"));
+    if json.is_some() {
+        request = request.header(hyper::header::CONTENT_TYPE, "application/json");
+    }
+    let request = request
+        .body(Full::new(Bytes::from(json.unwrap_or_default())))
+        .map_err(|e| HttpError::Connect {
+            port,
+            path: path.to_string(),
+            source: std::io::Error::other(e),
+        })?;
+    let answer = sender.send_request(request).await;
+    let answer = match answer {
+        Ok(a) => a,
+        Err(e) => {
+            connection.abort();
+            return Err(exchange(e));
+        }
+    };
+    let (head, body) = answer.into_parts();
+    Ok(Response {
+        status: head.status,
+        body,
+        connection,
+    })
+}
+
+/// GET `path` and read the whole answer within `timeout`.
+pub async fn get(
+    port: u16,
+    path: &str,
+    timeout: Duration,
+) -> Result<(StatusCode, String), HttpError> {
+    let exchange = async {
+        let response = send(port, hyper::Method::GET, path, None).await?;
+        let status = response.status;
+        Ok((status, response.text(path).await?))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| HttpError::Timeout {
+            path: path.to_string(),
+            timeout,
+        })?
+}
+
+/// Server-sent events, split from a body that arrives in arbitrary pieces.
+///
+/// Lines end with `\n` (a `\r` before it is dropped); `data:` lines are
+/// joined with `\n` until a blank line ends the event; comments (`:`) and
+/// other fields are ignored. Only the framing: the JSON inside is the
+/// caller's.
+#[derive(Debug, Default)]
+pub struct SseSplitter {
+    line: Vec<u8>,
+    data: Option<String>,
+}
+
+/// A line longer than this is not SSE from a sane engine.
+const MAX_SSE_LINE: usize = 16 << 20;
+
+impl SseSplitter {
+    /// Feeds a piece of the body; returns the events it completed.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<String>, String> {
+        let mut events = Vec::new();
+        for &b in bytes {
+            if b != b'\n' {
+                self.line.push(b);
+                if self.line.len() > MAX_SSE_LINE {
+                    return Err(format!(
+                        "the engine sent a stream line longer than {MAX_SSE_LINE} bytes"
+                    ));
+                }
+                continue;
+            }
+            if self.line.last() == Some(&b'\r') {
+                self.line.pop();
+            }
+            let line = String::from_utf8_lossy(&self.line).into_owned();
+            self.line.clear();
+            if line.is_empty() {
+                if let Some(data) = self.data.take() {
+                    events.push(data);
+                }
+            } else if let Some(value) = line.strip_prefix("data:") {
+                let value = value.strip_prefix(' ').unwrap_or(value);
+                match &mut self.data {
+                    Some(data) => {
+                        data.push('\n');
+                        data.push_str(value);
+                    }
+                    None => self.data = Some(value.to_string()),
+                }
+            }
+        }
+        Ok(events)
+    }
+
+    /// The event left when the body ended without its blank line.
+    pub fn finish(&mut self) -> Option<String> {
+        if !self.line.is_empty() {
+            let _ = self.feed(b"\n");
+        }
+        self.data.take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_split_across_pieces_come_out_whole() {
+        let mut s = SseSplitter::default();
+        let body =
+            b"data: {\"a\":1}\r\n\r\ndata: {\"b\":\r\ndata: 2}\n\n: keep-alive\n\ndata: [DONE]\n\n";
+        let mut events = Vec::new();
+        for piece in body.chunks(3) {
+            events.extend(s.feed(piece).unwrap());
+        }
+        assert_eq!(events, ["{\"a\":1}", "{\"b\":\n2}", "[DONE]"]);
+        assert_eq!(s.finish(), None);
+    }
+
+    #[test]
+    fn an_event_cut_off_by_the_end_of_the_body_is_kept() {
+        let mut s = SseSplitter::default();
+        assert!(s.feed(b"data: {\"x\":1}").unwrap().is_empty());
+        assert_eq!(s.finish().as_deref(), Some("{\"x\":1}"));
+    }
+}

@@ -1,0 +1,500 @@
+//! The OpenAI-compatible wire format: building the engine's request from a
+//! `GenerateRequest`, and reading its streamed chunks.
+//!
+//! A prompt goes to `/v1/completions`, a chat to `/v1/chat/completions`
+//! (the engine applies the model's chat template), always with
+//! `stream: true` and `stream_options.include_usage`, so the last chunk
+//! before `[DONE]` carries the token counts. Pure functions over JSON, so
+//! the tests pin them without an engine.
+
+use serde_json::{json, Map, Value};
+use tt_serving_proto::v1 as pb;
+
+/// Which endpoint a request goes to; the chunks differ in where the text is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/completions`: `choices[0].text`.
+    Completions,
+    /// `/v1/chat/completions`: `choices[0].delta.content`.
+    Chat,
+}
+
+impl Endpoint {
+    /// The path.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::Chat => "/v1/chat/completions",
+        }
+    }
+}
+
+/// A request ready to send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// Where it goes.
+    pub endpoint: Endpoint,
+    /// The JSON body.
+    pub body: Value,
+}
+
+/// How requests are written for this engine.
+#[derive(Debug, Clone, Default)]
+pub struct RequestStyle {
+    /// The model id the engine listed in `/v1/models`.
+    pub model: String,
+    /// The field set to `true` to ask for token ids, if any.
+    pub token_ids_field: Option<String>,
+    /// `max_tokens` for requests that leave it 0; `None` leaves it out.
+    pub default_max_tokens: Option<u32>,
+}
+
+/// Maps a request; `Err` is an `INVALID_ARGUMENT` message naming the field.
+pub fn plan(request: &pb::GenerateRequest, style: &RequestStyle) -> Result<Plan, String> {
+    let mut body = Map::new();
+    body.insert("model".into(), json!(style.model));
+    let endpoint = match &request.input {
+        Some(pb::generate_request::Input::Prompt(p)) => {
+            body.insert("prompt".into(), json!(p));
+            Endpoint::Completions
+        }
+        Some(pb::generate_request::Input::Chat(c)) => {
+            if c.messages.is_empty() {
+                return Err("chat.messages is empty; give at least one message".into());
+            }
+            let messages: Vec<Value> = c
+                .messages
+                .iter()
+                .map(|m| json!({"role": m.role, "content": m.content}))
+                .collect();
+            body.insert("messages".into(), Value::Array(messages));
+            Endpoint::Chat
+        }
+        None => return Err("request has neither `prompt` nor `chat`".into()),
+    };
+    body.insert("stream".into(), json!(true));
+    body.insert("stream_options".into(), json!({"include_usage": true}));
+    let max_tokens = match request.max_tokens {
+        0 => style.default_max_tokens,
+        n => Some(n),
+    };
+    if let Some(n) = max_tokens {
+        body.insert("max_tokens".into(), json!(n));
+    }
+    // Absent sampling means greedy; the engines' own default temperature is
+    // 1, so greedy is always said out loud.
+    let sampling = request.sampling.unwrap_or_default();
+    if !sampling.temperature.is_finite() || sampling.temperature < 0.0 {
+        return Err(format!(
+            "sampling.temperature must be >= 0, got {}",
+            sampling.temperature
+        ));
+    }
+    if !(0.0..=1.0).contains(&sampling.top_p) {
+        return Err(format!(
+            "sampling.top_p must be within [0, 1], got {}",
+            sampling.top_p
+        ));
+    }
+    body.insert("temperature".into(), decimal(sampling.temperature));
+    // 0 and 1 disable top_p, 0 disables top_k (our contract); engines differ
+    // in which values they take as "off", so off is said by leaving them out.
+    if sampling.top_p > 0.0 && sampling.top_p < 1.0 {
+        body.insert("top_p".into(), decimal(sampling.top_p));
+    }
+    if sampling.top_k > 0 {
+        body.insert("top_k".into(), json!(sampling.top_k));
+    }
+    if let Some(seed) = sampling.seed {
+        body.insert("seed".into(), json!(seed));
+    }
+    if !request.stop.is_empty() {
+        body.insert("stop".into(), json!(request.stop));
+    }
+    if let Some(field) = &style.token_ids_field {
+        body.insert(field.clone(), json!(true));
+    }
+    Ok(Plan {
+        endpoint,
+        body: Value::Object(body),
+    })
+}
+
+/// An f32 as the decimal a person wrote (0.9, not 0.8999999761581421).
+fn decimal(x: f32) -> Value {
+    x.to_string()
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
+}
+
+/// Token counts from the usage chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Prompt tokens after templating.
+    pub prompt_tokens: u32,
+    /// Generated tokens.
+    pub completion_tokens: u32,
+}
+
+/// One streamed chunk, as far as we use it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Chunk {
+    /// New text.
+    pub text: String,
+    /// The ids of the new tokens, when the engine returned them.
+    pub token_ids: Vec<u32>,
+    /// `finish_reason`, once the choice ended.
+    pub finish_reason: Option<String>,
+    /// Token counts (the `include_usage` chunk).
+    pub usage: Option<Usage>,
+}
+
+/// What one SSE event said.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A chunk.
+    Chunk(Chunk),
+    /// `[DONE]`: the stream is complete.
+    Done,
+    /// The engine reported an error inside the stream.
+    Error {
+        /// Its message.
+        message: String,
+        /// Its HTTP-style code, when given.
+        code: Option<u16>,
+    },
+}
+
+/// Reads one SSE event's data.
+pub fn parse_event(data: &str, endpoint: Endpoint) -> Result<Event, String> {
+    let data = data.trim();
+    if data == "[DONE]" {
+        return Ok(Event::Done);
+    }
+    let value: Value = serde_json::from_str(data).map_err(|e| {
+        format!(
+            "the engine sent a stream event that is not JSON ({e}): {}",
+            cut(data, 200)
+        )
+    })?;
+    if let Some(error) = stream_error(&value) {
+        return Ok(error);
+    }
+    let mut chunk = Chunk::default();
+    let choice = value
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first());
+    if let Some(choice) = choice {
+        let text = match endpoint {
+            Endpoint::Completions => choice.get("text"),
+            Endpoint::Chat => choice.get("delta").and_then(|d| d.get("content")),
+        };
+        chunk.text = text.and_then(Value::as_str).unwrap_or_default().to_string();
+        chunk.finish_reason = choice
+            .get("finish_reason")
+            .and_then(Value::as_str)
+            .map(String::from);
+        // vLLM puts the delta's ids in the choice (`return_token_ids`);
+        // llama-server's native stream has `tokens` beside the content.
+        chunk.token_ids = ids(choice.get("token_ids"))
+            .or_else(|| ids(choice.get("tokens")))
+            .unwrap_or_default();
+    }
+    if chunk.token_ids.is_empty() {
+        chunk.token_ids = ids(value.get("tokens")).unwrap_or_default();
+    }
+    if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
+        let count = |k: &str| {
+            usage
+                .get(k)
+                .and_then(Value::as_u64)
+                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+        };
+        chunk.usage = Some(Usage {
+            prompt_tokens: count("prompt_tokens"),
+            completion_tokens: count("completion_tokens"),
+        });
+    }
+    Ok(Event::Chunk(chunk))
+}
+
+fn ids(value: Option<&Value>) -> Option<Vec<u32>> {
+    value?
+        .as_array()?
+        .iter()
+        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}
+
+/// An error object in a stream: `{"error": {...}}` (current vLLM, OpenAI) or
+/// `{"object": "error", "message": ...}` (older vLLM).
+fn stream_error(value: &Value) -> Option<Event> {
+    let error = match value.get("error") {
+        Some(e) if !e.is_null() => e,
+        _ if value.get("object").and_then(Value::as_str) == Some("error") => value,
+        _ => return None,
+    };
+    let message = match error {
+        Value::String(s) => s.clone(),
+        e => e
+            .get("message")
+            .and_then(Value::as_str)
+            .map(String::from)
+            .unwrap_or_else(|| cut(&e.to_string(), 500)),
+    };
+    let code = error
+        .get("code")
+        .and_then(Value::as_u64)
+        .and_then(|c| u16::try_from(c).ok());
+    Some(Event::Error { message, code })
+}
+
+/// The message of an engine's error answer (a non-200 status), for the
+/// caller's error: the JSON error's message, else the body itself, cut.
+pub fn error_message(body: &str) -> String {
+    match serde_json::from_str::<Value>(body)
+        .ok()
+        .as_ref()
+        .and_then(stream_error)
+    {
+        Some(Event::Error { message, .. }) => message,
+        _ if body.trim().is_empty() => "(empty answer)".into(),
+        _ => cut(body.trim(), 500),
+    }
+}
+
+/// `s` cut to at most `max` bytes on a character boundary, with a mark.
+pub fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &s[..end], s.len())
+}
+
+/// What `/v1/models` says about the served model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelEntry {
+    /// Its id, which requests name.
+    pub id: String,
+    /// `max_model_len` (vLLM), when given.
+    pub max_model_len: Option<u32>,
+    /// `meta.n_params` (llama-server), when given.
+    pub parameters: Option<u64>,
+}
+
+/// The first model in a `/v1/models` answer; `None` while it lists none.
+pub fn first_model(body: &str) -> Option<ModelEntry> {
+    let value: Value = serde_json::from_str(body).ok()?;
+    let model = value.get("data")?.as_array()?.first()?;
+    Some(ModelEntry {
+        id: model.get("id")?.as_str()?.to_string(),
+        max_model_len: model
+            .get("max_model_len")
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok()),
+        parameters: model
+            .get("meta")
+            .and_then(|m| m.get("n_params"))
+            .and_then(Value::as_u64),
+    })
+}
+
+/// llama-server's context per slot from `/props`:
+/// `default_generation_settings.n_ctx`, or `n_ctx` at the top in builds
+/// that put it there.
+pub fn props_context(body: &str) -> Option<u32> {
+    let value: Value = serde_json::from_str(body).ok()?;
+    value
+        .get("default_generation_settings")
+        .and_then(|d| d.get("n_ctx"))
+        .or_else(|| value.get("n_ctx"))
+        .and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
+}
+
+/// The engine's version: vLLM's `/version` (`{"version": ...}`) or
+/// llama-server's `/props` `build_info`.
+pub fn version(body: &str) -> Option<String> {
+    let value: Value = serde_json::from_str(body).ok()?;
+    value
+        .get("version")
+        .or_else(|| value.get("build_info"))
+        .and_then(Value::as_str)
+        .map(String::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn style() -> RequestStyle {
+        RequestStyle {
+            model: "qwen".into(),
+            token_ids_field: Some("return_token_ids".into()),
+            default_max_tokens: None,
+        }
+    }
+
+    fn prompt(p: &str) -> pb::GenerateRequest {
+        pb::GenerateRequest {
+            input: Some(pb::generate_request::Input::Prompt(p.into())),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_prompt_is_a_streamed_greedy_completion_asking_for_ids() {
+        let p = plan(&prompt("the cat"), &style()).unwrap();
+        assert_eq!(p.endpoint, Endpoint::Completions);
+        assert_eq!(
+            p.body,
+            json!({
+                "model": "qwen", "prompt": "the cat", "stream": true,
+                "stream_options": {"include_usage": true}, "temperature": 0.0,
+                "return_token_ids": true,
+            })
+        );
+    }
+
+    #[test]
+    fn a_chat_carries_its_messages_and_sampling_passes_through() {
+        let request = pb::GenerateRequest {
+            input: Some(pb::generate_request::Input::Chat(pb::ChatMessages {
+                messages: vec![pb::ChatMessage {
+                    role: "user".into(),
+                    content: "hi".into(),
+                }],
+            })),
+            max_tokens: 7,
+            sampling: Some(pb::SamplingParams {
+                temperature: 0.5,
+                top_p: 0.5,
+                top_k: 4,
+                seed: Some(9),
+            }),
+            stop: vec!["\n".into()],
+            ..Default::default()
+        };
+        let p = plan(&request, &style()).unwrap();
+        assert_eq!(p.endpoint, Endpoint::Chat);
+        let b = &p.body;
+        assert_eq!(b["messages"], json!([{"role": "user", "content": "hi"}]));
+        assert_eq!(b["max_tokens"], 7);
+        assert_eq!(b["temperature"], 0.5);
+        assert_eq!(b["top_p"], 0.5);
+        assert_eq!(b["top_k"], 4);
+        assert_eq!(b["seed"], 9);
+        assert_eq!(b["stop"], json!(["\n"]));
+    }
+
+    #[test]
+    fn bad_sampling_and_empty_input_are_refused_naming_the_field() {
+        let mut r = prompt("x");
+        r.sampling = Some(pb::SamplingParams {
+            top_p: 2.0,
+            ..Default::default()
+        });
+        assert!(plan(&r, &style()).unwrap_err().contains("top_p"));
+        assert!(plan(&pb::GenerateRequest::default(), &style())
+            .unwrap_err()
+            .contains("prompt"));
+    }
+
+    #[test]
+    fn vllm_chunks_give_text_ids_finish_and_usage() {
+        let e = parse_event(
+            r#"{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" the","logprobs":null,"finish_reason":null,"stop_reason":null,"token_ids":[279]}]}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
+        assert_eq!(
+            e,
+            Event::Chunk(Chunk {
+                text: " the".into(),
+                token_ids: vec![279],
+                ..Default::default()
+            })
+        );
+        let e = parse_event(
+            r#"{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"!"},"finish_reason":"length","token_ids":[0]}]}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        let Event::Chunk(c) = e else { panic!() };
+        assert_eq!(
+            (c.text.as_str(), c.finish_reason.as_deref()),
+            ("!", Some("length"))
+        );
+        let e = parse_event(
+            r#"{"id":"c","object":"text_completion","choices":[],"usage":{"prompt_tokens":5,"total_tokens":12,"completion_tokens":7}}"#,
+            Endpoint::Completions,
+        )
+        .unwrap();
+        let Event::Chunk(c) = e else { panic!() };
+        assert_eq!(
+            c.usage,
+            Some(Usage {
+                prompt_tokens: 5,
+                completion_tokens: 7
+            })
+        );
+        assert_eq!(parse_event("[DONE]", Endpoint::Chat).unwrap(), Event::Done);
+    }
+
+    #[test]
+    fn errors_in_the_stream_are_read_in_both_shapes() {
+        let new = parse_event(
+            r#"{"error":{"message":"boom","type":"InternalServerError","code":500}}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert_eq!(
+            new,
+            Event::Error {
+                message: "boom".into(),
+                code: Some(500)
+            }
+        );
+        let old = parse_event(
+            r#"{"object":"error","message":"too long","type":"BadRequestError","code":400}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        assert_eq!(
+            old,
+            Event::Error {
+                message: "too long".into(),
+                code: Some(400)
+            }
+        );
+        assert!(parse_event("not json", Endpoint::Chat).is_err());
+    }
+
+    #[test]
+    fn models_props_and_versions_are_read() {
+        let m = first_model(
+            r#"{"object":"list","data":[{"id":"qwen","object":"model","owned_by":"vllm","max_model_len":34816}]}"#,
+        )
+        .unwrap();
+        assert_eq!((m.id.as_str(), m.max_model_len), ("qwen", Some(34816)));
+        assert_eq!(first_model(r#"{"object":"list","data":[]}"#), None);
+        assert_eq!(
+            props_context(r#"{"default_generation_settings":{"n_ctx":8192}}"#),
+            Some(8192)
+        );
+        assert_eq!(props_context(r#"{"n_ctx":4096}"#), Some(4096));
+        assert_eq!(
+            version(r#"{"version":"0.10.2"}"#).as_deref(),
+            Some("0.10.2")
+        );
+        assert_eq!(error_message(r#"{"error":{"message":"no"}}"#), "no");
+        assert_eq!(error_message("plain"), "plain");
+    }
+}

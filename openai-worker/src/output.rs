@@ -1,0 +1,240 @@
+//! The engine's output: passed through to the worker's own stdout and
+//! stderr line by line, and read on the way.
+//!
+//! Passing it through keeps the daemon's log capture and banner rule
+//! working unchanged (`<FLAG> engaged` lines reach the daemon as the engine
+//! printed them). Reading it gives the load progress (lines seen, the last
+//! one) and the one trace a dying vLLM leaves of its EngineCore: the API
+//! server logs `Engine core proc EngineCore_DP0 died unexpectedly` or
+//! `Failed core proc(s): {}` (an empty set when a signal, usually the OOM
+//! killer, took the core) and nothing else.
+//!
+//! Whole lines are written with one call under the stream's lock, so the
+//! worker's own log lines never land in the middle of an engine line (which
+//! would hide a banner from the daemon).
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::watch;
+
+/// A line longer than this is passed on in pieces.
+const MAX_LINE: usize = 64 << 10;
+/// The last line is kept this long for the load progress message.
+const LAST_LINE_CHARS: usize = 160;
+
+/// What the worker learned from the engine's output.
+#[derive(Debug)]
+pub struct OutputScan {
+    /// Lines seen (a carriage return ends a line too: progress bars redraw
+    /// with `\r`, and each redraw is progress).
+    lines: AtomicU32,
+    /// The last non-empty line, cut.
+    last: Mutex<String>,
+    /// Flags whose `<FLAG> engaged` banner was seen.
+    banners: Mutex<BTreeSet<String>>,
+    /// The line that said an engine subprocess died.
+    subprocess_death: watch::Sender<Option<String>>,
+    /// Streams (stdout, stderr) that reached their end.
+    closed: watch::Sender<u8>,
+}
+
+impl Default for OutputScan {
+    fn default() -> Self {
+        Self {
+            lines: AtomicU32::new(0),
+            last: Mutex::new(String::new()),
+            banners: Mutex::new(BTreeSet::new()),
+            subprocess_death: watch::Sender::new(None),
+            closed: watch::Sender::new(0),
+        }
+    }
+}
+
+impl OutputScan {
+    /// Lines seen so far.
+    pub fn lines(&self) -> u32 {
+        self.lines.load(Ordering::Acquire)
+    }
+
+    /// The last non-empty line.
+    pub fn last_line(&self) -> String {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Flags whose banner was seen, sorted.
+    pub fn banners(&self) -> Vec<String> {
+        let banners = self.banners.lock().unwrap_or_else(|e| e.into_inner());
+        banners.iter().cloned().collect()
+    }
+
+    /// The line that said an engine subprocess died, if one did.
+    pub fn subprocess_death(&self) -> Option<String> {
+        self.subprocess_death.borrow().clone()
+    }
+
+    /// Waits until a line says an engine subprocess died.
+    pub async fn subprocess_died(&self) -> String {
+        let mut rx = self.subprocess_death.subscribe();
+        let line = rx.wait_for(Option::is_some).await.map(|l| l.clone());
+        match line {
+            Ok(line) => line.unwrap_or_default(),
+            // The sender lives as long as `self`: unreachable, but never
+            // resolve on it.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// Waits until both output streams reached their end (the engine and
+    /// every process that inherited them are gone).
+    pub async fn closed(&self) {
+        let mut rx = self.closed.subscribe();
+        let _ = rx.wait_for(|n| *n >= 2).await;
+    }
+
+    /// Reads one line as the engine wrote it (without its `\n`).
+    pub fn observe(&self, line: &[u8]) {
+        let text = String::from_utf8_lossy(line);
+        for segment in text.split('\r') {
+            let segment = segment.trim();
+            if segment.is_empty() {
+                continue;
+            }
+            self.lines.fetch_add(1, Ordering::AcqRel);
+            *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
+                segment.chars().take(LAST_LINE_CHARS).collect();
+        }
+        if let Some(flag) = banner(&text) {
+            let mut banners = self.banners.lock().unwrap_or_else(|e| e.into_inner());
+            banners.insert(flag.to_string());
+        }
+        if says_subprocess_died(&text) && self.subprocess_death.borrow().is_none() {
+            let line = text.trim().chars().take(500).collect::<String>();
+            self.subprocess_death.send_replace(Some(line));
+        }
+    }
+
+    fn stream_closed(&self) {
+        self.closed.send_modify(|n| *n += 1);
+    }
+}
+
+/// The flag of a `<FLAG> engaged` banner: a line ending in ` engaged`, the
+/// word before it made of the characters an environment variable's name
+/// has. The daemon's own rule for its log capture (`worker/banners.rs`),
+/// word for word: `Info` reports these and the daemon merges them with what
+/// it saw, so a looser rule here would weaken its fail-closed check.
+fn banner(line: &str) -> Option<&str> {
+    let before = line.trim_end().strip_suffix(" engaged")?;
+    let flag = before
+        .rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .next()?;
+    (!flag.is_empty()).then_some(flag)
+}
+
+/// vLLM's words when its EngineCore process died under the API server.
+fn says_subprocess_died(line: &str) -> bool {
+    line.contains("Failed core proc(s)")
+        || (line.contains("Engine core proc") && line.contains("died unexpectedly"))
+}
+
+/// Which of the worker's streams an engine stream goes to.
+#[derive(Debug, Clone, Copy)]
+pub enum Sink {
+    /// The worker's stdout.
+    Stdout,
+    /// The worker's stderr.
+    Stderr,
+}
+
+impl Sink {
+    fn write_line(self, bytes: &[u8]) {
+        // A daemon that went away leaves a closed pipe: the bytes are lost,
+        // but the engine must keep being drained, or it blocks on a full
+        // pipe.
+        let _ = match self {
+            Sink::Stdout => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(bytes).and_then(|_| out.flush())
+            }
+            Sink::Stderr => std::io::stderr().lock().write_all(bytes),
+        };
+    }
+}
+
+/// Passes `from` through to `to` line by line on a thread of its own,
+/// reading each line into `scan`, until the stream ends.
+pub fn forward(
+    mut from: impl Read + Send + 'static,
+    to: Sink,
+    scan: Arc<OutputScan>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(format!("engine-{to:?}").to_lowercase())
+        .spawn(move || {
+            let mut buf = vec![0u8; 16 << 10];
+            let mut line = Vec::with_capacity(1024);
+            loop {
+                let n = match from.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                };
+                for &b in &buf[..n] {
+                    line.push(b);
+                    if b == b'\n' || line.len() >= MAX_LINE {
+                        to.write_line(&line);
+                        scan.observe(line.strip_suffix(b"\n").unwrap_or(&line));
+                        line.clear();
+                    }
+                }
+            }
+            if !line.is_empty() {
+                to.write_line(&line);
+                scan.observe(&line);
+            }
+            scan.stream_closed();
+        })
+        .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_and_progress_bar_redraws_count_as_progress() {
+        let scan = OutputScan::default();
+        scan.observe(b"INFO 01-04 21:58:20 [loader.py:12] Loading weights");
+        scan.observe(b"Loading shards:  50%|#####     | 1/2\rLoading shards: 100%|##########| 2/2");
+        scan.observe(b"");
+        assert_eq!(scan.lines(), 3);
+        assert_eq!(scan.last_line(), "Loading shards: 100%|##########| 2/2");
+    }
+
+    #[test]
+    fn banners_are_collected_by_flag() {
+        let scan = OutputScan::default();
+        scan.observe(b"QWEN36_SDPA_STREAMING engaged");
+        scan.observe(b"(EngineCore_DP0 pid=7) INFO [x.py:1] TT_FLAG_2 engaged \r");
+        scan.observe(b"TT_FLAG_3 engaged: not a banner, the daemon would not count it");
+        assert_eq!(scan.banners(), ["QWEN36_SDPA_STREAMING", "TT_FLAG_2"]);
+    }
+
+    #[test]
+    fn vllm_core_death_lines_are_recognised() {
+        let scan = OutputScan::default();
+        scan.observe(b"(EngineCore_DP0 pid=12) INFO 01-04 [core.py:1] EngineCore ready");
+        assert_eq!(scan.subprocess_death(), None);
+        scan.observe(b"RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}");
+        assert!(scan
+            .subprocess_death()
+            .unwrap()
+            .contains("Failed core proc(s): {}"));
+        let scan = OutputScan::default();
+        scan.observe(b"ERROR 01-04 21:58:22 [core_client.py:564] Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.");
+        assert!(scan.subprocess_death().is_some());
+    }
+}

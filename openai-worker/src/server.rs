@@ -1,0 +1,412 @@
+//! The `Engine` gRPC service (engine.proto) on the worker's unix socket,
+//! answered from the engine's OpenAI HTTP API.
+//!
+//! `Generate` sends one streamed HTTP request per call and relays its
+//! chunks; the call and the HTTP connection live and die together, so a
+//! daemon that drops the call closes the connection, and the engine aborts
+//! the request (vLLM and llama-server both abort on disconnect).
+
+use crate::cli::EngineKind;
+use crate::http::{self, SseSplitter};
+use crate::openai::{self, Endpoint, Event, RequestStyle, Usage};
+use crate::status::{InFlight, Phase, Status};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status as RpcStatus};
+use tt_serving_proto::v1 as pb;
+use tt_serving_proto::v1::engine_server::Engine;
+
+/// Facts known before the engine is ready, reported by `Info`.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// The engine kind.
+    pub kind: EngineKind,
+    /// The engine's port on loopback.
+    pub port: u16,
+    /// TP degree.
+    pub tp: u32,
+    /// Card BDF per rank.
+    pub bdfs: Vec<String>,
+    /// `warm` or `cold`.
+    pub cache_mode: String,
+    /// The token-ids field and default `max_tokens`.
+    pub token_ids_field: Option<String>,
+    /// `max_tokens` for requests leaving it 0.
+    pub default_max_tokens: Option<u32>,
+}
+
+/// The service.
+pub struct EngineService {
+    identity: Identity,
+    status: Arc<Status>,
+    /// Fired once a `Shutdown` call has drained the worker.
+    shutdown: Arc<tokio::sync::Notify>,
+}
+
+impl EngineService {
+    /// A service over `status`.
+    pub fn new(
+        identity: Identity,
+        status: Arc<Status>,
+        shutdown: Arc<tokio::sync::Notify>,
+    ) -> Self {
+        Self {
+            identity,
+            status,
+            shutdown,
+        }
+    }
+
+    fn progress(&self) -> pb::LoadProgress {
+        let output = &self.status.output;
+        let lines = output.lines();
+        let message = match (self.status.phase(), lines) {
+            (Phase::Loading, 0) => format!("starting {}", self.identity.kind.name()),
+            (Phase::Loading, n) => format!(
+                "{} loading ({n} log lines): {}",
+                self.identity.kind.name(),
+                output.last_line()
+            ),
+            _ => String::new(),
+        };
+        pb::LoadProgress {
+            done: lines,
+            // The engine does not say how many lines a load takes.
+            total: 0,
+            message,
+        }
+    }
+}
+
+fn worker_state(p: Phase) -> i32 {
+    match p {
+        Phase::Loading => pb::WorkerState::Loading as i32,
+        Phase::Ready => pb::WorkerState::Ready as i32,
+        Phase::Draining => pb::WorkerState::Draining as i32,
+    }
+}
+
+/// An engine's `finish_reason` in our words. vLLM says `abort` for a
+/// request it aborted; anything else that ended the text (tool calls, a
+/// content filter) ended it like a stop.
+fn finish_reason(reason: &str) -> pb::FinishReason {
+    match reason {
+        "length" => pb::FinishReason::Length,
+        "abort" | "cancelled" => pb::FinishReason::Cancelled,
+        _ => pb::FinishReason::Stop,
+    }
+}
+
+/// An engine's refusal (a non-200 answer) as a gRPC status.
+fn refusal(code: hyper::StatusCode, message: &str) -> RpcStatus {
+    let message = format!("the engine refused the request ({code}): {message}");
+    match code.as_u16() {
+        400 | 413 | 422 => RpcStatus::invalid_argument(message),
+        429 => RpcStatus::resource_exhausted(message),
+        503 => RpcStatus::unavailable(message),
+        _ => RpcStatus::internal(message),
+    }
+}
+
+type GenerateStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<pb::GenerateResponse, RpcStatus>> + Send + 'static>,
+>;
+
+#[tonic::async_trait]
+impl Engine for EngineService {
+    async fn info(
+        &self,
+        _: Request<pb::InfoRequest>,
+    ) -> Result<Response<pb::InfoResponse>, RpcStatus> {
+        let loaded = self.status.loaded().cloned().unwrap_or_default();
+        let engine = match &loaded.engine_version {
+            Some(v) => format!("{} {v}", self.identity.kind.name()),
+            None => self.identity.kind.name().to_string(),
+        };
+        let version = format!("tt-worker-openai {} ({engine})", env!("CARGO_PKG_VERSION"));
+        Ok(Response::new(pb::InfoResponse {
+            model_name: loaded.model.clone(),
+            architecture: String::new(),
+            parameter_count: loaded.parameters,
+            tp: self.identity.tp,
+            ranks: self
+                .identity
+                .bdfs
+                .iter()
+                .enumerate()
+                .map(|(rank, bdf)| pb::RankBinding {
+                    rank: rank as u32,
+                    bdf: bdf.clone(),
+                })
+                .collect(),
+            context_length: loaded.context_length,
+            cache_mode: self.identity.cache_mode.clone(),
+            // The engine writes its tensor cache itself; the daemon's
+            // cache guard reads the variant dir.
+            cache_files_read: Vec::new(),
+            cache_files_written: Vec::new(),
+            load_time_ms: loaded.load_time.as_millis() as u64,
+            banners_engaged: self.status.output.banners(),
+            engine_version: version,
+            state: worker_state(self.status.phase()),
+            progress: Some(self.progress()),
+        }))
+    }
+
+    async fn health(
+        &self,
+        _: Request<pb::HealthRequest>,
+    ) -> Result<Response<pb::HealthResponse>, RpcStatus> {
+        let (running, waiting) = self.status.load(self.identity.port, self.identity.kind);
+        Ok(Response::new(pb::HealthResponse {
+            state: worker_state(self.status.phase()),
+            active_sequences: running,
+            queued_sequences: waiting,
+            last_progress_unix_ms: self
+                .status
+                .last_token_unix_ms
+                .load(std::sync::atomic::Ordering::Acquire),
+            progress: Some(self.progress()),
+        }))
+    }
+
+    type GenerateStream = GenerateStream;
+
+    async fn generate(
+        &self,
+        request: Request<pb::EngineGenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, RpcStatus> {
+        let arrived = Instant::now();
+        match self.status.phase() {
+            Phase::Loading => return Err(RpcStatus::unavailable("the engine is still loading")),
+            Phase::Draining => return Err(RpcStatus::unavailable("the worker is shutting down")),
+            Phase::Ready => {}
+        }
+        let loaded = self
+            .status
+            .loaded()
+            .ok_or_else(|| RpcStatus::unavailable("the engine is still loading"))?;
+        let request = request.into_inner();
+        let generate = request.request.ok_or_else(|| {
+            RpcStatus::invalid_argument("EngineGenerateRequest.request is missing")
+        })?;
+        let style = RequestStyle {
+            model: loaded.model.clone(),
+            token_ids_field: self.identity.token_ids_field.clone(),
+            default_max_tokens: self.identity.default_max_tokens,
+        };
+        let plan = openai::plan(&generate, &style).map_err(RpcStatus::invalid_argument)?;
+        let body = serde_json::to_vec(&plan.body)
+            .map_err(|e| RpcStatus::internal(format!("cannot encode the engine request: {e}")))?;
+        let in_flight = self.status.begin_request();
+        let mut cancel = self.status.cancelled();
+        let path = plan.endpoint.path();
+        // The answer's head comes once the engine accepted the request (a
+        // llama-server sends it with the first token, so this can last a
+        // whole prefill); a dropped call drops this future and the
+        // connection with it.
+        let response = tokio::select! {
+            r = http::send(self.identity.port, hyper::Method::POST, path, Some(body)) => r
+                .map_err(|e| RpcStatus::unavailable(format!("{e}; the engine may have died")))?,
+            _ = cancel.wait_for(|c| *c) => {
+                return Err(RpcStatus::unavailable("the worker is shutting down"));
+            }
+        };
+        if !response.status.is_success() {
+            let code = response.status;
+            let text = tokio::time::timeout(Duration::from_secs(10), response.text(path))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
+            return Err(refusal(code, &openai::error_message(&text)));
+        }
+        let (tx, rx) = mpsc::channel(64);
+        let relay = Relay {
+            endpoint: plan.endpoint,
+            status: self.status.clone(),
+            tx,
+            cancel,
+            arrived,
+            request_id: request.request_id,
+            _in_flight: in_flight,
+        };
+        tokio::spawn(relay.run(response));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn shutdown(
+        &self,
+        request: Request<pb::ShutdownRequest>,
+    ) -> Result<Response<pb::ShutdownResponse>, RpcStatus> {
+        let timeout = Duration::from_millis(request.into_inner().drain_timeout_ms as u64);
+        let report = self.status.drain(timeout).await;
+        self.shutdown.notify_one();
+        Ok(Response::new(pb::ShutdownResponse {
+            finished: report.finished,
+            cancelled: report.cancelled,
+        }))
+    }
+}
+
+/// One request's stream: engine SSE in, `GenerateResponse`s out.
+struct Relay {
+    endpoint: Endpoint,
+    status: Arc<Status>,
+    tx: mpsc::Sender<Result<pb::GenerateResponse, RpcStatus>>,
+    cancel: watch::Receiver<bool>,
+    arrived: Instant,
+    request_id: String,
+    _in_flight: InFlight,
+}
+
+/// Where the relay is.
+#[derive(Default)]
+struct Progress {
+    first_token: Option<Instant>,
+    finish: Option<String>,
+    usage: Option<Usage>,
+    ids: u32,
+    deltas: u32,
+    done: bool,
+}
+
+/// Why a relay stops early.
+enum Stop {
+    /// The daemon dropped the call: close the engine's stream, say nothing.
+    Gone,
+    /// The stream failed: tell the daemon.
+    Failed(RpcStatus),
+}
+
+impl Relay {
+    async fn run(mut self, mut response: http::Response) {
+        let mut sse = SseSplitter::default();
+        let mut progress = Progress::default();
+        let outcome = loop {
+            let piece = tokio::select! {
+                _ = self.tx.closed() => break Err(Stop::Gone),
+                _ = self.cancel.wait_for(|c| *c) => {
+                    progress.finish = Some("cancelled".into());
+                    break Ok(());
+                }
+                piece = response.chunk() => piece,
+            };
+            let ended = piece.is_none();
+            let events = match piece {
+                Some(Ok(bytes)) => sse
+                    .feed(&bytes)
+                    .map_err(|e| Stop::Failed(RpcStatus::internal(e))),
+                Some(Err(e)) => Err(Stop::Failed(RpcStatus::unavailable(format!(
+                    "the engine's stream broke: {e}; the engine may have died"
+                )))),
+                None => Ok(sse.finish().into_iter().collect()),
+            };
+            let step = match events {
+                Ok(events) => self.handle(events, &mut progress).await,
+                Err(stop) => Err(stop),
+            };
+            match step {
+                Err(stop) => break Err(stop),
+                Ok(()) if progress.done || ended => break Ok(()),
+                Ok(()) => {}
+            }
+        };
+        // Closing the engine's connection now (not when the daemon has read
+        // the final chunk) stops a cancelled request at once.
+        drop(response);
+        match outcome {
+            Ok(()) => self.finish(progress).await,
+            Err(Stop::Gone) => {
+                tracing::debug!(request = %self.request_id, "the daemon dropped the stream; closed the engine's connection");
+            }
+            Err(Stop::Failed(status)) => {
+                tracing::warn!(request = %self.request_id, error = %status.message(), "generation failed");
+                let _ = self.tx.send(Err(status)).await;
+            }
+        }
+    }
+
+    async fn handle(&self, events: Vec<String>, progress: &mut Progress) -> Result<(), Stop> {
+        for data in events {
+            match openai::parse_event(&data, self.endpoint) {
+                Ok(Event::Done) => progress.done = true,
+                Ok(Event::Chunk(chunk)) => {
+                    if !chunk.text.is_empty() || !chunk.token_ids.is_empty() {
+                        progress.first_token.get_or_insert_with(Instant::now);
+                        progress.ids += chunk.token_ids.len() as u32;
+                        progress.deltas += 1;
+                        self.status.token_arrived();
+                        let delta = pb::GenerateResponse {
+                            chunk: Some(pb::generate_response::Chunk::Delta(pb::TokenDelta {
+                                text: chunk.text,
+                                token_ids: chunk.token_ids,
+                            })),
+                        };
+                        if self.tx.send(Ok(delta)).await.is_err() {
+                            return Err(Stop::Gone);
+                        }
+                    }
+                    if let Some(reason) = chunk.finish_reason {
+                        progress.finish = Some(reason);
+                    }
+                    if let Some(usage) = chunk.usage {
+                        progress.usage = Some(usage);
+                    }
+                }
+                Ok(Event::Error { message, code }) => {
+                    let message = format!("the engine failed the request: {message}");
+                    return Err(Stop::Failed(match code {
+                        Some(400) => RpcStatus::invalid_argument(message),
+                        _ => RpcStatus::internal(message),
+                    }));
+                }
+                Err(e) => return Err(Stop::Failed(RpcStatus::internal(e))),
+            }
+        }
+        Ok(())
+    }
+
+    async fn finish(self, progress: Progress) {
+        let Some(reason) = progress.finish else {
+            let _ = self
+                .tx
+                .send(Err(RpcStatus::unavailable(
+                    "the engine ended the stream without a finish reason; it may have died",
+                )))
+                .await;
+            return;
+        };
+        let now = Instant::now();
+        let first = progress.first_token.unwrap_or(now);
+        let ttft = first.duration_since(self.arrived);
+        // Engines that give no usage (or no ids) are counted by what came.
+        let usage = progress.usage.unwrap_or(Usage {
+            prompt_tokens: 0,
+            completion_tokens: if progress.ids > 0 {
+                progress.ids
+            } else {
+                progress.deltas
+            },
+        });
+        let last = pb::GenerateResponse {
+            chunk: Some(pb::generate_response::Chunk::Final(pb::GenerationFinal {
+                finish_reason: finish_reason(&reason) as i32,
+                usage: Some(pb::Usage {
+                    prompt_tokens: usage.prompt_tokens,
+                    completion_tokens: usage.completion_tokens,
+                }),
+                timings: Some(pb::Timings {
+                    queue_us: 0,
+                    prefill_us: ttft.as_micros() as u64,
+                    decode_us: now.duration_since(first).as_micros() as u64,
+                    time_to_first_token_us: ttft.as_micros() as u64,
+                }),
+                slot: String::new(),
+            })),
+        };
+        let _ = self.tx.send(Ok(last)).await;
+    }
+}

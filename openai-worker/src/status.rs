@@ -1,0 +1,253 @@
+//! The worker's shared state: its phase, what the engine said when it
+//! became ready, the requests in flight (for the drain), and the engine's
+//! load as its metrics last showed it. Written by the life in `worker.rs`
+//! and the request relays, read by the RPC handlers; atomics and short
+//! locks, so `Health` stays cheap.
+
+use crate::cli::EngineKind;
+use crate::http;
+use crate::metrics;
+use crate::output::OutputScan;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// Where the worker is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The engine is starting.
+    Loading = 1,
+    /// Serving.
+    Ready = 2,
+    /// Shutting down: finishing in-flight work, admitting none.
+    Draining = 3,
+}
+
+/// What the engine told us once it was ready.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    /// The model id from `/v1/models`, which requests name.
+    pub model: String,
+    /// Tokens per sequence.
+    pub context_length: u32,
+    /// Parameters, when the engine says (llama-server).
+    pub parameters: u64,
+    /// The engine's version, when it says.
+    pub engine_version: Option<String>,
+    /// From spawn to ready.
+    pub load_time: Duration,
+}
+
+/// The engine's load as `/metrics` showed it.
+#[derive(Debug, Default)]
+struct LoadCache {
+    /// Running and waiting requests; `None` when the metrics lacked them.
+    counts: Option<(u32, u32)>,
+    /// When they were read.
+    at: Option<Instant>,
+    /// A read is under way.
+    refreshing: bool,
+}
+
+/// Load figures older than this are refreshed (in the background: `Health`
+/// answers at once with what it has).
+const LOAD_REFRESH: Duration = Duration::from_millis(500);
+/// Figures older than this are not trusted (the engine stopped answering
+/// its metrics); `Health` then counts the worker's own requests.
+const LOAD_STALE: Duration = Duration::from_secs(10);
+
+/// Shared worker state.
+#[derive(Debug)]
+pub struct Status {
+    phase: AtomicU8,
+    /// The engine's output, whose lines are the load progress.
+    pub output: Arc<OutputScan>,
+    loaded: OnceLock<Loaded>,
+    /// Requests between arrival and their stream's end.
+    in_flight: watch::Sender<u32>,
+    /// Set when a drain's time is up: relays send their final chunk as
+    /// cancelled and close the engine's stream.
+    cancel: watch::Sender<bool>,
+    /// Unix ms of the last token any request received (0 before the first).
+    pub last_token_unix_ms: AtomicU64,
+    load: Mutex<LoadCache>,
+    /// The missing-metrics warning was logged.
+    warned_metrics: AtomicBool,
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A request in flight; the count drops when it is dropped.
+pub struct InFlight {
+    status: Arc<Status>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.status
+            .in_flight
+            .send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// What a drain did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DrainReport {
+    /// Requests that finished within the drain timeout.
+    pub finished: u32,
+    /// Requests cancelled at the timeout.
+    pub cancelled: u32,
+}
+
+impl Status {
+    /// A loading worker reading `output`.
+    pub fn new(output: Arc<OutputScan>) -> Self {
+        Self {
+            phase: AtomicU8::new(Phase::Loading as u8),
+            output,
+            loaded: OnceLock::new(),
+            in_flight: watch::Sender::new(0),
+            cancel: watch::Sender::new(false),
+            last_token_unix_ms: AtomicU64::new(0),
+            load: Mutex::new(LoadCache::default()),
+            warned_metrics: AtomicBool::new(false),
+        }
+    }
+
+    /// Current phase.
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::Acquire) {
+            2 => Phase::Ready,
+            3 => Phase::Draining,
+            _ => Phase::Loading,
+        }
+    }
+
+    /// Moves to `phase`.
+    pub fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase as u8, Ordering::Release);
+    }
+
+    /// Publishes what the engine said when it became ready and moves to
+    /// Ready.
+    pub fn set_ready(&self, loaded: Loaded) {
+        let _ = self.loaded.set(loaded);
+        self.set_phase(Phase::Ready);
+    }
+
+    /// What the engine said when it became ready.
+    pub fn loaded(&self) -> Option<&Loaded> {
+        self.loaded.get()
+    }
+
+    /// Counts a request until the returned guard is dropped.
+    pub fn begin_request(self: &Arc<Self>) -> InFlight {
+        self.in_flight.send_modify(|n| *n += 1);
+        InFlight {
+            status: self.clone(),
+        }
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> u32 {
+        *self.in_flight.borrow()
+    }
+
+    /// A receiver that turns true when in-flight requests must end.
+    pub fn cancelled(&self) -> watch::Receiver<bool> {
+        self.cancel.subscribe()
+    }
+
+    /// Records that a token arrived.
+    pub fn token_arrived(&self) {
+        self.last_token_unix_ms.store(unix_ms(), Ordering::Release);
+    }
+
+    /// Stops admitting work, lets in-flight requests finish for `timeout`,
+    /// then cancels the rest (each gets its final chunk as cancelled).
+    pub async fn drain(&self, timeout: Duration) -> DrainReport {
+        self.set_phase(Phase::Draining);
+        let mut rx = self.in_flight.subscribe();
+        let started_with = *rx.borrow();
+        let _ = tokio::time::timeout(timeout, rx.wait_for(|n| *n == 0)).await;
+        let left = *rx.borrow();
+        if left > 0 {
+            tracing::warn!(left, "drain timeout: cancelling the requests still running");
+            self.cancel.send_replace(true);
+            // Each relay answers its client and closes the engine's
+            // stream at once; a client that stopped reading is not waited
+            // for long.
+            let _ = tokio::time::timeout(Duration::from_secs(2), rx.wait_for(|n| *n == 0)).await;
+        }
+        DrainReport {
+            finished: started_with.saturating_sub(left),
+            cancelled: left,
+        }
+    }
+
+    /// Running and waiting requests for `Health`: the engine's own figures
+    /// when its metrics have them (fresh enough), else the worker's count
+    /// of its requests as running. Starts a background refresh of the
+    /// figures when they are old.
+    pub fn load(self: &Arc<Self>, port: u16, kind: EngineKind) -> (u32, u32) {
+        if self.phase() == Phase::Loading {
+            return (0, 0);
+        }
+        let mut cache = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        let age = cache.at.map(|at| at.elapsed());
+        if !cache.refreshing && age.is_none_or(|a| a >= LOAD_REFRESH) {
+            cache.refreshing = true;
+            let status = self.clone();
+            tokio::spawn(async move { status.refresh_load(port, kind).await });
+        }
+        match (cache.counts, age) {
+            (Some(counts), Some(age)) if age < LOAD_STALE => counts,
+            _ => (self.in_flight(), 0),
+        }
+    }
+
+    async fn refresh_load(&self, port: u16, kind: EngineKind) {
+        let (running, waiting) = kind.load_gauges();
+        let counts = match http::get(port, "/metrics", Duration::from_secs(2)).await {
+            Ok((code, text)) if code.is_success() => {
+                match (
+                    metrics::count(&text, running),
+                    metrics::count(&text, waiting),
+                ) {
+                    (Some(r), w) => Some((r, w.unwrap_or(0))),
+                    (None, _) => {
+                        self.warn_metrics(format!("its /metrics has no `{running}`"));
+                        None
+                    }
+                }
+            }
+            Ok((code, _)) => {
+                self.warn_metrics(format!("its /metrics answered {code}"));
+                None
+            }
+            Err(e) => {
+                tracing::debug!(%e, "cannot read the engine's metrics");
+                None
+            }
+        };
+        let mut cache = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        cache.refreshing = false;
+        cache.at = Some(Instant::now());
+        cache.counts = counts;
+    }
+
+    fn warn_metrics(&self, what: String) {
+        if !self.warned_metrics.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                "cannot read the engine's load: {what}; Health reports the worker's own requests as running (llama-server needs `--metrics`)"
+            );
+        }
+    }
+}

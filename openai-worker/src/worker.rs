@@ -1,0 +1,357 @@
+//! The worker's life: bind the socket, start the engine, wait until it is
+//! ready, serve, and stop it (or report how it died), as phases composed in
+//! [`life`].
+
+use crate::cli::{self, Settings};
+use crate::engine::{Engine, Stopped};
+use crate::ready::Probe;
+use crate::server::{EngineService, Identity};
+use crate::status::Status;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::UnixListener;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::Notify;
+use tokio_stream::wrappers::UnixListenerStream;
+use tt_serving_proto::v1::engine_server::EngineServer;
+use tt_serving_proto::CacheMode;
+
+/// How long the gRPC server may take to send its last answers (the
+/// Shutdown call's, say) once the engine is stopped.
+const SERVER_STOP_GRACE: Duration = Duration::from_secs(2);
+/// How often readiness is probed.
+const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// After vLLM said its EngineCore died, how long its API server gets to
+/// exit by itself before the worker stops it.
+const CORE_DEATH_GRACE: Duration = Duration::from_secs(5);
+
+/// How the worker ends when it fails: the status and the sentence naming
+/// the cause.
+#[derive(Debug)]
+pub struct Failure {
+    /// Exit status.
+    pub code: i32,
+    /// What happened and what to do.
+    pub message: String,
+}
+
+impl Failure {
+    fn new(code: i32, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// Runs the worker until it stops; `Ok` means exit status 0.
+pub fn run(settings: Settings) -> Result<(), Failure> {
+    // SAFETY: prctl only sets process attributes.
+    unsafe {
+        // Dies with the daemon, as tt-worker does (docs/ARCHITECTURE.md,
+        // "Worker lifetime"); `main` also watches for being reparented.
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
+        // Orphans of the engine's group come to us, to be reaped and
+        // accounted for (engine.rs).
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::new(1, format!("cannot start the async runtime: {e}")))?;
+    // `block_on` runs `life` on this thread, the process's main thread, so
+    // the engine's parent-death signal (tied to the forking thread) fires
+    // only when the worker itself dies.
+    runtime.block_on(life(settings))
+}
+
+/// The engine's environment on top of the worker's own.
+fn engine_env(s: &Settings) -> Result<Vec<(String, String)>, Failure> {
+    let weights = s.cache_dir.join("weights");
+    let kernels = match std::env::var_os("TT_METAL_CACHE") {
+        // The operator's choice (a model's `env`) stands.
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => cli::kernel_cache_dir(&s.cache_dir).map_err(|e| Failure::new(2, e.0))?,
+    };
+    for dir in [&weights, &kernels] {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            Failure::new(
+                1,
+                format!(
+                    "cannot create {}: {e}; the daemon's cache_dir must be writable by the worker",
+                    dir.display()
+                ),
+            )
+        })?;
+    }
+    let mut env = vec![
+        // tt_transformers' tensor cache: inside the variant, where the
+        // daemon's marker and warm-start guard see every file.
+        ("TT_CACHE_PATH".to_string(), weights.display().to_string()),
+        // Compiled kernels: outside the variant (cli::kernel_cache_dir says
+        // why).
+        ("TT_METAL_CACHE".to_string(), kernels.display().to_string()),
+    ];
+    if s.cache_mode == CacheMode::Cold {
+        // A cold start rebuilds the tensor cache from the checkpoint instead
+        // of trusting whatever files are there.
+        env.push(("TT_TRANSFORMERS_FORCE_MODEL_LOAD".into(), "1".into()));
+    }
+    Ok(env)
+}
+
+fn bind(socket: &Path) -> Result<UnixListener, Failure> {
+    if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            Failure::new(
+                1,
+                format!("cannot create the socket directory {}: {e}", dir.display()),
+            )
+        })?;
+    }
+    // A socket left by a previous worker of this slot would make bind fail;
+    // only a socket is removed, never some other file at that path.
+    if let Ok(meta) = std::fs::symlink_metadata(socket) {
+        use std::os::unix::fs::FileTypeExt;
+        if meta.file_type().is_socket() {
+            let _ = std::fs::remove_file(socket);
+        }
+    }
+    UnixListener::bind(socket).map_err(|e| {
+        Failure::new(
+            1,
+            format!("cannot bind the worker socket {}: {e}", socket.display()),
+        )
+    })
+}
+
+/// A free loopback port for the engine. The port is released again before
+/// the engine binds it; another process taking it in between makes the
+/// engine fail to bind, and the worker exits naming the engine's exit.
+fn free_port() -> Result<u16, Failure> {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| Failure::new(1, format!("cannot find a free loopback port: {e}")))
+}
+
+/// SIGTERM and SIGINT, which both mean "drain and stop".
+struct Signals {
+    term: Signal,
+    int: Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self, Failure> {
+        let listen =
+            |kind| signal(kind).map_err(|e| Failure::new(1, format!("cannot handle signals: {e}")));
+        Ok(Self {
+            term: listen(SignalKind::terminate())?,
+            int: listen(SignalKind::interrupt())?,
+        })
+    }
+
+    async fn stop_requested(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
+/// Why serving ended.
+enum End {
+    /// Shutdown call or signal: stop the engine.
+    Stop,
+    /// The engine died.
+    Died(Failure),
+}
+
+async fn life(s: Settings) -> Result<(), Failure> {
+    let env = engine_env(&s)?;
+    let listener = bind(&s.socket)?;
+    let port = free_port()?;
+    let argv = s.engine_command(port);
+    tracing::info!(socket = %s.socket.display(), engine = s.kind.name(), port, ?argv, "starting the engine");
+    let started = Instant::now();
+    let engine = Engine::spawn(&argv, &env, s.container.clone()).map_err(|e| {
+        let _ = std::fs::remove_file(&s.socket);
+        Failure::new(1, e.to_string())
+    })?;
+    let status = Arc::new(Status::new(engine.output.clone()));
+    let shutdown = Arc::new(Notify::new());
+    let service = EngineService::new(
+        Identity {
+            kind: s.kind,
+            port,
+            tp: s.tp,
+            bdfs: s.bdfs.clone(),
+            cache_mode: s.cache_mode.as_str().to_string(),
+            token_ids_field: s.token_ids_field.clone(),
+            default_max_tokens: s.default_max_tokens,
+        },
+        status.clone(),
+        shutdown.clone(),
+    );
+    let (stop_server, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(EngineServer::new(service))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                let _ = stopped.await;
+            }),
+    );
+    let mut signals = Signals::new()?;
+
+    let end = match wait_ready(&s, &engine, &status, &shutdown, &mut signals, port, started).await {
+        Ok(()) => serve(&s, &engine, &status, &shutdown, &mut signals).await,
+        Err(end) => end,
+    };
+    let result = match end {
+        End::Stop => stop_engine(&s, &engine).await,
+        End::Died(failure) => Err(failure),
+    };
+    let _ = stop_server.send(());
+    let _ = tokio::time::timeout(SERVER_STOP_GRACE, server).await;
+    let _ = std::fs::remove_file(&s.socket);
+    result
+}
+
+/// Loading: probes until ready, watching for the engine's death, a stop
+/// request and the readiness deadline.
+async fn wait_ready(
+    s: &Settings,
+    engine: &Engine,
+    status: &Status,
+    shutdown: &Notify,
+    signals: &mut Signals,
+    port: u16,
+    started: Instant,
+) -> Result<(), End> {
+    let probe = Probe {
+        kind: s.kind,
+        port,
+        health_path: s.health_path.clone(),
+        started,
+    };
+    let deadline = tokio::time::sleep(s.ready_timeout);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            exit = engine.wait() => return Err(End::Died(died(engine, exit).await)),
+            line = engine.output.subprocess_died() => return Err(End::Died(core_died(s, engine, line).await)),
+            why = signals.stop_requested() => {
+                tracing::info!("{why} while the engine was loading; stopping it");
+                return Err(End::Stop);
+            }
+            _ = shutdown.notified() => return Err(End::Stop),
+            _ = &mut deadline => {
+                // The last line before the stop says where the load hung.
+                let last = engine.output.last_line();
+                let stopped = engine.stop(s.stop_timeout).await;
+                let mut message = format!(
+                    "the engine was not ready within {}s (--ready-timeout-secs): its health path {} did not answer 200 with a model listed in /v1/models; last engine line: {last:?}",
+                    s.ready_timeout.as_secs(),
+                    s.health_path,
+                );
+                if stopped == Stopped::Killed {
+                    message.push_str("; it ignored SIGTERM and was killed");
+                }
+                return Err(End::Died(Failure::new(1, message)));
+            }
+            loaded = async { tokio::time::sleep(PROBE_EVERY).await; probe.once().await } => {
+                if let Some(loaded) = loaded {
+                    tracing::info!(
+                        model = %loaded.model,
+                        context_length = loaded.context_length,
+                        load_ms = loaded.load_time.as_millis() as u64,
+                        cache_mode = s.cache_mode.as_str(),
+                        "the engine is ready"
+                    );
+                    status.set_ready(loaded);
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// Ready: serves until a Shutdown call (which drained already), a signal
+/// (drain here) or the engine's death.
+async fn serve(
+    s: &Settings,
+    engine: &Engine,
+    status: &Status,
+    shutdown: &Notify,
+    signals: &mut Signals,
+) -> End {
+    tokio::select! {
+        _ = shutdown.notified() => End::Stop,
+        why = signals.stop_requested() => {
+            tracing::info!("{why}: draining for up to {}s", s.sigterm_drain.as_secs());
+            let report = status.drain(s.sigterm_drain).await;
+            tracing::info!(finished = report.finished, cancelled = report.cancelled, "drained");
+            End::Stop
+        }
+        exit = engine.wait() => End::Died(died(engine, exit).await),
+        line = engine.output.subprocess_died() => End::Died(core_died(s, engine, line).await),
+    }
+}
+
+/// A requested stop: SIGTERM to the engine's group, bounded, then SIGKILL.
+async fn stop_engine(s: &Settings, engine: &Engine) -> Result<(), Failure> {
+    match engine.stop(s.stop_timeout).await {
+        Stopped::Clean => {
+            tracing::info!("stopped; exiting");
+            Ok(())
+        }
+        Stopped::Killed => Err(Failure::new(
+            1,
+            format!(
+                "the engine did not exit within {}s of SIGTERM (--stop-timeout-secs); its process group got SIGKILL, so its cards need a reset",
+                s.stop_timeout.as_secs()
+            ),
+        )),
+    }
+}
+
+/// The engine exited unasked: clear what is left of its group, let its
+/// last output arrive, and name the cause.
+async fn died(engine: &Engine, exit: std::process::ExitStatus) -> Failure {
+    engine.reap_stragglers().await;
+    // Its last lines (vLLM's core-death line among them) may still be in
+    // the pipes.
+    let _ = tokio::time::timeout(Duration::from_secs(2), engine.output.closed()).await;
+    let (code, message) = engine.death(exit);
+    Failure::new(code, message)
+}
+
+/// vLLM said its EngineCore died: the API server cannot serve any more.
+/// It usually exits by itself; if not, it is stopped.
+async fn core_died(s: &Settings, engine: &Engine, line: String) -> Failure {
+    tracing::error!(
+        "an engine subprocess was killed by a signal: vLLM's EngineCore died under its API server ({line:?})"
+    );
+    match tokio::time::timeout(CORE_DEATH_GRACE, engine.wait()).await {
+        Ok(exit) => died(engine, exit).await,
+        Err(_) => {
+            engine.stop(s.stop_timeout).await;
+            let _ = tokio::time::timeout(Duration::from_secs(2), engine.output.closed()).await;
+            Failure::new(
+                1,
+                format!(
+                    "an engine subprocess was killed by a signal: vLLM's EngineCore died under its API server (it printed `{line}`; an empty `Failed core proc(s): {{}}` is the signature of a death by signal, most likely the OOM killer); the API server (pid {}) kept running without it and was stopped",
+                    engine.pid()
+                ),
+            )
+        }
+    }
+}

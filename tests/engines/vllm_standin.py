@@ -1,0 +1,434 @@
+#!/usr/bin/env python3
+"""A stand-in for vLLM's OpenAI server (vLLM with the Tenstorrent plugin needs
+cards, which tests do not have). Standard library only.
+
+It mirrors what vLLM shows a supervisor, on the wire and in its output:
+
+- `serve MODEL --port P [--max-model-len N] [--served-model-name NAME]
+  [--max-num-seqs N]` (other vLLM options are accepted and ignored);
+- log lines in vLLM's format (`INFO 01-04 21:58:22 [file.py:NN] ...`) and
+  uvicorn's (`INFO:     Started server process [PID]`), on stdout;
+- the port is bound only after the load, as vLLM binds it after the engine
+  is up; `/health` answers 200 with an empty body, `/version`,
+  `/v1/models` with `max_model_len`;
+- `/v1/completions` and `/v1/chat/completions` streamed as SSE (chunked,
+  `data: {...}` events, `[DONE]`), with `token_ids` in each choice when
+  `return_token_ids` is asked, `prompt_token_ids` in the first chunk, the
+  finish reason in the last choice chunk, and the usage chunk (empty
+  `choices`) when `stream_options.include_usage` is set; a prompt that does
+  not fit `max_model_len` gets vLLM's 400;
+- `/metrics` with `vllm:num_requests_running` and
+  `vllm:num_requests_waiting` gauges that follow live requests: a client
+  that disconnects is seen at once (its socket polled between tokens, as
+  vLLM's ASGI server sees `http.disconnect`) and its request aborted;
+- SIGTERM: a clean shutdown, exit 0.
+
+Behaviour switched by environment variables:
+
+- STANDIN_LOAD_SECS=S: the load takes S seconds, printing progress lines.
+- STANDIN_HANG=load: the load never ends. STANDIN_HANG=generate: requests
+  are admitted and never produce a token.
+- STANDIN_BANNERS=A,B: print `A engaged` for each listed variable whose
+  value is 1 (STANDIN_BANNERS_AT=first-request: after the first request,
+  as engines that engage a feature only when it runs).
+- STANDIN_ENGINE_CORE=1: start an EngineCore child process (named
+  VLLM::EngineCore, printing `(EngineCore_DP0 pid=N)` lines). When it dies
+  unasked the server prints vLLM's lines (`Engine core proc EngineCore_DP0
+  died unexpectedly, shutting down client.`, or during the load
+  `... Failed core proc(s): {}`) and exits 1.
+- STANDIN_TOKEN_DELAY_MS=N: time between tokens (default 20).
+- STANDIN_IGNORE_SIGTERM=1: SIGTERM is logged and ignored.
+- STANDIN_PRINT_ENV=A,B: print `standin env A=value` for each at start.
+"""
+
+import ctypes
+import http.server
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import zlib
+
+START = time.time()
+
+
+def log(level, where, message, prefix=""):
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"{prefix}{level} {stamp} [{where}] {message}", flush=True)
+
+
+def set_process_name(name):
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except OSError:
+        pass
+
+
+def die_with_parent():
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def engine_core_main():
+    """The EngineCore child: idles until killed or its parent dies."""
+    set_process_name("VLLM::EngineCore")
+    die_with_parent()
+    prefix = f"(EngineCore_DP0 pid={os.getpid()}) "
+    log("INFO", "core.py:93", "Initializing a V1 LLM engine with config: ...", prefix)
+    log("INFO", "core.py:182", "EngineCore ready", prefix)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    while True:
+        time.sleep(3600)
+
+
+def parse_args(argv):
+    if not argv or argv[0] != "serve" or len(argv) < 2:
+        print("usage: vllm_standin.py serve MODEL --port P [...]", file=sys.stderr)
+        sys.exit(2)
+    opts = {"model": argv[1], "port": 8000, "max_model_len": 4096,
+            "served_model_name": None, "max_num_seqs": 8, "host": "0.0.0.0"}
+    rest = argv[2:]
+    i = 0
+    while i < len(rest):
+        key = rest[i]
+        value = rest[i + 1] if i + 1 < len(rest) else None
+        if key == "--port":
+            opts["port"] = int(value)
+        elif key == "--max-model-len":
+            opts["max_model_len"] = int(value)
+        elif key == "--served-model-name":
+            opts["served_model_name"] = value
+        elif key == "--max-num-seqs":
+            opts["max_num_seqs"] = int(value)
+        elif key == "--host":
+            opts["host"] = value
+        elif not key.startswith("--") or value is None or value.startswith("--"):
+            i += 1
+            continue
+        i += 2
+    return opts
+
+
+def token_id(word):
+    return zlib.crc32(word.encode()) % 30000 + 100
+
+
+def tokenize(text):
+    return [token_id(w) for w in text.split()] or [1]
+
+
+class State:
+    def __init__(self, opts):
+        self.opts = opts
+        self.name = opts["served_model_name"] or opts["model"]
+        self.lock = threading.Lock()
+        self.running = 0
+        self.waiting = 0
+        self.slots = threading.Semaphore(opts["max_num_seqs"])
+        self.requests = 0
+        self.shutting_down = False
+        self.core = None
+
+
+STATE = None
+
+
+def print_banners():
+    for flag in filter(None, os.environ.get("STANDIN_BANNERS", "").split(",")):
+        if os.environ.get(flag) == "1":
+            print(f"{flag} engaged", flush=True)
+
+
+def client_gone(sock):
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+class Disconnected(Exception):
+    pass
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+
+    def log_message(self, fmt, *args):
+        # uvicorn's access log, on stderr.
+        sys.stderr.write(f'INFO:     127.0.0.1:{self.client_address[1]} - "{self.requestline}" {args[1] if len(args) > 1 else ""}\n')
+        sys.stderr.flush()
+
+    def send_json(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        s = STATE
+        if self.path == "/health":
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+        elif self.path == "/version":
+            self.send_json(200, {"version": "0.10.2+standin"})
+        elif self.path == "/v1/models":
+            self.send_json(200, {"object": "list", "data": [{
+                "id": s.name, "object": "model", "created": int(START),
+                "owned_by": "vllm", "root": s.opts["model"], "parent": None,
+                "max_model_len": s.opts["max_model_len"],
+                "permission": [{"id": "modelperm-" + uuid.uuid4().hex, "object": "model_permission",
+                                "created": int(START), "allow_create_engine": False,
+                                "allow_sampling": True, "allow_logprobs": True,
+                                "allow_search_indices": False, "allow_view": True,
+                                "allow_fine_tuning": False, "organization": "*",
+                                "group": None, "is_blocking": False}],
+            }]})
+        elif self.path == "/metrics":
+            with s.lock:
+                running, waiting = s.running, s.waiting
+            labels = f'engine="0",model_name="{s.name}"'
+            text = (
+                "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+                "# TYPE vllm:num_requests_running gauge\n"
+                f"vllm:num_requests_running{{{labels}}} {float(running)}\n"
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                f"vllm:num_requests_waiting{{{labels}}} {float(waiting)}\n"
+            ).encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("content-length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+        else:
+            self.send_json(404, {"detail": "Not Found"})
+
+    def do_POST(self):
+        if self.path not in ("/v1/completions", "/v1/chat/completions"):
+            self.send_json(404, {"detail": "Not Found"})
+            return
+        length = int(self.headers.get("content-length", "0"))
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError as e:
+            self.send_json(400, error(f"invalid JSON: {e}"))
+            return
+        chat = self.path == "/v1/chat/completions"
+        if chat:
+            messages = body.get("messages") or []
+            text = "".join(f"<|{m.get('role')}|>{m.get('content')}\n" for m in messages) + "<|assistant|>"
+        else:
+            text = body.get("prompt") or ""
+            if not text:
+                self.send_json(400, error("Either prompt or prompt_embeds must be provided and non-empty."))
+                return
+        prompt_ids = tokenize(text)
+        max_len = STATE.opts["max_model_len"]
+        default_max = max_len - len(prompt_ids) if chat else 16
+        max_tokens = body.get("max_tokens") or default_max
+        if len(prompt_ids) + max_tokens > max_len:
+            self.send_json(400, error(
+                f"This model's maximum context length is {max_len} tokens. However, you requested "
+                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, {max_tokens} "
+                "in the completion). Please reduce the length of the messages or completion."))
+            return
+        request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        log("INFO", "logger.py:43", f"Received request {request_id}: params: SamplingParams("
+            f"temperature={body.get('temperature')}, top_p={body.get('top_p')}, top_k={body.get('top_k')}, "
+            f"seed={body.get('seed')}, stop={body.get('stop')}, max_tokens={max_tokens}), "
+            f"return_token_ids={body.get('return_token_ids')}")
+        if not body.get("stream"):
+            self.send_json(400, error("the stand-in only streams"))
+            return
+        self.stream(body, chat, request_id, prompt_ids, max_tokens)
+
+    def stream(self, body, chat, request_id, prompt_ids, max_tokens):
+        s = STATE
+        with s.lock:
+            s.waiting += 1
+        s.slots.acquire()
+        with s.lock:
+            s.waiting -= 1
+            s.running += 1
+            s.requests += 1
+            first_request = s.requests == 1
+        if first_request and os.environ.get("STANDIN_BANNERS_AT") == "first-request":
+            print_banners()
+        created = int(time.time())
+        ids = body.get("return_token_ids")
+        usage = (body.get("stream_options") or {}).get("include_usage")
+        stops = body.get("stop") or []
+        if isinstance(stops, str):
+            stops = [stops]
+        delay = int(os.environ.get("STANDIN_TOKEN_DELAY_MS", "20")) / 1000
+        hang = os.environ.get("STANDIN_HANG") == "generate"
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        sock = self.connection
+
+        def event(choices, extra=None):
+            chunk = {"id": request_id, "object": obj, "created": created,
+                     "model": s.name, "choices": choices}
+            chunk.update(extra or {})
+            self.write_chunk(f"data: {json.dumps(chunk)}\n\n")
+
+        def choice(text, token_ids, finish=None, first=False):
+            c = {"index": 0}
+            if chat:
+                c["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+            else:
+                c["text"] = text
+            c["logprobs"] = None
+            c["finish_reason"] = finish
+            if not chat:
+                c["stop_reason"] = None
+            if ids:
+                if first:
+                    c["prompt_token_ids"] = prompt_ids
+                c["token_ids"] = token_ids
+            return c
+
+        try:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream; charset=utf-8")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            if chat:
+                event([choice("", [], first=True)])
+            generated = ""
+            produced = 0
+            finish = "length"
+            while hang:
+                if client_gone(sock):
+                    raise Disconnected()
+                time.sleep(0.05)
+            for i in range(max_tokens):
+                time.sleep(delay)
+                if client_gone(sock):
+                    raise Disconnected()
+                # Twelve tokens and the model is done: the stop token.
+                if i == 12:
+                    finish = "stop"
+                    break
+                word = f" w{i}"
+                candidate = generated + word
+                hit = next((st for st in stops if st in candidate), None)
+                if hit is not None:
+                    finish = "stop"
+                    break
+                generated = candidate
+                produced += 1
+                event([choice(word, [token_id(word.strip()) + i], first=(i == 0 and not chat))])
+            event([choice("", [], finish=finish)])
+            if usage:
+                event([], {"usage": {"prompt_tokens": len(prompt_ids),
+                                     "total_tokens": len(prompt_ids) + produced,
+                                     "completion_tokens": produced}})
+            self.write_chunk("data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (Disconnected, BrokenPipeError, ConnectionResetError):
+            log("INFO", "async_llm.py:436", f"Aborted request {request_id}.")
+            self.close_connection = True
+        finally:
+            with s.lock:
+                s.running -= 1
+            s.slots.release()
+
+    def write_chunk(self, text):
+        data = text.encode()
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+def error(message):
+    return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
+
+
+def watch_core(proc, loading):
+    proc.wait()
+    if STATE.shutting_down:
+        return
+    if loading[0]:
+        print("RuntimeError: Engine core initialization failed. See root cause above. "
+              "Failed core proc(s): {}", file=sys.stderr, flush=True)
+    else:
+        log("ERROR", "core_client.py:564",
+            "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
+    os._exit(1)
+
+
+def main():
+    global STATE
+    if sys.argv[1:2] == ["engine-core"]:
+        engine_core_main()
+        return
+    opts = parse_args(sys.argv[1:])
+    STATE = State(opts)
+    log("INFO", "api_server.py:1805", f"vLLM API server version 0.10.2+standin")
+    log("INFO", "utils.py:326", f"non-default args: {{'model': '{opts['model']}', 'port': {opts['port']}, "
+        f"'max_model_len': {opts['max_model_len']}}}")
+    for name in filter(None, os.environ.get("STANDIN_PRINT_ENV", "").split(",")):
+        print(f"standin env {name}={os.environ.get(name, '<unset>')}", flush=True)
+
+    def on_sigterm(*_):
+        if os.environ.get("STANDIN_IGNORE_SIGTERM") == "1":
+            log("WARNING", "launcher.py:99", "SIGTERM ignored (STANDIN_IGNORE_SIGTERM)")
+            return
+        STATE.shutting_down = True
+        print("INFO:     Shutting down", file=sys.stderr, flush=True)
+        if STATE.core is not None:
+            STATE.core.terminate()
+            STATE.core.wait()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    loading = [True]
+    if os.environ.get("STANDIN_ENGINE_CORE") == "1":
+        STATE.core = subprocess.Popen([sys.executable, os.path.abspath(__file__), "engine-core"])
+        threading.Thread(target=watch_core, args=(STATE.core, loading), daemon=True).start()
+
+    steps = 10
+    load_secs = float(os.environ.get("STANDIN_LOAD_SECS", "0"))
+    for step in range(1, steps + 1):
+        time.sleep(load_secs / steps)
+        log("INFO", "loader.py:147", f"Loading weights: layer {step}/{steps}")
+        if os.environ.get("STANDIN_HANG") == "load" and step == 2:
+            while True:
+                time.sleep(3600)
+    log("INFO", "gpu_model_runner.py:1843", "Model loading took 0.01 GiB and "
+        f"{time.time() - START:.2f} seconds")
+    loading[0] = False
+    if os.environ.get("STANDIN_BANNERS_AT") != "first-request":
+        print_banners()
+
+    server = http.server.ThreadingHTTPServer((opts["host"], opts["port"]), Handler)
+    server.daemon_threads = True
+    print(f"INFO:     Started server process [{os.getpid()}]", file=sys.stderr, flush=True)
+    print("INFO:     Waiting for application startup.", file=sys.stderr, flush=True)
+    print("INFO:     Application startup complete.", file=sys.stderr, flush=True)
+    print(f"INFO:     Uvicorn running on http://{opts['host']}:{opts['port']} (Press CTRL+C to quit)",
+          file=sys.stderr, flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
