@@ -451,7 +451,12 @@ pub fn list_variants(cache_dir: &Path) -> Vec<(String, String, PathBuf)> {
         let Ok(variants) = fs::read_dir(model.path()) else {
             continue;
         };
-        for variant in variants.flatten().filter(|e| e.path().is_dir()) {
+        // `kernels-<variant>`: tt-worker-openai's compiled-kernel cache
+        // (TT_METAL_CACHE), kept beside the variants, not one of them.
+        let is_variant = |e: &fs::DirEntry| {
+            e.path().is_dir() && !e.file_name().to_string_lossy().starts_with("kernels-")
+        };
+        for variant in variants.flatten().filter(is_variant) {
             out.push((
                 model.file_name().to_string_lossy().into_owned(),
                 variant.file_name().to_string_lossy().into_owned(),
@@ -465,6 +470,18 @@ pub fn list_variants(cache_dir: &Path) -> Vec<(String, String, PathBuf)> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_engine_kernel_cache_beside_the_variants_is_not_listed_as_one() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("m/0123456789abcdef")).unwrap();
+        std::fs::create_dir_all(dir.path().join("m/kernels-0123456789abcdef")).unwrap();
+        let listed: Vec<String> = super::list_variants(dir.path())
+            .into_iter()
+            .map(|(_, v, _)| v)
+            .collect();
+        assert_eq!(listed, ["0123456789abcdef"]);
+    }
+
     #[test]
     fn a_checkpoint_directory_is_known_by_its_files_names_sizes_and_mtimes() {
         let dir = tempfile::tempdir().unwrap();

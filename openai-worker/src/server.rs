@@ -169,6 +169,7 @@ impl Engine for EngineService {
                 .last_token_unix_ms
                 .load(std::sync::atomic::Ordering::Acquire),
             progress: Some(self.progress()),
+            prefill_tokens: self.status.prefill_tokens(),
         }))
     }
 
@@ -201,6 +202,7 @@ impl Engine for EngineService {
         let body = serde_json::to_vec(&plan.body)
             .map_err(|e| RpcStatus::internal(format!("cannot encode the engine request: {e}")))?;
         let in_flight = self.status.begin_request();
+        let prefill = self.status.begin_prefill(prompt_token_bound(&generate));
         let mut cancel = self.status.cancelled();
         let path = plan.endpoint.path();
         // The answer's head comes once the engine accepted the request (a
@@ -231,6 +233,7 @@ impl Engine for EngineService {
             cancel,
             arrived,
             request_id: request.request_id,
+            prefill,
             _in_flight: in_flight,
         };
         tokio::spawn(relay.run(response));
@@ -259,7 +262,27 @@ struct Relay {
     cancel: watch::Receiver<bool>,
     arrived: Instant,
     request_id: String,
+    prefill: crate::status::Prefill,
     _in_flight: InFlight,
+}
+
+/// An upper bound of a request's prompt tokens without the engine's
+/// tokenizer: one per byte (byte-level tokenizers never make more), plus
+/// room for the chat template's tokens around each message. The daemon's
+/// watchdog grows its stall bound with it, so erring high errs towards
+/// patience with a long prefill.
+fn prompt_token_bound(request: &pb::GenerateRequest) -> u64 {
+    match &request.input {
+        Some(pb::generate_request::Input::Prompt(p)) => p.len() as u64 + 8,
+        Some(pb::generate_request::Input::Chat(c)) => {
+            c.messages
+                .iter()
+                .map(|m| m.content.len() as u64 + m.role.len() as u64 + 16)
+                .sum::<u64>()
+                + 16
+        }
+        None => 0,
+    }
 }
 
 /// Where the relay is.
@@ -336,6 +359,7 @@ impl Relay {
                 Ok(Event::Chunk(chunk)) => {
                     if !chunk.text.is_empty() || !chunk.token_ids.is_empty() {
                         progress.first_token.get_or_insert_with(Instant::now);
+                        self.prefill.release();
                         progress.ids += chunk.token_ids.len() as u32;
                         progress.deltas += 1;
                         self.status.token_arrived();

@@ -71,6 +71,9 @@ pub struct Status {
     cancel: watch::Sender<bool>,
     /// Unix ms of the last token any request received (0 before the first).
     pub last_token_unix_ms: AtomicU64,
+    /// Estimated prompt tokens of requests still waiting for their first
+    /// token (Health's `prefill_tokens`).
+    prefill_tokens: AtomicU64,
     load: Mutex<LoadCache>,
     /// The missing-metrics warning was logged.
     warned_metrics: AtomicBool,
@@ -97,6 +100,31 @@ impl Drop for InFlight {
     }
 }
 
+/// A request's prompt counted in `prefill_tokens` until its first token
+/// arrives or it ends.
+pub struct Prefill {
+    status: Arc<Status>,
+    tokens: u64,
+    released: AtomicBool,
+}
+
+impl Prefill {
+    /// The first token came: the prefill is over.
+    pub fn release(&self) {
+        if !self.released.swap(true, Ordering::AcqRel) {
+            self.status
+                .prefill_tokens
+                .fetch_sub(self.tokens, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Prefill {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 /// What a drain did.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DrainReport {
@@ -116,6 +144,7 @@ impl Status {
             in_flight: watch::Sender::new(0),
             cancel: watch::Sender::new(false),
             last_token_unix_ms: AtomicU64::new(0),
+            prefill_tokens: AtomicU64::new(0),
             load: Mutex::new(LoadCache::default()),
             warned_metrics: AtomicBool::new(false),
         }
@@ -153,6 +182,22 @@ impl Status {
         InFlight {
             status: self.clone(),
         }
+    }
+
+    /// Counts `tokens` prompt tokens as pending prefill until the returned
+    /// guard is released or dropped.
+    pub fn begin_prefill(self: &Arc<Self>, tokens: u64) -> Prefill {
+        self.prefill_tokens.fetch_add(tokens, Ordering::AcqRel);
+        Prefill {
+            status: self.clone(),
+            tokens,
+            released: AtomicBool::new(false),
+        }
+    }
+
+    /// Estimated prompt tokens waiting for their first token.
+    pub fn prefill_tokens(&self) -> u64 {
+        self.prefill_tokens.load(Ordering::Acquire)
     }
 
     /// Requests in flight.

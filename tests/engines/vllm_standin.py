@@ -27,7 +27,9 @@ Behaviour switched by environment variables:
 
 - STANDIN_LOAD_SECS=S: the load takes S seconds, printing progress lines.
 - STANDIN_HANG=load: the load never ends. STANDIN_HANG=generate: requests
-  are admitted and never produce a token.
+  are admitted and never produce a token. STANDIN_HANG=generate-after-first:
+  the first request (a supervisor's readiness ping) is served, later ones
+  hang.
 - STANDIN_BANNERS=A,B: print `A engaged` for each listed variable whose
   value is 1 (STANDIN_BANNERS_AT=first-request: after the first request,
   as engines that engage a feature only when it runs).
@@ -37,6 +39,8 @@ Behaviour switched by environment variables:
   died unexpectedly, shutting down client.`, or during the load
   `... Failed core proc(s): {}`) and exits 1.
 - STANDIN_TOKEN_DELAY_MS=N: time between tokens (default 20).
+- STANDIN_PREFILL_SECS=S: a request's first token comes S seconds after
+  its head, with nothing in between (a long prompt's prefill).
 - STANDIN_IGNORE_SIGTERM=1: SIGTERM is logged and ignored.
 - STANDIN_PRINT_ENV=A,B: print `standin env A=value` for each at start.
 """
@@ -279,7 +283,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if isinstance(stops, str):
             stops = [stops]
         delay = int(os.environ.get("STANDIN_TOKEN_DELAY_MS", "20")) / 1000
-        hang = os.environ.get("STANDIN_HANG") == "generate"
+        hang_mode = os.environ.get("STANDIN_HANG")
+        hang = hang_mode == "generate" or (hang_mode == "generate-after-first" and not first_request)
         obj = "chat.completion.chunk" if chat else "text_completion"
         sock = self.connection
 
@@ -316,6 +321,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             produced = 0
             finish = "length"
             while hang:
+                if client_gone(sock):
+                    raise Disconnected()
+                time.sleep(0.05)
+            prefill_until = time.time() + float(os.environ.get("STANDIN_PREFILL_SECS", "0"))
+            while time.time() < prefill_until:
                 if client_gone(sock):
                     raise Disconnected()
                 time.sleep(0.05)

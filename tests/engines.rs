@@ -1,0 +1,484 @@
+//! Real engines as slot workers, through the daemon: `tt-worker-openai` in
+//! front of the vLLM stand-in (tests/engines/vllm_standin.py, which mirrors
+//! what vLLM with the TT plugin shows a supervisor) and of llama.cpp's real
+//! `llama-server` with SmolLM2 (`TT_LLAMA_SERVER`, built and cached by
+//! `scripts/llama-server.sh`). Fake cards, real processes, the daemon's
+//! gRPC and OpenAI ports.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tonic::Code;
+use tt_serving_tests::{bin, generate, output_text, wait_until, Daemon, DaemonOptions, FakeHw};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Runtime::new().expect("tokio runtime")
+}
+
+fn standin() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("engines/vllm_standin.py")
+}
+
+/// A model table whose worker is tt-worker-openai running the stand-in as
+/// vLLM; `extra` lines go inside the table (env, banners, ...).
+fn standin_table(name: &str, checkpoint: &Path, extra: &str) -> String {
+    let worker = format!(
+        "worker = [\"{}\", \"--\", \"python3\", \"{}\", \"serve\", \"{{checkpoint}}\", \"--port\", \"{{port}}\", \"--max-model-len\", \"4096\"]\n",
+        bin("tt-worker-openai").display(),
+        standin().display()
+    );
+    format!(
+        "\n[models.{name}]\ntp = 1\ncards = [\"{}\"]\ncheckpoint = \"{}\"\n{worker}drain_timeout_secs = 5\n{extra}\n",
+        FakeHw::bdf(0),
+        checkpoint.display()
+    )
+}
+
+/// A checkpoint file the stand-in is pointed at (it reads nothing).
+fn checkpoint(dir: &Path) -> PathBuf {
+    let path = dir.join("standin-model");
+    std::fs::write(&path, "stand-in weights").expect("write checkpoint");
+    path
+}
+
+fn start(hw: &FakeHw, extra: String) -> Daemon {
+    Daemon::start(
+        hw,
+        DaemonOptions {
+            extra,
+            ..Default::default()
+        },
+    )
+}
+
+/// Every process whose parent is `pid`.
+fn children(pid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    // pid (comm) state ppid ...: comm may hold spaces.
+                    let after = s.rsplit_once(')')?.1;
+                    after.split_whitespace().nth(1)?.parse::<i32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// `pid` and everything below it.
+fn tree(pid: i32) -> Vec<i32> {
+    let mut all = vec![pid];
+    let mut i = 0;
+    while i < all.len() {
+        all.extend(children(all[i]));
+        i += 1;
+    }
+    all
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie is gone for our purposes: it holds no card.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, a)| a.trim_start().starts_with('Z'))
+        })
+        .is_some_and(|zombie| !zombie)
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn worker_pid(daemon: &Daemon, slot: &str) -> i32 {
+    let pid = daemon.slot(slot)["worker_pid"].as_i64().unwrap_or(0) as i32;
+    assert!(pid > 0, "no worker: {:#}", daemon.slot(slot));
+    pid
+}
+
+fn kill(pid: i32, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).expect("signal");
+}
+
+#[test]
+fn a_vllm_standin_slot_loads_with_progress_then_serves_with_its_context_length() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(
+        &hw,
+        standin_table(
+            "m",
+            &checkpoint(dir.path()),
+            "env = { STANDIN_LOAD_SECS = \"3\" }",
+        ),
+    );
+    // While vLLM loads, the slot says so with the engine's own lines.
+    let loading = wait_until("the slot to show the engine loading", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "loading").then_some(slot)
+    });
+    eprintln!("loading: {}", loading["reason"]);
+    daemon.wait_slot_state("m", "ready");
+    let rt = runtime();
+    let models = rt.block_on(async {
+        use tt_serving_proto::v1::inference_client::InferenceClient;
+        let mut client = InferenceClient::connect(format!("http://{}", daemon.inference_address()))
+            .await
+            .expect("connect");
+        client
+            .list_models(tt_serving_proto::v1::ListModelsRequest {})
+            .await
+            .expect("list models")
+            .into_inner()
+    });
+    assert_eq!(models.models[0].context_length, 4096, "{models:?}");
+    let answer = rt
+        .block_on(generate(&daemon.inference_address(), "m", "Hello", 5))
+        .expect("served through the daemon");
+    assert!(!answer.text.is_empty());
+    assert_eq!(answer.last.usage.map(|u| u.completion_tokens), Some(5));
+    // vLLM returns token ids when asked: they reach the client.
+    assert_eq!(answer.tokens.len(), 5, "{answer:?}");
+}
+
+/// The fail-closed banner rule with a flag set through `env` (not
+/// `flags`), both ways: the engine that prints `QWEN_FAST engaged` is
+/// served; the one that does not is never served.
+#[test]
+fn banners_of_a_flag_set_through_env_are_checked_both_ways() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = checkpoint(dir.path());
+    let rule =
+        "[models.m.banners]\npatterns = [\"QWEN_*\"]\n[models.m.restart]\nmax_attempts = 1\n";
+    let engaged_hw = FakeHw::new(1);
+    let engaged = start(
+        &engaged_hw,
+        standin_table(
+            "m",
+            &ckpt,
+            &format!("env = {{ QWEN_FAST = \"1\", STANDIN_BANNERS = \"QWEN_FAST\" }}\n{rule}"),
+        ),
+    );
+    let silent_hw = FakeHw::new(1);
+    let silent = start(
+        &silent_hw,
+        standin_table(
+            "m",
+            &ckpt,
+            &format!("env = {{ QWEN_FAST = \"1\" }}\n{rule}"),
+        ),
+    );
+    engaged.wait_slot_state("m", "ready");
+    let failed = silent.wait_slot_state("m", "failed");
+    let reason = failed["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("banner check failed"), "{reason}");
+    assert!(reason.contains("QWEN_FAST=1"), "{reason}");
+    let err = runtime()
+        .block_on(generate(&silent.inference_address(), "m", "hi", 2))
+        .expect_err("never served");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+}
+
+/// vLLM's EngineCore dies under its API server (the field's OOM kills):
+/// the worker names the cause, the card is reset, the slot comes back, and
+/// nothing of the old engine is left.
+#[test]
+fn an_engine_core_killed_under_the_api_server_is_named_reset_and_recovered() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(
+        &hw,
+        standin_table(
+            "m",
+            &checkpoint(dir.path()),
+            "env = { STANDIN_ENGINE_CORE = \"1\" }\n[models.m.restart]\nbackoff_ms = 50\n",
+        ),
+    );
+    daemon.wait_slot_state("m", "ready");
+    let worker = worker_pid(&daemon, "m");
+    let old_tree = tree(worker);
+    let core = *old_tree
+        .iter()
+        .find(|p| comm(**p).starts_with("VLLM::EngineCor"))
+        .unwrap_or_else(|| panic!("no EngineCore under the worker: {old_tree:?}"));
+    kill(core, nix::sys::signal::Signal::SIGKILL);
+    wait_until("the daemon to log the cause", || {
+        daemon
+            .log_text()
+            .contains("an engine subprocess was killed by a signal")
+            .then_some(())
+    });
+    wait_until("the card reset after the engine's death", || {
+        hw.smi_calls()
+            .iter()
+            .any(|c| c == "-r /dev/tenstorrent/0")
+            .then_some(())
+    });
+    let back = wait_until("the slot back with a new worker", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "ready" && slot["worker_pid"].as_i64() != Some(worker.into()))
+            .then_some(slot)
+    });
+    eprintln!("back: {}", back["reason"]);
+    for pid in old_tree {
+        assert!(
+            !alive(pid),
+            "process {pid} ({}) of the old engine is left",
+            comm(pid)
+        );
+    }
+}
+
+/// A prefill that outlasts the stall timeout is given time in proportion
+/// to the prompt (the worker reports an upper bound of its tokens); a
+/// request that never gets a token is still caught as a hang.
+#[test]
+fn a_long_silent_prefill_is_not_a_hang_but_a_hung_engine_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = checkpoint(dir.path());
+    let prompt = "word ".repeat(20); // ~100 bytes: an allowance of ~10 s at 10/s
+    let prefill_hw = FakeHw::new(1);
+    let prefill = start(
+        &prefill_hw,
+        standin_table(
+            "m",
+            &ckpt,
+            "env = { STANDIN_PREFILL_SECS = \"3\" }\n[models.m.restart]\nstall_timeout_secs = 1\nmin_prefill_tokens_per_sec = 10\n",
+        ),
+    );
+    let hang_hw = FakeHw::new(1);
+    let hang = start(
+        &hang_hw,
+        standin_table(
+            "m",
+            &ckpt,
+            "env = { STANDIN_HANG = \"generate-after-first\" }\n[models.m.restart]\nstall_timeout_secs = 1\nmin_prefill_tokens_per_sec = 1000\nmax_attempts = 1\n",
+        ),
+    );
+    prefill.wait_slot_state("m", "ready");
+    hang.wait_slot_state("m", "ready");
+    let rt = runtime();
+    let before = worker_pid(&prefill, "m");
+    let asked = Instant::now();
+    let answer = rt
+        .block_on(generate(&prefill.inference_address(), "m", &prompt, 3))
+        .expect("the 3 s prefill was not taken for a hang");
+    assert!(asked.elapsed() >= Duration::from_secs(3));
+    assert_eq!(answer.last.usage.map(|u| u.completion_tokens), Some(3));
+    assert_eq!(worker_pid(&prefill, "m"), before, "the same worker served");
+
+    let asked = Instant::now();
+    let err = rt
+        .block_on(generate(&hang.inference_address(), "m", &prompt, 3))
+        .expect_err("the hung engine was killed");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        asked.elapsed()
+    );
+    let reason = wait_until("the watchdog's reason", || {
+        let log = hang.log_text();
+        log.contains("worker hung").then_some(log)
+    });
+    assert!(reason.contains("prompt tokens pending prefill"), "{reason}");
+}
+
+/// The daemon killed with SIGKILL leaves no engine behind: the worker dies
+/// with its parent, and the engine with the worker.
+#[test]
+fn a_killed_daemon_leaves_no_engine_behind() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = start(
+        &hw,
+        standin_table(
+            "m",
+            &checkpoint(dir.path()),
+            "env = { STANDIN_ENGINE_CORE = \"1\" }",
+        ),
+    );
+    daemon.wait_slot_state("m", "ready");
+    let processes = tree(worker_pid(&daemon, "m"));
+    assert!(
+        processes.len() >= 3,
+        "worker, API server, EngineCore: {processes:?}"
+    );
+    daemon.kill9();
+    wait_until("the whole engine tree to be gone", || {
+        processes.iter().all(|p| !alive(*p)).then_some(())
+    });
+}
+
+// ---- llama.cpp's llama-server, the real engine this machine can run ----
+
+/// `TT_LLAMA_SERVER` and the SmolLM2 GGUF, or None (skipped loudly; CI
+/// requires them).
+fn llama() -> Option<(PathBuf, PathBuf)> {
+    let server = std::env::var_os("TT_LLAMA_SERVER").filter(|s| !s.is_empty());
+    let model = std::env::var_os("TT_SMOLLM2_GGUF").filter(|s| !s.is_empty());
+    match (server, model) {
+        (Some(s), Some(m)) => Some((s.into(), m.into())),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("CI must set TT_LLAMA_SERVER (scripts/llama-server.sh) and TT_SMOLLM2_GGUF")
+        }
+        _ => {
+            eprintln!("SKIPPED: set TT_LLAMA_SERVER=$(scripts/llama-server.sh) and TT_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh)");
+            None
+        }
+    }
+}
+
+fn llama_table(server: &Path, model: &Path) -> String {
+    let worker = format!(
+        "worker = [\"{}\", \"--engine\", \"llama-server\", \"--\", \"{}\", \"-m\", \"{{checkpoint}}\", \"--host\", \"127.0.0.1\", \"--port\", \"{{port}}\", \"--metrics\", \"-c\", \"2048\", \"-t\", \"2\"]\n",
+        bin("tt-worker-openai").display(),
+        server.display()
+    );
+    format!(
+        "[openai]\nlisten = \"127.0.0.1:0\"\n\n[models.smol]\ntp = 1\ncards = [\"{}\"]\ncheckpoint = \"{}\"\n{worker}drain_timeout_secs = 5\n[models.smol.restart]\nbackoff_ms = 50\n",
+        FakeHw::bdf(0),
+        model.display()
+    )
+}
+
+/// The engine's own `/metrics` gauge, read at its port.
+fn llama_processing(port: u16) -> Option<f64> {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "5"])
+        .arg(format!("http://127.0.0.1:{port}/metrics"))
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with("llamacpp:requests_processing"))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+}
+
+/// The llama-server under a worker, and its `--port`.
+fn llama_process(worker: i32) -> (i32, u16) {
+    for pid in tree(worker) {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).to_string())
+            .collect();
+        if args.first().is_some_and(|a| a.ends_with("llama-server")) {
+            let port = args
+                .iter()
+                .position(|a| a == "--port")
+                .and_then(|i| args.get(i + 1))
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            return (pid, port);
+        }
+    }
+    panic!("no llama-server under worker {worker}: {:?}", tree(worker));
+}
+
+#[test]
+fn llama_server_serves_smollm2_through_the_daemon_cancels_and_recovers_from_kill_9() {
+    let Some((server, model)) = llama() else {
+        return;
+    };
+    let hw = FakeHw::new(1);
+    let daemon = start(&hw, llama_table(&server, &model));
+    daemon.wait_slot_state("smol", "ready");
+    let rt = runtime();
+
+    // A prompt over gRPC.
+    let answer = rt
+        .block_on(generate(
+            &daemon.inference_address(),
+            "smol",
+            "The capital of France is",
+            8,
+        ))
+        .expect("a prompt through the daemon");
+    assert!(answer.text.contains("Paris"), "{:?}", answer.text);
+    assert!(answer.last.usage.map(|u| u.prompt_tokens).unwrap_or(0) > 0);
+
+    // A chat over the OpenAI port: llama-server applies SmolLM2's template.
+    let openai = daemon.status()["daemon"]["openai_address"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "120", "-H", "Content-Type: application/json", "-d"])
+        .arg(r#"{"model":"smol","messages":[{"role":"user","content":"What is the capital of France?"}],"max_tokens":16,"temperature":0}"#)
+        .arg(format!("http://{openai}/v1/chat/completions"))
+        .output()
+        .expect("curl");
+    let chat: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", output_text(&out)));
+    let content = chat["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(content.contains("Paris"), "{chat}");
+
+    // Cancellation: a client that leaves mid-stream ends the request in
+    // llama-server itself (its own requests_processing gauge).
+    let worker = worker_pid(&daemon, "smol");
+    let (engine, port) = llama_process(worker);
+    let mut client = Command::new("curl")
+        .args(["-sS", "-N", "--max-time", "120", "-H", "Content-Type: application/json", "-d"])
+        .arg(r#"{"model":"smol","prompt":"Tell me a very long story about the sea.","max_tokens":1500,"temperature":0,"stream":true}"#)
+        .arg(format!("http://{openai}/v1/completions"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start curl");
+    wait_until("llama-server to process the request", || {
+        (llama_processing(port) == Some(1.0)).then_some(())
+    });
+    client.kill().expect("kill curl");
+    let _ = client.wait();
+    let left = Instant::now();
+    wait_until("llama-server to drop the cancelled request", || {
+        (llama_processing(port) == Some(0.0)).then_some(())
+    });
+    eprintln!("cancelled in llama-server after {:?}", left.elapsed());
+
+    // kill -9 of llama-server, a grandchild of the daemon: detected, the
+    // card reset, the slot back on a new engine, nothing of the old left.
+    let old = tree(worker);
+    kill(engine, nix::sys::signal::Signal::SIGKILL);
+    wait_until("the card reset after the engine's death", || {
+        hw.smi_calls()
+            .iter()
+            .any(|c| c == "-r /dev/tenstorrent/0")
+            .then_some(())
+    });
+    wait_until("the slot back with a new worker", || {
+        let slot = daemon.slot("smol");
+        (slot["state"] == "ready" && slot["worker_pid"].as_i64() != Some(worker.into()))
+            .then_some(())
+    });
+    for pid in old {
+        assert!(
+            !alive(pid),
+            "process {pid} ({}) of the old engine is left",
+            comm(pid)
+        );
+    }
+    let again = rt
+        .block_on(generate(
+            &daemon.inference_address(),
+            "smol",
+            "The capital of France is",
+            4,
+        ))
+        .expect("served again after the recovery");
+    assert!(!again.text.is_empty());
+}
