@@ -15,7 +15,7 @@
 
       workspace = (builtins.fromTOML (builtins.readFile ./Cargo.toml)).workspace.package;
 
-      # The whole workspace: tt-servingd, ttctl, tt-worker and tt-fakehw.
+      # The whole workspace: tt-servingd, ttctl, tt-worker, tt-worker-openai and tt-fakehw.
       # The protos compile with protox (pure Rust), so no protoc is needed.
       package =
         { lib, rustPlatform, stdenv }:
