@@ -8,13 +8,22 @@
 //! and the worker's identity. A marker lists every file with its size; a
 //! variant is warm only when the marker is present and every file matches.
 //!
+//! With `cache_layout = "shared"` the cache flags' values (the arm) stay
+//! out of the key: every arm of a model shares one directory, whose marker
+//! lists the arms built cold and the union of their files. An arm not yet
+//! built starts cold into the directory, keeping the other arms' files; a
+//! built arm starts warm. This suits engines whose cache file names carry
+//! what the flags change (ttnn: dtype and layout in every name); a cold
+//! build that rewrites another arm's file is caught and that arm is
+//! forgotten (built again cold next time).
+//!
 //! The dangerous case from the field: a warm start that meets a missing file
 //! fills it from placeholders and serves a model of NaNs. So after a warm
 //! start, any file in the variant dir that the marker does not list means the
 //! worker generated tensors it should have read: the guard deletes them and
 //! refuses the slot, naming the files.
 
-use crate::config::ModelConfig;
+use crate::config::{CacheLayout, ModelConfig};
 use crate::hostfs;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -39,6 +48,9 @@ pub struct Variant {
     pub dir: PathBuf,
     /// What went into the key, for people.
     pub inputs: BTreeMap<String, String>,
+    /// In the shared layout, this start's arm (`FLAG=value,...`): the
+    /// cache flags' values, which are not in the key.
+    pub arm: Option<String>,
 }
 
 /// Whether a variant can be used warm.
@@ -153,6 +165,9 @@ pub struct Marker {
     pub files: BTreeMap<String, u64>,
     /// When the cold build that made it finished.
     pub created_unix_ms: u64,
+    /// Shared layout: the arms built cold into this directory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub arms: Vec<String>,
 }
 
 /// Identity of a file for the variant key: canonical path, size, mtime.
@@ -256,13 +271,24 @@ impl Variant {
         let mut inputs = BTreeMap::new();
         inputs.insert("checkpoint".to_string(), file_identity(&m.checkpoint));
         inputs.insert("tp".to_string(), m.tp.to_string());
+        let mut arm = Vec::new();
         for flag in &m.cache_flags {
             let value = m
                 .flags
                 .get(flag)
                 .cloned()
                 .unwrap_or_else(|| "(unset)".into());
-            inputs.insert(format!("flag {flag}"), value);
+            arm.push(format!("{flag}={value}"));
+            match m.cache_layout {
+                CacheLayout::PerVariant => inputs.insert(format!("flag {flag}"), value),
+                CacheLayout::Shared => {
+                    inputs.insert(format!("flag {flag}"), "(shared: every arm)".into())
+                }
+            };
+        }
+        let arm = (m.cache_layout == CacheLayout::Shared).then(|| arm.join(","));
+        if arm.is_some() {
+            inputs.insert("layout".to_string(), "shared".to_string());
         }
         if let Some(program) = worker.first() {
             inputs.insert("worker".to_string(), file_identity(Path::new(program)));
@@ -281,6 +307,7 @@ impl Variant {
             dir: cache_dir.join(model).join(&key),
             key,
             inputs,
+            arm,
         }
     }
 
@@ -289,14 +316,27 @@ impl Variant {
         self.dir.with_extension("build.lock")
     }
 
-    /// Whether the variant is warm, cold or incomplete.
+    /// Whether the variant is warm, cold or incomplete. In the shared
+    /// layout a complete directory is warm only for an arm it has built.
     pub fn state(&self) -> CacheState {
-        state_of(&self.dir)
+        let state = state_of(&self.dir);
+        match (&state, &self.arm) {
+            (CacheState::Warm { .. }, Some(arm)) => match read_marker(&self.dir) {
+                Ok(marker) if marker.arms.contains(arm) => state,
+                _ => CacheState::Cold,
+            },
+            _ => state,
+        }
     }
 
     /// Prepare for a cold build: an empty variant dir (leftovers of a failed
-    /// build must not end up in the marker) plus the description file.
+    /// build must not end up in the marker) plus the description file. In
+    /// the shared layout a complete directory keeps its files (the other
+    /// arms'); only an incomplete one is emptied.
     pub fn prepare_cold(&self) -> io::Result<()> {
+        if self.arm.is_some() && matches!(state_of(&self.dir), CacheState::Warm { .. }) {
+            return Ok(());
+        }
         // remove_dir_all never follows links inside (std guarantees it
         // since 1.58.1); a link at the variant's own path is removed, not
         // followed.
@@ -315,9 +355,44 @@ impl Variant {
     /// the marker, written atomically.
     pub fn write_marker(&self) -> io::Result<Marker> {
         let files = list_files(&self.dir)?;
+        let arms = match &self.arm {
+            None => Vec::new(),
+            Some(arm) => {
+                // The arms built before this one keep their place only if
+                // this build left every file of theirs as it was.
+                let mut arms = match read_marker(&self.dir) {
+                    Ok(before) => {
+                        let rewritten: Vec<&String> = before
+                            .files
+                            .iter()
+                            .filter(|(name, size)| files.get(*name) != Some(*size))
+                            .map(|(name, _)| name)
+                            .collect();
+                        if rewritten.is_empty() {
+                            before.arms
+                        } else {
+                            tracing::warn!(
+                                variant = %self.key,
+                                arm = %arm,
+                                files = ?rewritten,
+                                forgotten = ?before.arms,
+                                "the cold build of this arm rewrote files of the arms built before it; they will be built again cold. This engine's cache file names do not carry what the cache flags change: use cache_layout = \"per-variant\""
+                            );
+                            Vec::new()
+                        }
+                    }
+                    Err(_) => Vec::new(),
+                };
+                if !arms.contains(arm) {
+                    arms.push(arm.clone());
+                }
+                arms
+            }
+        };
         let marker = Marker {
             files,
             created_unix_ms: crate::clock::unix_ms(std::time::SystemTime::now()),
+            arms,
         };
         let text = serde_json::to_vec_pretty(&marker).map_err(io::Error::other)?;
         atomic_write(&self.dir.join(MARKER), &text)?;
@@ -380,6 +455,11 @@ pub fn state_of(dir: &Path) -> CacheState {
         files: marker.files.len(),
         bytes,
     }
+}
+
+/// The arms a shared directory has built (empty for a per-variant one).
+pub fn built_arms(dir: &Path) -> Vec<String> {
+    read_marker(dir).map(|m| m.arms).unwrap_or_default()
 }
 
 fn read_marker(dir: &Path) -> io::Result<Marker> {
@@ -544,6 +624,56 @@ mod tests {
         assert_eq!(base.key, same.key);
         assert_ne!(base.key, other.key);
         assert_eq!(base.key.len(), 16);
+    }
+
+    /// The field's dtype A/B: two arms of one flag in one shared
+    /// directory, each built cold once, then warm both ways; a build that
+    /// rewrites another arm's file makes that arm cold again.
+    #[test]
+    fn shared_layout_arms_build_cold_once_then_switch_warm_both_ways() {
+        let dir = tempfile::tempdir().unwrap();
+        let arm = |value: &str| {
+            let mut m = model(dir.path(), &[("BFP8", value)], &["BFP8"]);
+            m.cache_layout = CacheLayout::Shared;
+            Variant::for_model(dir.path(), "m", &m, &[])
+        };
+        let (a, b) = (arm("0"), arm("1"));
+        assert_eq!(a.key, b.key, "one directory for every arm");
+        assert_eq!(a.arm.as_deref(), Some("BFP8=0"));
+        let build = |v: &Variant, file: &str| {
+            assert_eq!(v.state(), CacheState::Cold, "{:?} before its build", v.arm);
+            v.prepare_cold().unwrap();
+            fs::write(v.dir.join(file), b"tensor").unwrap();
+            v.write_marker().unwrap();
+        };
+        build(&a, "w_dtype_BFLOAT16_layout_TILE.tensorbin");
+        assert!(matches!(a.state(), CacheState::Warm { .. }));
+        assert_eq!(b.state(), CacheState::Cold, "arm B was never built");
+        build(&b, "w_dtype_BFLOAT8_B_layout_TILE.tensorbin");
+        assert!(
+            a.dir
+                .join("w_dtype_BFLOAT16_layout_TILE.tensorbin")
+                .exists(),
+            "A's files kept"
+        );
+        assert!(matches!(a.state(), CacheState::Warm { files: 2, .. }));
+        assert!(matches!(b.state(), CacheState::Warm { files: 2, .. }));
+        assert_eq!(built_arms(&a.dir), ["BFP8=0", "BFP8=1"]);
+        // A warm start of either generates nothing: the guard passes.
+        assert!(a.guard().unwrap().is_empty());
+
+        // An engine whose names do not carry the dtype: C's build rewrites
+        // A's and B's file, so they are forgotten.
+        let c = arm("2");
+        c.prepare_cold().unwrap();
+        fs::write(
+            c.dir.join("w_dtype_BFLOAT16_layout_TILE.tensorbin"),
+            b"other tensor",
+        )
+        .unwrap();
+        c.write_marker().unwrap();
+        assert_eq!(built_arms(&c.dir), ["BFP8=2"]);
+        assert_eq!(a.state(), CacheState::Cold);
     }
 
     #[test]

@@ -370,10 +370,15 @@ impl Control for ControlService {
                         CacheState::Cold => ("cold", String::new(), 0),
                         CacheState::Incomplete { reason } => ("incomplete", reason, 0),
                     };
-                    let inputs = std::fs::read(dir.join(crate::cache::DESCRIPTION))
-                        .ok()
-                        .and_then(|b| serde_json::from_slice(&b).ok())
-                        .unwrap_or_default();
+                    let mut inputs: std::collections::BTreeMap<String, String> =
+                        std::fs::read(dir.join(crate::cache::DESCRIPTION))
+                            .ok()
+                            .and_then(|b| serde_json::from_slice(&b).ok())
+                            .unwrap_or_default();
+                    let arms = crate::cache::built_arms(&dir);
+                    if !arms.is_empty() {
+                        inputs.insert("arms built".into(), arms.join("; "));
+                    }
                     pb::CacheVariant {
                         used_by: slots
                             .iter()

@@ -367,8 +367,8 @@ pub struct ModelConfig {
     /// tt-servingd.
     #[serde(default)]
     pub worker: Vec<String>,
-    /// MESH_DEVICE for the worker; default `P150` for TP=1 and `P300` for
-    /// TP=2.
+    /// MESH_DEVICE for the worker; default `(1,1)` for TP=1 and `(1,2)`
+    /// for TP=2.
     #[serde(default)]
     pub mesh_device: Option<String>,
     /// The engine's feature flags, passed as environment variables.
@@ -377,6 +377,11 @@ pub struct ModelConfig {
     /// Names of flags that change the tensor cache files (a new variant).
     #[serde(default)]
     pub cache_flags: Vec<String>,
+    /// Where the cache flags' arms keep their files: one directory per
+    /// variant, or one shared directory for engines whose cache file names
+    /// carry what the flags change (ttnn names files by dtype and layout).
+    #[serde(default)]
+    pub cache_layout: CacheLayout,
     /// Extra environment for every start.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -496,6 +501,22 @@ impl Default for BannerConfig {
             mode: BannerMode::Truthy,
         }
     }
+}
+
+/// Where a model's cache arms (the values of its `cache_flags`) keep
+/// their files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CacheLayout {
+    /// One directory per variant: each arm is its own variant, built cold
+    /// once, removed on its own.
+    #[default]
+    PerVariant,
+    /// One directory for every arm: the marker records which arms were
+    /// built cold; an arm not yet built starts cold into the directory
+    /// (keeping the others' files), and switching between built arms is
+    /// warm both ways.
+    Shared,
 }
 
 /// How strict the banner rule is.
