@@ -104,6 +104,7 @@ fn to_response(ev: Event) -> Result<pb::GenerateResponse, RpcStatus> {
         Event::Delta { text, ids } => pb::generate_response::Chunk::Delta(pb::TokenDelta {
             text,
             token_ids: ids,
+            logprobs: Vec::new(),
         }),
         Event::Final(f) => pb::generate_response::Chunk::Final(pb::GenerationFinal {
             finish_reason: finish_reason(f.reason),
@@ -160,6 +161,14 @@ impl Ready {
         let g = req.request.ok_or_else(|| {
             RpcStatus::invalid_argument("EngineGenerateRequest.request is missing")
         })?;
+        // None of the optional parameters is honoured yet: refuse, never
+        // ignore.
+        if let Some(name) = tt_serving_proto::parameters::requested(&g).first() {
+            return Err(RpcStatus::invalid_argument(format!(
+                "{name}: not supported by engine tt-worker {}; leave it out",
+                env!("CARGO_PKG_VERSION")
+            )));
+        }
         let text = match g.input {
             Some(pb::generate_request::Input::Prompt(p)) => p,
             Some(pb::generate_request::Input::Chat(c)) => {
@@ -255,6 +264,7 @@ impl Engine for EngineService {
             engine_version: format!("tt-worker {}", env!("CARGO_PKG_VERSION")),
             state: worker_state(self.status.phase()),
             progress: Some(progress(&self.status)),
+            supported_parameters: Vec::new(),
         }))
     }
 
