@@ -96,6 +96,13 @@ fn check_request(config: &Config, request: &pb::GenerateRequest) {
                 request.stop.len() <= config.limits.max_stop_strings as usize,
                 "{request:?}"
             );
+            assert!(request.n <= 1, "{request:?}");
+            assert!(
+                request.presence_penalty.is_finite()
+                    && request.frequency_penalty.is_finite()
+                    && request.repetition_penalty.is_finite(),
+                "{request:?}"
+            );
             assert!(
                 request
                     .stop
