@@ -411,3 +411,110 @@ fn a_grpcio_client_reads_health_status_and_worker_info_over_unix_sockets() {
     let plain = result["default_authority"].as_str().unwrap_or_default();
     assert!(plain.contains("RST_STREAM"), "{result}");
 }
+
+/// The optional GenerateRequest parameters through the daemon: served and
+/// forwarded (logprobs come back) when the slot's engine lists them in its
+/// Info; refused by the router, naming the parameter and the engine, when
+/// it does not (a tt-worker told to withhold one, as an engine without it
+/// would); `n` above 1 refused by the router; and a value the engine
+/// refuses passed back as the engine said it.
+#[test]
+fn optional_parameters_are_served_or_refused_naming_the_parameter_and_the_engine() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tt_serving_tests::tiny_model(dir.path());
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: tt_serving_tests::model_table(
+                "m",
+                1,
+                &[0],
+                &model,
+                "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_WITHHOLD_PARAMETERS = \"presence_penalty\" }",
+            ),
+            ..Default::default()
+        },
+    );
+    daemon.wait_slot_state("m", "ready");
+    let address = daemon.inference_address();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async move {
+        use tt_serving_proto::v1::generate_response::Chunk;
+        use tt_serving_proto::v1::inference_client::InferenceClient;
+        use tt_serving_proto::v1::{generate_request::Input, GenerateRequest};
+        let mut client = InferenceClient::connect(format!("http://{address}"))
+            .await
+            .expect("connect to the inference port");
+        let request = |f: fn(&mut GenerateRequest)| {
+            let mut r = GenerateRequest {
+                model: "m".into(),
+                input: Some(Input::Prompt("the cat".into())),
+                max_tokens: 6,
+                ..Default::default()
+            };
+            f(&mut r);
+            r
+        };
+
+        let mut stream = client
+            .generate(request(|r| {
+                r.ignore_eos = true;
+                r.logprobs = Some(2);
+            }))
+            .await
+            .expect("served")
+            .into_inner();
+        let (mut ids, mut logprobs, mut last) = (Vec::new(), Vec::new(), None);
+        while let Some(chunk) = stream.message().await.expect("a chunk") {
+            match chunk.chunk {
+                Some(Chunk::Delta(d)) => {
+                    ids.extend(d.token_ids);
+                    logprobs.extend(d.logprobs);
+                }
+                Some(Chunk::Final(f)) => last = Some(f),
+                None => {}
+            }
+        }
+        assert_eq!(ids.len(), 6);
+        assert_eq!(last.expect("a final chunk").slot, "m");
+        assert_eq!(
+            logprobs.iter().map(|l| l.token_id).collect::<Vec<_>>(),
+            ids
+        );
+        assert!(logprobs
+            .iter()
+            .all(|l| l.top_logprobs.len() == 2 && l.logprob <= 0.0));
+
+        let err = client
+            .generate(request(|r| r.presence_penalty = 0.5))
+            .await
+            .expect_err("presence_penalty is withheld");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert_eq!(
+            err.message(),
+            format!(
+                "presence_penalty: not supported by engine tt-worker {} serving model m; leave it out",
+                env!("CARGO_PKG_VERSION")
+            )
+        );
+
+        let err = client
+            .generate(request(|r| r.n = 2))
+            .await
+            .expect_err("n = 2");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(err.message().starts_with("n: 2 completions"), "{err:?}");
+
+        let err = client
+            .generate(request(|r| r.logprobs = Some(50)))
+            .await
+            .expect_err("too many logprobs for the engine");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(
+            err.message()
+                .starts_with("logprobs: 50 alternatives per token is above this engine's limit of 20"),
+            "{err:?}"
+        );
+    });
+}

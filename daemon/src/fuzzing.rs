@@ -96,6 +96,13 @@ fn check_request(config: &Config, request: &pb::GenerateRequest) {
                 request.stop.len() <= config.limits.max_stop_strings as usize,
                 "{request:?}"
             );
+            assert!(request.n <= 1, "{request:?}");
+            assert!(
+                request.presence_penalty.is_finite()
+                    && request.frequency_penalty.is_finite()
+                    && request.repetition_penalty.is_finite(),
+                "{request:?}"
+            );
             assert!(
                 request
                     .stop
@@ -266,6 +273,14 @@ mod tests {
                 ..Default::default()
             }),
             stop: (0..rng.below(3)).map(|_| text(rng, 4)).collect(),
+            presence_penalty: if rng.below(4) == 0 { float(rng) } else { 0.0 },
+            frequency_penalty: if rng.below(4) == 0 { float(rng) } else { 0.0 },
+            repetition_penalty: if rng.below(4) == 0 { float(rng) } else { 0.0 },
+            min_tokens: [0, 0, 1, 40][rng.below(4)],
+            ignore_eos: rng.below(4) == 0,
+            stop_token_ids: (0..rng.below(2)).map(|_| rng.below(100) as u32).collect(),
+            logprobs: [None, None, Some(0), Some(50)][rng.below(4)],
+            n: [0, 0, 1, 2][rng.below(4)],
         }
     }
 

@@ -94,6 +94,7 @@ fn req(prompt: &str, n: u32) -> pb::EngineGenerateRequest {
             max_tokens: n,
             sampling: None,
             stop: Vec::new(),
+            ..Default::default()
         }),
         request_id: "bench".into(),
     }

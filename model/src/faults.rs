@@ -15,6 +15,7 @@
 //! | `TTW_FAULT_EXTRA_BANNER=FLAG`  | print `FLAG engaged` on the first step though FLAG's feature is not running |
 //! | `TTW_FAULT_WARM_EXTRA_FILE=1`  | a warm start writes a stray file into the cache dir |
 //! | `TTW_FAULT_CACHE_WRITE_ERROR=N` | the Nth cache file of a cold build fails half-written with ENOSPC (a full cache disk) |
+//! | `TTW_FAULT_WITHHOLD_PARAMETERS=a,b` | Info leaves these optional GenerateRequest parameters out of `supported_parameters` and Generate refuses them, as an engine without them would |
 
 use std::collections::HashMap;
 
@@ -45,6 +46,8 @@ pub struct Faults {
     pub warm_extra_file: bool,
     /// The Nth cache file write (1-based) of a cold build fails with ENOSPC.
     pub cache_write_error: Option<u64>,
+    /// Optional parameters the worker behaves as if it lacked.
+    pub withhold_parameters: Vec<String>,
 }
 
 /// Why the fault variables could not be read.
@@ -89,6 +92,16 @@ impl Faults {
             extra_banner: text("TTW_FAULT_EXTRA_BANNER"),
             warm_extra_file: env.get("TTW_FAULT_WARM_EXTRA_FILE").map(String::as_str) == Some("1"),
             cache_write_error: num("TTW_FAULT_CACHE_WRITE_ERROR")?,
+            withhold_parameters: env
+                .get("TTW_FAULT_WITHHOLD_PARAMETERS")
+                .map(|v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|p| !p.is_empty())
+                        .map(String::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     }
 }
@@ -122,6 +135,12 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(f.cache_write_error, Some(2));
+        let f = Faults::from_env(&env(&[
+            ("TTW_TEST_FAULTS", "1"),
+            ("TTW_FAULT_WITHHOLD_PARAMETERS", "logprobs, ignore_eos"),
+        ]))
+        .unwrap();
+        assert_eq!(f.withhold_parameters, vec!["logprobs", "ignore_eos"]);
     }
 
     #[test]

@@ -33,7 +33,8 @@
 //! - [`tp`]: rank threads and the all-reduce between them.
 //! - [`scheduler`]: continuous batching on the engine thread, bounded
 //!   admission, drain.
-//! - [`sampling`]: greedy, temperature, top-k, top-p, seeded.
+//! - [`sampling`]: greedy, temperature, top-k, top-p, seeded; the presence,
+//!   frequency and repetition penalties; logprobs.
 //! - [`output`]: streaming text with stop strings.
 //! - [`banners`]: `<FLAG> engaged`, printed when a feature actually runs.
 //! - [`faults`]: TEST-ONLY fault modes, behind `TTW_TEST_FAULTS=1`.

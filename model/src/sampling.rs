@@ -1,5 +1,10 @@
 //! Picking the next token from logits: greedy, temperature, top-k, top-p,
-//! with a seeded generator so the same seed reproduces the same output.
+//! with a seeded generator so the same seed reproduces the same output;
+//! before that, the penalties on what a sequence already holds
+//! ([`History`]), and the log-probabilities a request may ask for
+//! ([`Logprobs`]).
+
+use std::collections::{HashMap, HashSet};
 
 /// How to pick tokens. All zero means greedy.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -79,8 +84,8 @@ impl Sampler {
         }
     }
 
-    /// The next token. `logits` may be modified.
-    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+    /// The next token.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
         if self.cfg.is_greedy() {
             return argmax(logits);
         }
@@ -130,6 +135,162 @@ impl Sampler {
     }
 }
 
+/// The penalties on tokens a sequence already holds, applied to the logits
+/// before sampling (greedy too), in vLLM's order: repetition, then
+/// frequency and presence.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Penalties {
+    /// Subtracted once from the logit of each token in the output.
+    pub presence: f32,
+    /// Subtracted from the logit of each token once per occurrence in the
+    /// output.
+    pub frequency: f32,
+    /// Divides positive and multiplies negative logits of each token in the
+    /// prompt or the output; 0 and 1 are off.
+    pub repetition: f32,
+}
+
+impl Penalties {
+    fn repetition_on(&self) -> bool {
+        self.repetition != 0.0 && self.repetition != 1.0
+    }
+
+    /// Whether any penalty is on.
+    pub fn any(&self) -> bool {
+        self.presence != 0.0 || self.frequency != 0.0 || self.repetition_on()
+    }
+}
+
+/// What one sequence holds, for its [`Penalties`]: the count of each
+/// output token, and the prompt's tokens when the repetition penalty needs
+/// them.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    penalties: Penalties,
+    output: HashMap<u32, u32>,
+    prompt: HashSet<u32>,
+}
+
+impl History {
+    /// The history of a sequence starting from `prompt`.
+    pub fn new(penalties: Penalties, prompt: &[u32]) -> Self {
+        Self {
+            penalties,
+            output: HashMap::new(),
+            prompt: if penalties.repetition_on() {
+                prompt.iter().copied().collect()
+            } else {
+                HashSet::new()
+            },
+        }
+    }
+
+    /// Records a generated token.
+    pub fn push(&mut self, token: u32) {
+        if self.penalties.any() {
+            *self.output.entry(token).or_insert(0) += 1;
+        }
+    }
+
+    /// Applies the penalties to `logits` (ids outside it are skipped).
+    pub fn apply(&self, logits: &mut [f32]) {
+        let p = self.penalties;
+        if p.repetition_on() {
+            let seen = self
+                .prompt
+                .iter()
+                .chain(self.output.keys().filter(|t| !self.prompt.contains(t)));
+            for &t in seen {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = if *l > 0.0 {
+                        *l / p.repetition
+                    } else {
+                        *l * p.repetition
+                    };
+                }
+            }
+        }
+        if p.presence != 0.0 || p.frequency != 0.0 {
+            for (&t, &count) in &self.output {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l -= p.frequency * count as f32 + p.presence;
+                }
+            }
+        }
+    }
+}
+
+/// Sets the logits of `tokens` to minus infinity, so they are never picked
+/// (ids outside `logits` are skipped).
+pub fn suppress(logits: &mut [f32], tokens: impl IntoIterator<Item = u32>) {
+    for t in tokens {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// The log-softmax of one row of logits, for the log-probabilities a
+/// request asks for: the chosen token's and the `n` most likely.
+#[derive(Debug, Clone)]
+pub struct Logprobs {
+    /// log of the sum of exp over the finite logits.
+    log_sum_exp: f64,
+    /// The `n` most likely (id, logprob), most likely first, ties by id.
+    top: Vec<(u32, f32)>,
+}
+
+impl Logprobs {
+    /// The distribution of `logits` (at temperature 1) and its `n` most
+    /// likely tokens. Tokens at minus infinity (suppressed) are never among
+    /// them.
+    pub fn new(logits: &[f32], n: usize) -> Self {
+        let max = logits
+            .iter()
+            .copied()
+            .filter(|l| l.is_finite())
+            .fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits
+            .iter()
+            .filter(|l| l.is_finite())
+            .map(|&l| ((l - max) as f64).exp())
+            .sum();
+        let log_sum_exp = max as f64 + sum.ln();
+        // The n best by (logit descending, id ascending), kept sorted; a
+        // token enters only when it beats the current last.
+        let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+        if n > 0 {
+            for (i, &l) in logits.iter().enumerate() {
+                if !l.is_finite() || (top.len() == n && l <= top[n - 1].1) {
+                    continue;
+                }
+                let at = top.partition_point(|&(_, t)| t >= l);
+                top.insert(at, (i as u32, l));
+                top.truncate(n);
+            }
+        }
+        let top = top
+            .into_iter()
+            .map(|(i, l)| (i, (l as f64 - log_sum_exp) as f32))
+            .collect();
+        Self { log_sum_exp, top }
+    }
+
+    /// The logprob of `token` (minus infinity when suppressed; never above
+    /// 0, since the log-sum-exp is at least the largest logit).
+    pub fn of(&self, logits: &[f32], token: u32) -> f32 {
+        match logits.get(token as usize) {
+            Some(&l) if l.is_finite() => (l as f64 - self.log_sum_exp) as f32,
+            _ => f32::NEG_INFINITY,
+        }
+    }
+
+    /// The most likely tokens with their logprobs, most likely first.
+    pub fn top(&self) -> &[(u32, f32)] {
+        &self.top
+    }
+}
+
 /// Index of the largest logit (the first one on ties, like llama.cpp).
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
@@ -157,9 +318,68 @@ mod tests {
     }
 
     #[test]
+    fn penalties_follow_the_openai_and_hf_rules() {
+        let prompt = [0u32];
+        let mut h = History::new(
+            Penalties {
+                presence: 0.5,
+                frequency: 0.25,
+                repetition: 2.0,
+            },
+            &prompt,
+        );
+        h.push(1);
+        h.push(1);
+        h.push(2);
+        let mut logits = vec![4.0, 4.0, -1.0, 3.0];
+        h.apply(&mut logits);
+        // 0: prompt only, divided. 1: output twice, divided then 0.5 +
+        // 2 * 0.25. 2: negative, multiplied then 0.5 + 0.25. 3: untouched.
+        assert_eq!(logits, vec![2.0, 1.0, -2.75, 3.0]);
+        // Off: nothing is kept or changed.
+        let mut off = History::new(Penalties::default(), &prompt);
+        off.push(1);
+        let mut logits = vec![4.0, 4.0];
+        off.apply(&mut logits);
+        assert_eq!(logits, vec![4.0, 4.0]);
+        let one = Penalties {
+            repetition: 1.0,
+            ..Default::default()
+        };
+        assert!(!one.any());
+    }
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_best_first() {
+        let mut logits = vec![1.0, 3.0, 2.0, 3.0, 0.0];
+        suppress(&mut logits, [4, 99]);
+        let lp = Logprobs::new(&logits, 3);
+        let top = lp.top();
+        assert_eq!(
+            top.iter().map(|t| t.0).collect::<Vec<_>>(),
+            vec![1, 3, 2],
+            "ties by id"
+        );
+        let total: f64 = [0u32, 1, 2, 3]
+            .iter()
+            .map(|&t| (lp.of(&logits, t) as f64).exp())
+            .sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+        assert_eq!(lp.of(&logits, 1), top[0].1);
+        assert!(top.iter().all(|t| t.1 <= 0.0));
+        assert_eq!(lp.of(&logits, 4), f32::NEG_INFINITY);
+        // The greedy choice is the first of the top.
+        let mut s = Sampler::new(SamplingConfig::GREEDY);
+        assert_eq!(s.sample(&logits), top[0].0);
+        // More asked than there are finite tokens: only those.
+        assert_eq!(Logprobs::new(&logits, 20).top().len(), 4);
+        assert!(Logprobs::new(&logits, 0).top().is_empty());
+    }
+
+    #[test]
     fn greedy_picks_the_first_maximum() {
         let mut s = Sampler::new(SamplingConfig::GREEDY);
-        assert_eq!(s.sample(&mut [0.1, 3.0, -1.0, 3.0]), 1);
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 3.0]), 1);
     }
 
     #[test]
@@ -167,9 +387,7 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
         let run = |seed| {
             let mut s = Sampler::new(cfg(1.0, 0, 0.0, seed));
-            (0..64)
-                .map(|_| s.sample(&mut logits.clone()))
-                .collect::<Vec<_>>()
+            (0..64).map(|_| s.sample(&logits)).collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
@@ -180,7 +398,7 @@ mod tests {
         let logits: Vec<f32> = (0..100).map(|i| i as f32 / 10.0).collect();
         let mut s = Sampler::new(cfg(5.0, 3, 0.0, 1));
         for _ in 0..500 {
-            let t = s.sample(&mut logits.clone());
+            let t = s.sample(&logits);
             assert!(t >= 97, "{t}");
         }
     }
@@ -191,12 +409,11 @@ mod tests {
         let logits = vec![4.0, 2.0, 1.0, 0.0];
         let mut s = Sampler::new(cfg(1.0, 0, 0.5, 3));
         for _ in 0..200 {
-            assert_eq!(s.sample(&mut logits.clone()), 0);
+            assert_eq!(s.sample(&logits), 0);
         }
         // With no nucleus cut, the others do appear.
         let mut s = Sampler::new(cfg(1.0, 0, 0.0, 3));
-        let seen: std::collections::HashSet<u32> =
-            (0..500).map(|_| s.sample(&mut logits.clone())).collect();
+        let seen: std::collections::HashSet<u32> = (0..500).map(|_| s.sample(&logits)).collect();
         assert!(seen.len() >= 3, "{seen:?}");
     }
 }

@@ -15,11 +15,11 @@ use crate::banners::Banners;
 use crate::faults::Faults;
 use crate::model::StepSeq;
 use crate::output::{OutputText, Pushed};
-use crate::sampling::{Sampler, SamplingConfig};
+use crate::sampling::{self, History, Logprobs, Penalties, Sampler, SamplingConfig};
 use crate::state::{unix_ms, Status};
 use crate::tokenizer::Tokenizer;
 use crate::tp::Ranks;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -70,8 +70,19 @@ pub struct FinalInfo {
     pub ttft_us: u64,
 }
 
+/// The log-probability of one generated token (when the request asked).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The token.
+    pub token: u32,
+    /// Its logprob.
+    pub logprob: f32,
+    /// The most likely tokens and their logprobs, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
 /// What a generation stream carries.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// New text and the tokens it came from.
     Delta {
@@ -79,11 +90,31 @@ pub enum Event {
         text: String,
         /// Token ids.
         ids: Vec<u32>,
+        /// One per id when the request asked for logprobs, else empty.
+        logprobs: Vec<TokenLogprob>,
     },
     /// The end.
     Final(FinalInfo),
     /// The engine failed while running this sequence.
     Error(String),
+}
+
+/// The optional generation parameters (`GenerateRequest`'s fields of the
+/// same names), validated; all off by default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Params {
+    /// Presence, frequency and repetition penalties.
+    pub penalties: Penalties,
+    /// End-of-generation and stop tokens are suppressed before this many
+    /// tokens.
+    pub min_tokens: usize,
+    /// End-of-generation tokens are never generated (those also listed in
+    /// `stop_token_ids` excepted).
+    pub ignore_eos: bool,
+    /// Tokens that end the generation.
+    pub stop_token_ids: HashSet<u32>,
+    /// `Some(n)`: report each token's logprob and the n most likely.
+    pub logprobs: Option<usize>,
 }
 
 /// One generation request, tokenized and validated.
@@ -99,6 +130,8 @@ pub struct Submission {
     pub sampling: SamplingConfig,
     /// Stop strings.
     pub stop: Vec<String>,
+    /// The optional parameters.
+    pub params: Params,
     /// When the request reached the worker.
     pub arrived: Instant,
     /// Where the stream goes; dropping its receiver cancels the sequence.
@@ -208,6 +241,8 @@ struct Seq {
     fed: usize,
     generated: Vec<u32>,
     sampler: Sampler,
+    /// What the penalties look at.
+    history: History,
     text: OutputText,
     admitted: Instant,
     first_token: Option<Instant>,
@@ -369,12 +404,14 @@ impl Engine {
     fn make_seq(&self, sub: Submission, slot: usize, now: Instant) -> Seq {
         let sampler = Sampler::new(sub.sampling);
         let text = OutputText::new(sub.stop.clone());
+        let history = History::new(sub.params.penalties, &sub.prompt);
         Seq {
             sub,
             slot,
             fed: 0,
             generated: Vec::new(),
             sampler,
+            history,
             text,
             admitted: now,
             first_token: None,
@@ -509,20 +546,49 @@ impl Engine {
     }
 
     /// Samples the next token of `running[i]`; returns why it ended, if it
-    /// did, with the text still to send.
+    /// did, with the text still to send. The penalties and suppressions
+    /// change the logits first (greedy too); logprobs are read from them
+    /// before temperature, top-k and top-p.
     fn on_logits(&mut self, i: usize, logits: &mut [f32]) -> Option<(Finish, String)> {
-        let tok = self.running[i].sampler.sample(logits);
-        self.count_token();
         let tokenizer = self.tokenizer.clone();
+        let seq = &mut self.running[i];
+        let params = &seq.sub.params;
+        seq.history.apply(logits);
+        let early = seq.generated.len() < params.min_tokens;
+        if params.ignore_eos || early {
+            sampling::suppress(
+                logits,
+                tokenizer
+                    .end_of_generation_ids()
+                    .into_iter()
+                    .filter(|t| early || !params.stop_token_ids.contains(t)),
+            );
+        }
+        if early {
+            sampling::suppress(logits, params.stop_token_ids.iter().copied());
+        }
+        let dist = params.logprobs.map(|n| Logprobs::new(logits, n));
+        let tok = seq.sampler.sample(logits);
+        let logprobs: Vec<TokenLogprob> = dist
+            .map(|d| TokenLogprob {
+                token: tok,
+                logprob: d.of(logits, tok),
+                top: d.top().to_vec(),
+            })
+            .into_iter()
+            .collect();
+        seq.history.push(tok);
+        self.count_token();
         let ctx = self.cfg.context;
         let seq = &mut self.running[i];
         let now = Instant::now();
         seq.first_token.get_or_insert(now);
         seq.generated.push(tok);
-        if tokenizer.is_end_of_generation(tok) {
+        if tokenizer.is_end_of_generation(tok) || seq.sub.params.stop_token_ids.contains(&tok) {
             let _ = seq.sub.events.send(Event::Delta {
                 text: String::new(),
                 ids: vec![tok],
+                logprobs,
             });
             return Some((Finish::Stop, seq.text.finish()));
         }
@@ -531,6 +597,7 @@ impl Engine {
                 let _ = seq.sub.events.send(Event::Delta {
                     text,
                     ids: vec![tok],
+                    logprobs,
                 });
                 return Some((Finish::Stop, String::new()));
             }
@@ -538,6 +605,7 @@ impl Engine {
                 let _ = seq.sub.events.send(Event::Delta {
                     text,
                     ids: vec![tok],
+                    logprobs,
                 });
             }
         }
@@ -568,6 +636,7 @@ impl Engine {
             let _ = seq.sub.events.send(Event::Delta {
                 text: rest,
                 ids: Vec::new(),
+                logprobs: Vec::new(),
             });
         }
         let now = Instant::now();

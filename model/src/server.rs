@@ -6,8 +6,9 @@
 
 use crate::banners::Banners;
 use crate::chat_template::{ChatTemplate, Turn};
+use crate::sampling::Penalties;
 use crate::sampling::SamplingConfig;
-use crate::scheduler::{EngineHandle, Event, Finish, Submission, SubmitError};
+use crate::scheduler::{EngineHandle, Event, Finish, Params, Submission, SubmitError};
 use crate::state::{Phase, Status};
 use crate::tokenizer::Tokenizer;
 use std::sync::atomic::Ordering;
@@ -43,7 +44,22 @@ pub struct Identity {
     pub bdfs: Vec<String>,
     /// `warm` or `cold`.
     pub cache_mode: String,
+    /// The optional GenerateRequest parameters honoured (Info's
+    /// `supported_parameters`; the rest are refused).
+    pub supported_parameters: Vec<String>,
 }
+
+/// Engine name and version, as Info reports it and refusals name it.
+pub fn engine_version() -> String {
+    format!("tt-worker {}", env!("CARGO_PKG_VERSION"))
+}
+
+/// The most alternatives `logprobs` may ask for per token (as OpenAI's
+/// `top_logprobs` and vLLM's default `max_logprobs`).
+pub const MAX_LOGPROBS: u32 = 20;
+
+/// The most `stop_token_ids` a request may give.
+pub const MAX_STOP_TOKEN_IDS: usize = 1024;
 
 /// The service.
 pub struct EngineService {
@@ -99,11 +115,40 @@ fn finish_reason(f: Finish) -> i32 {
     }
 }
 
-fn to_response(ev: Event) -> Result<pb::GenerateResponse, RpcStatus> {
+fn to_response(tokenizer: &Tokenizer, ev: Event) -> Result<pb::GenerateResponse, RpcStatus> {
     let chunk = match ev {
-        Event::Delta { text, ids } => pb::generate_response::Chunk::Delta(pb::TokenDelta {
+        Event::Delta {
+            text,
+            ids,
+            logprobs,
+        } => pb::generate_response::Chunk::Delta(pb::TokenDelta {
             text,
             token_ids: ids,
+            logprobs: logprobs
+                .into_iter()
+                .map(|l| {
+                    let bytes = tokenizer.token_bytes(l.token);
+                    pb::TokenLogprob {
+                        token_id: l.token,
+                        token: String::from_utf8_lossy(bytes).into_owned(),
+                        bytes: bytes.to_vec(),
+                        logprob: l.logprob,
+                        top_logprobs: l
+                            .top
+                            .into_iter()
+                            .map(|(id, logprob)| {
+                                let bytes = tokenizer.token_bytes(id);
+                                pb::TopLogprob {
+                                    token_id: id,
+                                    token: String::from_utf8_lossy(bytes).into_owned(),
+                                    bytes: bytes.to_vec(),
+                                    logprob,
+                                }
+                            })
+                            .collect(),
+                    }
+                })
+                .collect(),
         }),
         Event::Final(f) => pb::generate_response::Chunk::Final(pb::GenerationFinal {
             finish_reason: finish_reason(f.reason),
@@ -149,26 +194,125 @@ fn sampling(p: Option<&pb::SamplingParams>) -> Result<SamplingConfig, RpcStatus>
     })
 }
 
+/// `field: value is outside [lo, hi]` when a penalty is out of its range.
+fn check_range(field: &str, value: f32, lo: f32, hi: f32, fix: &str) -> Result<(), RpcStatus> {
+    if value.is_finite() && (lo..=hi).contains(&value) {
+        return Ok(());
+    }
+    Err(RpcStatus::invalid_argument(format!(
+        "{field}: {value} is outside [{lo}, {hi}]; {fix}"
+    )))
+}
+
+/// Checks the optional parameters (refusing one this engine does not list
+/// in `supported`, and values out of range) and maps them. `max_tokens` is
+/// the number the sequence may generate, `vocab` the tokenizer's size.
+fn params(
+    g: &pb::GenerateRequest,
+    supported: &[String],
+    max_tokens: usize,
+    vocab: usize,
+) -> Result<Params, RpcStatus> {
+    if g.n > 1 {
+        return Err(RpcStatus::invalid_argument(format!(
+            "n: {} completions per request are not supported; send n = 1 (or leave it out) and send parallel requests for more",
+            g.n
+        )));
+    }
+    if let Some(name) = tt_serving_proto::parameters::requested(g)
+        .into_iter()
+        .find(|p| !supported.iter().any(|s| s == p))
+    {
+        return Err(RpcStatus::invalid_argument(format!(
+            "{name}: not supported by engine {}; leave it out",
+            engine_version()
+        )));
+    }
+    check_range(
+        "presence_penalty",
+        g.presence_penalty,
+        -2.0,
+        2.0,
+        "use 0 for none",
+    )?;
+    check_range(
+        "frequency_penalty",
+        g.frequency_penalty,
+        -2.0,
+        2.0,
+        "use 0 for none",
+    )?;
+    if !(g.repetition_penalty.is_finite()
+        && g.repetition_penalty >= 0.0
+        && g.repetition_penalty <= 2.0)
+    {
+        return Err(RpcStatus::invalid_argument(format!(
+            "repetition_penalty: {} is outside (0, 2]; use 1 (or 0) for none, above 1 to discourage repetition",
+            g.repetition_penalty
+        )));
+    }
+    let min_tokens = g.min_tokens as usize;
+    if min_tokens > max_tokens {
+        return Err(RpcStatus::invalid_argument(format!(
+            "min_tokens: {min_tokens} is above the {max_tokens} tokens this request may generate (max_tokens, or what the context leaves); lower min_tokens"
+        )));
+    }
+    if g.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(RpcStatus::invalid_argument(format!(
+            "stop_token_ids: {} ids is above this engine's limit of {MAX_STOP_TOKEN_IDS}; give fewer",
+            g.stop_token_ids.len()
+        )));
+    }
+    if let Some((i, id)) = g
+        .stop_token_ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= vocab)
+    {
+        return Err(RpcStatus::invalid_argument(format!(
+            "stop_token_ids[{i}]: {id} is not a token of this model (its vocabulary has {vocab} tokens, ids 0 to {})",
+            vocab.saturating_sub(1)
+        )));
+    }
+    if let Some(n) = g.logprobs.filter(|&n| n > MAX_LOGPROBS) {
+        return Err(RpcStatus::invalid_argument(format!(
+            "logprobs: {n} alternatives per token is above this engine's limit of {MAX_LOGPROBS}; ask for at most {MAX_LOGPROBS}"
+        )));
+    }
+    Ok(Params {
+        penalties: Penalties {
+            presence: g.presence_penalty,
+            frequency: g.frequency_penalty,
+            repetition: g.repetition_penalty,
+        },
+        min_tokens,
+        ignore_eos: g.ignore_eos,
+        stop_token_ids: g.stop_token_ids.iter().copied().collect(),
+        logprobs: g.logprobs.map(|n| n as usize),
+    })
+}
+
 impl Ready {
     /// Validates and tokenizes a request into a submission.
     fn prepare(
         &self,
         req: pb::EngineGenerateRequest,
+        supported: &[String],
         events: mpsc::UnboundedSender<Event>,
         arrived: Instant,
     ) -> Result<Submission, RpcStatus> {
         let g = req.request.ok_or_else(|| {
             RpcStatus::invalid_argument("EngineGenerateRequest.request is missing")
         })?;
-        let text = match g.input {
-            Some(pb::generate_request::Input::Prompt(p)) => p,
+        let text = match &g.input {
+            Some(pb::generate_request::Input::Prompt(p)) => p.clone(),
             Some(pb::generate_request::Input::Chat(c)) => {
                 let turns: Vec<Turn> = c
                     .messages
-                    .into_iter()
+                    .iter()
                     .map(|m| Turn {
-                        role: m.role,
-                        content: m.content,
+                        role: m.role.clone(),
+                        content: m.content.clone(),
                     })
                     .collect();
                 self.template
@@ -208,12 +352,14 @@ impl Ready {
             }
             want
         };
+        let params = params(&g, supported, max_tokens, self.tokenizer.vocab_size())?;
         Ok(Submission {
             request_id: req.request_id,
             prompt,
             max_tokens,
             sampling: sampling(g.sampling.as_ref())?,
             stop: g.stop,
+            params,
             arrived,
             events,
         })
@@ -252,9 +398,10 @@ impl Engine for EngineService {
             cache_files_written: loaded.cache_files_written,
             load_time_ms: loaded.load_time_ms,
             banners_engaged: self.banners.engaged(),
-            engine_version: format!("tt-worker {}", env!("CARGO_PKG_VERSION")),
+            engine_version: engine_version(),
             state: worker_state(self.status.phase()),
             progress: Some(progress(&self.status)),
+            supported_parameters: self.identity.supported_parameters.clone(),
         }))
     }
 
@@ -294,12 +441,18 @@ impl Engine for EngineService {
             .get()
             .ok_or_else(|| RpcStatus::unavailable("the worker is still loading the model"))?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let sub = ready.prepare(request.into_inner(), tx, arrived)?;
+        let sub = ready.prepare(
+            request.into_inner(),
+            &self.identity.supported_parameters,
+            tx,
+            arrived,
+        )?;
         ready.engine.submit(sub).map_err(|e| match e {
             SubmitError::Full(_) => RpcStatus::resource_exhausted(e.to_string()),
             SubmitError::Stopped => RpcStatus::unavailable(e.to_string()),
         })?;
-        let stream = UnboundedReceiverStream::new(rx).map(to_response);
+        let tokenizer = ready.tokenizer.clone();
+        let stream = UnboundedReceiverStream::new(rx).map(move |ev| to_response(&tokenizer, ev));
         Ok(Response::new(Box::pin(stream)))
     }
 

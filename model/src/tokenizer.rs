@@ -195,6 +195,13 @@ impl Tokenizer {
         self.end_of_generation.contains(&id)
     }
 
+    /// The tokens that end a generation, in id order.
+    pub fn end_of_generation_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self.end_of_generation.iter().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// Vocabulary size.
     pub fn vocab_size(&self) -> usize {
         self.token_bytes.len()

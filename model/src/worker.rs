@@ -227,6 +227,11 @@ async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
             tp: args.tp as u32,
             bdfs: args.bdfs.clone(),
             cache_mode: args.cache_mode.as_str().to_string(),
+            supported_parameters: tt_serving_proto::parameters::OPTIONAL_PARAMETERS
+                .iter()
+                .filter(|p| !faults.withhold_parameters.iter().any(|w| w == *p))
+                .map(|p| p.to_string())
+                .collect(),
         },
         status.clone(),
         banners.clone(),

@@ -150,3 +150,43 @@ async fn warm_start_extra_file_is_written_and_reported() {
     );
     assert!(cache.path().join(tt_worker::faults::STRAY_FILE).exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn withheld_parameters_are_left_out_of_info_and_refused() {
+    let cache = tempfile::tempdir().unwrap();
+    let w = Worker::start(&faulty(
+        cache.path(),
+        "cold",
+        "TTW_FAULT_WITHHOLD_PARAMETERS",
+        "logprobs,presence_penalty",
+    ))
+    .await;
+    let mut c = w.client().await;
+    let info = c.info(pb::InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(
+        info.supported_parameters,
+        [
+            "frequency_penalty",
+            "repetition_penalty",
+            "min_tokens",
+            "ignore_eos",
+            "stop_token_ids"
+        ]
+    );
+    let e = run(&mut c, request_with("the cat", 4, |g| g.logprobs = Some(1)))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        e.message(),
+        format!(
+            "logprobs: not supported by engine {}; leave it out",
+            info.engine_version
+        )
+    );
+    // The others still work.
+    let out = run(&mut c, request_with("the cat", 4, |g| g.ignore_eos = true))
+        .await
+        .unwrap();
+    assert_eq!(out.ids.len(), 4);
+}

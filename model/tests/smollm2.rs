@@ -174,3 +174,107 @@ fn tokenizer_matches_llama_cpp() {
         assert_eq!(tok.decode(&got), *text);
     }
 }
+
+/// The answer to this chat ends by itself, well before 48 tokens.
+const SHORT_ANSWER: &str = "What is the capital of France? Answer with one word.";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignore_eos_and_min_tokens_run_past_the_end_of_the_answer() {
+    let model = real_model();
+    let cache = tempfile::tempdir().unwrap();
+    let w = Worker::start(&Opts::new(&model, 1, cache.path(), "cold")).await;
+    let mut c = w.client().await;
+    let plain = run(&mut c, chat_request(SHORT_ANSWER, 48, |_| {}))
+        .await
+        .unwrap();
+    assert_eq!(
+        plain.final_.finish_reason,
+        pb::FinishReason::Stop as i32,
+        "{plain:?}"
+    );
+    let n = plain.ids.len();
+    assert!(n < 24, "{plain:?}");
+    eprintln!("plain answer: {:?} ({n} tokens)", plain.text);
+    let end = plain.ids[n - 1];
+
+    // ignore_eos: exactly max_tokens, never the end-of-generation token.
+    let fixed = run(
+        &mut c,
+        chat_request(SHORT_ANSWER, 48, |g| g.ignore_eos = true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(fixed.ids.len(), 48, "{fixed:?}");
+    assert_eq!(fixed.final_.finish_reason, pb::FinishReason::Length as i32);
+    assert_eq!(fixed.final_.usage.unwrap().completion_tokens, 48);
+    assert_eq!(fixed.ids[..n - 1], plain.ids[..n - 1]);
+    assert!(!fixed.ids.contains(&end), "{:?}", fixed.ids);
+    assert!(fixed.text.starts_with(&plain.text), "{:?}", fixed.text);
+
+    // min_tokens: the early end is suppressed until that many tokens.
+    let min = n as u32 + 4;
+    let held = run(
+        &mut c,
+        chat_request(SHORT_ANSWER, 48, |g| g.min_tokens = min),
+    )
+    .await
+    .unwrap();
+    assert!(held.ids.len() >= min as usize, "{held:?}");
+    eprintln!(
+        "min_tokens {min}: {:?}; ignore_eos: {:?}",
+        held.text, fixed.text
+    );
+    assert_eq!(held.ids[..n - 1], plain.ids[..n - 1]);
+    assert!(!held.ids[..min as usize].contains(&end), "{:?}", held.ids);
+    // Deterministic, as greedy is.
+    let again = run(
+        &mut c,
+        chat_request(SHORT_ANSWER, 48, |g| g.min_tokens = min),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.ids, held.ids);
+
+    // The answer's logprob: a confident model, a real distribution.
+    let lp = run(
+        &mut c,
+        request_with("The capital of France is", 1, |g| g.logprobs = Some(3)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(lp.text, " Paris");
+    let first = &lp.logprobs[0];
+    assert_eq!(first.token, " Paris");
+    assert!(first.logprob > (0.5f32).ln(), "{first:?}");
+    assert_eq!(first.top_logprobs[0].token, " Paris");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn penalties_change_greedy_output_on_a_repetitive_prompt_and_are_deterministic() {
+    let model = real_model();
+    let cache = tempfile::tempdir().unwrap();
+    let w = Worker::start(&Opts::new(&model, 1, cache.path(), "cold")).await;
+    let mut c = w.client().await;
+    let prompt = "red blue red blue red blue red blue red blue";
+    let base = greedy(&mut c, prompt, 24).await;
+    let distinct = |ids: &[u32]| ids.iter().collect::<std::collections::HashSet<_>>().len();
+    type Set = fn(&mut pb::GenerateRequest);
+    let cases: [(&str, Set); 3] = [
+        ("presence_penalty", |g| g.presence_penalty = 1.5),
+        ("frequency_penalty", |g| g.frequency_penalty = 1.0),
+        ("repetition_penalty", |g| g.repetition_penalty = 1.5),
+    ];
+    for (name, set) in cases {
+        let a = run(&mut c, request_with(prompt, 24, set)).await.unwrap();
+        let b = run(&mut c, request_with(prompt, 24, set)).await.unwrap();
+        assert_eq!(a.ids, b.ids, "{name} is not deterministic");
+        eprintln!("{name}: {:?} (none: {:?})", a.text, base.text);
+        assert_ne!(a.ids, base.ids, "{name} changed nothing: {:?}", a.text);
+        assert!(
+            distinct(&a.ids) > distinct(&base.ids),
+            "{name}: {:?} repeats as much as {:?}",
+            a.text,
+            base.text
+        );
+    }
+}

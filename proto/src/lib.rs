@@ -11,8 +11,11 @@
 //!   output) and the words ttctl prints for their enums ([`Word`]).
 //! - [`CacheMode`]: `TT_CACHE_MODE`, the one worker-environment value
 //!   both the daemon and the worker interpret.
+//! - [`parameters`]: the optional `GenerateRequest` parameters, by the names
+//!   engines list in `Info`, and which of them a request asks for.
 
 pub mod json;
+pub mod parameters;
 
 /// How a worker starts on its cache variant (`TT_CACHE_MODE`), as the
 /// daemon decides it and the worker obeys it.

@@ -41,6 +41,7 @@ pub(super) fn request(args: &GenerateArgs) -> GenerateRequest {
             seed: args.seed,
         }),
         stop: args.stop.clone(),
+        ..Default::default()
     }
 }
 

@@ -4,7 +4,9 @@
 //! fields, and prompts or `max_tokens` beyond `[limits]`: INVALID_ARGUMENT
 //! naming the field and the limit), then admission through the
 //! model's bounded queue (full: RESOURCE_EXHAUSTED with a retry hint, never
-//! an unbounded wait), then the least-loaded Ready slot. The worker's stream
+//! an unbounded wait), then the least-loaded Ready slot, whose engine must
+//! list every optional parameter the request sets (else INVALID_ARGUMENT
+//! naming the parameter and the engine). The worker's stream
 //! is forwarded chunk by chunk; a client that goes away drops the worker
 //! stream, which cancels the sequence in the worker at once; a worker that
 //! dies mid-stream ends the client's stream with UNAVAILABLE saying so.
@@ -23,7 +25,7 @@ mod error;
 mod validate;
 
 pub use error::RouteError;
-pub use validate::{validate_request, CHAT_ROLES};
+pub use validate::{check_engine_supports, validate_request, CHAT_ROLES};
 
 use crate::config::ModelConfig;
 use crate::retry::RetryHint;
@@ -316,6 +318,9 @@ impl Router {
                 counter: route.in_flight.clone(),
                 slots: self.slots.clone(),
             };
+            // Fail closed: a parameter this slot's engine does not honour is
+            // refused, never silently dropped.
+            check_engine_supports(&request, &route.engine_facts)?;
             let engine_request = pb::EngineGenerateRequest {
                 request: Some(request.clone()),
                 request_id: format!("req-{}", self.next_id.fetch_add(1, Ordering::Relaxed)),

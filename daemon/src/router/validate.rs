@@ -1,9 +1,11 @@
 //! Checking a request against the config before it is queued: a pure
 //! function of the config and the request, so the fuzz target
-//! `generate_request` drives it directly.
+//! `generate_request` drives it directly; and against the engine of the
+//! slot chosen for it ([`check_engine_supports`]), once one is.
 
 use super::RouteError;
 use crate::echo::echo;
+use crate::slots::EngineFacts;
 use tt_serving_proto::v1 as pb;
 
 /// The chat roles a request may use. Roles are pasted into the model's
@@ -78,7 +80,63 @@ pub fn validate_request(
             )));
         }
     }
-    check_stops(&request.stop, limits)
+    check_stops(&request.stop, limits)?;
+    check_parameters(request)
+}
+
+/// The optional parameters' engine-independent rules: `n` is 0 or 1, the
+/// penalties are numbers, `min_tokens` is within `max_tokens`. Their
+/// ranges and limits are the engine's (it refuses naming the field).
+fn check_parameters(request: &pb::GenerateRequest) -> Result<(), RouteError> {
+    if request.n > 1 {
+        return Err(RouteError::Invalid(format!(
+            "n: {} completions per request are not served; send n = 1 (or leave it out) and send parallel requests for more",
+            request.n
+        )));
+    }
+    for (field, value) in [
+        ("presence_penalty", request.presence_penalty),
+        ("frequency_penalty", request.frequency_penalty),
+        ("repetition_penalty", request.repetition_penalty),
+    ] {
+        if !value.is_finite() {
+            return Err(RouteError::Invalid(format!(
+                "{field}: {value} is not a number; use 0 for none"
+            )));
+        }
+    }
+    if request.max_tokens > 0 && request.min_tokens > request.max_tokens {
+        return Err(RouteError::Invalid(format!(
+            "min_tokens: {} is above max_tokens ({}); lower min_tokens or raise max_tokens",
+            request.min_tokens, request.max_tokens
+        )));
+    }
+    Ok(())
+}
+
+/// Refuse a request that asks for an optional parameter the engine of the
+/// chosen slot does not list in its Info (`supported_parameters`), so that
+/// it is never served without it: INVALID_ARGUMENT whose message starts
+/// with the field's name and names the engine and the model.
+pub fn check_engine_supports(
+    request: &pb::GenerateRequest,
+    engine: &EngineFacts,
+) -> Result<(), RouteError> {
+    let missing = tt_serving_proto::parameters::requested(request)
+        .into_iter()
+        .find(|p| !engine.supported_parameters.iter().any(|s| s == p));
+    let Some(name) = missing else {
+        return Ok(());
+    };
+    let engine_name = if engine.version.is_empty() {
+        "(an engine that gave no engine_version)".to_string()
+    } else {
+        echo(&engine.version)
+    };
+    Err(RouteError::Invalid(format!(
+        "{name}: not supported by engine {engine_name} serving model {}; leave it out",
+        echo(&request.model)
+    )))
 }
 
 /// Every chat message names one of [`CHAT_ROLES`].
@@ -206,6 +264,76 @@ mod tests {
         );
         let err = refusal(&with_stops(vec![String::new()]));
         assert!(err.message().starts_with("stop[0]: "), "{}", err.message());
+    }
+
+    #[test]
+    fn n_above_one_bad_penalties_and_min_over_max_are_refused_naming_the_field() {
+        let with = |f: &dyn Fn(&mut pb::GenerateRequest)| {
+            let mut r = chat(&["user"]);
+            f(&mut r);
+            r
+        };
+        assert!(validate_request(&config(), &with(&|r| r.n = 1)).is_ok());
+        let err = refusal(&with(&|r| r.n = 4));
+        assert!(matches!(err, RouteError::Invalid(_)), "{err:?}");
+        assert!(err.message().starts_with("n: 4 completions"), "{err:?}");
+        let err = refusal(&with(&|r| r.frequency_penalty = f32::NAN));
+        assert!(
+            err.message().starts_with("frequency_penalty: NaN"),
+            "{err:?}"
+        );
+        let err = refusal(&with(&|r| {
+            r.max_tokens = 4;
+            r.min_tokens = 5
+        }));
+        assert_eq!(
+            err.message(),
+            "min_tokens: 5 is above max_tokens (4); lower min_tokens or raise max_tokens"
+        );
+        // With max_tokens left to the server, the engine judges min_tokens.
+        assert!(validate_request(&config(), &with(&|r| r.min_tokens = 5)).is_ok());
+    }
+
+    #[test]
+    fn a_parameter_the_engine_does_not_list_is_refused_naming_it_and_the_engine() {
+        let engine = EngineFacts {
+            version: "tt-worker 0.1.0".into(),
+            supported_parameters: vec!["ignore_eos".into(), "logprobs".into()],
+        };
+        let plain = chat(&["user"]);
+        assert!(check_engine_supports(&plain, &engine).is_ok());
+        // Values that mean "off" ask for nothing, whatever the engine.
+        let off = pb::GenerateRequest {
+            repetition_penalty: 1.0,
+            n: 1,
+            ..plain.clone()
+        };
+        assert!(check_engine_supports(&off, &EngineFacts::default()).is_ok());
+        let supported = pb::GenerateRequest {
+            ignore_eos: true,
+            logprobs: Some(0),
+            ..plain.clone()
+        };
+        assert!(check_engine_supports(&supported, &engine).is_ok());
+        let err = check_engine_supports(
+            &pb::GenerateRequest {
+                presence_penalty: 0.5,
+                ..supported.clone()
+            },
+            &engine,
+        )
+        .expect_err("refused");
+        assert!(matches!(err, RouteError::Invalid(_)), "{err:?}");
+        assert_eq!(
+            err.message(),
+            "presence_penalty: not supported by engine tt-worker 0.1.0 serving model m; leave it out"
+        );
+        // An engine that lists nothing supports none of them.
+        let err = check_engine_supports(&supported, &EngineFacts::default()).expect_err("refused");
+        assert_eq!(
+            err.message(),
+            "ignore_eos: not supported by engine (an engine that gave no engine_version) serving model m; leave it out"
+        );
     }
 
     #[test]

@@ -147,6 +147,9 @@ pub struct SlotView {
     /// The context length in tokens its worker reported (Engine.Info) when
     /// it became ready; 0 until then.
     pub context_length: u32,
+    /// Who its worker said it is and which optional parameters it honours
+    /// (Engine.Info) when it became ready; empty until then.
+    pub engine_facts: Arc<EngineFacts>,
     /// The model definition the slot's supervisor runs (read once when it
     /// started; a reload that does not restart the slot leaves it).
     pub definition: Option<Arc<ModelConfig>>,
@@ -155,6 +158,17 @@ pub struct SlotView {
     /// restart halted before reaching this replica. Kept up to date when the
     /// definition is recorded and when a config is put in force.
     pub outdated: Vec<String>,
+}
+
+/// What a worker said of itself in Engine.Info when it became ready, that
+/// the router checks requests against.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineFacts {
+    /// `engine_version`, e.g. `tt-worker 0.1.0`.
+    pub version: String,
+    /// `supported_parameters`: the optional GenerateRequest parameters it
+    /// honours (none when it lists none).
+    pub supported_parameters: Vec<String>,
 }
 
 /// Operator and daemon requests to a slot's supervisor.
@@ -205,6 +219,7 @@ impl SlotEntry {
                 variant: String::new(),
                 stats: Arc::new(stats::SlotStats::default()),
                 context_length: 0,
+                engine_facts: Arc::default(),
                 definition: None,
                 outdated: Vec::new(),
             },
@@ -243,6 +258,8 @@ pub struct Route {
     pub in_flight: Arc<AtomicU32>,
     /// The slot's recent figures (the caller records into them).
     pub stats: Arc<stats::SlotStats>,
+    /// What its worker said of itself when it became ready.
+    pub engine_facts: Arc<EngineFacts>,
 }
 
 /// Log lines kept per slot for `ttctl logs`.
@@ -668,6 +685,7 @@ impl SlotManager {
                             engine,
                             in_flight: e.in_flight.clone(),
                             stats: e.view.stats.clone(),
+                            engine_facts: e.view.engine_facts.clone(),
                         },
                     )
                 })

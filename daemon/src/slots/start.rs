@@ -18,7 +18,7 @@
 use super::supervisor::{
     drain_and_stop, fail_after_stop, log_tail, stop_worker, Outcome, SlotPlan,
 };
-use super::{SlotCommand, SlotManager, SlotState};
+use super::{EngineFacts, SlotCommand, SlotManager, SlotState};
 use crate::cache::{BuildLock, CacheMode, Variant};
 use crate::config::ModelConfig;
 use crate::worker::{Worker, WorkerSpec};
@@ -249,8 +249,17 @@ async fn wait_loaded(
             Ok(Ok(info)) => {
                 let info = info.into_inner();
                 if info.state == pb::WorkerState::Ready as i32 {
-                    // ListModels reports it from the ready replicas.
-                    mgr.update(&plan.slot, |v| v.context_length = info.context_length);
+                    // ListModels reports the context from the ready
+                    // replicas; the router checks requests against the
+                    // engine's facts.
+                    let facts = Arc::new(EngineFacts {
+                        version: info.engine_version,
+                        supported_parameters: info.supported_parameters,
+                    });
+                    mgr.update(&plan.slot, |v| {
+                        v.context_length = info.context_length;
+                        v.engine_facts = facts;
+                    });
                     break;
                 }
                 if let Some(p) = info.progress {

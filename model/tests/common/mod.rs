@@ -214,6 +214,8 @@ pub async fn connect(socket: &Path) -> Result<EngineClient<Channel>, tonic::tran
 pub struct Output {
     pub text: String,
     pub ids: Vec<u32>,
+    /// One per id when the request asked for logprobs.
+    pub logprobs: Vec<pb::TokenLogprob>,
     pub final_: pb::GenerationFinal,
 }
 
@@ -225,6 +227,7 @@ pub fn prompt_request(prompt: &str, max_tokens: u32) -> pb::EngineGenerateReques
             max_tokens,
             sampling: None,
             stop: Vec::new(),
+            ..Default::default()
         }),
         request_id: format!("test-{prompt}"),
     }
@@ -237,11 +240,13 @@ pub async fn run(
     let mut stream = c.generate(req).await?.into_inner();
     let mut text = String::new();
     let mut ids = Vec::new();
+    let mut logprobs = Vec::new();
     while let Some(msg) = stream.message().await? {
         match msg.chunk {
             Some(pb::generate_response::Chunk::Delta(d)) => {
                 text.push_str(&d.text);
                 ids.extend(d.token_ids);
+                logprobs.extend(d.logprobs);
             }
             Some(pb::generate_response::Chunk::Final(f)) => {
                 assert!(
@@ -251,6 +256,7 @@ pub async fn run(
                 return Ok(Output {
                     text,
                     ids,
+                    logprobs,
                     final_: f,
                 });
             }
@@ -258,6 +264,36 @@ pub async fn run(
         }
     }
     panic!("stream ended without a final chunk")
+}
+
+/// A raw-prompt request changed by `f` (to set the optional parameters).
+pub fn request_with(
+    prompt: &str,
+    max_tokens: u32,
+    f: impl FnOnce(&mut pb::GenerateRequest),
+) -> pb::EngineGenerateRequest {
+    let mut r = prompt_request(prompt, max_tokens);
+    if let Some(g) = r.request.as_mut() {
+        f(g);
+    }
+    r
+}
+
+/// A one-turn chat request changed by `f`.
+pub fn chat_request(
+    user: &str,
+    max_tokens: u32,
+    f: impl FnOnce(&mut pb::GenerateRequest),
+) -> pb::EngineGenerateRequest {
+    request_with("", max_tokens, |g| {
+        g.input = Some(pb::generate_request::Input::Chat(pb::ChatMessages {
+            messages: vec![pb::ChatMessage {
+                role: "user".into(),
+                content: user.into(),
+            }],
+        }));
+        f(g)
+    })
 }
 
 pub async fn greedy(c: &mut EngineClient<Channel>, prompt: &str, max_tokens: u32) -> Output {

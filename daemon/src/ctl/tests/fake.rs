@@ -45,6 +45,7 @@ fn delta(text: &str) -> Result<GenerateResponse, Status> {
         chunk: Some(Chunk::Delta(TokenDelta {
             text: text.into(),
             token_ids: vec![1],
+            ..Default::default()
         })),
     })
 }
