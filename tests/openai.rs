@@ -241,6 +241,27 @@ fn the_openai_python_sdk_completes_chats_streams_and_gets_typed_errors() {
     assert_eq!(chat_stream["roles"], serde_json::json!(["assistant"]));
     assert_eq!(chat_stream["finish_reason"], chat["finish_reason"]);
 
+    assert_eq!(
+        r["ignore_eos_tokens"], 12,
+        "ignore_eos gives exactly max_tokens"
+    );
+    let lp = &r["completion_logprobs"];
+    assert_eq!(lp["top"], serde_json::json!([2, 2, 2]), "{lp}");
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .map(|t| t.iter().filter_map(|x| x.as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(tokens.concat(), lp["text"].as_str().unwrap_or("?"), "{lp}");
+    assert!(lp["token_logprobs"]
+        .as_array()
+        .is_some_and(|l| l.iter().all(|x| x.as_f64().is_some_and(|v| v <= 0.0))));
+    let chat_lp = &r["chat_logprobs"];
+    assert_eq!(chat_lp["top"], serde_json::json!([3, 3, 3]), "{chat_lp}");
+    assert_eq!(
+        chat_lp["first_is_top"], true,
+        "greedy picks the most likely: {chat_lp}"
+    );
+
     assert_eq!(r["raw"]["status"], 200);
     assert_eq!(r["raw"]["content_type"], "application/json");
 
@@ -403,6 +424,10 @@ fn bad_requests_get_openai_errors_with_the_matching_status() {
     assert_eq!(penalty.status, 400, "{penalty:?}");
     assert_eq!(penalty.error()["param"], "logit_bias");
 
+    let chat_style = post(Some(TOKEN), r#"{"model":"m","prompt":"x","logprobs":true}"#);
+    assert_eq!(chat_style.status, 400, "{chat_style:?}");
+    assert_eq!(chat_style.error()["param"], "logprobs");
+
     let unknown = post(Some(TOKEN), r#"{"model":"nope","prompt":"x"}"#);
     assert_eq!(unknown.status, 404, "{unknown:?}");
     assert_eq!(unknown.error()["code"], "model_not_found");
@@ -441,6 +466,51 @@ fn bad_requests_get_openai_errors_with_the_matching_status() {
     );
     assert_eq!(ok.status, 200, "{ok:?}");
     assert_eq!(ok.json()["usage"]["completion_tokens"], 2);
+}
+
+/// A parameter the serving engine does not take is a 400 naming the
+/// parameter and the engine, never ignored.
+#[test]
+fn a_parameter_the_engine_lacks_is_refused_naming_it_and_the_engine() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let table =
+        "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_WITHHOLD_PARAMETERS = \"presence_penalty\" }\n";
+    let daemon = start(
+        &hw,
+        dir.path(),
+        "",
+        model_table("m", 1, &[0], &model, table),
+    );
+    daemon.wait_slot_state("m", "ready");
+    let url = format!("{}/v1/chat/completions", base(&daemon));
+    let refused = curl(
+        "POST",
+        &url,
+        Some(TOKEN),
+        Some(r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"presence_penalty":0.5}"#),
+    );
+    assert_eq!(refused.status, 400, "{refused:?}");
+    let error = refused.error();
+    assert_eq!(error["param"], "presence_penalty", "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("engine tt-worker"),
+        "{error}"
+    );
+    // What the engine takes is served.
+    let served = curl(
+        "POST",
+        &url,
+        Some(TOKEN),
+        Some(
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"frequency_penalty":0.5,"max_tokens":3}"#,
+        ),
+    );
+    assert_eq!(served.status, 200, "{served:?}");
 }
 
 #[test]

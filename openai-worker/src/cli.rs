@@ -49,6 +49,28 @@ impl EngineKind {
         }
     }
 
+    /// The optional `GenerateRequest` parameters this engine takes, passed
+    /// through in its request body under the same names (Info lists them;
+    /// the daemon refuses the others by name). vLLM takes them as extra
+    /// sampling fields; llama-server takes the OpenAI penalties and
+    /// `ignore_eos` (its repetition penalty is `repeat_penalty` over a
+    /// window, not the same rule, so it is not claimed). Logprobs are not
+    /// relayed yet, so neither claims them.
+    pub fn supported_parameters(self) -> &'static [&'static str] {
+        use tt_serving_proto::parameters::*;
+        match self {
+            EngineKind::Vllm => &[
+                PRESENCE_PENALTY,
+                FREQUENCY_PENALTY,
+                REPETITION_PENALTY,
+                MIN_TOKENS,
+                IGNORE_EOS,
+                STOP_TOKEN_IDS,
+            ],
+            EngineKind::LlamaServer => &[PRESENCE_PENALTY, FREQUENCY_PENALTY, IGNORE_EOS],
+        }
+    }
+
     /// The Prometheus gauges of running and waiting requests.
     pub fn load_gauges(self) -> (&'static str, &'static str) {
         match self {

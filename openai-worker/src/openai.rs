@@ -47,6 +47,8 @@ pub struct RequestStyle {
     pub token_ids_field: Option<String>,
     /// `max_tokens` for requests that leave it 0; `None` leaves it out.
     pub default_max_tokens: Option<u32>,
+    /// The optional parameters the engine takes (the rest are refused).
+    pub supported_parameters: &'static [&'static str],
 }
 
 /// Maps a request; `Err` is an `INVALID_ARGUMENT` message naming the field.
@@ -113,6 +115,27 @@ pub fn plan(request: &pb::GenerateRequest, style: &RequestStyle) -> Result<Plan,
     }
     if let Some(field) = &style.token_ids_field {
         body.insert(field.clone(), json!(true));
+    }
+    // The optional parameters go through under their own names; one the
+    // engine does not take is refused (the daemon refuses it first, by the
+    // list in Info: this is the same rule for a caller of the socket).
+    use tt_serving_proto::parameters as p;
+    for name in p::requested(request) {
+        if !style.supported_parameters.contains(&name) {
+            return Err(format!(
+                "{name}: not supported by this engine through tt-worker-openai; leave it out"
+            ));
+        }
+        let value = match name {
+            p::PRESENCE_PENALTY => decimal(request.presence_penalty),
+            p::FREQUENCY_PENALTY => decimal(request.frequency_penalty),
+            p::REPETITION_PENALTY => decimal(request.repetition_penalty),
+            p::MIN_TOKENS => json!(request.min_tokens),
+            p::IGNORE_EOS => json!(true),
+            p::STOP_TOKEN_IDS => json!(request.stop_token_ids),
+            _ => continue,
+        };
+        body.insert(name.into(), value);
     }
     Ok(Plan {
         endpoint,
@@ -339,7 +362,39 @@ mod tests {
             model: "qwen".into(),
             token_ids_field: Some("return_token_ids".into()),
             default_max_tokens: None,
+            supported_parameters: crate::cli::EngineKind::Vllm.supported_parameters(),
         }
+    }
+
+    #[test]
+    fn optional_parameters_pass_through_under_their_names_or_are_refused() {
+        let request = pb::GenerateRequest {
+            presence_penalty: 0.5,
+            repetition_penalty: 1.2,
+            min_tokens: 4,
+            ignore_eos: true,
+            stop_token_ids: vec![7, 9],
+            ..prompt("x")
+        };
+        let body = plan(&request, &style()).unwrap().body;
+        assert_eq!(body["presence_penalty"], json!(0.5));
+        assert_eq!(body["repetition_penalty"], json!(1.2));
+        assert_eq!(body["min_tokens"], json!(4));
+        assert_eq!(body["ignore_eos"], json!(true));
+        assert_eq!(body["stop_token_ids"], json!([7, 9]));
+        assert!(body.get("frequency_penalty").is_none(), "off is left out");
+        let logprobs = pb::GenerateRequest {
+            logprobs: Some(2),
+            ..prompt("x")
+        };
+        let refused = plan(&logprobs, &style()).unwrap_err();
+        assert!(refused.starts_with("logprobs: "), "{refused}");
+        let llama = RequestStyle {
+            supported_parameters: crate::cli::EngineKind::LlamaServer.supported_parameters(),
+            ..style()
+        };
+        let refused = plan(&request, &llama).unwrap_err();
+        assert!(refused.starts_with("repetition_penalty: "), "{refused}");
     }
 
     fn prompt(p: &str) -> pb::GenerateRequest {

@@ -152,6 +152,13 @@ impl Engine for EngineService {
             engine_version: version,
             state: worker_state(self.status.phase()),
             progress: Some(self.progress()),
+            supported_parameters: self
+                .identity
+                .kind
+                .supported_parameters()
+                .iter()
+                .map(|p| p.to_string())
+                .collect(),
         }))
     }
 
@@ -197,6 +204,7 @@ impl Engine for EngineService {
             model: loaded.model.clone(),
             token_ids_field: self.identity.token_ids_field.clone(),
             default_max_tokens: self.identity.default_max_tokens,
+            supported_parameters: self.identity.kind.supported_parameters(),
         };
         let plan = openai::plan(&generate, &style).map_err(RpcStatus::invalid_argument)?;
         let body = serde_json::to_vec(&plan.body)
@@ -367,6 +375,7 @@ impl Relay {
                             chunk: Some(pb::generate_response::Chunk::Delta(pb::TokenDelta {
                                 text: chunk.text,
                                 token_ids: chunk.token_ids,
+                                logprobs: Vec::new(),
                             })),
                         };
                         if self.tx.send(Ok(delta)).await.is_err() {

@@ -79,6 +79,33 @@ with client.chat.completions.create(
             finish = choice.finish_reason or finish
 out["chat_stream"] = {"content": "".join(pieces), "finish_reason": finish, "roles": roles}
 
+# Fixed output lengths (benchmarks): ignore_eos and min_tokens are vLLM's
+# extra parameters, sent as the SDK sends extras.
+c = client.completions.create(
+    model=model, prompt="Hi", max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+)
+out["ignore_eos_tokens"] = c.usage.completion_tokens
+
+# Logprobs, both endpoints' shapes.
+c = client.completions.create(model=model, prompt="The capital of France is", max_tokens=3, temperature=0, logprobs=2)
+lp = c.choices[0].logprobs
+out["completion_logprobs"] = {
+    "tokens": lp.tokens,
+    "token_logprobs": lp.token_logprobs,
+    "top": [len(t) for t in lp.top_logprobs],
+    "text": c.choices[0].text,
+}
+c = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=3, temperature=0, logprobs=True, top_logprobs=3
+)
+content = c.choices[0].logprobs.content
+out["chat_logprobs"] = {
+    "n": len(content),
+    "logprobs": [t.logprob for t in content],
+    "top": [len(t.top_logprobs) for t in content],
+    "first_is_top": all(t.top_logprobs[0].token == t.token for t in content),
+}
+
 # Headers of a raw response.
 raw = client.chat.completions.with_raw_response.create(
     model=model, messages=messages, max_tokens=2, temperature=0

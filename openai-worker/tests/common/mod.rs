@@ -342,6 +342,7 @@ pub fn prompt_request(prompt: &str, max_tokens: u32) -> pb::EngineGenerateReques
             max_tokens,
             sampling: None,
             stop: Vec::new(),
+            ..Default::default()
         }),
         request_id: format!("test-{prompt}"),
     }
@@ -363,6 +364,7 @@ pub fn chat_request(turns: &[(&str, &str)], max_tokens: u32) -> pb::EngineGenera
             max_tokens,
             sampling: None,
             stop: Vec::new(),
+            ..Default::default()
         }),
         request_id: "test-chat".into(),
     }

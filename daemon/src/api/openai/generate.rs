@@ -192,13 +192,19 @@ impl Head {
         })
     }
 
-    /// One streamed choice: new text, and the finish reason at the end.
-    fn choice(&self, text: Option<&str>, finish: Option<&str>) -> serde_json::Value {
+    /// One streamed choice: new text (with its tokens' logprobs when asked
+    /// for), and the finish reason at the end.
+    fn choice(
+        &self,
+        text: Option<&str>,
+        logprobs: serde_json::Value,
+        finish: Option<&str>,
+    ) -> serde_json::Value {
         match self.endpoint {
             Endpoint::Completion => serde_json::json!([{
                 "index": 0,
                 "text": text.unwrap_or(""),
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }]),
             Endpoint::Chat => {
@@ -209,10 +215,23 @@ impl Head {
                 serde_json::json!([{
                     "index": 0,
                     "delta": delta,
-                    "logprobs": null,
+                    "logprobs": logprobs,
                     "finish_reason": finish,
                 }])
             }
+        }
+    }
+
+    /// The logprobs of `tokens` in this endpoint's shape; null when none
+    /// were asked for. `text_start` is where their text begins in the
+    /// answer (completions give offsets).
+    fn logprobs(&self, tokens: &[pb::TokenLogprob], text_start: usize) -> serde_json::Value {
+        if tokens.is_empty() {
+            return serde_json::Value::Null;
+        }
+        match self.endpoint {
+            Endpoint::Completion => wire::completion_logprobs(tokens, text_start),
+            Endpoint::Chat => wire::chat_logprobs(tokens),
         }
     }
 }
@@ -244,6 +263,7 @@ fn streamed(
                 return;
             }
         }
+        let mut text_len = 0;
         loop {
             // A client that left while the worker is quiet (a long prefill,
             // a hang) is noticed here, not at the next token.
@@ -253,7 +273,7 @@ fn streamed(
             };
             let Some(chunk) = chunk else { return };
             let events = match chunk {
-                Ok(chunk) => chunk_events(&head, chunk, include_usage),
+                Ok(chunk) => chunk_events(&head, chunk, include_usage, &mut text_len),
                 Err(e) => {
                     // The status line is sent: the error goes in the
                     // stream, as OpenAI's SDKs read it, and the stream ends
@@ -274,15 +294,30 @@ fn streamed(
 
 /// The events of one router chunk: a text delta, or the finish (then the
 /// usage chunk when asked for, then `[DONE]`).
-fn chunk_events(head: &Head, chunk: pb::GenerateResponse, include_usage: bool) -> Vec<Event> {
+fn chunk_events(
+    head: &Head,
+    chunk: pb::GenerateResponse,
+    include_usage: bool,
+    text_len: &mut usize,
+) -> Vec<Event> {
     match chunk.chunk {
-        Some(pb::generate_response::Chunk::Delta(d)) if !d.text.is_empty() => {
-            vec![event(&head.body(true, head.choice(Some(&d.text), None)))]
+        Some(pb::generate_response::Chunk::Delta(d))
+            if !d.text.is_empty() || !d.logprobs.is_empty() =>
+        {
+            let logprobs = head.logprobs(&d.logprobs, *text_len);
+            *text_len += d.text.len();
+            vec![event(
+                &head.body(true, head.choice(Some(&d.text), logprobs, None)),
+            )]
         }
         Some(pb::generate_response::Chunk::Final(f)) => {
             let mut events = vec![event(&head.body(
                 true,
-                head.choice(None, Some(wire::finish_reason(f.finish_reason))),
+                head.choice(
+                    None,
+                    serde_json::Value::Null,
+                    Some(wire::finish_reason(f.finish_reason)),
+                ),
             ))];
             if include_usage {
                 let mut usage = head.body(true, serde_json::json!([]));
@@ -299,12 +334,16 @@ fn chunk_events(head: &Head, chunk: pb::GenerateResponse, include_usage: bool) -
 /// The whole answer as one JSON body.
 async fn collected(head: Head, mut stream: ChunkStream) -> Response {
     let mut text = String::new();
+    let mut logprobs = Vec::new();
     let mut last = None;
     while let Some(chunk) = stream.next().await {
         match chunk {
             Ok(pb::GenerateResponse {
                 chunk: Some(pb::generate_response::Chunk::Delta(d)),
-            }) => text.push_str(&d.text),
+            }) => {
+                text.push_str(&d.text);
+                logprobs.extend(d.logprobs);
+            }
             Ok(pb::GenerateResponse {
                 chunk: Some(pb::generate_response::Chunk::Final(f)),
             }) => last = Some(f),
@@ -320,14 +359,15 @@ async fn collected(head: Head, mut stream: ChunkStream) -> Response {
         .into_response();
     };
     let finish = wire::finish_reason(last.finish_reason);
+    let logprobs = head.logprobs(&logprobs, 0);
     let choice = match head.endpoint {
         Endpoint::Completion => serde_json::json!([{
-            "index": 0, "text": text, "logprobs": null, "finish_reason": finish,
+            "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
         }]),
         Endpoint::Chat => serde_json::json!([{
             "index": 0,
             "message": { "role": "assistant", "content": text },
-            "logprobs": null,
+            "logprobs": logprobs,
             "finish_reason": finish,
         }]),
     };

@@ -60,16 +60,26 @@ pub struct Common {
     pub n: Option<u32>,
     /// The caller's end user, for the caller's own accounting; not used.
     pub user: Option<String>,
+    /// OpenAI's presence penalty, in [-2, 2].
+    pub presence_penalty: Option<f32>,
+    /// OpenAI's frequency penalty, in [-2, 2].
+    pub frequency_penalty: Option<f32>,
+    /// vLLM's (Hugging Face's) repetition penalty; 1 is off.
+    pub repetition_penalty: Option<f32>,
+    /// vLLM's: no end of sequence before this many tokens.
+    pub min_tokens: Option<u32>,
+    /// vLLM's: generate through end-of-sequence tokens (fixed output
+    /// lengths for benchmarks).
+    pub ignore_eos: Option<bool>,
+    /// vLLM's: token ids that end generation.
+    pub stop_token_ids: Option<Vec<u32>>,
     /// Refused: see [`Common::refuse_unsupported`].
-    pub presence_penalty: Option<serde_json::Value>,
-    /// Refused.
-    pub frequency_penalty: Option<serde_json::Value>,
-    /// Refused.
     pub logit_bias: Option<serde_json::Value>,
-    /// Refused.
+    /// `/v1/completions`: an integer (the alternatives per token);
+    /// `/v1/chat/completions`: a boolean, with `top_logprobs`.
     pub logprobs: Option<serde_json::Value>,
-    /// Refused.
-    pub top_logprobs: Option<serde_json::Value>,
+    /// Chat: the alternatives per token, with `"logprobs": true`.
+    pub top_logprobs: Option<u32>,
 }
 
 /// `POST /v1/completions`: its own fields ([`Common`] is read separately).
@@ -150,6 +160,10 @@ const COMMON_FIELDS: &[&str] = &[
     "user",
     "presence_penalty",
     "frequency_penalty",
+    "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
+    "stop_token_ids",
     "logit_bias",
     "logprobs",
     "top_logprobs",
@@ -209,29 +223,17 @@ fn refuse(param: &str, why: &str) -> Refused {
 }
 
 impl Common {
-    /// Parameters no engine behind this daemon honours yet are refused by
-    /// name, never dropped: a client that asks for a penalty and silently
-    /// gets none would measure or ship the wrong thing.
+    /// Parameters no engine behind this daemon honours are refused by name,
+    /// never dropped: a client that asks for a bias and silently gets none
+    /// would measure or ship the wrong thing. (The optional parameters an
+    /// engine may or may not take are checked by the router against the
+    /// engine that would serve the request.)
     fn refuse_unsupported(&self) -> Result<(), Refused> {
-        let unsupported = [
-            ("presence_penalty", self.presence_penalty.is_some()),
-            ("frequency_penalty", self.frequency_penalty.is_some()),
-            ("logit_bias", self.logit_bias.is_some()),
-            (
-                "logprobs",
-                self.logprobs
-                    .as_ref()
-                    .is_some_and(|v| v != &serde_json::Value::Bool(false) && !v.is_null()),
-            ),
-            ("top_logprobs", self.top_logprobs.is_some()),
-        ];
-        for (param, given) in unsupported {
-            if given {
-                return Err(refuse(
-                    param,
-                    "not supported by the engines this server runs; leave it out",
-                ));
-            }
+        if self.logit_bias.is_some() {
+            return Err(refuse(
+                "logit_bias",
+                "not supported by the engines this server runs; leave it out",
+            ));
         }
         if self.n.is_some_and(|n| n != 1) {
             return Err(refuse(
@@ -250,6 +252,13 @@ impl Common {
 
     /// The request fields both endpoints carry into `GenerateRequest`.
     fn apply(self, request: &mut pb::GenerateRequest) {
+        request.presence_penalty = self.presence_penalty.unwrap_or(0.0);
+        request.frequency_penalty = self.frequency_penalty.unwrap_or(0.0);
+        request.repetition_penalty = self.repetition_penalty.unwrap_or(0.0);
+        request.min_tokens = self.min_tokens.unwrap_or(0);
+        request.ignore_eos = self.ignore_eos.unwrap_or(false);
+        request.stop_token_ids = self.stop_token_ids.unwrap_or_default();
+        request.n = self.n.unwrap_or(0);
         request.max_tokens = self.max_tokens.unwrap_or(0);
         let sampling = pb::SamplingParams {
             temperature: self.temperature.unwrap_or(1.0),
@@ -306,12 +315,33 @@ impl CompletionRequest {
             }
         };
         let (stream, include_usage) = streaming(&common);
+        // Completions: `logprobs` is the number of alternatives per token.
+        let logprobs = match &common.logprobs {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => Some(
+                v.as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| {
+                        refuse(
+                            "logprobs",
+                            "give the number of alternatives per token (an integer, 0 for the chosen token's only)",
+                        )
+                    })?,
+            ),
+        };
+        if common.top_logprobs.is_some() {
+            return Err(refuse(
+                "top_logprobs",
+                "a chat parameter; on /v1/completions give the number as `logprobs`",
+            ));
+        }
         let mut request = pb::GenerateRequest {
             model: self.model,
             input: Some(pb::generate_request::Input::Prompt(prompt)),
             ..Default::default()
         };
         common.apply(&mut request);
+        request.logprobs = logprobs;
         Ok(Parsed {
             request,
             stream,
@@ -358,6 +388,21 @@ impl ChatRequest {
         }
         let (stream, include_usage) = streaming(&common);
         let max_completion_tokens = self.max_completion_tokens;
+        // Chat: `logprobs` is a boolean, `top_logprobs` the alternatives.
+        let logprobs =
+            match &common.logprobs {
+                None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => {
+                    if common.top_logprobs.is_some() {
+                        return Err(refuse("top_logprobs", "only with \"logprobs\": true"));
+                    }
+                    None
+                }
+                Some(serde_json::Value::Bool(true)) => Some(common.top_logprobs.unwrap_or(0)),
+                Some(_) => return Err(refuse(
+                    "logprobs",
+                    "a boolean on /v1/chat/completions; give the alternatives as `top_logprobs`",
+                )),
+            };
         let mut request = pb::GenerateRequest {
             model: self.model,
             input: Some(pb::generate_request::Input::Chat(pb::ChatMessages {
@@ -366,6 +411,7 @@ impl ChatRequest {
             ..Default::default()
         };
         common.apply(&mut request);
+        request.logprobs = logprobs;
         if let Some(max) = max_completion_tokens {
             request.max_tokens = max;
         }
@@ -406,6 +452,48 @@ impl From<pb::Usage> for Usage {
             total_tokens: u.prompt_tokens + u.completion_tokens,
         }
     }
+}
+
+/// Logprobs as `/v1/completions` gives them: parallel lists.
+pub fn completion_logprobs(tokens: &[pb::TokenLogprob], text_start: usize) -> serde_json::Value {
+    let mut offset = text_start;
+    let mut offsets = Vec::with_capacity(tokens.len());
+    for t in tokens {
+        offsets.push(offset);
+        offset += t.token.len();
+    }
+    serde_json::json!({
+        "tokens": tokens.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": tokens
+            .iter()
+            .map(|t| {
+                t.top_logprobs
+                    .iter()
+                    .map(|a| (a.token.clone(), serde_json::json!(a.logprob)))
+                    .collect::<serde_json::Map<_, _>>()
+            })
+            .collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}
+
+/// Logprobs as `/v1/chat/completions` gives them: one entry per token.
+pub fn chat_logprobs(tokens: &[pb::TokenLogprob]) -> serde_json::Value {
+    let content: Vec<serde_json::Value> = tokens
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "token": t.token,
+                "logprob": t.logprob,
+                "bytes": t.bytes,
+                "top_logprobs": t.top_logprobs.iter().map(|a| serde_json::json!({
+                    "token": a.token, "logprob": a.logprob, "bytes": a.bytes,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::json!({ "content": content })
 }
 
 /// OpenAI's word for why generation ended.
