@@ -483,11 +483,31 @@ async fn admission_is_bounded_and_cancelled_streams_leave_the_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_short_work_and_cancels_at_the_deadline() {
     let cache = tempfile::tempdir().unwrap();
-    let mut w = Worker::start(&Opts::new(&tiny_model(), 1, cache.path(), "cold")).await;
+    // The tiny model generates 250 tokens in a few ms: a 600 ms prefill
+    // step keeps the request running when the shutdown comes (and ends
+    // well within the drain's 1 s bound for a step in progress).
+    let opts = Opts::new(&tiny_model(), 1, cache.path(), "cold")
+        .env("TTW_TEST_FAULTS", "1")
+        .env("TTW_FAULT_PREFILL_STALL_MS", "600");
+    let mut w = Worker::start(&opts).await;
     let mut c = w.client().await;
     let mut c2 = w.client().await;
     let long = tokio::spawn(async move { run(&mut c2, prompt_request("the cat", 250)).await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let admitted = std::time::Instant::now();
+    while c
+        .health(pb::HealthRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .active_sequences
+        == 0
+    {
+        assert!(
+            admitted.elapsed() < Duration::from_secs(10),
+            "never admitted"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let r = c
         .shutdown(pb::ShutdownRequest {
             drain_timeout_ms: 0,
