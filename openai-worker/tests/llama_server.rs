@@ -128,16 +128,18 @@ async fn llama_server_aborts_a_dropped_stream() {
     let w = Worker::start(&llama(&server, &model)).await;
     let (_, port) = engine_of(&w);
     let mut c = w.client().await;
-    let mut stream = c
-        .generate(prompt_request(
-            "Write a very long story about a dragon.",
-            1500,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    // ignore_eos: the story cannot end before the stream is dropped.
+    let mut request = prompt_request("Write a very long story about a dragon.", 1500);
+    if let Some(r) = request.request.as_mut() {
+        r.ignore_eos = true;
+    }
+    let mut stream = c.generate(request).await.unwrap().into_inner();
     stream.message().await.unwrap().unwrap();
-    assert_eq!(engine_gauge(port, "llamacpp:requests_processing"), 1.0);
+    wait_until(
+        "llama-server to count the request",
+        Duration::from_secs(10),
+        || engine_gauge(port, "llamacpp:requests_processing") == 1.0,
+    );
     drop(stream);
     drop(c);
     wait_until(
