@@ -487,4 +487,12 @@ fn llama_server_serves_smollm2_through_the_daemon_cancels_and_recovers_from_kill
         ))
         .expect("served again after the recovery");
     assert!(!again.text.is_empty());
+
+    // The daemon killed outright: no llama-server is left behind.
+    let mut daemon = daemon;
+    let engines = tree(worker_pid(&daemon, "smol"));
+    daemon.kill9();
+    wait_until("the engine to die with the daemon", || {
+        engines.iter().all(|p| !alive(*p)).then_some(())
+    });
 }

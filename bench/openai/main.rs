@@ -1,12 +1,17 @@
-//! The OpenAI front door against the gRPC port of the same daemon, side by
-//! side in one run: the same greedy requests, alternating arm by arm
-//! (A B A B ...) so the machine's drift hits both, at 1 stream and at 8
-//! concurrent streams. Measured at the client: tokens per second (tokens
-//! from each answer's usage over wall time) and time to first token (the
-//! first chunk with text).
+//! Two comparisons, each side by side in one run: the same greedy
+//! requests, alternating arm by arm (A B A B ...) so the machine's drift
+//! hits both, at 1 stream and at 8 concurrent streams. Measured at the
+//! client: tokens per second (tokens from each answer's usage over wall
+//! time) and time to first token (the first chunk with text).
 //!
-//! Prints the ratios HTTP / gRPC and the TTFT difference, and appends one
-//! JSON line per streams setting, with the configuration, to `--out`.
+//! - default: the daemon's OpenAI front door against its gRPC port, both
+//!   serving `tt-worker` (does the HTTP door cost anything?);
+//! - `--llama-server PATH`: llama.cpp's `llama-server` as a slot's engine
+//!   under `tt-worker-openai`, asked directly on its own port against
+//!   through the daemon's OpenAI port (what does the extra hop cost?).
+//!
+//! Prints the ratios and the TTFT difference, and appends one JSON line
+//! per streams setting, with the configuration, to `--out`.
 
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
@@ -36,6 +41,10 @@ struct Args {
     /// JSON-lines file to append results to.
     #[arg(long, default_value = "bench/openai/results.jsonl")]
     out: PathBuf,
+    /// Compare llama-server's own port with the daemon in front of it
+    /// (the engine under tt-worker-openai) instead of HTTP with gRPC.
+    #[arg(long)]
+    llama_server: Option<PathBuf>,
 }
 
 /// One request as its client saw it.
@@ -47,7 +56,10 @@ struct Sample {
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Arm {
-    Grpc,
+    /// The daemon's gRPC port; or, with --llama-server, the engine's own
+    /// port (the baseline).
+    Base,
+    /// The daemon's OpenAI port.
     Http,
 }
 
@@ -63,6 +75,7 @@ async fn grpc_once(address: &str, prompt: &str, tokens: u32) -> Sample {
             model: "m".into(),
             input: Some(pb::generate_request::Input::Prompt(prompt.into())),
             max_tokens: tokens,
+            ignore_eos: true,
             ..Default::default()
         })
         .await
@@ -88,11 +101,12 @@ async fn grpc_once(address: &str, prompt: &str, tokens: u32) -> Sample {
 }
 
 /// A streamed `/v1/completions` as an OpenAI client makes it (a new
-/// connection per request, as the gRPC arm makes one).
+/// connection per request, as the gRPC arm makes one), with `ignore_eos`
+/// so every answer is `tokens` long.
 async fn http_once(client: &HttpClient, base: &str, prompt: &str, tokens: u32) -> Sample {
     let body = json!({
         "model": "m", "prompt": prompt, "max_tokens": tokens, "temperature": 0,
-        "stream": true, "stream_options": {"include_usage": true},
+        "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
     })
     .to_string();
     let request = hyper::Request::post(format!("{base}/v1/completions"))
@@ -104,7 +118,7 @@ async fn http_once(client: &HttpClient, base: &str, prompt: &str, tokens: u32) -
     let response = client.request(request).await.expect("HTTP request");
     assert_eq!(response.status(), 200, "HTTP status");
     let mut body = response.into_body();
-    let (mut pending, mut ttft, mut generated) = (Vec::new(), None, 0);
+    let (mut pending, mut ttft, mut generated, mut chunks) = (Vec::new(), None, 0, 0);
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.expect("HTTP body").into_data() else {
             continue;
@@ -122,6 +136,7 @@ async fn http_once(client: &HttpClient, base: &str, prompt: &str, tokens: u32) -
                 .is_some_and(|t| !t.is_empty())
             {
                 ttft.get_or_insert_with(|| start.elapsed());
+                chunks += 1;
             }
             if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
                 generated = n as u32;
@@ -129,9 +144,44 @@ async fn http_once(client: &HttpClient, base: &str, prompt: &str, tokens: u32) -
         }
     }
     Sample {
-        tokens: generated,
+        // An engine that sends no usage: one token per text chunk.
+        tokens: if generated > 0 { generated } else { chunks },
         ttft: ttft.unwrap_or_else(|| start.elapsed()),
     }
+}
+
+/// llama-server's `--port` under the slot's worker.
+fn engine_port(daemon: &Daemon) -> u16 {
+    let worker = daemon.slot("m")["worker_pid"].as_u64().unwrap_or(0);
+    let mut pids = vec![worker.to_string()];
+    let mut i = 0;
+    while i < pids.len() {
+        let children = std::fs::read_to_string(format!(
+            "/proc/{0}/task/{0}/children",
+            pids[i]
+        ))
+        .unwrap_or_default();
+        pids.extend(children.split_whitespace().map(str::to_string));
+        i += 1;
+    }
+    for pid in pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.first().is_some_and(|a| a.ends_with("llama-server")) {
+            if let Some(port) = args
+                .iter()
+                .position(|a| a == "--port")
+                .and_then(|i| args.get(i + 1))
+                .and_then(|p| p.parse().ok())
+            {
+                return port;
+            }
+        }
+    }
+    panic!("no llama-server with a --port under worker {worker}");
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -153,18 +203,33 @@ fn main() {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let hw = FakeHw::new(1);
+    let table = match &args.llama_server {
+        None => model_table("m", 1, &[0], &model, "max_in_flight = 8\n"),
+        Some(server) => format!(
+            "[models.m]\ntp = 1\ncards = [\"{}\"]\ncheckpoint = \"{}\"\nmax_in_flight = 8\nworker = [\"{}\", \"--engine\", \"llama-server\", \"--\", \"{}\", \"-m\", \"{{checkpoint}}\", \"--host\", \"127.0.0.1\", \"--port\", \"{{port}}\", \"--metrics\", \"-np\", \"8\", \"-c\", \"8192\", \"-t\", \"2\"]\n",
+            FakeHw::bdf(0),
+            model.display(),
+            tt_serving_tests::bin("tt-worker-openai").display(),
+            server.display()
+        ),
+    };
     let daemon = Daemon::start(
         &hw,
         DaemonOptions {
-            extra: format!(
-                "[openai]\nlisten = \"127.0.0.1:0\"\n{}",
-                model_table("m", 1, &[0], &model, "max_in_flight = 8\n")
-            ),
+            extra: format!("[openai]\nlisten = \"127.0.0.1:0\"\n{table}"),
             ..Default::default()
         },
     );
     daemon.wait_slot_state("m", "ready");
     let grpc = daemon.inference_address();
+    let direct = args
+        .llama_server
+        .as_ref()
+        .map(|_| format!("http://127.0.0.1:{}", engine_port(&daemon)));
+    let (base_name, comparison) = match direct {
+        None => ("grpc", "openai_vs_grpc"),
+        Some(_) => ("llama_server_direct", "daemon_vs_llama_server"),
+    };
     let http = format!(
         "http://{}",
         daemon.status()["daemon"]["openai_address"]
@@ -184,20 +249,25 @@ fn main() {
         let mut ttft_ms = [Vec::new(), Vec::new()];
         rt.block_on(async {
             // Warm-up, both arms.
-            grpc_once(&grpc, "warm up", 8).await;
+            match &direct {
+                None => grpc_once(&grpc, "warm up", 8).await,
+                Some(d) => http_once(&client, d, "warm up", 8).await,
+            };
             http_once(&client, &http, "warm up", 8).await;
             for round in 0..2 * args.rounds {
-                let arm = if round % 2 == 0 { Arm::Grpc } else { Arm::Http };
+                let arm = if round % 2 == 0 { Arm::Base } else { Arm::Http };
                 let start = Instant::now();
                 let mut tasks = Vec::new();
                 for i in 0..streams {
                     let (grpc, http, client) = (grpc.clone(), http.clone(), client.clone());
+                    let direct = direct.clone();
                     let tokens = args.tokens;
                     let prompt = format!("Round {} stream {i}: tell me about the sea", round / 2);
                     tasks.push(tokio::spawn(async move {
-                        match arm {
-                            Arm::Grpc => grpc_once(&grpc, &prompt, tokens).await,
-                            Arm::Http => http_once(&client, &http, &prompt, tokens).await,
+                        match (arm, direct) {
+                            (Arm::Base, None) => grpc_once(&grpc, &prompt, tokens).await,
+                            (Arm::Base, Some(d)) => http_once(&client, &d, &prompt, tokens).await,
+                            (Arm::Http, _) => http_once(&client, &http, &prompt, tokens).await,
                         }
                     }));
                 }
@@ -210,20 +280,22 @@ fn main() {
                 tok_s[arm as usize].push(f64::from(tokens) / start.elapsed().as_secs_f64());
             }
         });
-        let (grpc_tok_s, http_tok_s) = (median(&mut tok_s[0]), median(&mut tok_s[1]));
-        let (grpc_ttft, http_ttft) = (median(&mut ttft_ms[0]), median(&mut ttft_ms[1]));
-        let ratio = http_tok_s / grpc_tok_s;
+        let (base_tok_s, http_tok_s) = (median(&mut tok_s[0]), median(&mut tok_s[1]));
+        let (base_ttft, http_ttft) = (median(&mut ttft_ms[0]), median(&mut ttft_ms[1]));
+        let ratio = http_tok_s / base_tok_s;
         println!(
-            "{streams} stream(s): gRPC {grpc_tok_s:.1} tok/s, HTTP {http_tok_s:.1} tok/s, HTTP/gRPC {ratio:.3}; TTFT p50 gRPC {grpc_ttft:.1} ms, HTTP {http_ttft:.1} ms ({:+.2} ms)",
-            http_ttft - grpc_ttft
+            "{streams} stream(s): {base_name} {base_tok_s:.1} tok/s, daemon HTTP {http_tok_s:.1} tok/s, ratio {ratio:.3}; TTFT p50 {base_name} {base_ttft:.1} ms, daemon HTTP {http_ttft:.1} ms ({:+.2} ms)",
+            http_ttft - base_ttft
         );
         let line = json!({
-            "bench": "openai_vs_grpc", "streams": streams, "rounds_per_arm": args.rounds,
-            "tokens": args.tokens, "order": "alternating, gRPC first", "model": model_name,
-            "grpc_tok_s_rounds": tok_s[0], "http_tok_s_rounds": tok_s[1],
-            "grpc_tok_s_median": grpc_tok_s, "http_tok_s_median": http_tok_s, "ratio": ratio,
-            "ttft_p50_grpc_ms": grpc_ttft, "ttft_p50_http_ms": http_ttft,
-            "ttft_p50_delta_ms": http_ttft - grpc_ttft,
+            "bench": comparison, "streams": streams, "rounds_per_arm": args.rounds,
+            "tokens": args.tokens, "order": format!("alternating, {base_name} first"), "model": model_name,
+            "base_arm": base_name,
+            "base_tok_s_rounds": tok_s[0], "http_tok_s_rounds": tok_s[1],
+            "base_tok_s_median": base_tok_s, "http_tok_s_median": http_tok_s, "ratio": ratio,
+            "ttft_p50_base_ms": base_ttft, "ttft_p50_http_ms": http_ttft,
+            "ttft_p50_delta_ms": http_ttft - base_ttft,
+            "ignore_eos": true,
             "daemon_version": env!("CARGO_PKG_VERSION"),
             "unix_ms": tt_servingd::clock::unix_ms(std::time::SystemTime::now()),
         });
