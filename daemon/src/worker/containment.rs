@@ -403,7 +403,7 @@ fn end_stale_roots(shared: &Path) {
             continue;
         }
         for slot in children(&dir, SLOT_PREFIX) {
-            tracing::warn!(cgroup = %slot.display(), "ending a slot cgroup a dead daemon left");
+            tracing::warn!(cgroup = %slot.display(), "ending a slot cgroup that a previous daemon, now dead, left");
             kill_cgroup_sync(&slot);
             let _ = std::fs::remove_dir(&slot);
         }
