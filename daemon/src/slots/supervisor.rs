@@ -36,7 +36,7 @@ pub(super) enum Outcome {
     /// cleanly but left processes in its slot that had to be killed).
     Restart { reason: String, dirty: bool },
     /// Failed; `dirty` when the cards must be reset first; `cause` for the
-    /// restart metric (exit_code, signal, watchdog, rss, start_failed).
+    /// restart metric (exit_code, signal, oom, watchdog, rss, start_failed).
     Failed {
         reason: String,
         dirty: bool,
