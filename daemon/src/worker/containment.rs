@@ -938,6 +938,63 @@ mod tests {
         .moved());
     }
 
+    /// The cgroup memory path on a directory laid out like a slot cgroup
+    /// with the memory controller (this host's cgroup v2 has none).
+    #[test]
+    fn a_slot_cgroups_memory_is_its_working_set_and_its_oom_kills_are_evidence() {
+        let dir = tempfile::tempdir().unwrap();
+        let slot = dir.path().join("slot-m");
+        std::fs::create_dir(&slot).unwrap();
+        let put = |name: &str, text: &str| std::fs::write(slot.join(name), text).unwrap();
+        put("cgroup.procs", "");
+        put("memory.current", "1000000\n");
+        put(
+            "memory.stat",
+            "anon 500000\nfile 500000\ninactive_file 400000\n",
+        );
+        put("memory.peak", "2000000\n");
+        put("memory.events", "low 0\nmax 0\noom 0\noom_kill 0\n");
+        let inner = Inner::Cgroup {
+            dir: slot.clone(),
+            memory: true,
+            procs: Mutex::new(None),
+        };
+        let enclosure = Enclosure {
+            slot: "m".into(),
+            marker: Vec::new(),
+            root: AtomicU32::new(0),
+            peak_seen: AtomicU64::new(0),
+            oom_before: oom_counter(&inner),
+            inner,
+        };
+        assert_eq!(
+            enclosure.memory(),
+            Memory {
+                current: 600_000,
+                peak: 2_000_000
+            }
+        );
+        assert_eq!(
+            enclosure.oom_evidence(),
+            Some(OomEvidence::Slot {
+                before: 0,
+                after: 0
+            })
+        );
+        put("memory.events", "low 0\nmax 3\noom 2\noom_kill 2\n");
+        assert_eq!(
+            enclosure.oom_evidence(),
+            Some(OomEvidence::Slot {
+                before: 0,
+                after: 2
+            })
+        );
+        // Before Linux 5.19 there is no memory.peak: the highest seen.
+        std::fs::remove_file(slot.join("memory.peak")).unwrap();
+        put("memory.current", "700000\n");
+        assert_eq!(enclosure.memory().peak, 600_000);
+    }
+
     #[tokio::test]
     async fn the_process_tree_finds_a_grandchild_that_left_the_group_and_kills_it() {
         let dir = tempfile::tempdir().unwrap();

@@ -524,3 +524,98 @@ async fn capture(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn killed() -> ExitCause {
+        ExitCause::Signal {
+            signal: 9,
+            requested: false,
+        }
+    }
+
+    #[test]
+    fn an_unrequested_sigkill_is_judged_by_the_oom_kill_counter() {
+        let exit = |oom| Exit {
+            oom: Some(oom),
+            memory_peak: 3 << 30,
+            ..Exit::of(killed())
+        };
+        let oom = exit(OomEvidence::Slot {
+            before: 0,
+            after: 1,
+        });
+        assert_eq!(
+            oom.describe(),
+            "killed by the OOM killer (the slot's memory.events oom_kill went from 0 to 1; the slot's memory peaked at 3072 MiB)"
+        );
+        assert_eq!(oom.metric_cause(), "oom");
+        let not = exit(OomEvidence::Slot {
+            before: 1,
+            after: 1,
+        });
+        assert!(
+            not.describe()
+                .contains("neither the daemon nor the OOM killer")
+                && not.describe().contains("stayed at 1"),
+            "{}",
+            not.describe()
+        );
+        assert_eq!(not.metric_cause(), "signal");
+        let host = exit(OomEvidence::Host {
+            before: 4,
+            after: 5,
+        });
+        assert!(
+            host.describe()
+                .contains("most likely the kernel OOM killer")
+                && host.describe().contains("went from 4 to 5"),
+            "{}",
+            host.describe()
+        );
+        // The host's counter is no proof for the metrics.
+        assert_eq!(host.metric_cause(), "signal");
+        // No counter at all: the old guess.
+        assert!(Exit::of(killed())
+            .describe()
+            .contains("most likely the kernel OOM killer"));
+    }
+
+    #[test]
+    fn an_oom_kill_inside_the_slot_is_named_whatever_the_worker_did() {
+        let exit = Exit {
+            oom: Some(OomEvidence::Slot {
+                before: 0,
+                after: 1,
+            }),
+            ..Exit::of(ExitCause::Code(1))
+        };
+        assert_eq!(
+            exit.describe(),
+            "exited with status 1; the OOM killer killed a process of its slot (memory.events oom_kill went from 0 to 1)"
+        );
+        assert_eq!(exit.metric_cause(), "oom");
+        // A requested stop is not blamed on it.
+        let stopped = Exit {
+            cause: ExitCause::RequestedStop,
+            ..exit
+        };
+        assert_eq!(stopped.describe(), "stopped on request");
+        assert!(!stopped.leaves_cards_dirty());
+    }
+
+    #[test]
+    fn processes_left_behind_are_named_and_dirty_the_cards() {
+        let exit = Exit {
+            leftovers: (1..=7).map(|p| format!("pid {p} (sleep)")).collect(),
+            ..Exit::of(ExitCause::RequestedStop)
+        };
+        assert!(exit.leaves_cards_dirty());
+        assert_eq!(
+            exit.describe(),
+            "stopped on request; it left 7 process(es) running in its slot, killed: pid 1 (sleep), pid 2 (sleep), pid 3 (sleep), pid 4 (sleep), pid 5 (sleep) and 2 more"
+        );
+    }
+}
