@@ -253,6 +253,7 @@ impl Containment {
             root: AtomicU32::new(0),
             peak_seen: AtomicU64::new(0),
             oom_before: oom_counter(&inner),
+            left: Mutex::new(Vec::new()),
             inner,
         })
     }
@@ -416,12 +417,36 @@ fn end_stale_roots(shared: &Path) {
 
 /// Processes a previous daemon's workers left (their environment names a
 /// worker socket in this daemon's socket directory): SIGKILL. Run at
-/// startup, before any worker of this daemon exists.
+/// startup, before any worker of this daemon exists. A process below a
+/// live `tt-servingd` (another daemon whose control socket shares the
+/// directory) is not a stray.
 fn end_strays(socket_dir: &Path) {
     let prefix = format!("{MARKER_VAR}={}/", socket_dir.display()).into_bytes();
     let me = std::process::id();
-    for p in procs::all() {
-        if p.pid == me || p.pid == 1 || p.is_zombie() || !procs::has_env(p.pid, &prefix, true) {
+    let table = procs::all();
+    let by_pid: BTreeMap<u32, &Proc> = table.iter().map(|p| (p.pid, p)).collect();
+    let under_a_daemon = |p: &Proc| {
+        let mut pid = p.ppid;
+        for _ in 0..64 {
+            match by_pid.get(&pid) {
+                Some(a) if a.pid > 1 && a.pid != me => {
+                    if a.comm == "tt-servingd" {
+                        return true;
+                    }
+                    pid = a.ppid;
+                }
+                _ => return false,
+            }
+        }
+        false
+    };
+    for p in &table {
+        if p.pid == me
+            || p.pid == 1
+            || p.is_zombie()
+            || !procs::has_env(p.pid, &prefix, true)
+            || under_a_daemon(p)
+        {
             continue;
         }
         tracing::warn!(process = %p.words(), "ending a process a previous daemon's worker left running");
@@ -441,6 +466,9 @@ pub struct Enclosure {
     peak_seen: AtomicU64,
     /// The OOM kill counter when the worker started.
     oom_before: Option<OomCounter>,
+    /// What the sweep found left running, kept across sweeps (a wait
+    /// dropped mid-sweep sweeps again, and must not forget them).
+    left: Mutex<Vec<String>>,
     inner: Inner,
 }
 
@@ -654,15 +682,22 @@ impl Enclosure {
         // The worker is reaped: its pid is free for anyone now.
         self.root.store(0, Ordering::Relaxed);
         let deadline = Instant::now() + KILL_WAIT;
-        let mut left = Vec::new();
         loop {
             let members = self.members(true);
             if members.is_empty() {
                 break;
             }
-            if left.is_empty() {
-                left = members.iter().map(Proc::words).collect();
-                tracing::warn!(slot = %self.slot, left = %left.join(", "), "the worker left processes running; killing them");
+            {
+                let mut left = self.left.lock().unwrap_or_else(|e| e.into_inner());
+                let new: Vec<String> = members
+                    .iter()
+                    .map(Proc::words)
+                    .filter(|w| !left.contains(w))
+                    .collect();
+                if !new.is_empty() {
+                    tracing::warn!(slot = %self.slot, left = %new.join(", "), "the worker left processes running; killing them");
+                    left.extend(new);
+                }
             }
             if Instant::now() >= deadline {
                 tracing::error!(
@@ -679,7 +714,7 @@ impl Enclosure {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.remove();
-        left
+        self.left.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Remove the slot's cgroup (once empty); nothing in the process tree.
@@ -965,6 +1000,7 @@ mod tests {
             root: AtomicU32::new(0),
             peak_seen: AtomicU64::new(0),
             oom_before: oom_counter(&inner),
+            left: Mutex::new(Vec::new()),
             inner,
         };
         assert_eq!(
