@@ -242,7 +242,7 @@ pub struct Worker {
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
     /// The program could not be started.
-    #[error("cannot start worker `{program}` for slot {slot}: {source}; check models.<name>.worker in the config")]
+    #[error("cannot start worker `{program}` for slot {slot}: {source}; check models.<name>.worker in the config{note}")]
     Exec {
         /// The slot.
         slot: String,
@@ -250,6 +250,8 @@ pub enum SpawnError {
         program: String,
         /// The OS error.
         source: std::io::Error,
+        /// What else could have failed between fork and exec.
+        note: String,
     },
     /// The slot's containment could not be prepared.
     #[error("cannot contain the worker of slot {slot}: {why}")]
@@ -291,6 +293,7 @@ impl Worker {
                     slot: spec.slot.clone(),
                     program: String::new(),
                     source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"),
+                    note: String::new(),
                 })
             }
         };
@@ -343,6 +346,11 @@ impl Worker {
             slot: spec.slot.clone(),
             program: program.clone(),
             source,
+            note: if join.is_some() {
+                " (or the daemon's cgroup: the worker joins its slot's cgroup between fork and exec, and a refused write to its cgroup.procs ends the start the same way; `ttctl status` names the cgroup root)".into()
+            } else {
+                String::new()
+            },
         })?;
         let pid = child.id().unwrap_or(0);
         enclosure.started(pid);
