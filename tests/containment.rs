@@ -92,6 +92,19 @@ impl Setup {
     }
 }
 
+impl Drop for Setup {
+    /// A test that fails, or ends by killing its daemon outright, leaves
+    /// grandchildren running (that is the point): end them.
+    fn drop(&mut self) {
+        for pid in self.grandchildren() {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if comm.trim() == "sleep" || comm.starts_with("python") {
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
 /// Whether `pid` runs `comm` and has not exited (a zombie waiting for a
 /// reaper has).
 fn alive(pid: u32, comm: &str) -> bool {
@@ -162,7 +175,7 @@ fn worker_pid(slot: &Value) -> u32 {
 }
 
 fn restart_and_sigterm_end_the_grandchild(mode: Mode) {
-    let setup = Setup::new("sleep 600");
+    let setup = Setup::new("sleep 120");
     let mut daemon = setup.start(mode, "");
     let first = daemon.wait_slot_state("m", "ready");
     let slot_cgroup = containment(&daemon, mode);
@@ -232,7 +245,7 @@ fn restart_and_sigterm_end_the_grandchild_process_tree() {
 }
 
 fn the_watchdogs_kill_ends_the_grandchild(mode: Mode) {
-    let setup = Setup::new("sleep 600");
+    let setup = Setup::new("sleep 120");
     let daemon = setup.start(mode, "");
     let first = daemon.wait_slot_state("m", "ready");
     containment(&daemon, mode);
@@ -262,7 +275,7 @@ fn the_watchdogs_kill_ends_the_grandchild_process_tree() {
 }
 
 fn a_daemon_killed_outright_leaves_a_stray_the_next_one_ends(mode: Mode) {
-    let setup = Setup::new("sleep 600");
+    let setup = Setup::new("sleep 120");
     let mut daemon = setup.start(mode, "");
     let first = daemon.wait_slot_state("m", "ready");
     containment(&daemon, mode);
@@ -311,7 +324,7 @@ fn the_slots_memory_counts_the_grandchild(mode: Mode) {
     };
     // 200 MiB the grandchild writes to, so that it is resident.
     let setup = Setup::new(&format!(
-        "{python} -c \"import time; b = bytes([1]) * (200 << 20); time.sleep(600)\""
+        "{python} -c \"import time; b = bytes([1]) * (200 << 20); time.sleep(120)\""
     ));
     let daemon = setup.start(mode, "");
     let first = daemon.wait_slot_state("m", "ready");
@@ -354,7 +367,7 @@ fn the_slots_memory_counts_the_grandchild_process_tree() {
 
 #[test]
 fn a_memory_limit_the_process_tree_cannot_enforce_fails_the_start() {
-    let setup = Setup::new("sleep 600");
+    let setup = Setup::new("sleep 120");
     let daemon = setup.start(Mode::Tree, "memory_max_mib = 4096\n");
     let slot = wait_until("the start to fail", || {
         let slot = daemon.slot("m");
@@ -373,7 +386,7 @@ fn a_memory_limit_the_process_tree_cannot_enforce_fails_the_start() {
 /// counter did not move (the slot's own where memory is accounted, else
 /// the host's).
 fn an_outside_sigkill_is_told_apart_from_the_oom_killer(mode: Mode) {
-    let setup = Setup::new("sleep 600");
+    let setup = Setup::new("sleep 120");
     let daemon = setup.start(mode, "");
     let first = daemon.wait_slot_state("m", "ready");
     containment(&daemon, mode);
@@ -403,4 +416,54 @@ fn an_outside_sigkill_is_told_apart_from_the_oom_killer_auto() {
 #[test]
 fn an_outside_sigkill_is_told_apart_from_the_oom_killer_process_tree() {
     an_outside_sigkill_is_told_apart_from_the_oom_killer(Mode::Tree);
+}
+
+/// `daemon.containment = "cgroup"` where the daemon may not write its
+/// cgroup (here: run as `nobody`, in a cgroup owned by root): it refuses
+/// to start, naming why and the fix.
+#[test]
+fn cgroup_containment_that_cannot_be_had_stops_the_daemon_naming_the_fix() {
+    use std::os::unix::process::CommandExt;
+    tt_serving_tests::needs_root!();
+    const NOBODY: u32 = 65534;
+    const NOGROUP: u32 = 65534;
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = Daemon::configure(
+        &hw,
+        dir.path(),
+        &DaemonOptions {
+            daemon_extra: "containment = \"cgroup\"".into(),
+            ..Default::default()
+        },
+    );
+    let owner = (
+        Some(nix::unistd::Uid::from_raw(NOBODY)),
+        Some(nix::unistd::Gid::from_raw(NOGROUP)),
+    );
+    nix::unistd::chown(dir.path(), owner.0, owner.1).unwrap();
+    nix::unistd::chown(&daemon.config, owner.0, owner.1).unwrap();
+    let mut child = Command::new(bin("tt-servingd"))
+        .arg("run")
+        .arg("--config")
+        .arg(&daemon.config)
+        .uid(NOBODY)
+        .gid(NOGROUP)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_until("tt-servingd to refuse to start", || {
+        child.try_wait().ok().flatten()
+    });
+    let text = output_text(&child.wait_with_output().unwrap());
+    assert!(!status.success(), "{text}");
+    assert!(
+        text.contains(
+            "daemon.containment = \"cgroup\", but no writable cgroup v2 can hold the slots"
+        ) && text.contains("Delegate=yes")
+            && text.contains("\"process-tree\""),
+        "{text}"
+    );
 }

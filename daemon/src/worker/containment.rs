@@ -708,8 +708,12 @@ impl Enclosure {
                 break;
             }
             match &self.inner {
-                Inner::Cgroup { dir, .. } => kill_cgroup(dir),
-                Inner::Tree { .. } => members.iter().for_each(|p| sigkill(p.pid)),
+                Inner::Cgroup { dir, .. } => {
+                    kill_cgroup(dir);
+                }
+                Inner::Tree { .. } => members.iter().for_each(|p| {
+                    sigkill(p.pid);
+                }),
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -750,14 +754,13 @@ fn oom_counter(inner: &Inner) -> Option<OomCounter> {
 }
 
 /// `cgroup.kill`, or SIGKILL to each process listed (before Linux 5.14).
-fn kill_cgroup(dir: &Path) {
+/// False when the daemon may not kill them.
+fn kill_cgroup(dir: &Path) -> bool {
     let kill = dir.join("cgroup.kill");
     if kill.exists() && write_file(&kill, "1").is_ok() {
-        return;
+        return true;
     }
-    for pid in cgroup_pids(dir) {
-        sigkill(pid);
-    }
+    cgroup_pids(dir).into_iter().all(sigkill)
 }
 
 /// Kill a cgroup's processes and wait (blocking, bounded) until it is
@@ -765,20 +768,27 @@ fn kill_cgroup(dir: &Path) {
 fn kill_cgroup_sync(dir: &Path) {
     let deadline = Instant::now() + KILL_WAIT;
     while !cgroup_pids(dir).is_empty() && Instant::now() < deadline {
-        kill_cgroup(dir);
+        if !kill_cgroup(dir) {
+            tracing::warn!(cgroup = %dir.display(), "cannot kill the processes in this cgroup (not the daemon's to kill)");
+            return;
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
-fn sigkill(pid: u32) {
-    let Ok(raw) = i32::try_from(pid) else { return };
+/// SIGKILL one process (never pid 1 or the daemon); false only when the
+/// daemon may not signal it.
+fn sigkill(pid: u32) -> bool {
+    let Ok(raw) = i32::try_from(pid) else {
+        return true;
+    };
     if raw <= 1 || pid == std::process::id() {
-        return;
+        return true;
     }
-    let _ = nix::sys::signal::kill(
+    nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(raw),
         nix::sys::signal::Signal::SIGKILL,
-    );
+    ) != Err(nix::errno::Errno::EPERM)
 }
 
 /// The pids in a cgroup's `cgroup.procs` (empty when unreadable).
