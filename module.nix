@@ -533,6 +533,16 @@ in
           # Only the daemon gets SIGTERM: it drains its slots and stops the
           # workers itself. Killing a live engine directly wedges its cards.
           KillMode = "mixed";
+          # The daemon puts each slot's worker, and everything the engine
+          # starts (children that leave its process group included), in a
+          # cgroup of its own below the unit's: a slot is killed whole
+          # (cgroup.kill), its memory is counted whole, an OOM kill in it
+          # is known from memory.events, and models.<name>.memory_max_mib
+          # becomes memory.max. The daemon moves itself into <unit>/daemon
+          # first (cgroup v2 lets only leaves hold processes once the
+          # memory controller is handed down). Without this it falls back
+          # to walking the process tree, and `ttctl status` says so.
+          Delegate = "yes";
 
           StateDirectory = lib.optional (stateDirName != null) stateDirName;
           StateDirectoryMode = "0750";
@@ -566,7 +576,13 @@ in
           ProtectHome = true;
           PrivateTmp = true;
           ProtectClock = true;
-          ProtectControlGroups = true;
+          # Not `true`: that mounts /sys/fs/cgroup read-only, delegated
+          # subtree included. systemd 257 and later: "private", a cgroup
+          # namespace whose root is the unit's cgroup, writable; before,
+          # the delegation alone (the unit's cgroup given to the service's
+          # user, every other cgroup file root's) bounds what it may write.
+          ProtectControlGroups =
+            if lib.versionAtLeast (config.systemd.package.version or "0") "257" then "private" else false;
           ProtectHostname = true;
           ProtectKernelLogs = true;
           ProtectKernelModules = true;

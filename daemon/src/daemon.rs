@@ -48,6 +48,13 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         mode,
         config.daemon.control_socket_group.as_deref(),
     )?;
+    // Before the daemon starts any process: its own cgroup may need it to
+    // move into a leaf first (cgroup v2's no-internal-processes rule).
+    let containment = crate::worker::containment::init(
+        config.daemon.containment,
+        &config.daemon.worker_socket_dir(),
+    )
+    .map_err(|why| anyhow::anyhow!("{why}"))?;
     notify::status("starting: discovering cards");
     let hw = crate::cards::discovery::HardwareRoot::from(&config.hardware);
     if !hw.driver_loaded() {
@@ -218,6 +225,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     signals.abort();
     hangups.abort();
     ticker.abort();
+    containment.close();
     state.cards().release_all();
     api::remove_control_socket(&state.config().daemon.control_socket);
     crate::hostfs::write_atomic(

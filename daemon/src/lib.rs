@@ -17,7 +17,9 @@
 //!    per-card locks, reset with proof, and [`cards::CardManager`], the one
 //!    owner of card state.
 //! 3. [`cache`]: tensor cache variants, markers, the guard, warm or cold;
-//!    [`worker`]: spawning and watching a worker process.
+//!    [`worker`]: spawning and watching a worker process, and containing
+//!    everything it starts ([`worker::containment`]: a cgroup v2 per slot,
+//!    or the process tree).
 //! 4. [`slots`]: the slot lifecycle (one model instance on its cards) and
 //!    [`slots::SlotManager`], the one owner of slot state.
 //! 5. [`retry`]: the retry hint of an unavailable model; [`router`]:

@@ -210,13 +210,13 @@ impl Metrics {
         );
         r.register_with_unit(
             "worker_resident_memory",
-            "Resident memory of each slot's worker",
+            "Resident memory of each slot's worker and everything it started",
             Unit::Bytes,
             m.worker_rss.clone(),
         );
         r.register(
             "worker_restarts",
-            "Worker restarts by cause (exit_code, signal, watchdog, rss, start_failed)",
+            "Worker restarts by cause (exit_code, signal, oom, watchdog, rss, start_failed)",
             m.worker_restarts.clone(),
         );
         r.register(

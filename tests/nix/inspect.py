@@ -68,12 +68,14 @@ def example(d, out_toml):
         "LockPersonality": True,
         "LimitMEMLOCK": "infinity",
         "KillMode": "mixed",
+        "Delegate": "yes",
         "ExecStart": f"{pkg}/bin/tt-servingd run --config /etc/tt-serving/config.toml",
     }
     for k, v in want.items():
         check(sc.get(k) == v, f"serviceConfig.{k} = {sc.get(k)!r}, want {v!r}")
     check(sc.get("DeviceAllow") == ["char-tenstorrent rw"], f"serviceConfig.DeviceAllow = {sc.get('DeviceAllow')!r}")
     check(sc.get("MemoryDenyWriteExecute") is not True, "MemoryDenyWriteExecute must stay off (engines JIT)")
+    check(sc.get("ProtectControlGroups") in (False, "private"), f"ProtectControlGroups = {sc.get('ProtectControlGroups')!r}: /sys/fs/cgroup read-only keeps the daemon out of its delegated cgroup")
     for k in ("WatchdogSec", "TimeoutStartSec", "SystemCallFilter", "RestrictAddressFamilies", "StateDirectory", "CacheDirectory", "RuntimeDirectory"):
         check(sc.get(k), f"serviceConfig.{k} missing")
     start = int(str(sc.get("TimeoutStartSec", "0s")).rstrip("s") or 0)

@@ -23,6 +23,10 @@ pkgs.testers.runNixOSTest {
         print(status)
         assert "tiny" in status, "slot tiny missing from ttctl status"
         assert "0000:01:00.0" in status and "0000:02:00.0" in status, "cards missing"
+        # Delegate=yes: each slot in a cgroup of its own, memory accounted.
+        assert "slots contained by: cgroup v2 at " in status, "the slots are not in cgroups"
+        assert "(memory accounted)" in status, "the memory controller was not handed down"
+        machine.succeed("for p in $(pgrep -P $(systemctl show -P MainPID tenstorrent-serving.service)); do cat /proc/$p/cgroup; done | grep -q '/slot-tiny$'")
 
     with subtest("the control socket is closed to other users"):
         machine.fail("su -l outsider -c 'ttctl status'")

@@ -91,6 +91,12 @@ pub struct DaemonConfig {
     /// milliseconds. A worker that leaves [`UNANSWERED_HEALTH_POLLS`] polls
     /// in a row unanswered (each given `max(tick_ms, 1000)` ms) is hung.
     pub tick_ms: u64,
+    /// How each slot's worker and everything it starts are held together
+    /// (killed as one, their memory counted as one): `auto` (a cgroup v2
+    /// per slot when the daemon's own cgroup is writable, else the process
+    /// tree under `/proc`), `cgroup` (refuse to start without one) or
+    /// `process-tree`.
+    pub containment: ContainmentMode,
 }
 
 impl DaemonConfig {
@@ -126,6 +132,7 @@ impl Default for DaemonConfig {
             log_format: LogFormat::Plain,
             ready_when: ReadyWhen::All,
             tick_ms: 1000,
+            containment: ContainmentMode::Auto,
         }
     }
 }
@@ -238,6 +245,30 @@ pub enum LogFormat {
     Plain,
     /// One JSON object per line.
     Json,
+}
+
+/// How a slot's processes are contained (`daemon.containment`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ContainmentMode {
+    /// A cgroup v2 per slot when one can be had, else the process tree.
+    Auto,
+    /// A cgroup v2 per slot; the daemon refuses to start without one.
+    Cgroup,
+    /// The process tree under `/proc` (descendants by parent links, and
+    /// processes carrying the slot's `TT_WORKER_SOCKET`).
+    ProcessTree,
+}
+
+impl ContainmentMode {
+    /// The config word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContainmentMode::Auto => "auto",
+            ContainmentMode::Cgroup => "cgroup",
+            ContainmentMode::ProcessTree => "process-tree",
+        }
+    }
 }
 
 /// Which slots must be ready before the daemon reports READY=1.
@@ -427,6 +458,13 @@ pub struct ModelConfig {
     /// bring the old definition back instead of leaving the slot Failed.
     #[serde(default)]
     pub rollback_on_failure: bool,
+    /// The most memory a slot's processes may use together, in MiB
+    /// (`memory.max` of its cgroup, like systemd's `MemoryMax=`): beyond
+    /// it the kernel reclaims, then OOM-kills inside the slot only. Needs
+    /// cgroup containment with the memory controller; a start without it
+    /// fails rather than run unlimited. None: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max_mib: Option<u64>,
 }
 
 fn default_max_queue() -> u32 {

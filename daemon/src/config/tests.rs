@@ -513,3 +513,38 @@ fn a_worker_that_stops_answering_is_caught_within_the_documented_bound() {
     };
     assert_eq!(long.unanswered_health_bound(), Duration::from_secs(20));
 }
+
+#[test]
+fn containment_modes_parse_and_others_are_named() {
+    assert_eq!(parse("").unwrap().daemon.containment, ContainmentMode::Auto);
+    let forced = parse("[daemon]\ncontainment = \"process-tree\"\n").unwrap();
+    assert_eq!(forced.daemon.containment, ContainmentMode::ProcessTree);
+    assert_rejected(
+        "[daemon]\ncontainment = \"cgroups\"\n",
+        "daemon.containment",
+        "unknown variant",
+    );
+}
+
+#[test]
+fn memory_max_is_ranged_and_must_stay_above_the_rss_limit() {
+    let limited = format!("{ONE_MODEL}memory_max_mib = 4096\n");
+    assert_eq!(
+        parse(&limited).unwrap().models["qwen"].memory_max_mib,
+        Some(4096)
+    );
+    assert_rejected(
+        &format!("{ONE_MODEL}memory_max_mib = 1\n"),
+        "models.qwen.memory_max_mib",
+        "MiB",
+    );
+    assert_rejected(
+        &format!("{ONE_MODEL}memory_max_mib = 4096\n[models.qwen.restart]\nrss_limit_mib = 4096\n"),
+        "models.qwen.restart.rss_limit_mib",
+        "not below memory_max_mib (4096 MiB)",
+    );
+    parse(&format!(
+        "{ONE_MODEL}memory_max_mib = 4096\n[models.qwen.restart]\nrss_limit_mib = 3600\n"
+    ))
+    .unwrap();
+}

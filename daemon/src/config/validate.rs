@@ -723,6 +723,26 @@ fn check_model(
             "MiB",
         );
     }
+    if let Some(max) = m.memory_max_mib {
+        range(
+            problems,
+            &key("memory_max_mib"),
+            max,
+            64,
+            16 * 1024 * 1024,
+            "MiB",
+        );
+        // The watchdog's restart is the gentle way out: it must come before
+        // the kernel's OOM killer, which kills inside the slot at memory_max.
+        if let Some(rss) = s.rss_limit_mib.filter(|rss| *rss >= max) {
+            problems.push(problem(
+                key("restart.rss_limit_mib"),
+                format!(
+                    "{rss} MiB is not below memory_max_mib ({max} MiB): the kernel's OOM killer would end the worker before the watchdog restarts it; lower rss_limit_mib (say to 90% of memory_max_mib) or raise memory_max_mib"
+                ),
+            ));
+        }
+    }
     range(
         problems,
         &key("max_queue"),

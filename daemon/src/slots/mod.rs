@@ -134,8 +134,14 @@ pub struct SlotView {
     pub retry_at: Option<SystemTime>,
     /// Worker pid (0 when none).
     pub worker_pid: u32,
-    /// Worker RSS in bytes.
+    /// The memory of the worker's slot in bytes: the worker and everything
+    /// it started (its cgroup's memory less inactive file cache, or the sum
+    /// of the RSS over its process tree).
     pub worker_rss_bytes: u64,
+    /// The highest memory of the current worker's slot (the cgroup's
+    /// `memory.peak`, or the highest seen), or of the last worker once it
+    /// exited; 0 before the first.
+    pub worker_memory_peak_bytes: u64,
     /// Requests being served.
     pub in_flight: u32,
     /// Last error, kept after recovery.
@@ -214,6 +220,7 @@ impl SlotEntry {
                 retry_at: None,
                 worker_pid: 0,
                 worker_rss_bytes: 0,
+                worker_memory_peak_bytes: 0,
                 in_flight: 0,
                 last_error: String::new(),
                 variant: String::new(),

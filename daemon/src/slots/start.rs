@@ -64,7 +64,9 @@ pub(super) async fn start_and_serve(
     }
     if let Some(reply) = build {
         let _ = reply.send(match &outcome {
-            Outcome::Restart { reason } if reason.starts_with("cache built") => Ok(reason.clone()),
+            Outcome::Restart { reason, .. } if reason.starts_with("cache built") => {
+                Ok(reason.clone())
+            }
             Outcome::Failed { reason, .. } => Err(reason.clone()),
             _ => Err("the cache build was interrupted (stop, restart or loan)".into()),
         });
@@ -124,6 +126,19 @@ async fn prepare(
     build_only: bool,
 ) -> Result<Prepared, Outcome> {
     let (slot, m) = (&plan.slot, &plan.m);
+    // A limit the host cannot enforce is refused, not ignored: the
+    // operator set it to protect the host.
+    if let Some(mib) = m.memory_max_mib {
+        if let Err(why) = crate::worker::containment::get().memory_limits() {
+            return Err(Outcome::start_failed(
+                format!(
+                    "models.{}.memory_max_mib = {mib} cannot be enforced: {why}. Give the daemon a delegated cgroup v2 with the memory controller (systemd: Delegate=yes, which the NixOS module sets) or remove memory_max_mib",
+                    plan.model
+                ),
+                false,
+            ));
+        }
+    }
     let variant = Variant::for_model(&plan.cache_dir, &plan.model, m, &plan.worker_command);
     mgr.update(slot, |v| {
         v.variant = variant.key.clone();
@@ -164,6 +179,7 @@ async fn prepare(
         command: plan.worker_command.clone(),
         env: worker_env(plan, &variant, mode, secrets),
         socket: plan.socket.clone(),
+        memory_max: m.memory_max_mib.map(|mib| mib * 1024 * 1024),
     };
     Ok(Prepared {
         variant,
@@ -190,7 +206,10 @@ fn spawn(mgr: &Arc<SlotManager>, plan: &SlotPlan, prepared: &Prepared) -> Result
         mgr.cards().clear_dirty(&plan.cards);
         Outcome::start_failed(e.to_string(), false)
     })?;
-    mgr.update(slot, |v| v.worker_pid = worker.pid());
+    mgr.update(slot, |v| {
+        v.worker_pid = worker.pid();
+        v.worker_memory_peak_bytes = 0;
+    });
     mgr.transition(
         slot,
         SlotState::Loading,
@@ -420,7 +439,10 @@ async fn stop_after_build(
             true,
         )
     } else {
-        Outcome::Restart { reason }
+        Outcome::Restart {
+            reason,
+            dirty: false,
+        }
     }
 }
 

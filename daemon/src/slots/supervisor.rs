@@ -31,10 +31,12 @@ use tt_serving_proto::v1::engine_client::EngineClient;
 pub(super) enum Outcome {
     /// Stopped on request; the supervisor ends.
     Stopped,
-    /// Stopped to start again at once (operator restart, RSS limit).
-    Restart { reason: String },
+    /// Stopped to start again at once (operator restart, RSS limit);
+    /// `dirty` when the cards must be reset first (the worker stopped
+    /// cleanly but left processes in its slot that had to be killed).
+    Restart { reason: String, dirty: bool },
     /// Failed; `dirty` when the cards must be reset first; `cause` for the
-    /// restart metric (exit_code, signal, watchdog, rss, start_failed).
+    /// restart metric (exit_code, signal, oom, watchdog, rss, start_failed).
     Failed {
         reason: String,
         dirty: bool,
@@ -134,8 +136,9 @@ pub async fn run(
         mgr.update(&slot, |v| v.attempt = backoff.attempt());
         let next = match super::start::start_and_serve(&mgr, &plan, &mut commands).await {
             Outcome::Stopped => Next::Stop,
-            Outcome::Restart { reason } => {
+            Outcome::Restart { reason, dirty: d } => {
                 tracing::info!(slot = %slot, %reason, "restarting slot");
+                dirty |= d;
                 backoff.clear();
                 Next::Start
             }
@@ -385,7 +388,7 @@ pub(super) async fn drain_and_stop(
     worker: &mut Worker,
     engine: Option<&mut EngineClient<Channel>>,
     why: &str,
-) -> worker::ExitCause {
+) -> worker::Exit {
     let m = &plan.m;
     mgr.set_engine(&plan.slot, None);
     mgr.transition(&plan.slot, SlotState::Draining, why.to_string());
@@ -428,12 +431,25 @@ pub(super) async fn stop_worker(
     let exit = drain_and_stop(mgr, plan, worker, engine, &why).await;
     let unclean = exit.leaves_cards_dirty();
     match cmd {
-        Some(SlotCommand::Restart) if unclean => Outcome::Failed {
+        Some(SlotCommand::Restart) if exit.cause.leaves_cards_dirty() => Outcome::Failed {
             reason: format!("worker {} when stopped for a restart", exit.describe()),
             dirty: true,
             cause: exit.metric_cause(),
         },
-        Some(SlotCommand::Restart) => Outcome::Restart { reason: why },
+        // Stopped cleanly, but what it left running was killed: the restart
+        // goes on, through a reset of the cards.
+        Some(SlotCommand::Restart) if unclean => {
+            let reason = format!("{why}; the worker {}", exit.describe());
+            mgr.update(&plan.slot, |v| v.last_error = reason.clone());
+            Outcome::Restart {
+                reason,
+                dirty: true,
+            }
+        }
+        Some(SlotCommand::Restart) => Outcome::Restart {
+            reason: why,
+            dirty: false,
+        },
         Some(SlotCommand::Lend) => {
             if unclean {
                 mgr.cards().mark_dirty(&plan.cards);

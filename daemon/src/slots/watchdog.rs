@@ -43,6 +43,9 @@ pub(super) async fn serve(
         tokio::select! {
             exit = worker.wait() => {
                 mgr.set_engine(&plan.slot, None);
+                // The last word on its memory: memory.peak catches a spike
+                // between two ticks (an allocation the OOM killer ended).
+                mgr.update(&plan.slot, |v| v.worker_memory_peak_bytes = v.worker_memory_peak_bytes.max(exit.memory_peak));
                 return Outcome::Failed {
                     reason: format!("worker {}; last output: {}", exit.describe(), log_tail(worker)),
                     dirty: exit.leaves_cards_dirty(),
@@ -69,14 +72,18 @@ async fn check_rss(
     worker: &mut Worker,
     engine: &mut EngineClient<Channel>,
 ) -> Option<Outcome> {
-    let rss = worker.rss_bytes();
-    mgr.update(&plan.slot, |v| v.worker_rss_bytes = rss);
+    let memory = worker.memory();
+    let rss = memory.current;
+    mgr.update(&plan.slot, |v| {
+        v.worker_rss_bytes = rss;
+        v.worker_memory_peak_bytes = memory.peak;
+    });
     let limit = plan.m.restart.rss_limit_mib?;
     if rss <= limit * 1024 * 1024 {
         return None;
     }
     let reason = format!(
-        "worker RSS {} MiB is over restart.rss_limit_mib ({limit} MiB); restarting it before the kernel's OOM killer does",
+        "the slot's memory (its worker and everything it started) {} MiB is over restart.rss_limit_mib ({limit} MiB); restarting it before the kernel's OOM killer does",
         rss / (1024 * 1024)
     );
     tracing::warn!(slot = %plan.slot, "{reason}");
@@ -90,7 +97,10 @@ async fn check_rss(
         }
     } else {
         crate::metrics::get().worker_restart(&plan.slot, &plan.model, "rss");
-        Outcome::Restart { reason }
+        Outcome::Restart {
+            reason,
+            dirty: false,
+        }
     })
 }
 

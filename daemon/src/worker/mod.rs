@@ -1,17 +1,24 @@
 //! Model worker processes: spawning with an explicit environment, capturing
 //! their output, stopping them, and saying why they exited.
 //!
-//! A worker runs in its own process group so a stop reaches everything it
-//! started, and it gets a parent-death signal so it dies with the daemon:
-//! an engine left running after its supervisor is gone would hold the cards
-//! with nobody to reset them. Killing a live engine can wedge the cards, so
-//! every exit that was not a requested clean stop marks the cards dirty (the
-//! supervisor resets them before the next start).
+//! A worker runs in its own process group (SIGTERM reaches the engine it
+//! leads) and in its slot's containment (`containment.rs`: a cgroup, or the
+//! process tree), so that a kill, and the sweep after every exit, reach
+//! everything it started, even children that left its process group. It
+//! gets a parent-death signal so it dies with the daemon: an engine left
+//! running after its supervisor is gone would hold the cards with nobody to
+//! reset them. Killing a live engine can wedge the cards, so every exit
+//! that was not a requested clean stop, and every exit that left processes
+//! behind, marks the cards dirty (the supervisor resets them before the
+//! next start).
 
 pub mod banners;
+pub mod containment;
 pub mod env_file;
 pub mod logs;
+pub mod procs;
 
+use containment::{Enclosure, Memory, OomEvidence};
 use logs::{LogLine, LogRing, Stream};
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::ExitStatusExt;
@@ -37,6 +44,9 @@ pub struct WorkerSpec {
     pub env: BTreeMap<String, String>,
     /// The unix socket the worker must serve engine.proto on.
     pub socket: PathBuf,
+    /// The most memory the slot's processes may use, in bytes
+    /// (`models.<name>.memory_max_mib`).
+    pub memory_max: Option<u64>,
 }
 
 /// Why a worker exited.
@@ -107,6 +117,112 @@ impl ExitCause {
     }
 }
 
+/// How a worker's life ended: how its process exited, the OOM killer's
+/// counter around its life, and what it left running in its slot (killed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exit {
+    /// How the worker's own process exited.
+    pub cause: ExitCause,
+    /// The OOM kill counter from its start to its exit, where one could be
+    /// read.
+    pub oom: Option<OomEvidence>,
+    /// Processes of its slot still running after it exited (`pid N
+    /// (comm)`), which the daemon then killed.
+    pub leftovers: Vec<String>,
+    /// The slot's memory peak, in bytes, as it exited (0: unknown).
+    pub memory_peak: u64,
+}
+
+impl Exit {
+    /// An exit with no evidence and nothing left behind.
+    pub fn of(cause: ExitCause) -> Exit {
+        Exit {
+            cause,
+            oom: None,
+            leftovers: Vec::new(),
+            memory_peak: 0,
+        }
+    }
+
+    /// Whether the slot's own OOM counter says the OOM killer struck in it
+    /// while the daemon had not asked the worker to stop.
+    fn oom_in_slot(&self) -> Option<(u64, u64)> {
+        match (self.oom?, &self.cause) {
+            (_, ExitCause::RequestedStop) => None,
+            (OomEvidence::Slot { before, after }, _) if after > before => Some((before, after)),
+            _ => None,
+        }
+    }
+
+    /// The restart cause for the metrics: `oom` (evidence from the slot's
+    /// cgroup), `exit_code` or `signal`.
+    pub fn metric_cause(&self) -> &'static str {
+        if self.oom_in_slot().is_some() {
+            "oom"
+        } else {
+            self.cause.metric_cause()
+        }
+    }
+
+    /// Whether the cards may be in a bad state: any exit but a clean,
+    /// requested stop, and any exit that left processes (an engine killed
+    /// after its worker is a live engine killed).
+    pub fn leaves_cards_dirty(&self) -> bool {
+        self.cause.leaves_cards_dirty() || !self.leftovers.is_empty()
+    }
+
+    /// A sentence for status and logs: the cause, with the OOM evidence
+    /// for or against, and what was left behind.
+    pub fn describe(&self) -> String {
+        let unrequested_kill = self.cause
+            == ExitCause::Signal {
+                signal: 9,
+                requested: false,
+            };
+        let peak = if self.memory_peak > 0 {
+            format!(
+                "; the slot's memory peaked at {} MiB",
+                self.memory_peak >> 20
+            )
+        } else {
+            String::new()
+        };
+        let mut words = match (self.oom, unrequested_kill) {
+            (Some(OomEvidence::Slot { before, after }), true) if after > before => format!(
+                "killed by the OOM killer (the slot's memory.events oom_kill went from {before} to {after}{peak})"
+            ),
+            (Some(OomEvidence::Slot { before, .. }), true) => format!(
+                "killed by SIGKILL that neither the daemon nor the OOM killer sent (the slot's memory.events oom_kill stayed at {before}): another process killed it"
+            ),
+            (Some(OomEvidence::Host { before, after }), true) if after > before => format!(
+                "killed by SIGKILL that the daemon did not send: most likely the kernel OOM killer (the host's OOM kill count, /proc/vmstat oom_kill, went from {before} to {after} while it ran{peak}; check `journalctl -k | grep -i oom`)"
+            ),
+            (Some(OomEvidence::Host { before, .. }), true) => format!(
+                "killed by SIGKILL that neither the daemon nor the OOM killer sent (the host's OOM kill count, /proc/vmstat oom_kill, stayed at {before} while it ran): another process killed it"
+            ),
+            _ => match self.oom_in_slot() {
+                Some((before, after)) => format!(
+                    "{}; the OOM killer killed a process of its slot (memory.events oom_kill went from {before} to {after}{peak})",
+                    self.cause.describe()
+                ),
+                None => self.cause.describe(),
+            },
+        };
+        if !self.leftovers.is_empty() {
+            const SHOWN: usize = 5;
+            let mut named = self.leftovers[..self.leftovers.len().min(SHOWN)].join(", ");
+            if self.leftovers.len() > SHOWN {
+                named.push_str(&format!(" and {} more", self.leftovers.len() - SHOWN));
+            }
+            words.push_str(&format!(
+                "; it left {} process(es) running in its slot, killed: {named}",
+                self.leftovers.len()
+            ));
+        }
+        words
+    }
+}
+
 /// A running worker.
 pub struct Worker {
     child: Child,
@@ -116,18 +232,35 @@ pub struct Worker {
     engaged: Arc<Mutex<BTreeSet<String>>>,
     signalled: bool,
     stop_requested: bool,
+    /// Its slot's containment.
+    enclosure: Enclosure,
+    /// How it ended, once it did and its slot was swept.
+    exit: Option<Exit>,
 }
 
 /// Why a worker could not be started.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot start worker `{program}` for slot {slot}: {source}; check models.<name>.worker in the config")]
-pub struct SpawnError {
-    /// The slot.
-    pub slot: String,
-    /// The program.
-    pub program: String,
-    /// The OS error.
-    pub source: std::io::Error,
+pub enum SpawnError {
+    /// The program could not be started.
+    #[error("cannot start worker `{program}` for slot {slot}: {source}; check models.<name>.worker in the config{note}")]
+    Exec {
+        /// The slot.
+        slot: String,
+        /// The program.
+        program: String,
+        /// The OS error.
+        source: std::io::Error,
+        /// What else could have failed between fork and exec.
+        note: String,
+    },
+    /// The slot's containment could not be prepared.
+    #[error("cannot contain the worker of slot {slot}: {why}")]
+    Contain {
+        /// The slot.
+        slot: String,
+        /// What failed.
+        why: String,
+    },
 }
 
 /// The default worker: `tt-worker` installed next to the running daemon.
@@ -149,19 +282,32 @@ pub fn command_for(m: &crate::config::ModelConfig) -> Vec<String> {
 }
 
 impl Worker {
-    /// Start a worker in its own process group, with a cleared environment
-    /// and the parent-death signal set, capturing its output into `logs`.
+    /// Start a worker in its own process group and its slot's containment,
+    /// with a cleared environment and the parent-death signal set,
+    /// capturing its output into `logs`.
     pub fn spawn(spec: &WorkerSpec, logs: Arc<LogRing>) -> Result<Worker, SpawnError> {
         let (program, args) = match spec.command.split_first() {
             Some(split) => split,
             None => {
-                return Err(SpawnError {
+                return Err(SpawnError::Exec {
                     slot: spec.slot.clone(),
                     program: String::new(),
                     source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"),
+                    note: String::new(),
                 })
             }
         };
+        let enclosure = containment::get()
+            .enclose(
+                &spec.slot,
+                &spec.socket.display().to_string(),
+                spec.memory_max,
+            )
+            .map_err(|why| SpawnError::Contain {
+                slot: spec.slot.clone(),
+                why,
+            })?;
+        let join = enclosure.join_fd();
         let mut cmd = Command::new(program);
         cmd.args(args)
             .env_clear()
@@ -176,23 +322,38 @@ impl Worker {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .process_group(0);
-        // SAFETY: prctl is async-signal-safe and touches no memory of ours.
-        // PDEATHSIG fires when the spawning thread exits; tokio's worker
-        // threads live as long as the runtime, which is the daemon's life.
+        // SAFETY: write and prctl are async-signal-safe and touch no memory
+        // of ours but a static byte. Writing "0" to the slot's cgroup.procs
+        // (opened before the fork, close-on-exec) moves the child itself
+        // into the slot's cgroup before it runs any of the worker's code, so
+        // nothing it starts is outside. PDEATHSIG fires when the spawning
+        // thread exits; tokio's worker threads live as long as the runtime,
+        // which is the daemon's life.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
+                if let Some(fd) = join {
+                    if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(|source| SpawnError {
+        let mut child = cmd.spawn().map_err(|source| SpawnError::Exec {
             slot: spec.slot.clone(),
             program: program.clone(),
             source,
+            note: if join.is_some() {
+                " (or the daemon's cgroup: the worker joins its slot's cgroup between fork and exec, and a refused write to its cgroup.procs ends the start the same way; `ttctl status` names the cgroup root)".into()
+            } else {
+                String::new()
+            },
         })?;
         let pid = child.id().unwrap_or(0);
+        enclosure.started(pid);
         let engaged = Arc::new(Mutex::new(BTreeSet::new()));
         if let Some(out) = child.stdout.take() {
             tokio::spawn(capture(
@@ -220,6 +381,8 @@ impl Worker {
             engaged,
             signalled: false,
             stop_requested: false,
+            enclosure,
+            exit: None,
         })
     }
 
@@ -242,42 +405,62 @@ impl Worker {
         self.stop_requested = true;
     }
 
-    /// Wait for the worker to exit.
-    pub async fn wait(&mut self) -> ExitCause {
-        match self.child.wait().await {
+    /// Wait for the worker to exit, then sweep its slot: whatever it left
+    /// running there is killed (and named in the exit). Cancel-safe: a
+    /// wait dropped mid-sweep sweeps again at the next call.
+    pub async fn wait(&mut self) -> Exit {
+        if let Some(exit) = &self.exit {
+            return exit.clone();
+        }
+        let cause = match self.child.wait().await {
             Ok(status) => ExitCause::classify(status, self.stop_requested, self.signalled),
             Err(e) => {
                 tracing::error!(pid = self.pid, error = %e, "cannot wait for worker");
                 ExitCause::Code(-1)
             }
-        }
+        };
+        // Read before the sweep removes the slot's cgroup.
+        let oom = self.enclosure.oom_evidence();
+        let memory_peak = self.enclosure.memory().peak;
+        let leftovers = self.enclosure.sweep().await;
+        let exit = Exit {
+            cause,
+            oom,
+            leftovers,
+            memory_peak,
+        };
+        self.exit = Some(exit.clone());
+        exit
     }
 
-    /// Whether it has exited, without waiting.
-    pub fn try_exit(&mut self) -> Option<ExitCause> {
-        let status = self.child.try_wait().ok().flatten()?;
-        Some(ExitCause::classify(
-            status,
-            self.stop_requested,
-            self.signalled,
-        ))
-    }
-
-    /// Send a signal to the whole process group.
+    /// Send a signal to the worker's process group; SIGKILL goes to its
+    /// whole slot (everything it started, in its group or not).
     pub fn signal(&mut self, signal: nix::sys::signal::Signal) {
         self.signalled = true;
+        if signal == nix::sys::signal::Signal::SIGKILL {
+            let n = self.enclosure.kill();
+            tracing::debug!(
+                pid = self.pid,
+                processes = n,
+                "SIGKILL to the worker's slot"
+            );
+            return;
+        }
+        // Before the worker can exit and orphan its children: remember them.
+        self.enclosure.members(false);
         let group = nix::unistd::Pid::from_raw(self.pid as i32);
         if let Err(e) = nix::sys::signal::killpg(group, signal) {
             tracing::debug!(pid = self.pid, error = %e, "signal to worker group failed (already gone?)");
         }
     }
 
-    /// SIGTERM, then SIGKILL after `grace`; returns how it exited.
-    pub async fn terminate(&mut self, grace: Duration) -> ExitCause {
+    /// SIGTERM, then SIGKILL (to the whole slot) after `grace`; returns how
+    /// it exited.
+    pub async fn terminate(&mut self, grace: Duration) -> Exit {
         self.mark_stop_requested();
         self.signal(nix::sys::signal::Signal::SIGTERM);
         match tokio::time::timeout(grace, self.child.wait()).await {
-            Ok(Ok(status)) => ExitCause::classify(status, true, true),
+            Ok(Ok(_)) => self.wait().await,
             _ => {
                 tracing::warn!(
                     pid = self.pid,
@@ -290,26 +473,23 @@ impl Worker {
         }
     }
 
-    /// Resident memory of the worker in bytes, from the real /proc (workers
-    /// are real processes even on a fake hardware root).
-    pub fn rss_bytes(&self) -> u64 {
-        rss_bytes(self.pid)
+    /// The memory of the worker's whole slot (everything it started), now
+    /// and at its peak: from its cgroup, or summed over its process tree
+    /// in the real /proc (workers are real processes even on a fake
+    /// hardware root).
+    pub fn memory(&self) -> Memory {
+        self.enclosure.memory()
     }
 }
 
-/// Resident set size of a process in bytes (0 when unreadable).
-pub fn rss_bytes(pid: u32) -> u64 {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/statm")) else {
-        return 0;
-    };
-    let pages: u64 = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    pages * u64::try_from(page).unwrap_or(4096)
+impl Drop for Worker {
+    /// A worker dropped without being waited for (its supervisor was
+    /// aborted) takes its whole slot with it.
+    fn drop(&mut self) {
+        if self.exit.is_none() {
+            self.enclosure.kill();
+        }
+    }
 }
 
 async fn capture(
@@ -350,5 +530,100 @@ async fn capture(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn killed() -> ExitCause {
+        ExitCause::Signal {
+            signal: 9,
+            requested: false,
+        }
+    }
+
+    #[test]
+    fn an_unrequested_sigkill_is_judged_by_the_oom_kill_counter() {
+        let exit = |oom| Exit {
+            oom: Some(oom),
+            memory_peak: 3 << 30,
+            ..Exit::of(killed())
+        };
+        let oom = exit(OomEvidence::Slot {
+            before: 0,
+            after: 1,
+        });
+        assert_eq!(
+            oom.describe(),
+            "killed by the OOM killer (the slot's memory.events oom_kill went from 0 to 1; the slot's memory peaked at 3072 MiB)"
+        );
+        assert_eq!(oom.metric_cause(), "oom");
+        let not = exit(OomEvidence::Slot {
+            before: 1,
+            after: 1,
+        });
+        assert!(
+            not.describe()
+                .contains("neither the daemon nor the OOM killer")
+                && not.describe().contains("stayed at 1"),
+            "{}",
+            not.describe()
+        );
+        assert_eq!(not.metric_cause(), "signal");
+        let host = exit(OomEvidence::Host {
+            before: 4,
+            after: 5,
+        });
+        assert!(
+            host.describe()
+                .contains("most likely the kernel OOM killer")
+                && host.describe().contains("went from 4 to 5"),
+            "{}",
+            host.describe()
+        );
+        // The host's counter is no proof for the metrics.
+        assert_eq!(host.metric_cause(), "signal");
+        // No counter at all: the old guess.
+        assert!(Exit::of(killed())
+            .describe()
+            .contains("most likely the kernel OOM killer"));
+    }
+
+    #[test]
+    fn an_oom_kill_inside_the_slot_is_named_whatever_the_worker_did() {
+        let exit = Exit {
+            oom: Some(OomEvidence::Slot {
+                before: 0,
+                after: 1,
+            }),
+            ..Exit::of(ExitCause::Code(1))
+        };
+        assert_eq!(
+            exit.describe(),
+            "exited with status 1; the OOM killer killed a process of its slot (memory.events oom_kill went from 0 to 1)"
+        );
+        assert_eq!(exit.metric_cause(), "oom");
+        // A requested stop is not blamed on it.
+        let stopped = Exit {
+            cause: ExitCause::RequestedStop,
+            ..exit
+        };
+        assert_eq!(stopped.describe(), "stopped on request");
+        assert!(!stopped.leaves_cards_dirty());
+    }
+
+    #[test]
+    fn processes_left_behind_are_named_and_dirty_the_cards() {
+        let exit = Exit {
+            leftovers: (1..=7).map(|p| format!("pid {p} (sleep)")).collect(),
+            ..Exit::of(ExitCause::RequestedStop)
+        };
+        assert!(exit.leaves_cards_dirty());
+        assert_eq!(
+            exit.describe(),
+            "stopped on request; it left 7 process(es) running in its slot, killed: pid 1 (sleep), pid 2 (sleep), pid 3 (sleep), pid 4 (sleep), pid 5 (sleep) and 2 more"
+        );
     }
 }

@@ -1,16 +1,24 @@
-//! `ttctl status`: a header line, the cards table and the slots table (the
-//! JSON is the status message itself, see `json.rs`).
+//! `ttctl status`: a header line, the containment line, the cards table
+//! and the slots table (the JSON is the status message itself, see
+//! `json.rs`).
 
 use tt_serving_proto::v1::{Card, CardState, DaemonInfo, Slot, SlotState, StatusResponse};
 use tt_serving_proto::Word;
 
 use super::{bytes_words, duration_words, last_reload_line, one_line, or_dash, Table};
 
-/// The whole status as text: a header line, the cards table and the slots
-/// table. `now_unix_ms` is the local clock, for "3m12s ago".
+/// The whole status as text: a header line, how slots are contained, the
+/// cards table and the slots table. `now_unix_ms` is the local clock, for
+/// "3m12s ago".
 pub fn status_table(status: &StatusResponse, now_unix_ms: u64) -> String {
     let mut out = String::new();
     out.push_str(&header_line(status.daemon.as_ref(), now_unix_ms));
+    if let Some(d) = status.daemon.as_ref().filter(|d| !d.containment.is_empty()) {
+        out.push_str(&format!(
+            "\nslots contained by: {}",
+            one_line(&d.containment)
+        ));
+    }
     out.push_str("\n\n");
     out.push_str(&cards_table(&status.cards));
     out.push('\n');
@@ -160,6 +168,7 @@ fn slots_table(slots: &[Slot], cards: &[Card], now_unix_ms: u64) -> String {
         "ATTEMPT",
         "PID",
         "RSS",
+        "PEAK",
         "INFLIGHT",
         "LAST ERROR",
     ]);
@@ -185,6 +194,7 @@ fn slots_table(slots: &[Slot], cards: &[Card], now_unix_ms: u64) -> String {
                 slot.worker_pid.to_string()
             },
             bytes_words(slot.worker_rss_bytes),
+            bytes_words(slot.worker_memory_peak_bytes),
             slot.requests_in_flight.to_string(),
             or_dash(&one_line(&slot.last_error)).to_string(),
         ]);

@@ -34,6 +34,7 @@ fn daemon() -> DaemonInfo {
         metrics_address: "127.0.0.1:9464".into(),
         openai_address: "127.0.0.1:8000".into(),
         lock_dir: "/run/lock/tenstorrent".into(),
+        containment: "cgroup v2 at /sys/fs/cgroup/system.slice/tenstorrent-serving.service (memory accounted)".into(),
     }
 }
 
@@ -140,6 +141,7 @@ fn ready_slot() -> Slot {
         attempt: 1,
         worker_pid: 9001,
         worker_rss_bytes: 10 * (1 << 30) + (1 << 29),
+        worker_memory_peak_bytes: 12 * (1 << 30),
         requests_in_flight: 2,
         ..Default::default()
     }

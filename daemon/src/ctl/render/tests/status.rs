@@ -13,6 +13,23 @@ fn header_names_version_pid_driver_uptime_and_summary() {
 }
 
 #[test]
+fn second_line_says_how_slots_are_contained() {
+    let table = status_table(&status(), NOW);
+    assert_eq!(
+        table.lines().nth(1),
+        Some(
+            "slots contained by: cgroup v2 at /sys/fs/cgroup/system.slice/tenstorrent-serving.service (memory accounted)"
+        )
+    );
+    // A daemon that does not say (an older one) gets no line.
+    let mut older = status();
+    if let Some(d) = older.daemon.as_mut() {
+        d.containment.clear();
+    }
+    assert_eq!(status_table(&older, NOW).lines().nth(1), Some(""));
+}
+
+#[test]
 fn card_with_index_and_telemetry_shows_every_column() {
     let table = status_table(&status(), NOW);
     assert!(table.contains("IDX  BDF"), "{table}");
@@ -138,6 +155,8 @@ fn slots_table_shows_cards_by_index_age_and_rss() {
             "1",
             "9001",
             "10.5",
+            "GiB",
+            "12.0",
             "GiB",
             "2",
             "-"
