@@ -1,6 +1,6 @@
 //! Two comparisons, each side by side in one run: the same greedy
-//! requests, alternating arm by arm (A B A B ...) so the machine's drift
-//! hits both, at 1 stream and at 8 concurrent streams. Measured at the
+//! requests, alternating arm by arm (A B B A ...) so the machine's drift
+//! hits both, each prompt unique so no engine's prompt cache favours an arm, at 1 stream and at 8 concurrent streams. Measured at the
 //! client: tokens per second (tokens from each answer's usage over wall
 //! time) and time to first token (the first chunk with text).
 //!
@@ -255,14 +255,22 @@ fn main() {
             };
             http_once(&client, &http, "warm up", 8).await;
             for round in 0..2 * args.rounds {
-                let arm = if round % 2 == 0 { Arm::Base } else { Arm::Http };
+                // A B B A ...: neither arm always runs first.
+                let arm = if matches!(round % 4, 0 | 3) {
+                    Arm::Base
+                } else {
+                    Arm::Http
+                };
                 let start = Instant::now();
                 let mut tasks = Vec::new();
                 for i in 0..streams {
                     let (grpc, http, client) = (grpc.clone(), http.clone(), client.clone());
                     let direct = direct.clone();
                     let tokens = args.tokens;
-                    let prompt = format!("Round {} stream {i}: tell me about the sea", round / 2);
+                    // A number no other request starts with: an engine's
+                    // prompt cache (llama-server keeps the last prompt's
+                    // KV) cannot favour either arm.
+                    let prompt = format!("{}. Tell me about the sea", 1000 + round * 8 + i);
                     tasks.push(tokio::spawn(async move {
                         match (arm, direct) {
                             (Arm::Base, None) => grpc_once(&grpc, &prompt, tokens).await,
@@ -289,7 +297,7 @@ fn main() {
         );
         let line = json!({
             "bench": comparison, "streams": streams, "rounds_per_arm": args.rounds,
-            "tokens": args.tokens, "order": format!("alternating, {base_name} first"), "model": model_name,
+            "tokens": args.tokens, "order": format!("A B B A from {base_name}, prompts unique per request"), "model": model_name,
             "base_arm": base_name,
             "base_tok_s_rounds": tok_s[0], "http_tok_s_rounds": tok_s[1],
             "base_tok_s_median": base_tok_s, "http_tok_s_median": http_tok_s, "ratio": ratio,
