@@ -156,11 +156,8 @@ fn engine_port(daemon: &Daemon) -> u16 {
     let mut pids = vec![worker.to_string()];
     let mut i = 0;
     while i < pids.len() {
-        let children = std::fs::read_to_string(format!(
-            "/proc/{0}/task/{0}/children",
-            pids[i]
-        ))
-        .unwrap_or_default();
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", pids[i]))
+            .unwrap_or_default();
         pids.extend(children.split_whitespace().map(str::to_string));
         i += 1;
     }
