@@ -45,6 +45,11 @@ struct Args {
     /// (the engine under tt-worker-openai) instead of HTTP with gRPC.
     #[arg(long)]
     llama_server: Option<PathBuf>,
+    /// llama-server's compute threads (`-t`): 2 takes both cores of a
+    /// 2-core machine, so the daemon's hop competes with the engine; 1
+    /// leaves a core free, as an engine on Tenstorrent cards does.
+    #[arg(long, default_value_t = 2)]
+    llama_threads: u32,
 }
 
 /// One request as its client saw it.
@@ -203,11 +208,12 @@ fn main() {
     let table = match &args.llama_server {
         None => model_table("m", 1, &[0], &model, "max_in_flight = 8\n"),
         Some(server) => format!(
-            "[models.m]\ntp = 1\ncards = [\"{}\"]\ncheckpoint = \"{}\"\nmax_in_flight = 8\nworker = [\"{}\", \"--engine\", \"llama-server\", \"--\", \"{}\", \"-m\", \"{{checkpoint}}\", \"--host\", \"127.0.0.1\", \"--port\", \"{{port}}\", \"--metrics\", \"-np\", \"8\", \"-c\", \"8192\", \"-t\", \"2\"]\n",
+            "[models.m]\ntp = 1\ncards = [\"{}\"]\ncheckpoint = \"{}\"\nmax_in_flight = 8\nworker = [\"{}\", \"--engine\", \"llama-server\", \"--\", \"{}\", \"-m\", \"{{checkpoint}}\", \"--host\", \"127.0.0.1\", \"--port\", \"{{port}}\", \"--metrics\", \"-np\", \"8\", \"-c\", \"8192\", \"-t\", \"{}\"]\n",
             FakeHw::bdf(0),
             model.display(),
             tt_serving_tests::bin("tt-worker-openai").display(),
-            server.display()
+            server.display(),
+            args.llama_threads
         ),
     };
     let daemon = Daemon::start(
@@ -301,6 +307,7 @@ fn main() {
             "ttft_p50_base_ms": base_ttft, "ttft_p50_http_ms": http_ttft,
             "ttft_p50_delta_ms": http_ttft - base_ttft,
             "ignore_eos": true,
+            "llama_threads": args.llama_server.as_ref().map(|_| args.llama_threads),
             "daemon_version": env!("CARGO_PKG_VERSION"),
             "unix_ms": tt_servingd::clock::unix_ms(std::time::SystemTime::now()),
         });
