@@ -469,14 +469,15 @@ fn bad_requests_get_openai_errors_with_the_matching_status() {
 }
 
 /// A parameter the serving engine does not take is a 400 naming the
-/// parameter and the engine, never ignored.
+/// parameter and the engine, never ignored, and at once: not after
+/// waiting for a place behind a request that holds the only one.
 #[test]
 fn a_parameter_the_engine_lacks_is_refused_naming_it_and_the_engine() {
     let hw = FakeHw::new(1);
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
-    let table =
-        "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_WITHHOLD_PARAMETERS = \"presence_penalty\" }\n";
+    // The ping takes 4 tokens, the served request 3; the next one hangs.
+    let table = "max_in_flight = 1\nenv = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_WITHHOLD_PARAMETERS = \"presence_penalty\", TTW_FAULT_HANG_AFTER_TOKENS = \"8\" }\n";
     let daemon = start(
         &hw,
         dir.path(),
@@ -485,6 +486,32 @@ fn a_parameter_the_engine_lacks_is_refused_naming_it_and_the_engine() {
     );
     daemon.wait_slot_state("m", "ready");
     let url = format!("{}/v1/chat/completions", base(&daemon));
+    // What the engine takes is served.
+    let served = curl(
+        "POST",
+        &url,
+        Some(TOKEN),
+        Some(
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"frequency_penalty":0.5,"max_tokens":3,"ignore_eos":true}"#,
+        ),
+    );
+    assert_eq!(served.status, 200, "{served:?}");
+    // The only place taken by a request that hangs.
+    let mut holder = Command::new("curl")
+        .args(["-sS", "-N", "--http1.1", "-X", "POST"])
+        .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
+        .args(["-H", "Content-Type: application/json", "-d"])
+        .arg(r#"{"model":"m","prompt":"hello","max_tokens":50,"stream":true}"#)
+        .arg(format!("{}/v1/completions", base(&daemon)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start curl");
+    wait_until("the place to be taken", || {
+        (chaos::scrape(&daemon).sum("tt_serving_num_requests_running", &[("model", "m")]) == 1.0)
+            .then_some(())
+    });
+    let asked = Instant::now();
     let refused = curl(
         "POST",
         &url,
@@ -492,6 +519,11 @@ fn a_parameter_the_engine_lacks_is_refused_naming_it_and_the_engine() {
         Some(r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"presence_penalty":0.5}"#),
     );
     assert_eq!(refused.status, 400, "{refused:?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "refused at once: {:?}",
+        asked.elapsed()
+    );
     let error = refused.error();
     assert_eq!(error["param"], "presence_penalty", "{error}");
     assert!(
@@ -501,16 +533,8 @@ fn a_parameter_the_engine_lacks_is_refused_naming_it_and_the_engine() {
             .contains("engine tt-worker"),
         "{error}"
     );
-    // What the engine takes is served.
-    let served = curl(
-        "POST",
-        &url,
-        Some(TOKEN),
-        Some(
-            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"frequency_penalty":0.5,"max_tokens":3}"#,
-        ),
-    );
-    assert_eq!(served.status, 200, "{served:?}");
+    let _ = holder.kill();
+    let _ = holder.wait();
 }
 
 #[test]

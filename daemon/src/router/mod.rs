@@ -298,6 +298,18 @@ impl Router {
         // request that waits for a recovery holds its place like any other,
         // so `max_queue` bounds the waiters too.
         self.plan_wait(&model, m, started, deadline)?;
+        // A parameter no Ready replica's engine takes is refused now, not
+        // after waiting for a place (the check at the chosen slot below
+        // still decides for replicas that differ).
+        let ready = self.slots.ready_engine_facts(&model);
+        if let Some(first) = ready.first() {
+            if ready
+                .iter()
+                .all(|facts| check_engine_supports(&request, facts).is_err())
+            {
+                check_engine_supports(&request, first)?;
+            }
+        }
         let permit = queue.try_acquire_owned().map_err(|_| {
             RouteError::QueueFull(format!(
                 "model `{model}` has {} requests waiting (max_queue); retry in a few seconds",

@@ -677,6 +677,16 @@ impl SlotManager {
 
     /// The least-loaded Ready slot of `model` with room for one more request
     /// (fewer than `limit` in flight), or None.
+    /// What the engines of the model's Ready slots honour, to refuse a
+    /// parameter none of them takes before the request queues.
+    pub fn ready_engine_facts(&self, model: &str) -> Vec<Arc<EngineFacts>> {
+        self.table()
+            .values()
+            .filter(|e| e.view.model == model && e.view.state == SlotState::Ready)
+            .map(|e| e.view.engine_facts.clone())
+            .collect()
+    }
+
     pub fn pick(&self, model: &str, limit: u32) -> Option<Route> {
         self.table()
             .iter()
