@@ -574,6 +574,18 @@ fn health_and_models_follow_readiness_and_a_model_without_a_replica_gets_503() {
     };
     assert_eq!(entry("m")["max_model_len"], 256);
     assert_eq!(entry("m")["ready_replicas"], 1);
+    // What a client may ask of the engine: tt-worker takes all seven.
+    let params = entry("m")["supported_parameters"].clone();
+    for p in ["presence_penalty", "ignore_eos", "min_tokens", "logprobs"] {
+        assert!(
+            params.as_array().is_some_and(|a| a.iter().any(|x| x == p)),
+            "{p} in {params}"
+        );
+    }
+    assert_eq!(
+        entry("broken")["supported_parameters"],
+        serde_json::json!([])
+    );
     assert!(entry("broken")["max_model_len"].is_null());
 
     let refused = curl(

@@ -63,11 +63,30 @@ impl Inference for InferenceService {
                     replicas: m.card_sets().len() as u32,
                     ready_replicas: ready.len() as u32,
                     context_length: context_length(&ready),
+                    supported_parameters: supported_parameters(&ready),
                 }
             })
             .collect();
         Ok(Response::new(pb::ListModelsResponse { models }))
     }
+}
+
+/// The optional parameters a request can count on whichever ready replica
+/// serves it: those every one of them lists.
+pub fn supported_parameters(ready: &[&crate::slots::SlotView]) -> Vec<String> {
+    let Some((first, rest)) = ready.split_first() else {
+        return Vec::new();
+    };
+    first
+        .engine_facts
+        .supported_parameters
+        .iter()
+        .filter(|p| {
+            rest.iter()
+                .all(|s| s.engine_facts.supported_parameters.contains(p))
+        })
+        .cloned()
+        .collect()
 }
 
 /// The context length a request can count on whichever ready replica serves

@@ -129,10 +129,10 @@ async fn models(State(front): State<Front>) -> Response {
         .models
         .iter()
         .map(|(name, m)| {
-            let ready = slots
+            let ready: Vec<&crate::slots::SlotView> = slots
                 .iter()
                 .filter(|s| &s.model == name && s.state == SlotState::Ready)
-                .count();
+                .collect();
             serde_json::json!({
                 "id": name,
                 "object": "model",
@@ -140,7 +140,8 @@ async fn models(State(front): State<Front>) -> Response {
                 "owned_by": "tt-serving",
                 "max_model_len": max_model_len(&slots, name),
                 "replicas": m.card_sets().len(),
-                "ready_replicas": ready,
+                "ready_replicas": ready.len(),
+                "supported_parameters": super::inference::supported_parameters(&ready),
             })
         })
         .collect();
