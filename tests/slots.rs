@@ -726,6 +726,21 @@ fn demo_mode_runs_a_tp2_slot_on_two_simulated_cards() {
     );
     let out = ttctl(&["generate", "smollm2", "hello", "--max-tokens", "4"]);
     assert!(out.status.success(), "{}", output_text(&out));
+    // --ignore-eos: exactly the tokens asked for, as the summary says.
+    let out = ttctl(&[
+        "generate",
+        "smollm2",
+        "hello",
+        "--max-tokens",
+        "24",
+        "--ignore-eos",
+    ]);
+    let text = output_text(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("[length]") && text.contains("24 completion tokens"),
+        "{text}"
+    );
     // The demo's OpenAI front door answers a chat, as the README shows.
     let openai = status["daemon"]["openai_address"]
         .as_str()

@@ -270,6 +270,31 @@ pub struct GenerateArgs {
     /// template, instead of as raw text.
     #[arg(long)]
     pub chat: bool,
+
+    /// Generate through end-of-sequence tokens: exactly --max-tokens tokens
+    /// (for timing). Refused when the engine cannot.
+    #[arg(long)]
+    pub ignore_eos: bool,
+
+    /// No end of sequence before N tokens.
+    #[arg(long, value_name = "N")]
+    pub min_tokens: Option<u32>,
+
+    /// OpenAI's presence penalty, in [-2, 2].
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
+
+    /// OpenAI's frequency penalty, in [-2, 2].
+    #[arg(long, value_name = "F", allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f32>,
+
+    /// Hugging Face's repetition penalty (1: off).
+    #[arg(long, value_name = "F")]
+    pub repetition_penalty: Option<f32>,
+
+    /// Stop at this token id. Repeat for several.
+    #[arg(long, value_name = "ID")]
+    pub stop_token_id: Vec<u32>,
 }
 
 /// Options of `ttctl logs`.

@@ -41,6 +41,12 @@ pub(super) fn request(args: &GenerateArgs) -> GenerateRequest {
             seed: args.seed,
         }),
         stop: args.stop.clone(),
+        ignore_eos: args.ignore_eos,
+        min_tokens: args.min_tokens.unwrap_or(0),
+        presence_penalty: args.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: args.frequency_penalty.unwrap_or(0.0),
+        repetition_penalty: args.repetition_penalty.unwrap_or(0.0),
+        stop_token_ids: args.stop_token_id.clone(),
         ..Default::default()
     }
 }

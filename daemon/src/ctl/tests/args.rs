@@ -57,6 +57,46 @@ fn new_commands_parse_with_their_defaults() {
     assert_eq!(args.max_tokens, 64);
     assert!(!args.chat && args.stop.is_empty() && args.seed.is_none());
     assert_eq!(crate::ctl::generate::request(&args).sampling, None);
+    let plain = crate::ctl::generate::request(&args);
+    assert!(tt_serving_proto::parameters::requested(&plain).is_empty());
+
+    let cli = Cli::try_parse_from([
+        "ttctl",
+        "generate",
+        "qwen",
+        "Hello",
+        "--ignore-eos",
+        "--min-tokens",
+        "4",
+        "--presence-penalty",
+        "-0.5",
+        "--frequency-penalty",
+        "1",
+        "--repetition-penalty",
+        "1.2",
+        "--stop-token-id",
+        "2",
+        "--stop-token-id",
+        "7",
+    ])
+    .unwrap();
+    let Command::Generate(args) = cli.command else {
+        panic!("{cli:?}");
+    };
+    let asked = crate::ctl::generate::request(&args);
+    assert_eq!(asked.presence_penalty, -0.5);
+    assert_eq!(asked.stop_token_ids, [2, 7]);
+    assert_eq!(
+        tt_serving_proto::parameters::requested(&asked),
+        [
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+            "min_tokens",
+            "ignore_eos",
+            "stop_token_ids"
+        ]
+    );
 
     let cli = Cli::try_parse_from(["ttctl", "logs", "qwen/1"]).unwrap();
     let Command::Logs(args) = cli.command else {
