@@ -590,7 +590,10 @@ fn sigterm_lets_the_stream_in_flight_finish_and_stops_workers_cleanly() {
     let hw = FakeHw::new(1);
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
-    let mut daemon = start(&hw, model_table("m", 1, &[0], &model, ""));
+    // The tiny model answers 200 tokens in milliseconds: a 1.5 s prefill
+    // step keeps the request in flight when SIGTERM comes.
+    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_PREFILL_STALL_MS = \"1500\" }";
+    let mut daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
     let slot = daemon.wait_slot_state("m", "ready");
     let worker_pid = slot["worker_pid"].as_u64().unwrap() as i32;
     let address = daemon.inference_address();
