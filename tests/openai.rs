@@ -136,6 +136,20 @@ fn curl(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> Ans
     }
 }
 
+/// A streamed `/v1/completions` left running in a background curl (to hold
+/// a place, or to be killed as a client that leaves).
+fn stream_in_background(base: &str, body: &str) -> std::process::Child {
+    Command::new("curl")
+        .args(["-sS", "-N", "--http1.1", "-X", "POST"])
+        .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
+        .args(["-H", "Content-Type: application/json", "-d", body])
+        .arg(format!("{base}/v1/completions"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start curl")
+}
+
 /// The test Python with `openai` installed: `TT_GRPCIO_PYTHON` (CI sets it
 /// from `scripts/grpcio-python.sh`, which installs grpcio and openai).
 /// CI requires it; elsewhere a missing SDK skips loudly.
@@ -497,16 +511,10 @@ fn a_parameter_the_engine_lacks_is_refused_naming_it_and_the_engine() {
     );
     assert_eq!(served.status, 200, "{served:?}");
     // The only place taken by a request that hangs.
-    let mut holder = Command::new("curl")
-        .args(["-sS", "-N", "--http1.1", "-X", "POST"])
-        .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
-        .args(["-H", "Content-Type: application/json", "-d"])
-        .arg(r#"{"model":"m","prompt":"hello","max_tokens":50,"stream":true}"#)
-        .arg(format!("{}/v1/completions", base(&daemon)))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start curl");
+    let mut holder = stream_in_background(
+        &base(&daemon),
+        r#"{"model":"m","prompt":"hello","max_tokens":50,"stream":true}"#,
+    );
     wait_until("the place to be taken", || {
         (chaos::scrape(&daemon).sum("tt_serving_num_requests_running", &[("model", "m")]) == 1.0)
             .then_some(())
@@ -624,17 +632,7 @@ fn a_full_queue_is_429_and_a_client_that_leaves_cancels_its_sequence() {
     let body = r#"{"model":"m","prompt":"hello","max_tokens":50,"temperature":0,"stream":true}"#;
 
     // Two streams: one running (hung after 2 tokens), one queued.
-    let spawn_stream = || {
-        Command::new("curl")
-            .args(["-sS", "-N", "--http1.1", "-X", "POST"])
-            .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
-            .args(["-H", "Content-Type: application/json", "-d", body])
-            .arg(format!("{base}/v1/completions"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start curl")
-    };
+    let spawn_stream = || stream_in_background(&base, body);
     let mut running = spawn_stream();
     let scrape = || chaos::scrape(&daemon);
     wait_until("one request running", || {
