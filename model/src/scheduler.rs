@@ -68,6 +68,8 @@ pub struct FinalInfo {
     pub decode_us: u64,
     /// From arrival to the first token.
     pub ttft_us: u64,
+    /// Prompt tokens whose KV came from the prefix cache.
+    pub cached_prompt_tokens: u32,
 }
 
 /// The log-probability of one generated token (when the request asked).
@@ -649,6 +651,7 @@ impl Engine {
             prefill_us: first.map_or(0, |f| micros(f - seq.admitted)),
             decode_us: first.map_or(0, |f| micros(now - f)),
             ttft_us: first.map_or(0, |f| micros(f - seq.sub.arrived)),
+            cached_prompt_tokens: 0,
         };
         tracing::debug!(request_id = %seq.sub.request_id, ?reason, tokens = info.completion_tokens, "finished");
         let _ = seq.sub.events.send(Event::Final(info));

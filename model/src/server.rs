@@ -161,6 +161,7 @@ fn to_response(tokenizer: &Tokenizer, ev: Event) -> Result<pb::GenerateResponse,
                 prefill_us: f.prefill_us,
                 decode_us: f.decode_us,
                 time_to_first_token_us: f.ttft_us,
+                cached_prompt_tokens: f.cached_prompt_tokens,
             }),
             slot: String::new(),
         }),
@@ -402,6 +403,7 @@ impl Engine for EngineService {
             state: worker_state(self.status.phase()),
             progress: Some(progress(&self.status)),
             supported_parameters: self.identity.supported_parameters.clone(),
+            kv_cache: None,
         }))
     }
 
@@ -417,6 +419,8 @@ impl Engine for EngineService {
             last_progress_unix_ms: self.status.last_step_unix_ms.load(Ordering::Acquire),
             progress: Some(progress(&self.status)),
             prefill_tokens: self.status.prefill_tokens.load(Ordering::Acquire),
+            kv_blocks_in_use: 0,
+            kv_blocks_cached: 0,
         }))
     }
 

@@ -159,6 +159,10 @@ pub struct Usage {
     pub prompt_tokens: u32,
     /// Generated tokens.
     pub completion_tokens: u32,
+    /// Prompt tokens the engine's prefix cache supplied
+    /// (`usage.prompt_tokens_details.cached_tokens` from vLLM and recent
+    /// llama-server, else llama-server's `timings.cache_n`).
+    pub cached_prompt_tokens: u32,
 }
 
 /// One streamed chunk, as far as we use it.
@@ -236,9 +240,15 @@ pub fn parse_event(data: &str, endpoint: Endpoint) -> Result<Event, String> {
                 .and_then(Value::as_u64)
                 .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
         };
+        let cached = usage
+            .pointer("/prompt_tokens_details/cached_tokens")
+            .or_else(|| value.pointer("/timings/cache_n"))
+            .and_then(Value::as_u64)
+            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
         chunk.usage = Some(Usage {
             prompt_tokens: count("prompt_tokens"),
             completion_tokens: count("completion_tokens"),
+            cached_prompt_tokens: cached,
         });
     }
     Ok(Event::Chunk(chunk))
@@ -497,9 +507,17 @@ mod tests {
             c.usage,
             Some(Usage {
                 prompt_tokens: 5,
-                completion_tokens: 7
+                completion_tokens: 7,
+                cached_prompt_tokens: 0,
             })
         );
+        let e = parse_event(
+            r#"{"choices":[],"usage":{"prompt_tokens":600,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":592}}}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        let Event::Chunk(c) = e else { panic!() };
+        assert_eq!(c.usage.map(|u| u.cached_prompt_tokens), Some(592));
         assert_eq!(parse_event("[DONE]", Endpoint::Chat).unwrap(), Event::Done);
     }
 

@@ -159,6 +159,7 @@ impl Engine for EngineService {
                 .iter()
                 .map(|p| p.to_string())
                 .collect(),
+            kv_cache: None,
         }))
     }
 
@@ -177,6 +178,10 @@ impl Engine for EngineService {
                 .load(std::sync::atomic::Ordering::Acquire),
             progress: Some(self.progress()),
             prefill_tokens: self.status.prefill_tokens(),
+            // The engine's KV blocks are its own business (vLLM's are in
+            // its metrics).
+            kv_blocks_in_use: 0,
+            kv_blocks_cached: 0,
         }))
     }
 
@@ -423,6 +428,7 @@ impl Relay {
             } else {
                 progress.deltas
             },
+            cached_prompt_tokens: 0,
         });
         let last = pb::GenerateResponse {
             chunk: Some(pb::generate_response::Chunk::Final(pb::GenerationFinal {
@@ -436,6 +442,7 @@ impl Relay {
                     prefill_us: ttft.as_micros() as u64,
                     decode_us: now.duration_since(first).as_micros() as u64,
                     time_to_first_token_us: ttft.as_micros() as u64,
+                    cached_prompt_tokens: usage.cached_prompt_tokens,
                 }),
                 slot: String::new(),
             })),

@@ -63,6 +63,7 @@ fn final_chunk(reason: FinishReason, completion_tokens: u32) -> Result<GenerateR
                 prefill_us: 30_000,
                 decode_us: 100_000,
                 time_to_first_token_us: 35_200,
+                cached_prompt_tokens: 0,
             }),
             slot: "qwen".into(),
         })),

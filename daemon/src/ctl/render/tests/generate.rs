@@ -14,6 +14,7 @@ fn final_chunk(completion_tokens: u32, ttft_us: u64, decode_us: u64) -> Generati
             prefill_us: 30_000,
             decode_us,
             time_to_first_token_us: ttft_us,
+            cached_prompt_tokens: 0,
         }),
         slot: "qwen/1".into(),
     }
