@@ -47,6 +47,7 @@ pub mod cli;
 pub mod faults;
 pub mod gguf;
 pub mod kernels;
+pub mod kv;
 pub mod model;
 pub mod output;
 pub mod pool;

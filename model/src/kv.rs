@@ -1,0 +1,335 @@
+//! The KV block pool and the prefix cache.
+//!
+//! Keys and values live in fixed-size blocks of [`BLOCK_TOKENS`] positions,
+//! all from one pool sized by the worker's KV budget. A sequence holds a
+//! table of blocks (position `p` is in block `table[p / BLOCK_TOKENS]`), so
+//! memory follows the tokens actually cached, and a block can belong to
+//! several sequences at once.
+//!
+//! That sharing is the prefix cache: every block a sequence fills is
+//! indexed by its tokens and the block before it, so a later request whose
+//! tokens start the same way reuses those blocks instead of computing them
+//! again. Only full blocks are shared, and a full block is never written
+//! again, so no copy-on-write is needed. A block nobody uses any more stays
+//! indexed until the pool needs it, least recently used first.
+//!
+//! This is bookkeeping only: the ranks own the memory, indexed by the
+//! block ids handed out here (the same ids on every rank).
+
+use std::collections::{BTreeSet, HashMap};
+
+/// Positions per block: the unit of allocation and of reuse.
+pub const BLOCK_TOKENS: usize = 16;
+
+/// What identifies a full block's contents: the block before it (with the
+/// generation it had, so a recycled parent never matches) and its tokens.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    parent: Option<(u32, u32)>,
+    tokens: [u32; BLOCK_TOKENS],
+}
+
+#[derive(Debug, Default, Clone)]
+struct Block {
+    /// Sequences using it.
+    refs: u32,
+    /// Bumped at every allocation: keys naming this block as parent with
+    /// an older generation describe contents it no longer holds.
+    generation: u32,
+    /// Set while the block is in the index.
+    key: Option<Key>,
+    /// When it was last released (the LRU order of unused cached blocks).
+    released_at: u64,
+}
+
+/// Block counts, for `Health` and the metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Blocks held by at least one sequence.
+    pub in_use: u32,
+    /// Blocks held only by the prefix cache (reusable, evictable).
+    pub cached: u32,
+    /// Blocks in the pool.
+    pub total: u32,
+}
+
+/// The blocks of one model's KV memory.
+#[derive(Debug)]
+pub struct BlockPool {
+    blocks: Vec<Block>,
+    /// Released blocks with no cached contents, most recent last (its pages
+    /// are the warmest; reusing it first keeps the resident set small).
+    free: Vec<u32>,
+    /// Blocks `fresh..` have never been used (their pages never touched).
+    fresh: u32,
+    /// Unused cached blocks by `(released_at, id)`: the first is evicted
+    /// first.
+    lru: BTreeSet<(u64, u32)>,
+    index: HashMap<Key, u32>,
+    prefix_cache: bool,
+    clock: u64,
+    in_use: u32,
+}
+
+/// A reference to the block before the next one of a sequence (`None` for
+/// the first block).
+pub type Parent = Option<u32>;
+
+impl BlockPool {
+    /// A pool of `total` blocks; `prefix_cache` keeps released full blocks
+    /// for reuse.
+    pub fn new(total: u32, prefix_cache: bool) -> Self {
+        Self {
+            blocks: vec![Block::default(); total as usize],
+            free: Vec::new(),
+            fresh: 0,
+            lru: BTreeSet::new(),
+            index: HashMap::new(),
+            prefix_cache,
+            clock: 0,
+            in_use: 0,
+        }
+    }
+
+    /// Whether released blocks are kept for reuse.
+    pub fn prefix_cache(&self) -> bool {
+        self.prefix_cache
+    }
+
+    /// Block counts.
+    pub fn stats(&self) -> PoolStats {
+        PoolStats {
+            in_use: self.in_use,
+            cached: self.lru.len() as u32,
+            total: self.blocks.len() as u32,
+        }
+    }
+
+    /// Blocks that [`Self::allocate`] can still hand out (free, never used,
+    /// or evictable).
+    pub fn available(&self) -> usize {
+        self.free.len() + (self.blocks.len() - self.fresh as usize) + self.lru.len()
+    }
+
+    fn key(&self, parent: Parent, tokens: &[u32]) -> Option<Key> {
+        let tokens: [u32; BLOCK_TOKENS] = tokens.try_into().ok()?;
+        let parent = match parent {
+            Some(p) => Some((p, self.blocks.get(p as usize)?.generation)),
+            None => None,
+        };
+        Some(Key { parent, tokens })
+    }
+
+    /// Takes a reference on `id`.
+    fn retain(&mut self, id: u32) {
+        let b = &mut self.blocks[id as usize];
+        if b.refs == 0 {
+            self.lru.remove(&(b.released_at, id));
+            self.in_use += 1;
+        }
+        b.refs += 1;
+    }
+
+    /// The longest run of cached blocks that `tokens` starts with (whole
+    /// blocks only), each now referenced by the caller.
+    pub fn match_prefix(&mut self, tokens: &[u32]) -> Vec<u32> {
+        let mut table = Vec::new();
+        if !self.prefix_cache {
+            return table;
+        }
+        let mut parent = None;
+        for chunk in tokens.chunks_exact(BLOCK_TOKENS) {
+            let Some(&id) = self.key(parent, chunk).and_then(|k| self.index.get(&k)) else {
+                break;
+            };
+            self.retain(id);
+            table.push(id);
+            parent = Some(id);
+        }
+        table
+    }
+
+    /// A block for new contents, referenced once by the caller: a free one,
+    /// else one never used, else the least recently used cached one
+    /// (forgotten by the index). `None` when every block is in use.
+    pub fn allocate(&mut self) -> Option<u32> {
+        let id = if let Some(id) = self.free.pop() {
+            id
+        } else if (self.fresh as usize) < self.blocks.len() {
+            self.fresh += 1;
+            self.fresh - 1
+        } else {
+            let (at, id) = self.lru.pop_first()?;
+            debug_assert_eq!(self.blocks[id as usize].released_at, at);
+            if let Some(key) = self.blocks[id as usize].key.take() {
+                self.index.remove(&key);
+            }
+            id
+        };
+        let b = &mut self.blocks[id as usize];
+        b.generation = b.generation.wrapping_add(1);
+        b.refs = 1;
+        self.in_use += 1;
+        Some(id)
+    }
+
+    /// Indexes the full block `id` (holding `tokens`, after `parent`) for
+    /// reuse. Returns false when the same contents are already indexed
+    /// under another block (computed twice, concurrently): the caller's
+    /// block stays private, and so must the blocks after it.
+    pub fn register(&mut self, parent: Parent, id: u32, tokens: &[u32]) -> bool {
+        if !self.prefix_cache || self.blocks[id as usize].key.is_some() {
+            return self.prefix_cache;
+        }
+        let Some(key) = self.key(parent, tokens) else {
+            return false;
+        };
+        if self.index.contains_key(&key) {
+            return false;
+        }
+        self.index.insert(key.clone(), id);
+        self.blocks[id as usize].key = Some(key);
+        true
+    }
+
+    /// Drops the caller's reference to each block of `table`, last block
+    /// first, so that a sequence's tail is evicted before its head.
+    pub fn release(&mut self, table: &[u32]) {
+        for &id in table.iter().rev() {
+            let b = &mut self.blocks[id as usize];
+            debug_assert!(b.refs > 0, "block {id} released more often than taken");
+            b.refs = b.refs.saturating_sub(1);
+            if b.refs > 0 {
+                continue;
+            }
+            self.in_use -= 1;
+            if b.key.is_some() {
+                self.clock += 1;
+                b.released_at = self.clock;
+                self.lru.insert((self.clock, id));
+            } else {
+                self.free.push(id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toks(start: u32, n: usize) -> Vec<u32> {
+        (start..start + n as u32).collect()
+    }
+
+    /// Fills a sequence of `tokens` the way the scheduler does: allocate,
+    /// then register each full block.
+    fn fill(pool: &mut BlockPool, tokens: &[u32]) -> Vec<u32> {
+        let mut table = pool.match_prefix(tokens);
+        let mut parent = table.last().copied();
+        for chunk in tokens.chunks(BLOCK_TOKENS).skip(table.len()) {
+            let id = pool.allocate().expect("a block");
+            if chunk.len() == BLOCK_TOKENS {
+                pool.register(parent, id, chunk);
+            }
+            table.push(id);
+            parent = Some(id);
+        }
+        table
+    }
+
+    #[test]
+    fn a_released_sequence_is_reused_block_by_block() {
+        let mut pool = BlockPool::new(8, true);
+        let a = toks(0, 40); // two full blocks and a partial one
+        let ta = fill(&mut pool, &a);
+        assert_eq!(pool.stats().in_use, 3);
+        pool.release(&ta);
+        // The partial block is free; the two full ones are cached.
+        assert_eq!(
+            pool.stats(),
+            PoolStats {
+                in_use: 0,
+                cached: 2,
+                total: 8
+            }
+        );
+        let mut b = toks(0, 32);
+        b.extend([7, 7, 7]);
+        let tb = pool.match_prefix(&b);
+        assert_eq!(tb, ta[..2].to_vec());
+        assert_eq!(pool.stats().in_use, 2);
+        assert_eq!(pool.stats().cached, 0);
+        // A different first block shares nothing, even with the same second.
+        let mut c = toks(100, 16);
+        c.extend(toks(16, 16));
+        assert!(pool.match_prefix(&c).is_empty());
+    }
+
+    #[test]
+    fn running_sequences_share_blocks_and_keep_them_from_eviction() {
+        let mut pool = BlockPool::new(3, true);
+        let t1 = fill(&mut pool, &toks(0, 32));
+        let t2 = pool.match_prefix(&toks(0, 32));
+        assert_eq!(t1, t2);
+        assert_eq!(pool.stats().in_use, 2);
+        pool.release(&t1);
+        assert_eq!(pool.stats().in_use, 2, "still held by the second");
+        // One fresh block left, and nothing evictable.
+        assert!(pool.allocate().is_some());
+        assert_eq!(pool.allocate(), None);
+    }
+
+    #[test]
+    fn eviction_is_least_recently_released_and_forgets_the_contents() {
+        let mut pool = BlockPool::new(2, true);
+        let a = fill(&mut pool, &toks(0, 16));
+        let b = fill(&mut pool, &toks(50, 16));
+        pool.release(&a);
+        pool.release(&b);
+        assert_eq!(pool.available(), 2);
+        let id = pool.allocate().expect("evicts one");
+        assert_eq!(id, a[0], "the first released goes first");
+        assert!(pool.match_prefix(&toks(0, 16)).is_empty());
+        assert_eq!(pool.match_prefix(&toks(50, 16)), b);
+    }
+
+    #[test]
+    fn a_recycled_parent_does_not_match_its_old_children() {
+        let mut pool = BlockPool::new(4, true);
+        // A child indexed under a parent that itself was never indexed.
+        let p = pool.allocate().expect("block");
+        let c = pool.allocate().expect("block");
+        assert!(pool.register(Some(p), c, &toks(16, 16)));
+        pool.release(&[p, c]);
+        // The parent's block is reused for the first 16 tokens.
+        assert_eq!(pool.allocate(), Some(p));
+        assert!(pool.register(None, p, &toks(0, 16)));
+        pool.release(&[p]);
+        // The child's key named the parent's previous generation: it
+        // describes contents that are gone, and must not match.
+        assert_eq!(pool.match_prefix(&toks(0, 32)), vec![p]);
+    }
+
+    #[test]
+    fn without_the_prefix_cache_nothing_is_kept() {
+        let mut pool = BlockPool::new(4, false);
+        let t = fill(&mut pool, &toks(0, 32));
+        pool.release(&t);
+        assert_eq!(pool.stats().cached, 0);
+        assert!(pool.match_prefix(&toks(0, 32)).is_empty());
+        assert_eq!(pool.available(), 4);
+    }
+
+    #[test]
+    fn duplicate_contents_stay_private() {
+        let mut pool = BlockPool::new(4, true);
+        let a = pool.allocate().expect("block");
+        let b = pool.allocate().expect("block");
+        assert!(pool.register(None, a, &toks(0, 16)));
+        assert!(!pool.register(None, b, &toks(0, 16)));
+        pool.release(&[b]);
+        assert_eq!(pool.stats().cached, 0, "b went back to the free list");
+        assert_eq!(pool.allocate(), Some(b), "the warmest free block first");
+    }
+}
