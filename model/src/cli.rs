@@ -70,6 +70,15 @@ pub struct Cli {
     /// Keep the KV cache in f16 (halves its memory; no cache file changes).
     #[arg(long, env = "TTW_KV_F16", value_parser = BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub kv_f16: bool,
+    /// Keep finished sequences' KV blocks and reuse them for requests that
+    /// start with the same tokens (`0` turns it off).
+    #[arg(long, env = "TTW_PREFIX_CACHE", value_parser = BoolishValueParser::new(), num_args = 0..=1, default_value = "true", default_missing_value = "true")]
+    pub prefix_cache: bool,
+    /// Memory for keys and values, all sequences and ranks together, in MiB:
+    /// running sequences and the prefix cache share it. A budget smaller than
+    /// one sequence of the full context shortens the context served.
+    #[arg(long, env = "TTW_KV_BUDGET_MIB", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub kv_budget_mib: u32,
     /// Tools that are not part of serving.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -119,6 +128,10 @@ pub struct ServeArgs {
     pub mlp_down_q8: bool,
     /// `TTW_KV_F16`.
     pub kv_f16: bool,
+    /// `TTW_PREFIX_CACHE`.
+    pub prefix_cache: bool,
+    /// `TTW_KV_BUDGET_MIB`.
+    pub kv_budget_mib: usize,
 }
 
 /// An argument problem (exit status 2).
@@ -179,6 +192,8 @@ impl Cli {
             prefill_chunk: self.prefill_chunk as usize,
             mlp_down_q8: self.mlp_down_q8,
             kv_f16: self.kv_f16,
+            prefix_cache: self.prefix_cache,
+            kv_budget_mib: self.kv_budget_mib as usize,
         })
     }
 }

@@ -1,5 +1,5 @@
 //! The forward pass of one rank: RMSNorm, RoPE, grouped-query attention over
-//! a preallocated KV cache, and the SwiGLU MLP.
+//! a paged KV cache ([`crate::kv`]), and the SwiGLU MLP.
 //!
 //! The matmuls go through our kernels ([`crate::kernels`]: Q4_1, Q8_0) or
 //! candle's quantized ones (other dtypes); everything between them runs on
@@ -15,6 +15,7 @@
 
 use crate::gguf::ModelConfig;
 use crate::kernels::{self, Format, Task, WeightView};
+use crate::kv::BLOCK_TOKENS;
 use crate::weights::{self, Partition, RankTensors, RawTensor, TensorBytes};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
@@ -35,16 +36,17 @@ pub enum ModelError {
     /// A kernel failed.
     #[error("forward pass failed: {0}")]
     Compute(String),
-    /// The step names a sequence slot or position outside the KV cache.
-    #[error("sequence slot {slot} position {pos} is outside the KV cache ({slots} slots of {ctx} positions)")]
+    /// The step names a position its block table does not cover, or a
+    /// block outside the pool (a scheduler bug).
+    #[error("position {pos} is outside the sequence's KV blocks ({table} block(s) of a pool of {blocks}, context {ctx})")]
     OutOfCache {
-        /// The slot.
-        slot: usize,
         /// The position.
         pos: usize,
-        /// Slots allocated.
-        slots: usize,
-        /// Positions per slot.
+        /// Blocks in the sequence's table.
+        table: usize,
+        /// Blocks in the pool.
+        blocks: usize,
+        /// Positions the model serves.
         ctx: usize,
     },
 }
@@ -87,8 +89,9 @@ impl Collective for Solo {
 /// One sequence's share of a step.
 #[derive(Debug, Clone)]
 pub struct StepSeq {
-    /// KV cache slot of the sequence.
-    pub slot: usize,
+    /// The sequence's KV blocks: position `p` is in `blocks[p / BLOCK_TOKENS]`;
+    /// they cover every position up to the end of `tokens`.
+    pub blocks: Vec<u32>,
     /// Position of the first token in `tokens`.
     pub start_pos: usize,
     /// New tokens (the next prompt chunk, or the last sampled token).
@@ -345,69 +348,88 @@ impl KvElem for f32 {
     }
 }
 
-impl KvElem for f16 {
+/// Keys and values of every block, laid out
+/// `[block][layer][kv_head][pos in block][dim]` so one head's positions in a
+/// block are contiguous. Allocated zeroed (`calloc`: f16 is kept as its bit
+/// pattern so the zero fill needs no writes): a block's pages become
+/// resident when it is first written, so memory grows with the blocks
+/// actually used, up to the budget.
+enum KvStore {
+    F32 { k: Vec<f32>, v: Vec<f32> },
+    F16 { k: Vec<F16Bits>, v: Vec<F16Bits> },
+}
+
+/// An f16 stored as its bits.
+#[derive(Clone, Copy, Default)]
+#[repr(transparent)]
+struct F16Bits(u16);
+
+impl KvElem for F16Bits {
     #[inline(always)]
     fn store(x: f32) -> Self {
-        f16::from_f32(x)
+        F16Bits(f16::from_f32(x).to_bits())
     }
     #[inline(always)]
     fn load(self) -> f32 {
-        self.to_f32()
+        f16::from_bits(self.0).to_f32()
     }
 }
 
-/// Keys and values of every slot, laid out `[slot][layer][kv_head][pos][dim]`
-/// so one head's history is contiguous. Allocated zeroed up front: the pages
-/// of positions never reached are never touched, so resident memory grows
-/// with the tokens actually cached, not with the configured capacity.
-enum KvStore {
-    F32 { k: Vec<f32>, v: Vec<f32> },
-    F16 { k: Vec<f16>, v: Vec<f16> },
+/// Zeroed without touching the pages: `vec![0; n]` of a primitive is a
+/// `calloc`.
+fn zeroed_f16(n: usize) -> Vec<F16Bits> {
+    let bits = vec![0u16; n];
+    let mut bits = std::mem::ManuallyDrop::new(bits);
+    let (ptr, len, cap) = (bits.as_mut_ptr(), bits.len(), bits.capacity());
+    // SAFETY: F16Bits is repr(transparent) over u16: same size, alignment
+    // and validity; the allocation moves to the new Vec unchanged.
+    unsafe { Vec::from_raw_parts(ptr.cast::<F16Bits>(), len, cap) }
 }
 
 struct KvCache {
     store: KvStore,
-    slots: usize,
+    blocks: usize,
     layers: usize,
     heads: usize,
-    ctx: usize,
     dim: usize,
 }
 
 impl KvCache {
-    fn new(
-        slots: usize,
-        layers: usize,
-        heads: usize,
-        ctx: usize,
-        dim: usize,
-        dtype: KvDtype,
-    ) -> Self {
-        let n = slots * layers * heads * ctx * dim;
+    fn new(blocks: usize, layers: usize, heads: usize, dim: usize, dtype: KvDtype) -> Self {
+        let n = blocks * layers * heads * BLOCK_TOKENS * dim;
         let store = match dtype {
             KvDtype::F32 => KvStore::F32 {
                 k: vec![0.0; n],
                 v: vec![0.0; n],
             },
             KvDtype::F16 => KvStore::F16 {
-                k: vec![f16::ZERO; n],
-                v: vec![f16::ZERO; n],
+                k: zeroed_f16(n),
+                v: zeroed_f16(n),
             },
         };
         Self {
             store,
-            slots,
+            blocks,
             layers,
             heads,
-            ctx,
             dim,
         }
     }
 
-    /// Offset of `(slot, layer, head, pos=0)`.
-    fn base(&self, slot: usize, layer: usize, head: usize) -> usize {
-        (((slot * self.layers + layer) * self.heads + head) * self.ctx) * self.dim
+    /// Offset of `(block, layer, head)`'s first position.
+    fn base(&self, block: u32, layer: usize, head: usize) -> usize {
+        (((block as usize * self.layers + layer) * self.heads + head) * BLOCK_TOKENS) * self.dim
     }
+}
+
+/// Bytes of keys and values one block holds for `kv_heads` heads (of every
+/// rank together, when given the model's total).
+pub fn block_bytes(layers: usize, kv_heads: usize, head_dim: usize, dtype: KvDtype) -> usize {
+    let elem = match dtype {
+        KvDtype::F32 => 4,
+        KvDtype::F16 => 2,
+    };
+    2 * layers * kv_heads * BLOCK_TOKENS * head_dim * elem
 }
 
 /// Precomputed RoPE rotations for every position.
@@ -459,6 +481,8 @@ pub struct Rank {
     output_norm: Vec<f32>,
     blocks: Vec<Block>,
     kv: KvCache,
+    /// Positions served (the RoPE table's length).
+    ctx: usize,
     rope: Arc<Rope>,
     n_q: usize,
     n_kv: usize,
@@ -490,13 +514,13 @@ fn projection(
 }
 
 impl Rank {
-    /// Builds a rank from its loaded tensors, with a KV cache of `slots`
-    /// sequences of `ctx` positions.
+    /// Builds a rank from its loaded tensors, with a KV pool of `kv_blocks`
+    /// blocks, serving positions up to `ctx`.
     pub fn new(
         cfg: &ModelConfig,
         part: Partition,
         mut t: RankTensors,
-        slots: usize,
+        kv_blocks: usize,
         ctx: usize,
         kv_dtype: KvDtype,
         rope: Arc<Rope>,
@@ -551,7 +575,8 @@ impl Rank {
             lm_head,
             output_norm: weights::vector(&take(&mut t, r, "output_norm.weight")?)?,
             blocks,
-            kv: KvCache::new(slots, cfg.n_layers, n_kv, ctx, cfg.head_dim, kv_dtype),
+            kv: KvCache::new(kv_blocks, cfg.n_layers, n_kv, cfg.head_dim, kv_dtype),
+            ctx,
             rope,
             n_q,
             n_kv,
@@ -577,12 +602,14 @@ impl Rank {
         let rows: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         for s in seqs {
             let end = s.start_pos + s.tokens.len();
-            if s.slot >= self.kv.slots || end > self.kv.ctx {
+            let covered = s.blocks.len() * BLOCK_TOKENS;
+            let bad_block = s.blocks.iter().any(|&b| b as usize >= self.kv.blocks);
+            if end > covered || end > self.ctx || bad_block {
                 return Err(ModelError::OutOfCache {
-                    slot: s.slot,
                     pos: end,
-                    slots: self.kv.slots,
-                    ctx: self.kv.ctx,
+                    table: s.blocks.len(),
+                    blocks: self.kv.blocks,
+                    ctx: self.ctx,
                 });
             }
         }
@@ -607,7 +634,9 @@ impl Rank {
                     for head in r[..q_w + kv_w].chunks_exact_mut(hd) {
                         self.rope.apply(head, pos);
                     }
-                    self.store_kv(s.slot, l, pos, &r[q_w..q_w + kv_w], &r[q_w + kv_w..]);
+                    let block = s.blocks[pos / BLOCK_TOKENS];
+                    let at = pos % BLOCK_TOKENS;
+                    self.store_kv(block, l, at, &r[q_w..q_w + kv_w], &r[q_w + kv_w..]);
                 }
                 row += s.tokens.len();
             }
@@ -694,10 +723,11 @@ impl Rank {
         Ok(x)
     }
 
-    fn store_kv(&mut self, slot: usize, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
+    /// Writes one position's keys and values (`at` within `block`).
+    fn store_kv(&mut self, block: u32, layer: usize, at: usize, k: &[f32], v: &[f32]) {
         let dim = self.kv.dim;
         for head in 0..self.n_kv {
-            let at = self.kv.base(slot, layer, head) + pos * dim;
+            let at = self.kv.base(block, layer, head) + at * dim;
             let (ks, vs) = (
                 &k[head * dim..(head + 1) * dim],
                 &v[head * dim..(head + 1) * dim],
@@ -709,10 +739,10 @@ impl Rank {
                 }
                 KvStore::F16 { k, v } => {
                     for (d, s) in k[at..at + dim].iter_mut().zip(ks) {
-                        *d = f16::store(*s);
+                        *d = F16Bits::store(*s);
                     }
                     for (d, s) in v[at..at + dim].iter_mut().zip(vs) {
-                        *d = f16::store(*s);
+                        *d = F16Bits::store(*s);
                     }
                 }
             }
@@ -780,17 +810,20 @@ impl Rank {
         let group = self.n_q / self.n_kv.max(1);
         let scale = 1.0 / (hd as f32).sqrt();
         let q_w = self.n_q * hd;
-        let base = self.kv.base(s.slot, layer, head / group);
+        let kv_head = head / group;
         let mut scores = Vec::with_capacity(s.start_pos + s.tokens.len());
         for i in 0..s.tokens.len() {
             let pos = s.start_pos + i;
             let q = &qkv[i * stride + head * hd..i * stride + (head + 1) * hd];
             scores.clear();
             let mut max = f32::NEG_INFINITY;
-            for key in k[base..base + (pos + 1) * hd].chunks_exact(hd) {
-                let sc = dot(q, key) * scale;
-                max = max.max(sc);
-                scores.push(sc);
+            for (block, n) in self.spans(s, pos + 1) {
+                let base = self.kv.base(block, layer, kv_head);
+                for key in k[base..base + n * hd].chunks_exact(hd) {
+                    let sc = dot(q, key) * scale;
+                    max = max.max(sc);
+                    scores.push(sc);
+                }
             }
             let mut sum = 0.0;
             for sc in scores.iter_mut() {
@@ -804,13 +837,27 @@ impl Rank {
             };
             o.fill(0.0);
             let inv = 1.0 / sum;
-            for (val, &w) in v[base..base + (pos + 1) * hd].chunks_exact(hd).zip(&scores) {
-                let w = w * inv;
-                for (a, &b) in o.iter_mut().zip(val) {
-                    *a += w * b.load();
+            let mut weights = scores.iter();
+            for (block, n) in self.spans(s, pos + 1) {
+                let base = self.kv.base(block, layer, kv_head);
+                for (val, &w) in v[base..base + n * hd].chunks_exact(hd).zip(&mut weights) {
+                    let w = w * inv;
+                    for (a, &b) in o.iter_mut().zip(val) {
+                        *a += w * b.load();
+                    }
                 }
             }
         }
+    }
+
+    /// The blocks holding positions `0..len` of `s`, each with how many of
+    /// its positions are in that range.
+    fn spans<'a>(&self, s: &'a StepSeq, len: usize) -> impl Iterator<Item = (u32, usize)> + 'a {
+        s.blocks
+            .iter()
+            .enumerate()
+            .take(len.div_ceil(BLOCK_TOKENS))
+            .map(move |(i, &b)| (b, (len - i * BLOCK_TOKENS).min(BLOCK_TOKENS)))
     }
 }
 

@@ -5,7 +5,17 @@
 //! chunk of any prompt still being prefilled, so a long new prompt delays the
 //! running streams by at most one chunk per step instead of its whole length.
 //! New sequences join between steps; finished or cancelled ones (the client
-//! dropped its stream) leave at once and free their KV slot.
+//! dropped its stream) leave at once and give back their KV blocks.
+//!
+//! KV memory is one pool of blocks ([`crate::kv`]) under a budget. A new
+//! sequence first takes the blocks of the longest cached prefix of its
+//! prompt and computes only the rest. It is admitted when the pool has
+//! room for the rest of its prompt; while decoding, blocks are taken as
+//! positions fill. When the pool runs out mid-step, the most recently
+//! admitted sequence is preempted: its blocks go back (the full ones stay
+//! cached), and it waits at the head of the queue to be recomputed, so the
+//! oldest sequences always make progress and nothing is refused for memory
+//! a finished sequence will give back.
 //!
 //! Admission is bounded: at most `max_batch` sequences in the batch and
 //! `max_queue` waiting; beyond that [`EngineHandle::submit`] refuses, which
@@ -13,6 +23,7 @@
 
 use crate::banners::Banners;
 use crate::faults::Faults;
+use crate::kv::{BlockPool, BLOCK_TOKENS};
 use crate::model::StepSeq;
 use crate::output::{OutputText, Pushed};
 use crate::sampling::{self, History, Logprobs, Penalties, Sampler, SamplingConfig};
@@ -28,7 +39,7 @@ use tokio::sync::{mpsc as ampsc, oneshot};
 /// Batching limits.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
-    /// Sequences decoded together (KV slots).
+    /// Sequences decoded together.
     pub max_batch: usize,
     /// Sequences allowed to wait for a slot.
     pub max_queue: usize,
@@ -238,9 +249,21 @@ pub struct Engaged {
 
 struct Seq {
     sub: Submission,
-    slot: usize,
+    /// Admission order: the youngest is preempted first.
+    order: u64,
+    /// KV blocks: position `p` is in `blocks[p / BLOCK_TOKENS]`.
+    blocks: Vec<u32>,
+    /// Leading blocks already offered to the prefix cache.
+    registered: usize,
+    /// False once a block's contents were found indexed under another
+    /// block: the rest of this sequence stays private.
+    sharing: bool,
+    /// Prompt tokens the prefix cache supplied at the first admission.
+    cached_prompt_tokens: usize,
     /// Tokens already in the KV cache.
     fed: usize,
+    /// The prompt, then the generated tokens.
+    tokens: Vec<u32>,
     generated: Vec<u32>,
     sampler: Sampler,
     /// What the penalties look at.
@@ -251,8 +274,20 @@ struct Seq {
 }
 
 impl Seq {
+    /// Positions to compute before the next decode step: the prompt, or
+    /// after a preemption everything but the last sampled token.
+    fn target(&self) -> usize {
+        self.tokens.len() - usize::from(!self.generated.is_empty())
+    }
+
     fn prefilling(&self) -> bool {
-        self.fed < self.sub.prompt.len()
+        self.fed < self.target()
+    }
+
+    /// Tokens whose KV a prefix-cache match may supply: at least one
+    /// position must be computed for the logits that sample next.
+    fn reusable(&self) -> &[u32] {
+        &self.tokens[..self.target().min(self.tokens.len() - 1)]
     }
 }
 
@@ -266,18 +301,23 @@ struct Engine {
     engaged: Engaged,
     faults: Faults,
     waiting: VecDeque<Submission>,
+    /// Preempted sequences, oldest first: admitted before `waiting`.
+    preempted: VecDeque<Seq>,
     running: Vec<Seq>,
-    free_slots: Vec<usize>,
+    pool: BlockPool,
+    admissions: u64,
     drain: Option<(Instant, oneshot::Sender<DrainReport>, DrainReport)>,
     tokens_generated: u64,
     stepped: bool,
 }
 
 /// Starts the engine thread.
+#[allow(clippy::too_many_arguments)]
 pub fn spawn(
     ranks: Ranks,
     tokenizer: Arc<Tokenizer>,
     cfg: SchedulerConfig,
+    pool: BlockPool,
     status: Arc<Status>,
     banners: Arc<Banners>,
     engaged: Engaged,
@@ -289,8 +329,10 @@ pub fn spawn(
         rx,
         ranks,
         tokenizer,
-        free_slots: (0..cfg.max_batch).rev().collect(),
         cfg,
+        pool,
+        admissions: 0,
+        preempted: VecDeque::new(),
         status: status.clone(),
         banners,
         engaged,
@@ -325,7 +367,7 @@ fn micros(d: Duration) -> u64 {
 impl Engine {
     fn run(mut self) {
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() {
+            if self.running.is_empty() && self.waiting.is_empty() && self.preempted.is_empty() {
                 if let Some((_, done, report)) = self.drain.take() {
                     let _ = done.send(report);
                 }
@@ -371,11 +413,16 @@ impl Engine {
             if self.running[i].sub.events.is_closed() {
                 let seq = self.running.swap_remove(i);
                 tracing::debug!(request_id = %seq.sub.request_id, "client went away; cancelled");
-                self.free_slots.push(seq.slot);
+                self.pool.release(&seq.blocks);
                 self.release();
             } else {
                 i += 1;
             }
+        }
+        let before = self.preempted.len();
+        self.preempted.retain(|s| !s.sub.events.is_closed());
+        for _ in self.preempted.len()..before {
+            self.release();
         }
         let before = self.waiting.len();
         self.waiting.retain(|s| !s.events.is_closed());
@@ -393,23 +440,32 @@ impl Engine {
         }
         let running = std::mem::take(&mut self.running);
         for seq in running {
-            self.free_slots.push(seq.slot);
+            self.pool.release(&seq.blocks);
+            self.finish_seq(seq, Finish::Cancelled, String::new());
+        }
+        while let Some(seq) = self.preempted.pop_front() {
             self.finish_seq(seq, Finish::Cancelled, String::new());
         }
         while let Some(sub) = self.waiting.pop_front() {
             let now = Instant::now();
-            let seq = self.make_seq(sub, usize::MAX, now);
+            let seq = self.make_seq(sub, now);
             self.finish_seq(seq, Finish::Cancelled, String::new());
         }
     }
 
-    fn make_seq(&self, sub: Submission, slot: usize, now: Instant) -> Seq {
+    fn make_seq(&mut self, sub: Submission, now: Instant) -> Seq {
         let sampler = Sampler::new(sub.sampling);
         let text = OutputText::new(sub.stop.clone());
         let history = History::new(sub.params.penalties, &sub.prompt);
+        self.admissions += 1;
         Seq {
+            tokens: sub.prompt.clone(),
             sub,
-            slot,
+            order: self.admissions,
+            blocks: Vec::new(),
+            registered: 0,
+            sharing: true,
+            cached_prompt_tokens: 0,
             fed: 0,
             generated: Vec::new(),
             sampler,
@@ -420,14 +476,122 @@ impl Engine {
         }
     }
 
+    /// Moves waiting sequences into the batch while it has places and the
+    /// pool has room for the part of their prompt the prefix cache does not
+    /// hold; preempted sequences first, then in arrival order.
     fn admit(&mut self) {
-        while !self.free_slots.is_empty() {
-            let Some(sub) = self.waiting.pop_front() else {
-                break;
+        while self.running.len() < self.cfg.max_batch {
+            let first_time = self.preempted.is_empty();
+            let (table, fits) = {
+                let tokens: &[u32] = match (self.preempted.front(), self.waiting.front()) {
+                    (Some(seq), _) => seq.reusable(),
+                    (None, Some(sub)) => &sub.prompt[..sub.prompt.len() - 1],
+                    (None, None) => break,
+                };
+                let target = tokens.len() + 1;
+                let table = self.pool.match_prefix(tokens);
+                let need = target.div_ceil(BLOCK_TOKENS) - table.len();
+                // Headroom of a block per running sequence, so the next
+                // steps' growth does not preempt the newcomer at once.
+                (table, need + self.running.len() <= self.pool.available())
             };
-            let slot = self.free_slots.pop().unwrap_or_default();
-            let seq = self.make_seq(sub, slot, Instant::now());
+            if !fits {
+                // Running sequences will give blocks back.
+                self.pool.release(&table);
+                break;
+            }
+            let mut seq = match self.preempted.pop_front() {
+                Some(seq) => seq,
+                None => match self.waiting.pop_front() {
+                    Some(sub) => self.make_seq(sub, Instant::now()),
+                    None => break,
+                },
+            };
+            seq.fed = table.len() * BLOCK_TOKENS;
+            seq.registered = table.len();
+            seq.blocks = table;
+            if first_time {
+                seq.cached_prompt_tokens = seq.fed;
+                if seq.fed > 0 {
+                    tracing::debug!(request_id = %seq.sub.request_id, reused = seq.fed, prompt = seq.sub.prompt.len(), "prefix cache hit");
+                }
+            }
             self.running.push(seq);
+        }
+    }
+
+    /// Gives every sequence of the plan the blocks its tokens of this step
+    /// need, oldest sequence first. When the pool runs out, preempts the
+    /// youngest running sequence and returns false (the plan is stale).
+    fn grow_tables(&mut self, plan: &[(usize, usize)]) -> bool {
+        let mut by_age: Vec<(usize, usize)> = plan.to_vec();
+        by_age.sort_by_key(|&(i, _)| self.running[i].order);
+        for (i, n) in by_age {
+            let need = (self.running[i].fed + n).div_ceil(BLOCK_TOKENS);
+            while self.running[i].blocks.len() < need {
+                match self.pool.allocate() {
+                    Some(id) => self.running[i].blocks.push(id),
+                    None => {
+                        self.preempt_youngest();
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    /// Sends the most recently admitted running sequence back to wait: its
+    /// blocks return to the pool (full ones stay cached, so its
+    /// recomputation may find them), its output so far is kept.
+    fn preempt_youngest(&mut self) {
+        let Some(i) = (0..self.running.len()).max_by_key(|&i| self.running[i].order) else {
+            return;
+        };
+        let mut seq = self.running.swap_remove(i);
+        if self.running.is_empty() {
+            // Alone and still out of blocks: the context fits the pool by
+            // construction, so this is a bookkeeping bug; fail the request
+            // rather than loop.
+            tracing::error!(request_id = %seq.sub.request_id, "the KV pool cannot hold a single sequence");
+            self.pool.release(&seq.blocks);
+            let _ = seq
+                .sub
+                .events
+                .send(Event::Error("the KV pool cannot hold this sequence".into()));
+            self.release();
+            return;
+        }
+        tracing::info!(
+            request_id = %seq.sub.request_id,
+            positions = seq.fed,
+            "KV pool full: preempted the most recent sequence; it will be recomputed"
+        );
+        self.pool.release(&seq.blocks);
+        seq.blocks.clear();
+        seq.fed = 0;
+        seq.registered = 0;
+        seq.sharing = true;
+        let at = self
+            .preempted
+            .iter()
+            .position(|p| p.order > seq.order)
+            .unwrap_or(self.preempted.len());
+        self.preempted.insert(at, seq);
+    }
+
+    /// Offers the blocks that filled up to the prefix cache.
+    fn register_full_blocks(&mut self, i: usize) {
+        let seq = &mut self.running[i];
+        let full = seq.fed / BLOCK_TOKENS;
+        while seq.registered < full {
+            let b = seq.registered;
+            if seq.sharing {
+                let parent = b.checked_sub(1).map(|p| seq.blocks[p]);
+                let tokens = &seq.tokens[b * BLOCK_TOKENS..(b + 1) * BLOCK_TOKENS];
+                seq.sharing = self.pool.register(parent, seq.blocks[b], tokens);
+            }
+            seq.registered += 1;
         }
     }
 
@@ -435,6 +599,13 @@ impl Engine {
         self.status
             .active
             .store(self.running.len() as u32, Ordering::Release);
+        let kv = self.pool.stats();
+        self.status
+            .kv_blocks_in_use
+            .store(kv.in_use, Ordering::Release);
+        self.status
+            .kv_blocks_cached
+            .store(kv.cached, Ordering::Release);
         self.publish_prefill();
     }
 
@@ -444,7 +615,7 @@ impl Engine {
             .running
             .iter()
             .filter(|s| s.prefilling())
-            .map(|s| s.sub.prompt.len() - s.fed)
+            .map(|s| s.target() - s.fed)
             .sum();
         self.status
             .prefill_tokens
@@ -452,44 +623,59 @@ impl Engine {
         pending
     }
 
-    fn step(&mut self) {
+    /// What each running sequence feeds this step: `(index, tokens)`.
+    /// Decoding sequences feed their last token; prefilling ones share the
+    /// step's prefill budget in batch order.
+    fn plan(&self) -> Vec<(usize, usize)> {
         let decoding = self.running.iter().any(|s| !s.prefilling());
         let mut budget = if decoding {
             self.cfg.prefill_chunk
         } else {
             self.cfg.prefill_chunk_idle
         };
-        let mut batch = Vec::with_capacity(self.running.len());
-        // Index into `running` of each batch entry.
-        let mut members = Vec::with_capacity(self.running.len());
+        let mut plan = Vec::with_capacity(self.running.len());
         for (i, s) in self.running.iter().enumerate() {
             if s.prefilling() {
                 if budget == 0 {
                     continue;
                 }
-                let n = budget.min(s.sub.prompt.len() - s.fed);
+                let n = budget.min(s.target() - s.fed);
                 budget -= n;
-                batch.push(StepSeq {
-                    slot: s.slot,
-                    start_pos: s.fed,
-                    tokens: s.sub.prompt[s.fed..s.fed + n].to_vec(),
-                    want_logits: s.fed + n == s.sub.prompt.len(),
-                });
+                plan.push((i, n));
             } else {
-                let last = s.generated.last().copied().unwrap_or_default();
-                batch.push(StepSeq {
-                    slot: s.slot,
-                    start_pos: s.fed,
-                    tokens: vec![last],
-                    want_logits: true,
-                });
+                plan.push((i, 1));
             }
-            members.push(i);
+        }
+        plan
+    }
+
+    fn step(&mut self) {
+        let plan = loop {
+            let plan = self.plan();
+            if self.grow_tables(&plan) {
+                break plan;
+            }
+            if self.running.is_empty() {
+                self.publish_counts();
+                return;
+            }
+        };
+        let mut batch = Vec::with_capacity(plan.len());
+        for &(i, n) in &plan {
+            let s = &self.running[i];
+            batch.push(StepSeq {
+                blocks: s.blocks.clone(),
+                start_pos: s.fed,
+                tokens: s.tokens[s.fed..s.fed + n].to_vec(),
+                // The last prompt token, or a decode step (which, after a
+                // preemption's recomputation, is the first step that samples).
+                want_logits: s.fed + n == s.tokens.len(),
+            });
         }
         let fed: Vec<(usize, usize, bool)> = batch
             .iter()
-            .zip(&members)
-            .map(|(b, &i)| (i, b.tokens.len(), b.want_logits))
+            .zip(&plan)
+            .map(|(b, &(i, _))| (i, b.tokens.len(), b.want_logits))
             .collect();
 
         let pending = self.publish_prefill();
@@ -502,7 +688,7 @@ impl Engine {
                 tracing::error!("forward step failed: {e}");
                 for seq in std::mem::take(&mut self.running) {
                     let _ = seq.sub.events.send(Event::Error(e.to_string()));
-                    self.free_slots.push(seq.slot);
+                    self.pool.release(&seq.blocks);
                     self.release();
                 }
                 return;
@@ -527,6 +713,7 @@ impl Engine {
         let mut done = Vec::new();
         for (i, n, want) in fed {
             self.running[i].fed += n;
+            self.register_full_blocks(i);
             if !want {
                 continue;
             }
@@ -541,7 +728,7 @@ impl Engine {
         done.sort_by_key(|d| std::cmp::Reverse(d.0));
         for (i, (reason, rest)) in done {
             let seq = self.running.swap_remove(i);
-            self.free_slots.push(seq.slot);
+            self.pool.release(&seq.blocks);
             self.finish_seq(seq, reason, rest);
         }
         self.publish_counts();
@@ -586,6 +773,7 @@ impl Engine {
         let now = Instant::now();
         seq.first_token.get_or_insert(now);
         seq.generated.push(tok);
+        seq.tokens.push(tok);
         if tokenizer.is_end_of_generation(tok) || seq.sub.params.stop_token_ids.contains(&tok) {
             let _ = seq.sub.events.send(Event::Delta {
                 text: String::new(),
@@ -651,7 +839,7 @@ impl Engine {
             prefill_us: first.map_or(0, |f| micros(f - seq.admitted)),
             decode_us: first.map_or(0, |f| micros(now - f)),
             ttft_us: first.map_or(0, |f| micros(f - seq.sub.arrived)),
-            cached_prompt_tokens: 0,
+            cached_prompt_tokens: seq.cached_prompt_tokens as u32,
         };
         tracing::debug!(request_id = %seq.sub.request_id, ?reason, tokens = info.completion_tokens, "finished");
         let _ = seq.sub.events.send(Event::Final(info));

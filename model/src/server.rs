@@ -403,7 +403,12 @@ impl Engine for EngineService {
             state: worker_state(self.status.phase()),
             progress: Some(progress(&self.status)),
             supported_parameters: self.identity.supported_parameters.clone(),
-            kv_cache: None,
+            kv_cache: self.status.loaded().map(|l| pb::KvCacheInfo {
+                budget_bytes: l.kv.budget_bytes,
+                block_tokens: crate::kv::BLOCK_TOKENS as u32,
+                blocks_total: l.kv.blocks,
+                prefix_cache: l.kv.prefix_cache,
+            }),
         }))
     }
 
@@ -419,8 +424,8 @@ impl Engine for EngineService {
             last_progress_unix_ms: self.status.last_step_unix_ms.load(Ordering::Acquire),
             progress: Some(progress(&self.status)),
             prefill_tokens: self.status.prefill_tokens.load(Ordering::Acquire),
-            kv_blocks_in_use: 0,
-            kv_blocks_cached: 0,
+            kv_blocks_in_use: self.status.kv_blocks_in_use.load(Ordering::Acquire),
+            kv_blocks_cached: self.status.kv_blocks_cached.load(Ordering::Acquire),
         }))
     }
 

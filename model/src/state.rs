@@ -43,8 +43,21 @@ pub struct LoadedInfo {
     pub cache_files_read: Vec<String>,
     /// Cache files written.
     pub cache_files_written: Vec<String>,
+    /// The KV pool.
+    pub kv: KvInfo,
     /// Load wall time.
     pub load_time_ms: u64,
+}
+
+/// The KV pool's shape, for `Info`.
+#[derive(Debug, Clone, Default)]
+pub struct KvInfo {
+    /// Bytes the pool's blocks hold (all ranks).
+    pub budget_bytes: u64,
+    /// Blocks in the pool.
+    pub blocks: u32,
+    /// Whether the prefix cache is on.
+    pub prefix_cache: bool,
 }
 
 /// Shared worker status.
@@ -62,6 +75,10 @@ pub struct Status {
     /// Prompt tokens of batch sequences not yet fed (Health's
     /// `prefill_tokens`).
     pub prefill_tokens: AtomicU64,
+    /// KV blocks held by running sequences.
+    pub kv_blocks_in_use: AtomicU32,
+    /// KV blocks held only by the prefix cache.
+    pub kv_blocks_cached: AtomicU32,
     /// A drain found the engine thread stuck in a step: the worker exits
     /// with a failure status so the daemon treats its cards as dirty.
     pub engine_stuck: AtomicBool,
@@ -77,6 +94,8 @@ impl Default for Status {
             in_flight: AtomicU32::new(0),
             last_step_unix_ms: AtomicU64::new(0),
             prefill_tokens: AtomicU64::new(0),
+            kv_blocks_in_use: AtomicU32::new(0),
+            kv_blocks_cached: AtomicU32::new(0),
             engine_stuck: AtomicBool::new(false),
             loaded: OnceLock::new(),
         }

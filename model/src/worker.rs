@@ -6,10 +6,11 @@ use crate::chat_template::ChatTemplate;
 use crate::cli::ServeArgs;
 use crate::faults::{self, Faults};
 use crate::gguf::Checkpoint;
-use crate::model::{KvDtype, Rank, Rope};
+use crate::kv::{self, BlockPool};
+use crate::model::{self, KvDtype, Rank, Rope};
 use crate::scheduler::{self, Engaged, SchedulerConfig};
 use crate::server::{self, EngineService, Identity, Ready};
-use crate::state::{LoadedInfo, Phase, Status};
+use crate::state::{KvInfo, LoadedInfo, Phase, Status};
 use crate::tokenizer::Tokenizer;
 use crate::tp::Ranks;
 use crate::weights::{self, DtypePolicy};
@@ -128,14 +129,12 @@ fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Lo
         files_written.push(faults::STRAY_FILE.to_string());
     }
 
-    let context = args
-        .max_seq_len
-        .map_or(cfg.context_length, |n| n.min(cfg.context_length));
     let kv = if args.kv_f16 {
         KvDtype::F16
     } else {
         KvDtype::F32
     };
+    let (context, kv_info) = kv_pool(args, &cfg, &loaded.partitions, kv)?;
     let rope = Arc::new(Rope::new(cfg.head_dim, context, cfg.rope_theta));
     let mut ranks = Vec::with_capacity(args.tp);
     for (tensors, part) in loaded.ranks.into_iter().zip(loaded.partitions) {
@@ -143,7 +142,7 @@ fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Lo
             &cfg,
             part,
             tensors,
-            args.max_batch,
+            kv_info.blocks as usize,
             context,
             kv,
             rope.clone(),
@@ -166,6 +165,7 @@ fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Lo
         cache_files_read: files_read,
         cache_files_written: files_written,
         load_time_ms: started.elapsed().as_millis() as u64,
+        kv: kv_info,
     };
     Ok(Loaded {
         ranks,
@@ -174,6 +174,53 @@ fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Lo
         context,
         info,
     })
+}
+
+/// Sizes the KV pool from the budget, and the context it can serve: the
+/// model's, capped by `--max-seq-len`, and by the pool (one sequence must
+/// always fit, or a lone sequence could run out of blocks).
+fn kv_pool(
+    args: &ServeArgs,
+    cfg: &crate::gguf::ModelConfig,
+    partitions: &[crate::weights::Partition],
+    dtype: KvDtype,
+) -> anyhow::Result<(usize, KvInfo)> {
+    // Every rank's heads: replicated heads cost memory on each rank.
+    let heads: usize = partitions.iter().map(|p| p.kv_heads.len()).sum();
+    let block = model::block_bytes(cfg.n_layers, heads, cfg.head_dim, dtype).max(1);
+    let budget = args.kv_budget_mib.saturating_mul(1 << 20);
+    let blocks = (budget / block).min(u32::MAX as usize);
+    let per_token = block / kv::BLOCK_TOKENS;
+    if blocks * kv::BLOCK_TOKENS < 2 {
+        anyhow::bail!(
+            "TTW_KV_BUDGET_MIB={} holds no KV block of this model ({} KiB per block of {} tokens); give at least {} MiB",
+            args.kv_budget_mib,
+            block / 1024,
+            kv::BLOCK_TOKENS,
+            block.div_ceil(1 << 20)
+        );
+    }
+    let wanted = args
+        .max_seq_len
+        .map_or(cfg.context_length, |n| n.min(cfg.context_length));
+    let context = wanted.min(blocks * kv::BLOCK_TOKENS);
+    if context < wanted {
+        tracing::warn!(
+            "the KV budget of {} MiB holds {} tokens ({} bytes each): serving a context of {context} instead of {wanted}; raise TTW_KV_BUDGET_MIB to {} for the full context",
+            args.kv_budget_mib,
+            blocks * kv::BLOCK_TOKENS,
+            per_token,
+            (wanted * per_token).div_ceil(1 << 20)
+        );
+    }
+    Ok((
+        context,
+        KvInfo {
+            budget_bytes: (blocks * block) as u64,
+            blocks: blocks as u32,
+            prefix_cache: args.prefix_cache,
+        },
+    ))
 }
 
 /// Test fault: a warm start that leaves a file the marker does not list,
@@ -268,6 +315,10 @@ async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
     if args.kv_f16 {
         flags.push("TTW_KV_F16");
     }
+    if args.prefix_cache {
+        flags.push("TTW_PREFIX_CACHE");
+    }
+    let pool = BlockPool::new(loaded.info.kv.blocks, args.prefix_cache);
     let tokenizer = Arc::new(loaded.tokenizer);
     let engine = scheduler::spawn(
         Ranks::start(loaded.ranks)?,
@@ -279,6 +330,7 @@ async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
             prefill_chunk_idle: args.prefill_chunk.max(512),
             context: loaded.context,
         },
+        pool,
         status.clone(),
         banners,
         Engaged { flags },

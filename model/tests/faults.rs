@@ -115,6 +115,7 @@ async fn skipped_and_unexpected_banners() {
     let cache = tempfile::tempdir().unwrap();
     let o = faulty(cache.path(), "cold", "TTW_FAULT_SKIP_BANNER", "TTW_KV_F16")
         .env("TTW_KV_F16", "1")
+        .env("TTW_PREFIX_CACHE", "0")
         .env("TTW_FAULT_EXTRA_BANNER", "TTW_BOGUS");
     let w = Worker::start(&o).await;
     let mut c = w.client().await;

@@ -616,7 +616,11 @@ async fn dtype_flags_change_the_files_and_banner_only_after_they_run() {
     let info = c.info(pb::InfoRequest {}).await.unwrap().into_inner();
     assert_eq!(
         info.banners_engaged,
-        vec!["TTW_MLP_DOWN_Q8".to_string(), "TTW_KV_F16".to_string()]
+        vec![
+            "TTW_MLP_DOWN_Q8".to_string(),
+            "TTW_KV_F16".to_string(),
+            "TTW_PREFIX_CACHE".to_string()
+        ]
     );
     let stdout = w.stdout();
     assert_eq!(
