@@ -197,7 +197,9 @@ async fn main() -> anyhow::Result<()> {
             );
         }
         let (w, info) = start(&worker, &model, tp, &cache, "warm", dir.path(), &env).await?;
-        let kv_budget_mb = info.kv_cache.map_or(0.0, |k| k.budget_bytes as f64 / 1048576.0);
+        let kv_budget_mb = info
+            .kv_cache
+            .map_or(0.0, |k| k.budget_bytes as f64 / 1048576.0);
         // Warm-up: first-request effects are not what we measure.
         stream(w.socket.clone(), PROMPTS[0], 8).await?;
         for rep in 0..repeats {
