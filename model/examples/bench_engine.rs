@@ -56,6 +56,7 @@ async fn start(
     cache: &Path,
     mode: &str,
     dir: &Path,
+    env: &[(String, String)],
 ) -> anyhow::Result<(Worker, pb::InfoResponse)> {
     let socket = dir.join(format!("w-{tp}-{mode}.sock"));
     let bdfs: Vec<String> = (0..tp).map(|i| format!("0000:0{}:00.0", i + 1)).collect();
@@ -67,6 +68,7 @@ async fn start(
         .env("TT_CACHE_MODE", mode)
         .env("TT_VISIBLE_DEVICES", bdfs.join(","))
         .env("TT_WORKER_MAX_SEQ_LEN", "2048")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;
@@ -158,10 +160,22 @@ async fn main() -> anyhow::Result<()> {
             .collect::<Result<_, _>>()?,
         None => vec![1, 4, 8],
     };
+    // `--env K=V` (repeatable): worker settings, e.g. the example config's
+    // `TTW_KV_F16=1`; recorded with every line.
+    let env: Vec<(String, String)> = args
+        .windows(2)
+        .filter(|w| w[0] == "--env")
+        .map(|w| {
+            w[1].split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| anyhow::anyhow!("--env {}: expected KEY=VALUE", w[1]))
+        })
+        .collect::<anyhow::Result<_>>()?;
     let gguf_bytes = std::fs::metadata(&model)?.len();
     let dir = tempfile::tempdir()?;
     let base = json!({"engine": "tt-worker", "model": model.file_name().map(|f| f.to_string_lossy().to_string()), "max_tokens": tokens,
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)});
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "worker_env": env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>()});
     let emit = |v: serde_json::Value| {
         let mut o = base.clone();
         if let (Some(o), Some(v)) = (o.as_object_mut(), v.as_object()) {
@@ -173,16 +187,19 @@ async fn main() -> anyhow::Result<()> {
         let cache = dir.path().join(format!("cache-tp{tp}"));
         for rep in 0..repeats {
             let _ = std::fs::remove_dir_all(&cache);
-            let (w, cold) = start(&worker, &model, tp, &cache, "cold", dir.path()).await?;
+            let (w, cold) = start(&worker, &model, tp, &cache, "cold", dir.path(), &env).await?;
             drop(w);
-            let (w, warm) = start(&worker, &model, tp, &cache, "warm", dir.path()).await?;
+            let (w, warm) = start(&worker, &model, tp, &cache, "warm", dir.path(), &env).await?;
             drop(w);
             emit(
                 json!({"metric": "load_ms", "tp": tp, "rep": rep, "cold_ms": cold.load_time_ms, "warm_ms": warm.load_time_ms,
                 "cold_over_warm": cold.load_time_ms as f64 / warm.load_time_ms.max(1) as f64}),
             );
         }
-        let (w, _) = start(&worker, &model, tp, &cache, "warm", dir.path()).await?;
+        let (w, info) = start(&worker, &model, tp, &cache, "warm", dir.path(), &env).await?;
+        let kv_budget_mb = info
+            .kv_cache
+            .map_or(0.0, |k| k.budget_bytes as f64 / 1048576.0);
         // Warm-up: first-request effects are not what we measure.
         stream(w.socket.clone(), PROMPTS[0], 8).await?;
         for rep in 0..repeats {
@@ -216,7 +233,7 @@ async fn main() -> anyhow::Result<()> {
         let rss = peak_rss_kb(w.child.id());
         emit(
             json!({"metric": "peak_rss", "tp": tp, "peak_rss_mb": rss as f64 / 1024.0, "gguf_mb": gguf_bytes as f64 / 1048576.0,
-            "rss_over_gguf": rss as f64 * 1024.0 / gguf_bytes as f64}),
+            "rss_over_gguf": rss as f64 * 1024.0 / gguf_bytes as f64, "kv_budget_mb": kv_budget_mb}),
         );
     }
     Ok(())

@@ -22,9 +22,11 @@
 //!   which dtype) and the load through the cache.
 //! - [`cache`]: the tensor cache files: naming, writing (temp + rename),
 //!   mapping and checking.
-//! - [`model`]: one rank's forward pass (RMSNorm, RoPE, GQA with a
-//!   preallocated KV cache, SwiGLU MLP) over our kernels (Q4_1, Q8_0) or
-//!   candle's quantized matmuls (other dtypes).
+//! - [`model`]: one rank's forward pass (RMSNorm, RoPE, GQA over the paged
+//!   KV pool, SwiGLU MLP) over our kernels (Q4_1, Q8_0) or candle's
+//!   quantized matmuls (other dtypes).
+//! - [`kv`]: the KV block pool's bookkeeping and the prefix cache (blocks
+//!   indexed by their tokens, reference counts, LRU eviction).
 //! - [`kernels`]: our AVX2 Q4_1 (plain, and interleaved by 8 rows at the cold
 //!   build) and Q8_0 matmuls: batched, the same bits alone or in a batch,
 //!   with a scalar fallback.
@@ -32,7 +34,7 @@
 //!   waits).
 //! - [`tp`]: rank threads and the all-reduce between them.
 //! - [`scheduler`]: continuous batching on the engine thread, bounded
-//!   admission, drain.
+//!   admission, prefix reuse, preemption when the KV pool runs out, drain.
 //! - [`sampling`]: greedy, temperature, top-k, top-p, seeded; the presence,
 //!   frequency and repetition penalties; logprobs.
 //! - [`output`]: streaming text with stop strings.

@@ -93,6 +93,13 @@ pub fn slot(view: &SlotView) -> pb::Slot {
         ttft_p50_ms: stats.ttft_p50_ms,
         itl_p50_ms: stats.itl_p50_ms,
         outdated_keys: view.outdated.clone(),
+        engine_version: view.engine_facts.version.clone(),
+        cache_variant: view.variant.clone(),
+        flags: view
+            .definition
+            .as_ref()
+            .map(|d| d.flags.clone().into_iter().collect())
+            .unwrap_or_default(),
     }
 }
 

@@ -118,6 +118,101 @@ pub enum Command {
     /// refused or a started slot failed to come up.
     #[command(after_help = EXIT_CODES)]
     Reload(ReloadArgs),
+
+    /// Measure a served model through the daemon, the way the field does.
+    ///
+    /// For every rung (each --batch with each --prompt-tokens) it sends
+    /// --warmup rounds that are not counted, then --repeats rounds of B
+    /// concurrent requests of the rung's prompt length and exactly
+    /// --output-tokens tokens each (ignore_eos), and reports: time to first
+    /// token p50/p99, decode tokens/s per user over the steady-state window
+    /// (after every stream has its first --steady-skip tokens and before
+    /// the first one finishes), aggregate tokens/s, inter-token latency
+    /// p50/p99, makespan and errors. Prompts are built deterministically,
+    /// unique per request (no prefix cache favours a round) and calibrated
+    /// against the server's own usage.prompt_tokens to within 5%; a rung
+    /// outside that is flagged in its record. Each rung appends one JSON
+    /// line to --out with the engine, cards, flags and banners it ran with.
+    /// `ttctl bench cite DOC RECORDS...` checks a document's numbers
+    /// against such records.
+    #[command(after_help = EXIT_CODES, args_conflicts_with_subcommands = true)]
+    Bench(BenchArgs),
+}
+
+/// Options of `ttctl bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// `cite`: check a document against records instead of measuring.
+    #[command(subcommand)]
+    pub cite: Option<BenchCommand>,
+
+    /// The model, as configured under `[models.<name>]`.
+    #[arg(value_name = "MODEL", required = true)]
+    pub model: Option<String>,
+
+    /// Concurrent requests per round, comma-separated (e.g. 1,4,8).
+    #[arg(long, value_name = "B,...", value_delimiter = ',', default_value = "1",
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub batch: Vec<u32>,
+
+    /// Prompt lengths in tokens, comma-separated (e.g. 128,4096,16384).
+    #[arg(long, value_name = "N,...", value_delimiter = ',', default_value = "128",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub prompt_tokens: Vec<u32>,
+
+    /// Tokens each request generates (ignore_eos: exactly this many).
+    #[arg(long, value_name = "N", default_value_t = 128,
+          value_parser = clap::value_parser!(u32).range(2..))]
+    pub output_tokens: u32,
+
+    /// Counted rounds per rung.
+    #[arg(long, value_name = "N", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub repeats: u32,
+
+    /// Uncounted rounds per rung before the counted ones.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub warmup: u32,
+
+    /// Tokens at the start of every stream left out of the steady-state
+    /// decode window (prefill of the others, ramp-up).
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub steady_skip: u32,
+
+    /// The JSON-lines file records are appended to (default:
+    /// $XDG_STATE_HOME/tt-serving/bench.jsonl, else
+    /// ~/.local/state/tt-serving/bench.jsonl).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+
+    /// Print the records (JSON lines) on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `ttctl bench` subcommands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum BenchCommand {
+    /// Check that every measured number in DOC's tables cites a record
+    /// that exists in RECORDS and matches it within the number's rounding.
+    ///
+    /// A table claims measurements when the line before it (blank lines
+    /// aside) is `<!-- measured -->`: then every number in its cells after
+    /// the first column must be followed by a citation `{r:ID.FIELD}`
+    /// (FIELD a dotted path into the record, e.g. `ttft_ms.p50`). A table
+    /// with numbers and neither that marker nor an explicit exemption
+    /// `<!-- not-cited: why -->` (for figures from before these records)
+    /// is an error too, so nothing escapes by omission. Exits 1 naming each
+    /// problem's line.
+    #[command(after_help = EXIT_CODES)]
+    Cite {
+        /// The Markdown document.
+        #[arg(value_name = "DOC")]
+        doc: PathBuf,
+        /// JSON-lines record files (ttctl bench and ttctl ab output).
+        #[arg(value_name = "RECORDS", required = true)]
+        records: Vec<PathBuf>,
+    },
 }
 
 /// Options of `ttctl top`.

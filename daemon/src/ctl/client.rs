@@ -205,6 +205,7 @@ const LIST_CACHE_TIMEOUT: Duration = Duration::from_secs(120);
 /// answering). Calls answered from the daemon's memory or a quick look at
 /// the disk have a deadline; calls that wait for work to finish (a reload,
 /// a removal, every stream) do not.
+#[derive(Clone)]
 pub(super) struct Daemon {
     /// The gRPC client on the control socket.
     client: ControlClient<Channel>,

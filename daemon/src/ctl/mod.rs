@@ -39,6 +39,7 @@
 //! - `tests`: every command against a fake daemon on a real socket.
 
 mod args;
+mod bench;
 mod cache;
 mod card;
 mod client;
@@ -56,8 +57,8 @@ use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
 pub use args::{
-    CacheCommand, CardCommand, Cli, Command, GenerateArgs, LogsArgs, ReloadArgs, SlotCommand,
-    StatusArgs, TopArgs,
+    BenchArgs, BenchCommand, CacheCommand, CardCommand, Cli, Command, GenerateArgs, LogsArgs,
+    ReloadArgs, SlotCommand, StatusArgs, TopArgs,
 };
 use client::Daemon;
 pub use client::{connect, ConnectError, DEFAULT_SOCKET};
@@ -89,6 +90,14 @@ async fn execute(
     err: &mut (dyn Write + Send),
     is_tty: bool,
 ) -> Result<(), Failure> {
+    // Checking a document against records needs no daemon.
+    if let Command::Bench(BenchArgs {
+        cite: Some(BenchCommand::Cite { doc, records }),
+        ..
+    }) = &cli.command
+    {
+        return cite(doc, records, out);
+    }
     let mut daemon = Daemon::connect(&cli.socket).await?;
     let daemon = &mut daemon;
     match cli.command {
@@ -109,6 +118,43 @@ async fn execute(
         Command::Cache(CacheCommand::Build { model }) => cache::build(daemon, &model, out).await,
         Command::Reload(args) => reload::run(daemon, args, out).await,
         Command::Top(args) => top::run(daemon, args, out, is_tty).await,
+        Command::Bench(args) => bench::run(daemon, &args, out, err).await,
+    }
+}
+
+/// `ttctl bench cite DOC RECORDS...`: the problems, one per line; exit 1
+/// when there is any.
+fn cite(
+    doc: &std::path::Path,
+    records: &[std::path::PathBuf],
+    out: &mut (dyn Write + Send),
+) -> Result<(), Failure> {
+    let text = std::fs::read_to_string(doc)
+        .map_err(|e| Failure::Failed(format!("cannot read {}: {e}", doc.display())))?;
+    let records = bench::cite::load_records(records).map_err(Failure::Failed)?;
+    let problems = bench::cite::check(&text, &records);
+    for p in &problems {
+        emit(
+            out,
+            &format!("{}:{}: {}\n", doc.display(), p.line, p.message),
+        )?;
+    }
+    if problems.is_empty() {
+        emit(
+            out,
+            &format!(
+                "{}: every measured number cites a matching record ({} record(s) read)\n",
+                doc.display(),
+                records.len()
+            ),
+        )?;
+        Ok(())
+    } else {
+        Err(Failure::Failed(format!(
+            "{} problem(s) in {}",
+            problems.len(),
+            doc.display()
+        )))
     }
 }
 
