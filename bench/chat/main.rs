@@ -74,15 +74,42 @@ struct Args {
 }
 
 /// One side of a comparison.
-struct Arm {
-    /// Its name in the table and the record.
+struct Arm<'a> {
+    /// Its key in the record (a citation's path goes through it).
+    key: &'static str,
+    /// Its name in the table.
     name: &'static str,
     /// Where its requests go.
     target: Target,
-    /// A daemon's metrics endpoint, for the cached-token counters.
-    metrics: Option<String>,
+    /// The daemon serving it, if one does (its metrics and slots).
+    daemon: Option<&'a BenchDaemon>,
     /// Its configuration, for the record.
     config: Value,
+}
+
+impl Arm<'_> {
+    /// The arm's slots in its daemon's status: name, worker pid and start
+    /// count (a change means a restart during the run), engine, flags and
+    /// requests served (how the replicas shared the work).
+    fn slots(&self) -> Vec<Value> {
+        let Some(daemon) = self.daemon else {
+            return Vec::new();
+        };
+        daemon.daemon.status()["slots"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["model"] == self.target.model.as_str())
+            .map(|s| {
+                json!({
+                    "slot": s["name"], "state": s["state"], "worker_pid": s["worker_pid"],
+                    "starts": s["starts"], "engine_version": s["engine_version"],
+                    "flags": s["flags"], "requests_served": s["requests_served"],
+                    "generated_tokens": s["generated_tokens"],
+                })
+            })
+            .collect()
+    }
 }
 
 /// A daemon started for the bench, with its fake cards.
@@ -217,15 +244,17 @@ async fn compare_engines(
             "TTW_KV_BUDGET_MIB": "default (512)", "threads": "default (all cores)",
         })
     };
-    let mut arms = vec![Arm {
-        name: "daemon",
+    let daemon_arm = |key, name, model: &str, cache| Arm {
+        key,
+        name,
         target: Target {
             base: daemon.openai.clone(),
-            model: "chat".into(),
+            model: model.into(),
         },
-        metrics: Some(daemon.metrics.clone()),
-        config: worker_config("1"),
-    }];
+        daemon: Some(&daemon),
+        config: worker_config(cache),
+    };
+    let mut arms = vec![daemon_arm("daemon", "daemon", "chat", "1")];
     // Started on this (the main) thread: llama-server dies with it.
     let llama = match &args.llama_server {
         Some(binary) => Some(
@@ -242,33 +271,31 @@ async fn compare_engines(
     };
     if let Some(server) = &llama {
         arms.push(Arm {
+            key: "llama_server",
             name: "llama-server",
             target: Target {
                 base: server.base.clone(),
                 model: "chat".into(),
             },
-            metrics: None,
+            daemon: None,
             config: json!({
                 "engine": "llama-server", "version": server.version,
                 "flags": server.flags, "threads": args.llama_threads,
+                "per_slot_context": LLAMA_SLOT_CONTEXT,
             }),
         });
     }
-    arms.push(Arm {
-        name: "daemon, no prefix cache",
-        target: Target {
-            base: daemon.openai.clone(),
-            model: "chat-nocache".into(),
-        },
-        metrics: Some(daemon.metrics.clone()),
-        config: worker_config("0"),
-    });
+    arms.push(daemon_arm(
+        "daemon_nocache",
+        "daemon, no prefix cache",
+        "chat-nocache",
+        "0",
+    ));
 
-    let system_tokens = system_prompt_tokens(client, &arms).await;
-    let (order, summaries) = run_arms(client, &arms, shape, args.rounds).await;
-    let find = |name: &str| summaries.iter().find(|s| s.name == name);
+    let run = run_arms(client, &arms, shape, args.rounds).await;
+    let find = |key: &str| run.summaries.iter().find(|s| s.key == key);
     let on = find("daemon").expect("the daemon arm");
-    let off = find("daemon, no prefix cache").expect("the no-cache arm");
+    let off = find("daemon_nocache").expect("the no-cache arm");
     let (cache_ttft, cache_tok_s) = (
         on.later_p50() / off.later_p50(),
         on.tok_s_median() / off.tok_s_median(),
@@ -280,13 +307,18 @@ async fn compare_engines(
     let mut lines = vec![format!(
         "daemon, prefix cache on / off: TTFT p50 turns 2-4 {cache_ttft:.3}, tok/s {cache_tok_s:.3}"
     )];
-    if let Some(base) = find("llama-server") {
+    let mut problems = Vec::new();
+    if let Some(base) = find("llama_server") {
         let ttft = on.later_p50() / base.later_p50();
         let tok_s = on.tok_s_median() / base.tok_s_median();
         ratios["ttft_later_p50_daemon_over_llama"] = json!(ttft);
         ratios["tok_s_daemon_over_llama"] = json!(tok_s);
-        ratios["targets_met"] =
-            json!({ "ttft_later_p50_le_1": ttft <= 1.0, "tok_s_gt_1": tok_s > 1.0 });
+        ratios["targets"] = json!({
+            "ttft_later_p50_daemon_over_llama": "<= 1.0", "tok_s_daemon_over_llama": "> 1.0",
+        });
+        ratios["targets_met"] = json!({
+            "ttft_later_p50_daemon_over_llama": ttft <= 1.0, "tok_s_daemon_over_llama": tok_s > 1.0,
+        });
         lines.insert(
             0,
             format!(
@@ -295,8 +327,15 @@ async fn compare_engines(
                 met(tok_s > 1.0)
             ),
         );
+        // Beyond its slot's context llama-server would shift or refuse.
+        let longest = base.prompt_tokens.1 + shape.max_tokens;
+        if longest > LLAMA_SLOT_CONTEXT {
+            problems.push(format!(
+                "llama-server's longest turn needs {longest} tokens, more than its {LLAMA_SLOT_CONTEXT}-token slots"
+            ));
+        }
     }
-    print_table("prefix reuse, multi-turn chat", &summaries, &lines);
+    print_table("prefix reuse, multi-turn chat", &run.summaries, &lines);
     drop(llama);
     record(
         "chat_prefix_reuse",
@@ -304,12 +343,14 @@ async fn compare_engines(
         model,
         shape,
         &arms,
-        &order,
-        &summaries,
+        run,
         ratios,
-        system_tokens,
+        problems,
     )
 }
+
+/// llama-server's context per slot: `-c 8192` over `-np 8`.
+const LLAMA_SLOT_CONTEXT: u32 = 8192 / 8;
 
 /// Comparison 2: two replicas with prefix affinity against two without.
 async fn compare_affinity(args: &Args, client: &HttpClient, model: &Path, shape: Shape) -> Value {
@@ -325,26 +366,24 @@ async fn compare_affinity(args: &Args, client: &HttpClient, model: &Path, shape:
         )
     };
     let (with, without) = (start(true), start(false));
-    let arm = |name, daemon: &BenchDaemon, affinity: bool| Arm {
-        name,
-        target: Target {
-            base: daemon.openai.clone(),
-            model: "chat".into(),
-        },
-        metrics: Some(daemon.metrics.clone()),
-        config: json!({
-            "engine": "tt-worker", "tp": 1, "replicas": 2, "prefix_affinity": affinity,
-            "max_in_flight_per_replica": 8, "TT_WORKER_MAX_BATCH": 8,
-            "TTW_PREFIX_CACHE": "default (on)", "threads_per_replica": args.replica_threads,
-        }),
-    };
     let arms = vec![
-        arm("affinity on", &with, true),
-        arm("affinity off", &without, false),
+        replica_arm(
+            "affinity_on",
+            "affinity on",
+            &with,
+            true,
+            args.replica_threads,
+        ),
+        replica_arm(
+            "affinity_off",
+            "affinity off",
+            &without,
+            false,
+            args.replica_threads,
+        ),
     ];
-    let system_tokens = system_prompt_tokens(client, &arms).await;
-    let (order, summaries) = run_arms(client, &arms, shape, args.rounds).await;
-    let (on, off) = (&summaries[0], &summaries[1]);
+    let run = run_arms(client, &arms, shape, args.rounds).await;
+    let (on, off) = (&run.summaries[0], &run.summaries[1]);
     let (ttft, tok_s) = (
         on.later_p50() / off.later_p50(),
         on.tok_s_median() / off.tok_s_median(),
@@ -353,38 +392,61 @@ async fn compare_affinity(args: &Args, client: &HttpClient, model: &Path, shape:
     let lines = vec![format!(
         "affinity on / off: TTFT p50 turns 2-4 {ttft:.3}, tok/s {tok_s:.3}"
     )];
-    print_table("prefix affinity, two replicas", &summaries, &lines);
-    for (daemon, name) in [(&with, "affinity on"), (&without, "affinity off")] {
-        let slots: Vec<String> = daemon.daemon.status()["slots"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|s| format!("{} {}", s["name"], s["state"]))
-            .collect();
-        println!("{name}: slots {}", slots.join(", "));
-    }
+    print_table("prefix affinity, two replicas", &run.summaries, &lines);
     record(
         "chat_prefix_affinity",
         args,
         model,
         shape,
         &arms,
-        &order,
-        &summaries,
+        run,
         ratios,
-        system_tokens,
+        Vec::new(),
     )
+}
+
+/// An arm of comparison 2: `daemon`'s two replicas of `chat`.
+fn replica_arm<'a>(
+    key: &'static str,
+    name: &'static str,
+    daemon: &'a BenchDaemon,
+    affinity: bool,
+    threads: u32,
+) -> Arm<'a> {
+    Arm {
+        key,
+        name,
+        target: Target {
+            base: daemon.openai.clone(),
+            model: "chat".into(),
+        },
+        daemon: Some(daemon),
+        config: json!({
+            "engine": "tt-worker", "tp": 1, "replicas": 2, "prefix_affinity": affinity,
+            "max_in_flight_per_replica": 8, "TT_WORKER_MAX_BATCH": 8,
+            "TTW_PREFIX_CACHE": "default (on)", "threads_per_replica": threads,
+        }),
+    }
+}
+
+/// What [`run_arms`] measured.
+struct Run {
+    /// The system prompt's length per arm (key to tokens).
+    system_tokens: serde_json::Map<String, Value>,
+    /// The counted rounds' arms, in the order they ran.
+    order: Vec<&'static str>,
+    /// Each arm's figures, in the arms' order.
+    summaries: Vec<Summary>,
+    /// Each arm's slots before the first round and after the last.
+    slots: Vec<(Vec<Value>, Vec<Value>)>,
 }
 
 /// The arms' rounds: one warm-up each, then `rounds` each in a rotating
 /// order (A B C, C B A, A B C, ...) so the machine's drift hits every arm
-/// alike. Returns the order of the counted rounds and each arm's summary.
-async fn run_arms(
-    client: &HttpClient,
-    arms: &[Arm],
-    shape: Shape,
-    rounds: usize,
-) -> (Vec<&'static str>, Vec<Summary>) {
+/// alike.
+async fn run_arms(client: &HttpClient, arms: &[Arm<'_>], shape: Shape, rounds: usize) -> Run {
+    let system_tokens = system_prompt_tokens(client, arms).await;
+    let slots_before: Vec<Vec<Value>> = arms.iter().map(Arm::slots).collect();
     let mut order: Vec<usize> = (0..arms.len()).collect();
     for block in 0..rounds {
         let mut arms_in_block: Vec<usize> = (0..arms.len()).collect();
@@ -420,19 +482,26 @@ async fn run_arms(
             });
         }
     }
-    let names = order[arms.len()..].iter().map(|&i| arms[i].name).collect();
-    let summaries = arms
-        .iter()
-        .zip(&counted)
-        .map(|(arm, rounds)| Summary::of(arm.name, rounds))
-        .collect();
-    (names, summaries)
+    Run {
+        system_tokens,
+        order: order[arms.len()..].iter().map(|&i| arms[i].key).collect(),
+        summaries: arms
+            .iter()
+            .zip(&counted)
+            .map(|(arm, rounds)| Summary::of(arm.key, arm.name, rounds))
+            .collect(),
+        slots: slots_before
+            .into_iter()
+            .zip(arms.iter().map(Arm::slots))
+            .collect(),
+    }
 }
 
 /// A daemon's prompt-token counters for the arm's model: (cached, all),
 /// when its metrics have a cached-prompt-token counter.
-async fn prompt_counters(client: &HttpClient, arm: &Arm) -> CounterDelta {
-    let (_, text) = get(client, &format!("{}/metrics", arm.metrics.as_ref()?)).await?;
+async fn prompt_counters(client: &HttpClient, arm: &Arm<'_>) -> CounterDelta {
+    let url = format!("{}/metrics", arm.daemon?.metrics);
+    let (_, text) = get(client, &url).await?;
     let label = format!("model=\"{}\"", arm.target.model);
     let (mut cached, mut all) = (None::<u64>, 0u64);
     for line in text.lines().filter(|l| !l.starts_with('#')) {
@@ -455,15 +524,18 @@ async fn prompt_counters(client: &HttpClient, arm: &Arm) -> CounterDelta {
 
 /// The system prompt's length in tokens as each arm's server counts it
 /// (no chat template around it).
-async fn system_prompt_tokens(client: &HttpClient, arms: &[Arm]) -> Value {
+async fn system_prompt_tokens(
+    client: &HttpClient,
+    arms: &[Arm<'_>],
+) -> serde_json::Map<String, Value> {
     let text = system_prompt(0);
     let mut counts = serde_json::Map::new();
     for arm in arms {
         let n = prompt_tokens(client, &arm.target, &text).await;
         println!("system prompt: {n} tokens ({})", arm.name);
-        counts.insert(arm.name.into(), json!(n));
+        counts.insert(arm.key.into(), json!(n));
     }
-    Value::Object(counts)
+    counts
 }
 
 fn met(yes: bool) -> &'static str {
@@ -484,6 +556,56 @@ fn print_table(title: &str, summaries: &[Summary], ratios: &[String]) {
     }
 }
 
+/// Why a run's figures should not be trusted, beyond `found` (what the
+/// comparison itself checked): answers of another length than asked, arms
+/// whose servers count the workload's tokens differently, a daemon slot
+/// that restarted during the run.
+fn invalid_reasons(shape: Shape, arms: &[Arm<'_>], run: &Run, found: Vec<String>) -> Vec<String> {
+    let mut reasons = found;
+    for s in &run.summaries {
+        if s.completion_tokens != (shape.max_tokens, shape.max_tokens) {
+            reasons.push(format!(
+                "{}: answers of {}-{} tokens, not {} each",
+                s.key, s.completion_tokens.0, s.completion_tokens.1, shape.max_tokens
+            ));
+        }
+    }
+    let counts: Vec<u64> = run
+        .system_tokens
+        .values()
+        .filter_map(Value::as_u64)
+        .collect();
+    let (low, high) = (counts.iter().min(), counts.iter().max());
+    if let (Some(&low), Some(&high)) = (low, high) {
+        if high as f64 > low as f64 * 1.05 {
+            reasons.push(format!(
+                "the arms count the system prompt as {low}-{high} tokens (more than 5% apart)"
+            ));
+        }
+    }
+    for (arm, (before, after)) in arms.iter().zip(&run.slots) {
+        let identity = |slots: &[Value]| -> Vec<(Value, Value, Value)> {
+            slots
+                .iter()
+                .map(|s| {
+                    (
+                        s["slot"].clone(),
+                        s["worker_pid"].clone(),
+                        s["starts"].clone(),
+                    )
+                })
+                .collect()
+        };
+        if identity(before) != identity(after) {
+            reasons.push(format!(
+                "{}: a slot restarted during the run (worker pid or start count changed)",
+                arm.key
+            ));
+        }
+    }
+    reasons
+}
+
 /// The comparison's JSON line.
 #[allow(clippy::too_many_arguments)]
 fn record(
@@ -491,41 +613,65 @@ fn record(
     args: &Args,
     model: &Path,
     shape: Shape,
-    arms: &[Arm],
-    order: &[&str],
-    summaries: &[Summary],
+    arms: &[Arm<'_>],
+    run: Run,
     ratios: Value,
-    system_tokens: Value,
+    problems: Vec<String>,
 ) -> Value {
-    let per_arm: serde_json::Map<String, Value> = summaries
+    let reasons = invalid_reasons(shape, arms, &run, problems);
+    for reason in &reasons {
+        println!("INVALID: {reason}");
+    }
+    let per_arm: serde_json::Map<String, Value> = run
+        .summaries
         .iter()
-        .map(|s| (s.name.clone(), s.json()))
+        .map(|s| (s.key.clone(), s.json()))
         .collect();
     let configs: serde_json::Map<String, Value> = arms
         .iter()
-        .map(|a| (a.name.to_string(), a.config.clone()))
+        .zip(&run.slots)
+        .map(|(a, (before, after))| {
+            let mut config = a.config.clone();
+            config["name"] = json!(a.name);
+            if a.daemon.is_some() {
+                config["slots_before"] = json!(before);
+                config["slots_after"] = json!(after);
+            }
+            (a.key.to_string(), config)
+        })
         .collect();
+    let unix_ms = tt_servingd::clock::unix_ms(std::time::SystemTime::now());
+    let id = format!(
+        "{:x}{:04x}-{}",
+        unix_ms / 1000,
+        std::process::id() & 0xffff,
+        if args.replicas { "affinity" } else { "chat" }
+    );
+    println!("record {id}");
     json!({
+        "id": id,
         "bench": bench,
+        "valid": reasons.is_empty(),
+        "invalid_reasons": reasons,
         "model": model.file_name().map(|n| n.to_string_lossy().into_owned()),
         "workload": {
             "conversations": shape.conversations, "turns": shape.turns,
             "max_tokens": shape.max_tokens, "ignore_eos": true, "temperature": 0,
             "stream": true, "include_usage": true,
-            "system_prompt_tokens": system_tokens,
+            "system_prompt_tokens": run.system_tokens,
             "system_prompt_unique_per_round": true,
         },
         "arms": configs,
         "rounds_per_arm": args.rounds,
         "warmup_rounds_per_arm": 1,
-        "order": order,
+        "order": run.order,
         "results": per_arm,
         "ratios": ratios,
         "percentiles": "nearest rank over every request of the counted rounds; tok/s: median of rounds",
         "host": host(),
         "commit": commit(),
         "daemon_version": env!("CARGO_PKG_VERSION"),
-        "unix_ms": tt_servingd::clock::unix_ms(std::time::SystemTime::now()),
+        "unix_ms": unix_ms,
     })
 }
 

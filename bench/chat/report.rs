@@ -47,7 +47,9 @@ impl CachedSource {
 /// One arm's figures.
 #[derive(Debug, Clone)]
 pub struct Summary {
-    /// The arm's name.
+    /// The arm's key in the record.
+    pub key: String,
+    /// The arm's name in the table.
     pub name: String,
     /// Time to first token of every first turn, ms.
     pub ttft_first: Vec<f64>,
@@ -69,8 +71,8 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// Sums up `rounds` of the arm called `name`.
-    pub fn of(name: &str, rounds: &[Round]) -> Summary {
+    /// Sums up `rounds` of the arm `key`, shown as `name`.
+    pub fn of(key: &str, name: &str, rounds: &[Round]) -> Summary {
         let replies = || rounds.iter().flat_map(|r| r.sample.turns.iter());
         let ms = |later: bool| -> Vec<f64> {
             replies()
@@ -85,6 +87,7 @@ impl Summary {
             .collect();
         let completions = replies().map(|t| t.reply.completion_tokens);
         Summary {
+            key: key.to_string(),
             name: name.to_string(),
             ttft_first: ms(false),
             ttft_later: ms(true),
@@ -122,8 +125,8 @@ impl Summary {
             "ttft_later_p90_ms": p(&self.ttft_later, 90.0),
             "tok_s_median": self.tok_s_median(),
             "tok_s_rounds": self.tok_s,
-            "cached_share": self.cached.map(|c| c.0),
-            "cached_share_later_turns": self.cached.and_then(|c| c.1),
+            "cached_share_pct": self.cached.map(|c| c.0 * 100.0),
+            "cached_share_later_turns_pct": self.cached.and_then(|c| c.1).map(|l| l * 100.0),
             "cached_share_source": self.cached.map(|c| c.2.name()),
             "prompt_tokens_turn1_median": self.prompt_tokens.0,
             "prompt_tokens_max": self.prompt_tokens.1,
