@@ -88,9 +88,10 @@ struct Arm<'a> {
 }
 
 impl Arm<'_> {
-    /// The arm's slots in its daemon's status: name, worker pid and start
-    /// count (a change means a restart during the run), engine, flags and
-    /// requests served (how the replicas shared the work).
+    /// The arm's slots in its daemon's status: name, worker pid (a change
+    /// means a restart during the run; `ttctl status --json` leaves the
+    /// start count out), engine, flags and requests served (how the
+    /// replicas shared the work).
     fn slots(&self) -> Vec<Value> {
         let Some(daemon) = self.daemon else {
             return Vec::new();
@@ -103,7 +104,7 @@ impl Arm<'_> {
             .map(|s| {
                 json!({
                     "slot": s["name"], "state": s["state"], "worker_pid": s["worker_pid"],
-                    "starts": s["starts"], "engine_version": s["engine_version"],
+                    "engine_version": s["engine_version"],
                     "flags": s["flags"], "requests_served": s["requests_served"],
                     "generated_tokens": s["generated_tokens"],
                 })
@@ -598,7 +599,7 @@ fn invalid_reasons(shape: Shape, arms: &[Arm<'_>], run: &Run, found: Vec<String>
         };
         if identity(before) != identity(after) {
             reasons.push(format!(
-                "{}: a slot restarted during the run (worker pid or start count changed)",
+                "{}: a slot restarted during the run (its worker pid changed)",
                 arm.key
             ));
         }
