@@ -55,6 +55,17 @@ pub struct SlotStateLabels {
     pub state: String,
 }
 
+/// `{slot, model, state}` of KV blocks.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KvBlockLabels {
+    /// Slot name.
+    pub slot: String,
+    /// Model name.
+    pub model: String,
+    /// `in_use`, `cached` or `total`.
+    pub state: String,
+}
+
 /// `{slot, model, cause}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RestartLabels {
@@ -101,6 +112,9 @@ pub struct Metrics {
     requests: Family<OutcomeLabels, Counter>,
     prompt_tokens: Family<ModelLabels, Counter>,
     generation_tokens: Family<ModelLabels, Counter>,
+    kv_budget: Family<SlotLabels, Gauge>,
+    kv_blocks: Family<KvBlockLabels, Gauge>,
+    kv_usage: Family<SlotLabels, FloatGauge>,
     ttft: Family<ModelLabels, Histogram>,
     itl: Family<ModelLabels, Histogram>,
     e2e: Family<ModelLabels, Histogram>,
@@ -141,6 +155,9 @@ impl Metrics {
             requests: Family::default(),
             prompt_tokens: Family::default(),
             generation_tokens: Family::default(),
+            kv_budget: Family::default(),
+            kv_blocks: Family::default(),
+            kv_usage: Family::default(),
             ttft: Family::new_with_constructor(latency_histogram),
             itl: Family::new_with_constructor(token_latency_histogram),
             e2e: Family::new_with_constructor(latency_histogram),
@@ -174,6 +191,22 @@ impl Metrics {
             "generation_tokens",
             "Generated tokens of finished requests",
             m.generation_tokens.clone(),
+        );
+        r.register_with_unit(
+            "kv_cache_budget",
+            "The KV memory budget the slot's engine reports (Engine.Info kv_cache), all ranks together",
+            Unit::Bytes,
+            m.kv_budget.clone(),
+        );
+        r.register(
+            "kv_cache_blocks",
+            "KV blocks of the slot's engine: in_use (running sequences), cached (kept only for prefix reuse), total",
+            m.kv_blocks.clone(),
+        );
+        r.register(
+            "kv_cache_usage_perc",
+            "Share of the slot's KV blocks held by running sequences, 0 to 1 (vLLM's kv_cache_usage_perc)",
+            m.kv_usage.clone(),
         );
         r.register_with_unit(
             "time_to_first_token",
@@ -374,6 +407,9 @@ impl Metrics {
         self.waiting.clear();
         self.card_temperature.clear();
         self.card_power.clear();
+        self.kv_budget.clear();
+        self.kv_blocks.clear();
+        self.kv_usage.clear();
         for s in &now.slots {
             for state in &now.states {
                 self.slot_state
@@ -394,6 +430,29 @@ impl Metrics {
             self.running
                 .get_or_create(&model_labels(&s.model))
                 .inc_by(i64::from(s.in_flight));
+            if let Some(kv) = &s.kv {
+                self.kv_budget
+                    .get_or_create(&labels)
+                    .set(i64::try_from(kv.budget_bytes).unwrap_or(i64::MAX));
+                for (state, blocks) in [
+                    ("in_use", kv.blocks_in_use),
+                    ("cached", kv.blocks_cached),
+                    ("total", kv.blocks_total),
+                ] {
+                    self.kv_blocks
+                        .get_or_create(&KvBlockLabels {
+                            slot: s.slot.clone(),
+                            model: s.model.clone(),
+                            state: state.to_string(),
+                        })
+                        .set(i64::from(blocks));
+                }
+                if kv.blocks_total > 0 {
+                    self.kv_usage
+                        .get_or_create(&labels)
+                        .set(f64::from(kv.blocks_in_use) / f64::from(kv.blocks_total));
+                }
+            }
         }
         for (model, n) in &now.waiting {
             self.waiting
@@ -453,6 +512,21 @@ pub struct SlotGauges {
     pub rss_bytes: u64,
     /// Requests running on it.
     pub in_flight: u32,
+    /// Its engine's KV memory, while it is Ready and its engine says.
+    pub kv: Option<KvGauges>,
+}
+
+/// One slot's KV memory gauges.
+#[derive(Debug, Clone, Copy)]
+pub struct KvGauges {
+    /// The budget in bytes.
+    pub budget_bytes: u64,
+    /// Blocks the budget holds.
+    pub blocks_total: u32,
+    /// Blocks held by running sequences.
+    pub blocks_in_use: u32,
+    /// Blocks held only by the prefix cache.
+    pub blocks_cached: u32,
 }
 
 /// One card's sensor gauges.
@@ -483,4 +557,56 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 /// The process's metrics.
 pub fn get() -> &'static Metrics {
     &METRICS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(name: &str, kv: Option<KvGauges>) -> SlotGauges {
+        SlotGauges {
+            slot: name.into(),
+            model: "m".into(),
+            state: "ready",
+            rss_bytes: 0,
+            in_flight: 0,
+            kv,
+        }
+    }
+
+    #[test]
+    fn kv_memory_is_exported_per_ready_slot_whose_engine_reports_it() {
+        let metrics = Metrics::new();
+        let snapshot = Snapshot {
+            states: vec!["ready"],
+            slots: vec![
+                slot(
+                    "m/0",
+                    Some(KvGauges {
+                        budget_bytes: 512 << 20,
+                        blocks_total: 1024,
+                        blocks_in_use: 256,
+                        blocks_cached: 100,
+                    }),
+                ),
+                // An engine that does not report its KV memory: no gauges.
+                slot("m/1", None),
+            ],
+            ..Snapshot::default()
+        };
+        let text = metrics.render(&snapshot);
+        for line in [
+            "tt_serving_kv_cache_budget_bytes{slot=\"m/0\",model=\"m\"} 536870912",
+            "tt_serving_kv_cache_blocks{slot=\"m/0\",model=\"m\",state=\"in_use\"} 256",
+            "tt_serving_kv_cache_blocks{slot=\"m/0\",model=\"m\",state=\"cached\"} 100",
+            "tt_serving_kv_cache_blocks{slot=\"m/0\",model=\"m\",state=\"total\"} 1024",
+            "tt_serving_kv_cache_usage_perc{slot=\"m/0\",model=\"m\"} 0.25",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
+        assert!(!text.contains("kv_cache_blocks{slot=\"m/1\""), "{text}");
+        // A slot that left Ready (or went away) loses its gauges.
+        let text = metrics.render(&Snapshot::default());
+        assert!(!text.contains("kv_cache_blocks{"), "{text}");
+    }
 }

@@ -156,6 +156,11 @@ pub struct SlotView {
     /// Who its worker said it is and which optional parameters it honours
     /// (Engine.Info) when it became ready; empty until then.
     pub engine_facts: Arc<EngineFacts>,
+    /// Its engine's KV memory as the worker reports it (Engine.Info when it
+    /// became ready, Health since); None when the engine does not say.
+    /// Kept from the last worker until the next one is Ready: read it only
+    /// while the slot is Ready.
+    pub kv: Option<KvMemory>,
     /// The model definition the slot's supervisor runs (read once when it
     /// started; a reload that does not restart the slot leaves it).
     pub definition: Option<Arc<ModelConfig>>,
@@ -175,6 +180,24 @@ pub struct EngineFacts {
     /// `supported_parameters`: the optional GenerateRequest parameters it
     /// honours (none when it lists none).
     pub supported_parameters: Vec<String>,
+}
+
+/// An engine's KV memory: the pool every sequence's keys and values share
+/// (Engine.Info `kv_cache`) and how much of it is taken (Engine.Health).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvMemory {
+    /// The pool's budget in bytes, all ranks together.
+    pub budget_bytes: u64,
+    /// Tokens per block.
+    pub block_tokens: u32,
+    /// Blocks the budget holds.
+    pub blocks_total: u32,
+    /// Whether finished sequences' blocks are kept for reuse.
+    pub prefix_cache: bool,
+    /// Blocks held by running sequences.
+    pub blocks_in_use: u32,
+    /// Blocks held only by the prefix cache (reusable, evicted first).
+    pub blocks_cached: u32,
 }
 
 /// Operator and daemon requests to a slot's supervisor.
@@ -227,6 +250,7 @@ impl SlotEntry {
                 stats: Arc::new(stats::SlotStats::default()),
                 context_length: 0,
                 engine_facts: Arc::default(),
+                kv: None,
                 definition: None,
                 outdated: Vec::new(),
             },
