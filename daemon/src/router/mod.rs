@@ -239,8 +239,16 @@ impl Router {
     ) -> Result<crate::slots::Route, RouteError> {
         loop {
             let notified = self.slots.changed.notified();
-            if let Some(route) = self.slots.pick(model, m.max_in_flight) {
-                route.in_flight.fetch_add(1, Ordering::Relaxed);
+            // The least-loaded slot with room (the first of equals).
+            let picked = self.slots.pick(model, |candidates| {
+                candidates
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.in_flight < m.max_in_flight)
+                    .min_by_key(|(_, c)| c.in_flight)
+                    .map(|(i, _)| i)
+            });
+            if let Some(route) = picked {
                 return Ok(route);
             }
             let wait = self.plan_wait(model, m, started, deadline)?;

@@ -293,6 +293,16 @@ pub struct Route {
     pub engine_facts: Arc<EngineFacts>,
 }
 
+/// A Ready slot the router may send a request to, with its load: what
+/// [`SlotManager::pick`] offers the router's policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate<'a> {
+    /// The slot's name.
+    pub slot: &'a str,
+    /// Its requests in flight.
+    pub in_flight: u32,
+}
+
 /// Log lines kept per slot for `ttctl logs`.
 const LOG_LINES: usize = 2000;
 
@@ -699,8 +709,6 @@ impl SlotManager {
         }
     }
 
-    /// The least-loaded Ready slot of `model` with room for one more request
-    /// (fewer than `limit` in flight), or None.
     /// What the engines of the model's Ready slots honour, to refuse a
     /// parameter none of them takes before the request queues.
     pub fn ready_engine_facts(&self, model: &str) -> Vec<Arc<EngineFacts>> {
@@ -711,28 +719,38 @@ impl SlotManager {
             .collect()
     }
 
-    pub fn pick(&self, model: &str, limit: u32) -> Option<Route> {
-        self.table()
+    /// The Ready slot of `model` that `choose` picks among the candidates
+    /// (the Ready slots with a worker and their loads, in name order), or
+    /// None when it picks none. The slot's in-flight count is taken before
+    /// the table is released, so two requests routed at once both see the
+    /// other's place; the caller gives it back (the router's `InFlight`).
+    pub fn pick(
+        &self,
+        model: &str,
+        choose: impl FnOnce(&[Candidate<'_>]) -> Option<usize>,
+    ) -> Option<Route> {
+        let table = self.table();
+        let ready: Vec<(&String, &SlotEntry, EngineClient<Channel>)> = table
             .iter()
             .filter(|(_, e)| e.view.model == model && e.view.state == SlotState::Ready)
-            .filter_map(|(name, e)| {
-                let engine = e.engine.clone()?;
-                let load = e.in_flight.load(Ordering::Relaxed);
-                (load < limit).then(|| {
-                    (
-                        load,
-                        Route {
-                            slot: name.clone(),
-                            engine,
-                            in_flight: e.in_flight.clone(),
-                            stats: e.view.stats.clone(),
-                            engine_facts: e.view.engine_facts.clone(),
-                        },
-                    )
-                })
+            .filter_map(|(name, e)| Some((name, e, e.engine.clone()?)))
+            .collect();
+        let candidates: Vec<Candidate<'_>> = ready
+            .iter()
+            .map(|(name, e, _)| Candidate {
+                slot: name.as_str(),
+                in_flight: e.in_flight.load(Ordering::Relaxed),
             })
-            .min_by_key(|(load, _)| *load)
-            .map(|(_, route)| route)
+            .collect();
+        let (name, e, engine) = ready.get(choose(&candidates)?)?;
+        e.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(Route {
+            slot: name.to_string(),
+            engine: engine.clone(),
+            in_flight: e.in_flight.clone(),
+            stats: e.view.stats.clone(),
+            engine_facts: e.view.engine_facts.clone(),
+        })
     }
 
     /// Stop every slot (drain, Shutdown, SIGTERM, SIGKILL) and wait until all

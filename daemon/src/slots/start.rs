@@ -107,6 +107,10 @@ async fn start(
     }
     drop(prepared.build_lock.take());
     crate::metrics::get().slot_start(&plan.slot, &plan.model, mode);
+    // The client first, so that whoever sees the slot Ready can route to
+    // it (a request in between would go to another replica: the router
+    // only picks Ready slots with a client).
+    mgr.set_engine(&plan.slot, Some(engine.clone()));
     mgr.transition(
         &plan.slot,
         SlotState::Ready,
@@ -115,7 +119,6 @@ async fn start(
             started.elapsed().as_secs_f64()
         ),
     );
-    mgr.set_engine(&plan.slot, Some(engine.clone()));
     Ok(super::watchdog::serve(mgr, plan, &mut worker, &mut engine, commands).await)
 }
 
