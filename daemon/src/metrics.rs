@@ -55,6 +55,17 @@ pub struct SlotStateLabels {
     pub state: String,
 }
 
+/// `{slot, model, outcome}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SlotOutcomeLabels {
+    /// Slot name.
+    pub slot: String,
+    /// Model name.
+    pub model: String,
+    /// `affine` or `fallback`.
+    pub outcome: String,
+}
+
 /// `{slot, model, state}` of KV blocks.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KvBlockLabels {
@@ -112,6 +123,9 @@ pub struct Metrics {
     requests: Family<OutcomeLabels, Counter>,
     prompt_tokens: Family<ModelLabels, Counter>,
     generation_tokens: Family<ModelLabels, Counter>,
+    prefix_cache_queries: Family<SlotLabels, Counter>,
+    prefix_cache_hits: Family<SlotLabels, Counter>,
+    affinity_routed: Family<SlotOutcomeLabels, Counter>,
     kv_budget: Family<SlotLabels, Gauge>,
     kv_blocks: Family<KvBlockLabels, Gauge>,
     kv_usage: Family<SlotLabels, FloatGauge>,
@@ -155,6 +169,9 @@ impl Metrics {
             requests: Family::default(),
             prompt_tokens: Family::default(),
             generation_tokens: Family::default(),
+            prefix_cache_queries: Family::default(),
+            prefix_cache_hits: Family::default(),
+            affinity_routed: Family::default(),
             kv_budget: Family::default(),
             kv_blocks: Family::default(),
             kv_usage: Family::default(),
@@ -191,6 +208,21 @@ impl Metrics {
             "generation_tokens",
             "Generated tokens of finished requests",
             m.generation_tokens.clone(),
+        );
+        r.register(
+            "prefix_cache_queries",
+            "Prompt tokens of finished requests, by the slot that served them (vLLM's prefix_cache_queries)",
+            m.prefix_cache_queries.clone(),
+        );
+        r.register(
+            "prefix_cache_hits",
+            "Of those, the prompt tokens the engine's prefix cache supplied (Timings.cached_prompt_tokens; vLLM's prefix_cache_hits)",
+            m.prefix_cache_hits.clone(),
+        );
+        r.register(
+            "affinity_routed",
+            "Requests routed among two or more Ready replicas with prefix affinity: to their key's replica (affine) or elsewhere, as it was over the load bound or full (fallback)",
+            m.affinity_routed.clone(),
         );
         r.register_with_unit(
             "kv_cache_budget",
@@ -317,6 +349,33 @@ impl Metrics {
         self.generation_tokens
             .get_or_create(&labels)
             .inc_by(generated.into());
+    }
+
+    /// A finished request's prompt had `prompt` tokens, `cached` of them
+    /// from the prefix cache of `slot`'s engine.
+    pub fn prefix_cache(&self, model: &str, slot: &str, prompt: u32, cached: u32) {
+        let labels = SlotLabels {
+            slot: slot.to_string(),
+            model: model.to_string(),
+        };
+        self.prefix_cache_queries
+            .get_or_create(&labels)
+            .inc_by(prompt.into());
+        self.prefix_cache_hits
+            .get_or_create(&labels)
+            .inc_by(cached.into());
+    }
+
+    /// A request was routed to `slot` among several Ready replicas with
+    /// prefix affinity; `outcome` is `affine` or `fallback`.
+    pub fn affinity_routed(&self, model: &str, slot: &str, outcome: &str) {
+        self.affinity_routed
+            .get_or_create(&SlotOutcomeLabels {
+                slot: slot.to_string(),
+                model: model.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
     }
 
     /// Time to the first token.
@@ -575,8 +634,11 @@ mod tests {
     }
 
     #[test]
-    fn kv_memory_is_exported_per_ready_slot_whose_engine_reports_it() {
+    fn kv_memory_and_the_prefix_cache_counters_are_exported_per_slot() {
         let metrics = Metrics::new();
+        metrics.prefix_cache("m", "m/0", 600, 0);
+        metrics.prefix_cache("m", "m/0", 640, 592);
+        metrics.affinity_routed("m", "m/0", "affine");
         let snapshot = Snapshot {
             states: vec!["ready"],
             slots: vec![
@@ -596,6 +658,9 @@ mod tests {
         };
         let text = metrics.render(&snapshot);
         for line in [
+            "tt_serving_prefix_cache_queries_total{slot=\"m/0\",model=\"m\"} 1240",
+            "tt_serving_prefix_cache_hits_total{slot=\"m/0\",model=\"m\"} 592",
+            "tt_serving_affinity_routed_total{slot=\"m/0\",model=\"m\",outcome=\"affine\"} 1",
             "tt_serving_kv_cache_budget_bytes{slot=\"m/0\",model=\"m\"} 536870912",
             "tt_serving_kv_cache_blocks{slot=\"m/0\",model=\"m\",state=\"in_use\"} 256",
             "tt_serving_kv_cache_blocks{slot=\"m/0\",model=\"m\",state=\"cached\"} 100",
