@@ -111,6 +111,7 @@ pub fn slot(view: &SlotView) -> pb::Slot {
             .map(|d| d.flags.clone().into_iter().collect())
             .unwrap_or_default(),
         trial: String::new(),
+        ..Default::default()
     }
 }
 
