@@ -23,6 +23,7 @@ const JSON_MESSAGES: &[&str] = &[
     "LockHolder",
     "CardProcess",
     "Slot",
+    "SlotKvMemory",
     "ReloadReport",
     "ReloadStep",
     "CacheVariant",

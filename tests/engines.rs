@@ -496,3 +496,73 @@ fn llama_server_serves_smollm2_through_the_daemon_cancels_and_recovers_from_kill
         engines.iter().all(|p| !alive(*p)).then_some(())
     });
 }
+
+#[test]
+fn llama_servers_prefix_cache_shows_in_openai_usage_and_the_slots_hit_rate() {
+    let Some((server, model)) = llama() else {
+        return;
+    };
+    let hw = FakeHw::new(1);
+    let daemon = start(&hw, llama_table(&server, &model));
+    daemon.wait_slot_state("smol", "ready");
+    let openai = daemon.status()["daemon"]["openai_address"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // A chat's second turn resends the first: llama-server keeps the KV of
+    // the prompt it last served and computes only what is new.
+    let system = "You are a careful assistant. Answer in one short sentence, plainly, without lists or markup. ".repeat(4);
+    let chat = |messages: &str| -> serde_json::Value {
+        let body = format!(
+            r#"{{"model":"smol","messages":[{{"role":"system","content":"{system}"}},{messages}],"max_tokens":8,"temperature":0}}"#
+        );
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "120",
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+            ])
+            .arg(body)
+            .arg(format!("http://{openai}/v1/chat/completions"))
+            .output()
+            .expect("curl");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", output_text(&out)))
+    };
+    let first = chat(r#"{"role":"user","content":"What is the capital of France?"}"#);
+    let answer = first["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .replace('"', "'");
+    let second = chat(&format!(
+        r#"{{"role":"user","content":"What is the capital of France?"}},{{"role":"assistant","content":"{answer}"}},{{"role":"user","content":"And of Italy?"}}"#
+    ));
+    let usage = &second["usage"];
+    let prompt = usage["prompt_tokens"].as_u64().unwrap_or(0);
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        cached > 40 && cached < prompt,
+        "the second turn reused the first's prefix: {second}"
+    );
+    eprintln!("second turn: {cached} of {prompt} prompt tokens from llama-server's cache");
+    // The operator's hit rate: the slot's prompt tokens and, of them, the
+    // cached ones, as the final chunks reported them.
+    let metrics = tt_serving_tests::chaos_support::scrape(&daemon);
+    let of = |name: &str| metrics.sum(name, &[("model", "smol"), ("slot", "smol")]);
+    let first_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+    let first_cached = first["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert_eq!(
+        of("tt_serving_prefix_cache_queries_total"),
+        (first_prompt + prompt) as f64
+    );
+    assert_eq!(
+        of("tt_serving_prefix_cache_hits_total"),
+        (first_cached + cached) as f64
+    );
+}

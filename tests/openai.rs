@@ -232,6 +232,15 @@ fn the_openai_python_sdk_completes_chats_streams_and_gets_typed_errors() {
         c["total_tokens"].as_u64(),
         Some(c["prompt_tokens"].as_u64().unwrap_or(0) + completion_tokens)
     );
+    // The SDK finds the prompt tokens the engine's prefix cache supplied
+    // where OpenAI puts them, in every usage: at most the prompt.
+    for usage in [&r["completion"], &r["completion_stream"], &r["chat"]] {
+        let cached = usage["cached_tokens"].as_u64();
+        assert!(
+            cached.is_some_and(|n| n <= usage["prompt_tokens"].as_u64().unwrap_or(0)),
+            "usage.prompt_tokens_details.cached_tokens: {usage}"
+        );
+    }
     assert!(["stop", "length"].contains(&c["finish_reason"].as_str().unwrap_or("")));
     // Greedy: the stream carries the same text, and its usage chunk the same
     // counts.
@@ -368,6 +377,10 @@ fn curl_sees_openai_sse_framing_usage_and_done() {
     assert_eq!(usage["choices"], serde_json::json!([]), "{usage}");
     assert_eq!(usage["usage"]["completion_tokens"], 5, "{usage}");
     assert!(usage["usage"]["prompt_tokens"].as_u64().unwrap_or(0) > 0);
+    assert!(
+        usage["usage"]["prompt_tokens_details"]["cached_tokens"].is_u64(),
+        "usage.prompt_tokens_details.cached_tokens, as OpenAI sends it: {usage}"
+    );
 
     // Without stream_options: no usage chunk.
     let answer = curl(

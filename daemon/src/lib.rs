@@ -57,5 +57,6 @@ pub mod secrets;
 pub mod shutdown;
 pub mod slots;
 pub mod state;
+pub mod trial;
 pub mod uds;
 pub mod worker;

@@ -55,6 +55,28 @@ pub struct SlotStateLabels {
     pub state: String,
 }
 
+/// `{slot, model, outcome}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SlotOutcomeLabels {
+    /// Slot name.
+    pub slot: String,
+    /// Model name.
+    pub model: String,
+    /// `affine` or `fallback`.
+    pub outcome: String,
+}
+
+/// `{slot, model, state}` of KV blocks.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KvBlockLabels {
+    /// Slot name.
+    pub slot: String,
+    /// Model name.
+    pub model: String,
+    /// `in_use`, `cached` or `total`.
+    pub state: String,
+}
+
 /// `{slot, model, cause}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RestartLabels {
@@ -101,6 +123,12 @@ pub struct Metrics {
     requests: Family<OutcomeLabels, Counter>,
     prompt_tokens: Family<ModelLabels, Counter>,
     generation_tokens: Family<ModelLabels, Counter>,
+    prefix_cache_queries: Family<SlotLabels, Counter>,
+    prefix_cache_hits: Family<SlotLabels, Counter>,
+    affinity_routed: Family<SlotOutcomeLabels, Counter>,
+    kv_budget: Family<SlotLabels, Gauge>,
+    kv_blocks: Family<KvBlockLabels, Gauge>,
+    kv_usage: Family<SlotLabels, FloatGauge>,
     ttft: Family<ModelLabels, Histogram>,
     itl: Family<ModelLabels, Histogram>,
     e2e: Family<ModelLabels, Histogram>,
@@ -141,6 +169,12 @@ impl Metrics {
             requests: Family::default(),
             prompt_tokens: Family::default(),
             generation_tokens: Family::default(),
+            prefix_cache_queries: Family::default(),
+            prefix_cache_hits: Family::default(),
+            affinity_routed: Family::default(),
+            kv_budget: Family::default(),
+            kv_blocks: Family::default(),
+            kv_usage: Family::default(),
             ttft: Family::new_with_constructor(latency_histogram),
             itl: Family::new_with_constructor(token_latency_histogram),
             e2e: Family::new_with_constructor(latency_histogram),
@@ -174,6 +208,37 @@ impl Metrics {
             "generation_tokens",
             "Generated tokens of finished requests",
             m.generation_tokens.clone(),
+        );
+        r.register(
+            "prefix_cache_queries",
+            "Prompt tokens of finished requests, by the slot that served them (vLLM's prefix_cache_queries)",
+            m.prefix_cache_queries.clone(),
+        );
+        r.register(
+            "prefix_cache_hits",
+            "Of those, the prompt tokens the engine's prefix cache supplied (Timings.cached_prompt_tokens; vLLM's prefix_cache_hits)",
+            m.prefix_cache_hits.clone(),
+        );
+        r.register(
+            "affinity_routed",
+            "Requests routed among two or more Ready replicas with prefix affinity: to their key's replica (affine) or elsewhere, as it was over the load bound or full (fallback)",
+            m.affinity_routed.clone(),
+        );
+        r.register_with_unit(
+            "kv_cache_budget",
+            "The KV memory budget the slot's engine reports (Engine.Info kv_cache), all ranks together",
+            Unit::Bytes,
+            m.kv_budget.clone(),
+        );
+        r.register(
+            "kv_cache_blocks",
+            "KV blocks of the slot's engine: in_use (running sequences), cached (kept only for prefix reuse), total",
+            m.kv_blocks.clone(),
+        );
+        r.register(
+            "kv_cache_usage_perc",
+            "Share of the slot's KV blocks held by running sequences, 0 to 1 (vLLM's kv_cache_usage_perc)",
+            m.kv_usage.clone(),
         );
         r.register_with_unit(
             "time_to_first_token",
@@ -286,6 +351,33 @@ impl Metrics {
             .inc_by(generated.into());
     }
 
+    /// A finished request's prompt had `prompt` tokens, `cached` of them
+    /// from the prefix cache of `slot`'s engine.
+    pub fn prefix_cache(&self, model: &str, slot: &str, prompt: u32, cached: u32) {
+        let labels = SlotLabels {
+            slot: slot.to_string(),
+            model: model.to_string(),
+        };
+        self.prefix_cache_queries
+            .get_or_create(&labels)
+            .inc_by(prompt.into());
+        self.prefix_cache_hits
+            .get_or_create(&labels)
+            .inc_by(cached.into());
+    }
+
+    /// A request was routed to `slot` among several Ready replicas with
+    /// prefix affinity; `outcome` is `affine` or `fallback`.
+    pub fn affinity_routed(&self, model: &str, slot: &str, outcome: &str) {
+        self.affinity_routed
+            .get_or_create(&SlotOutcomeLabels {
+                slot: slot.to_string(),
+                model: model.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
     /// Time to the first token.
     pub fn first_token(&self, model: &str, after: Duration) {
         self.ttft
@@ -374,6 +466,9 @@ impl Metrics {
         self.waiting.clear();
         self.card_temperature.clear();
         self.card_power.clear();
+        self.kv_budget.clear();
+        self.kv_blocks.clear();
+        self.kv_usage.clear();
         for s in &now.slots {
             for state in &now.states {
                 self.slot_state
@@ -394,6 +489,29 @@ impl Metrics {
             self.running
                 .get_or_create(&model_labels(&s.model))
                 .inc_by(i64::from(s.in_flight));
+            if let Some(kv) = &s.kv {
+                self.kv_budget
+                    .get_or_create(&labels)
+                    .set(i64::try_from(kv.budget_bytes).unwrap_or(i64::MAX));
+                for (state, blocks) in [
+                    ("in_use", kv.blocks_in_use),
+                    ("cached", kv.blocks_cached),
+                    ("total", kv.blocks_total),
+                ] {
+                    self.kv_blocks
+                        .get_or_create(&KvBlockLabels {
+                            slot: s.slot.clone(),
+                            model: s.model.clone(),
+                            state: state.to_string(),
+                        })
+                        .set(i64::from(blocks));
+                }
+                if kv.blocks_total > 0 {
+                    self.kv_usage
+                        .get_or_create(&labels)
+                        .set(f64::from(kv.blocks_in_use) / f64::from(kv.blocks_total));
+                }
+            }
         }
         for (model, n) in &now.waiting {
             self.waiting
@@ -453,6 +571,21 @@ pub struct SlotGauges {
     pub rss_bytes: u64,
     /// Requests running on it.
     pub in_flight: u32,
+    /// Its engine's KV memory, while it is Ready and its engine says.
+    pub kv: Option<KvGauges>,
+}
+
+/// One slot's KV memory gauges.
+#[derive(Debug, Clone, Copy)]
+pub struct KvGauges {
+    /// The budget in bytes.
+    pub budget_bytes: u64,
+    /// Blocks the budget holds.
+    pub blocks_total: u32,
+    /// Blocks held by running sequences.
+    pub blocks_in_use: u32,
+    /// Blocks held only by the prefix cache.
+    pub blocks_cached: u32,
 }
 
 /// One card's sensor gauges.
@@ -483,4 +616,62 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 /// The process's metrics.
 pub fn get() -> &'static Metrics {
     &METRICS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(name: &str, kv: Option<KvGauges>) -> SlotGauges {
+        SlotGauges {
+            slot: name.into(),
+            model: "m".into(),
+            state: "ready",
+            rss_bytes: 0,
+            in_flight: 0,
+            kv,
+        }
+    }
+
+    #[test]
+    fn kv_memory_and_the_prefix_cache_counters_are_exported_per_slot() {
+        let metrics = Metrics::new();
+        metrics.prefix_cache("m", "m/0", 600, 0);
+        metrics.prefix_cache("m", "m/0", 640, 592);
+        metrics.affinity_routed("m", "m/0", "affine");
+        let snapshot = Snapshot {
+            states: vec!["ready"],
+            slots: vec![
+                slot(
+                    "m/0",
+                    Some(KvGauges {
+                        budget_bytes: 512 << 20,
+                        blocks_total: 1024,
+                        blocks_in_use: 256,
+                        blocks_cached: 100,
+                    }),
+                ),
+                // An engine that does not report its KV memory: no gauges.
+                slot("m/1", None),
+            ],
+            ..Snapshot::default()
+        };
+        let text = metrics.render(&snapshot);
+        for line in [
+            "tt_serving_prefix_cache_queries_total{slot=\"m/0\",model=\"m\"} 1240",
+            "tt_serving_prefix_cache_hits_total{slot=\"m/0\",model=\"m\"} 592",
+            "tt_serving_affinity_routed_total{slot=\"m/0\",model=\"m\",outcome=\"affine\"} 1",
+            "tt_serving_kv_cache_budget_bytes{slot=\"m/0\",model=\"m\"} 536870912",
+            "tt_serving_kv_cache_blocks{slot=\"m/0\",model=\"m\",state=\"in_use\"} 256",
+            "tt_serving_kv_cache_blocks{slot=\"m/0\",model=\"m\",state=\"cached\"} 100",
+            "tt_serving_kv_cache_blocks{slot=\"m/0\",model=\"m\",state=\"total\"} 1024",
+            "tt_serving_kv_cache_usage_perc{slot=\"m/0\",model=\"m\"} 0.25",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no `{line}` in:\n{text}");
+        }
+        assert!(!text.contains("kv_cache_blocks{slot=\"m/1\""), "{text}");
+        // A slot that left Ready (or went away) loses its gauges.
+        let text = metrics.render(&Snapshot::default());
+        assert!(!text.contains("kv_cache_blocks{"), "{text}");
+    }
 }

@@ -28,6 +28,7 @@ pub struct DaemonState {
     openai_address: String,
     reloads: Reloads,
     shutdown: Shutdown,
+    trial: Mutex<Option<crate::trial::TrialMark>>,
 }
 
 /// The facts about this daemon process that status shows.
@@ -63,7 +64,19 @@ impl DaemonState {
             openai_address: process.openai_address,
             reloads: Reloads::default(),
             shutdown,
+            trial: Mutex::new(None),
         }
+    }
+
+    /// The trial in force (`ttctl ab`), if any.
+    pub fn trial(&self) -> Option<crate::trial::TrialMark> {
+        self.trial.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Marks (or clears) the trial in force.
+    pub fn set_trial(&self, mark: Option<crate::trial::TrialMark>) {
+        *self.trial.lock().unwrap_or_else(|e| e.into_inner()) = mark;
+        self.cards.bus().notify();
     }
 
     /// When the daemon started.

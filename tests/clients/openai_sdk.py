@@ -19,6 +19,13 @@ out = {}
 
 out["models"] = [m.id for m in client.models.list().data]
 
+
+def cached(usage):
+    """`usage.prompt_tokens_details.cached_tokens` as the SDK parses it."""
+    details = usage.prompt_tokens_details if usage else None
+    return details.cached_tokens if details else None
+
+
 # Completions, collected then streamed: greedy, so the same text both ways.
 c = client.completions.create(model=model, prompt="The capital of France is", max_tokens=8, temperature=0)
 out["completion"] = {
@@ -28,6 +35,7 @@ out["completion"] = {
     "prompt_tokens": c.usage.prompt_tokens,
     "completion_tokens": c.usage.completion_tokens,
     "total_tokens": c.usage.total_tokens,
+    "cached_tokens": cached(c.usage),
 }
 pieces, finish, usage, chunks = [], None, None, 0
 for chunk in client.completions.create(
@@ -50,6 +58,7 @@ out["completion_stream"] = {
     "chunks": chunks,
     "prompt_tokens": usage.prompt_tokens if usage else None,
     "completion_tokens": usage.completion_tokens if usage else None,
+    "cached_tokens": cached(usage),
 }
 
 # Chat, collected then streamed.
@@ -65,6 +74,7 @@ out["chat"] = {
     "finish_reason": c.choices[0].finish_reason,
     "prompt_tokens": c.usage.prompt_tokens,
     "completion_tokens": c.usage.completion_tokens,
+    "cached_tokens": cached(c.usage),
 }
 pieces, finish, roles = [], None, []
 with client.chat.completions.create(

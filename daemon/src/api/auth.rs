@@ -122,6 +122,8 @@ pub enum Operation {
     RestartSlot,
     /// `ttctl reload`.
     Reload,
+    /// `ttctl ab`: trial definitions of a model.
+    Trial,
 }
 
 impl Operation {
@@ -153,6 +155,7 @@ impl Operation {
             Operation::BuildCache => "ttctl cache build",
             Operation::RestartSlot => "ttctl slot restart",
             Operation::Reload => "ttctl reload",
+            Operation::Trial => "ttctl ab",
         }
     }
 }
@@ -256,7 +259,8 @@ mod tests {
         }
     }
 
-    const DESTRUCTIVE: [Operation; 6] = [
+    const DESTRUCTIVE: [Operation; 7] = [
+        Operation::Trial,
         Operation::ResetCard,
         Operation::BorrowCards,
         Operation::RemoveCache,

@@ -206,6 +206,30 @@ impl Control for ControlService {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
+    type TrialStream = BoxStream<pb::TrialEvent>;
+
+    async fn trial(
+        &self,
+        request: Request<tonic::Streaming<pb::TrialRequest>>,
+    ) -> Result<Response<Self::TrialStream>, Status> {
+        self.rule.authorize(&request, Operation::Trial)?;
+        let mut inbound = request.into_inner();
+        let first = match inbound.message().await? {
+            Some(pb::TrialRequest {
+                step: Some(pb::trial_request::Step::Arm(arm)),
+            }) => arm,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first message of Trial must be an arm naming the model",
+                ))
+            }
+        };
+        tracing::info!(model = %echo(&first.model), arm = %echo(&first.name), purpose = %echo(&first.purpose), "trial requested over the control socket");
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(crate::trial::run(self.state.clone(), first, inbound, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
     type BorrowCardsStream = BoxStream<pb::BorrowEvent>;
 
     async fn borrow_cards(

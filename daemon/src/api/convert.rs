@@ -66,6 +66,16 @@ fn card_state(state: CardState) -> pb::CardState {
     }
 }
 
+/// A slot as status shows it: [`slot`] with the trial in force, if its
+/// model is on trial.
+pub fn slot_of(state: &DaemonState, view: &SlotView) -> pb::Slot {
+    let mut s = slot(view);
+    if let Some(t) = state.trial().filter(|t| t.model == view.model) {
+        s.trial = t.describe();
+    }
+    s
+}
+
 /// A slot as the control protocol shows it.
 pub fn slot(view: &SlotView) -> pb::Slot {
     let stats = view.stats.view();
@@ -100,6 +110,8 @@ pub fn slot(view: &SlotView) -> pb::Slot {
             .as_ref()
             .map(|d| d.flags.clone().into_iter().collect())
             .unwrap_or_default(),
+        trial: String::new(),
+        ..Default::default()
     }
 }
 
@@ -169,7 +181,7 @@ pub fn status(state: &DaemonState) -> pb::StatusResponse {
             containment: crate::worker::containment::get().describe().to_string(),
         }),
         cards: state.cards().snapshot().iter().map(card).collect(),
-        slots: state.slots().iter().map(slot).collect(),
+        slots: state.slots().iter().map(|v| slot_of(state, v)).collect(),
         reloads: state.reloads().history(),
         queues: state
             .router()

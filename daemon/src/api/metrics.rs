@@ -77,7 +77,7 @@ fn respond<B>(state: &DaemonState, request: &Request<B>) -> Response<Full<Bytes>
 
 /// The state gauges' values from the slot and card tables as they are now.
 fn snapshot(state: &DaemonState) -> crate::metrics::Snapshot {
-    use crate::metrics::{CardGauges, SlotGauges, Snapshot};
+    use crate::metrics::{CardGauges, KvGauges, SlotGauges, Snapshot};
     use crate::slots::SlotState;
     Snapshot {
         states: SlotState::ALL.iter().map(|s| s.word()).collect(),
@@ -90,6 +90,17 @@ fn snapshot(state: &DaemonState) -> crate::metrics::Snapshot {
                 state: s.state.word(),
                 rss_bytes: s.worker_rss_bytes,
                 in_flight: s.in_flight,
+                // The last worker's figures stay in the view until the
+                // next one is Ready.
+                kv: s
+                    .kv
+                    .filter(|_| s.state == SlotState::Ready)
+                    .map(|kv| KvGauges {
+                        budget_bytes: kv.budget_bytes,
+                        blocks_total: kv.blocks_total,
+                        blocks_in_use: kv.blocks_in_use,
+                        blocks_cached: kv.blocks_cached,
+                    }),
             })
             .collect(),
         waiting: state.router().waiting(),

@@ -11,6 +11,7 @@ pub const LIVE_KEYS: &[&str] = &[
     "max_in_flight",
     "recovery_wait_secs",
     "rollback_on_failure",
+    "prefix_affinity",
 ];
 
 /// Model keys whose values may be secrets: their changes are named, never

@@ -64,6 +64,12 @@ fn render_problems(problems: &[Problem]) -> String {
         .join("\n")
 }
 
+/// Every problem of a config built in memory (a trial's definition), by
+/// the same rules as a file's.
+pub fn problems_of(config: &Config) -> Vec<Problem> {
+    validate::check(config)
+}
+
 /// Read, parse and validate a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {

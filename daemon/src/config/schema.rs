@@ -451,6 +451,13 @@ pub struct ModelConfig {
     /// takes minutes).
     #[serde(default = "default_recovery_wait_secs")]
     pub recovery_wait_secs: u64,
+    /// With several Ready replicas, send requests that start alike (a
+    /// chat's leading messages, a prompt's first 2 KiB) to the same
+    /// replica, where its engine's prefix cache likely holds them, within a
+    /// load bound (docs/ARCHITECTURE.md, "Prefix affinity"). false: the
+    /// least-loaded replica takes each request.
+    #[serde(default = "default_true")]
+    pub prefix_affinity: bool,
     /// How long in-flight requests may run when the slot drains, in seconds.
     #[serde(default = "default_drain_timeout_secs")]
     pub drain_timeout_secs: u64,
@@ -481,6 +488,10 @@ fn default_recovery_wait_secs() -> u64 {
 
 fn default_drain_timeout_secs() -> u64 {
     30
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// The name of replica `index` of a model: the model's name alone when the

@@ -199,6 +199,18 @@ fn zero_timeout_is_rejected() {
 }
 
 #[test]
+fn prefix_affinity_is_on_by_default_and_takes_only_a_boolean() {
+    assert!(parse(ONE_MODEL).unwrap().models["qwen"].prefix_affinity);
+    let off = parse(&format!("{ONE_MODEL}prefix_affinity = false\n")).unwrap();
+    assert!(!off.models["qwen"].prefix_affinity);
+    assert_rejected(
+        &format!("{ONE_MODEL}prefix_affinity = \"off\"\n"),
+        "models.qwen.prefix_affinity",
+        "expected a boolean",
+    );
+}
+
+#[test]
 fn recovery_wait_defaults_to_30_s_may_be_off_and_is_bounded() {
     assert_eq!(
         parse(ONE_MODEL).unwrap().models["qwen"].recovery_wait_secs,

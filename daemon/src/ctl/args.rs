@@ -106,8 +106,8 @@ pub enum Command {
     /// Re-read the daemon's config file and apply only what changed.
     ///
     /// Slots whose definition is unchanged keep running untouched; a change
-    /// to only max_queue, max_in_flight, recovery_wait_secs or
-    /// rollback_on_failure is applied live; any other change drains and
+    /// to only max_queue, max_in_flight, recovery_wait_secs,
+    /// rollback_on_failure or prefix_affinity is applied live; any other change drains and
     /// restarts the slot (a changed cache flag means one cold build); removed slots drain and stop and
     /// their cards are released; added slots start. Changes outside
     /// `[models]` (daemon, hardware, reset, metrics, ...) are listed as

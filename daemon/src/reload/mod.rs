@@ -36,6 +36,15 @@ pub struct Options {
 /// says what happened.
 pub async fn reload(state: &Arc<DaemonState>, trigger: &str, options: Options) -> pb::ReloadReport {
     let _turn = state.reloads().turn().await;
+    reload_in_turn(state, trigger, options).await
+}
+
+/// [`reload`] by one already holding the reload turn (a trial ending).
+pub async fn reload_in_turn(
+    state: &Arc<DaemonState>,
+    trigger: &str,
+    options: Options,
+) -> pb::ReloadReport {
     let mut report = pb::ReloadReport {
         trigger: trigger.to_string(),
         started_unix_ms: crate::clock::unix_ms(SystemTime::now()),
@@ -61,6 +70,18 @@ pub async fn reload(state: &Arc<DaemonState>, trigger: &str, options: Options) -
             return finish(state, report, options);
         }
     };
+    apply_config(state, report, new, options).await
+}
+
+/// Puts `new` (already validated) in force by the reload's plan and order,
+/// by one holding the reload turn: a reload's file, or a trial's
+/// definition (`trial.rs`), which is never written to the file.
+pub async fn apply_config(
+    state: &Arc<DaemonState>,
+    mut report: pb::ReloadReport,
+    new: Config,
+    options: Options,
+) -> pb::ReloadReport {
     let old = state.config();
     // Replicas a halted roll left on an older definition are compared by
     // what they run.

@@ -332,6 +332,13 @@ mod tests {
             action(&plan, "a"),
             (Action::Update, "recovery_wait_secs: 30 → 0".to_string())
         );
+        // And whether it routes by prefix affinity.
+        let new = config(&format!("{A}prefix_affinity = false\n"));
+        let plan = diff(&old, &new, &variant, &BTreeMap::new());
+        assert_eq!(
+            action(&plan, "a"),
+            (Action::Update, "prefix_affinity: true → false".to_string())
+        );
     }
 
     #[test]

@@ -4,9 +4,12 @@
 //! fields, and prompts or `max_tokens` beyond `[limits]`: INVALID_ARGUMENT
 //! naming the field and the limit), then admission through the
 //! model's bounded queue (full: RESOURCE_EXHAUSTED with a retry hint, never
-//! an unbounded wait), then the least-loaded Ready slot, whose engine must
-//! list every optional parameter the request sets (else INVALID_ARGUMENT
-//! naming the parameter and the engine). The worker's stream
+//! an unbounded wait), then a Ready slot: with several, the one that most
+//! likely holds the request's prefix in its engine's cache, within a load
+//! bound (`affinity.rs`; the model's `prefix_affinity`), else the
+//! least-loaded. The chosen slot's engine must list every optional
+//! parameter the request sets (else INVALID_ARGUMENT naming the parameter
+//! and the engine). The worker's stream
 //! is forwarded chunk by chunk; a client that goes away drops the worker
 //! stream, which cancels the sequence in the worker at once; a worker that
 //! dies mid-stream ends the client's stream with UNAVAILABLE saying so.
@@ -21,6 +24,7 @@
 //! the recovery's progress (none while a slot is draining or stopped: a
 //! restart may follow, or not).
 
+mod affinity;
 mod error;
 mod validate;
 
@@ -29,7 +33,8 @@ pub use validate::{check_engine_supports, validate_request, CHAT_ROLES};
 
 use crate::config::ModelConfig;
 use crate::retry::RetryHint;
-use crate::slots::{Availability, SlotManager};
+use crate::slots::{Availability, Candidate, SlotManager};
+use affinity::{Key, Placement, Ring};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -42,6 +47,9 @@ pub struct Router {
     slots: Arc<SlotManager>,
     /// Per model: the queue's places and the `max_queue` it was made for.
     queues: std::sync::Mutex<BTreeMap<String, (u32, Arc<Semaphore>)>>,
+    /// Per model: the consistent-hash ring of its replicas (prefix
+    /// affinity), grown as replicas are met.
+    rings: std::sync::Mutex<BTreeMap<String, Ring>>,
     next_id: AtomicU64,
 }
 
@@ -68,6 +76,7 @@ impl Router {
         let router = Router {
             slots,
             queues: std::sync::Mutex::new(BTreeMap::new()),
+            rings: std::sync::Mutex::new(BTreeMap::new()),
             next_id: AtomicU64::new(1),
         };
         router.sync_queues();
@@ -76,9 +85,14 @@ impl Router {
 
     /// Make the queues match the config in force (after a reload): a model
     /// whose `max_queue` changed gets a new queue (requests waiting in the
-    /// old one keep their places), removed models lose theirs.
+    /// old one keep their places), removed models lose theirs (and their
+    /// rings).
     pub fn sync_queues(&self) {
         let config = self.slots.config();
+        self.rings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|name, _| config.models.contains_key(name));
         let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         queues.retain(|name, (size, _)| {
             config
@@ -227,6 +241,26 @@ impl Router {
         result
     }
 
+    /// Which of the candidates takes a request with this affinity key
+    /// (None: affinity off for the model, or no key): the key's replica
+    /// within the load bound, else the least-loaded one with room; with the
+    /// placement to count when there was a choice.
+    fn place(
+        &self,
+        model: &str,
+        key: Option<Key>,
+        candidates: &[Candidate<'_>],
+        limit: u32,
+    ) -> Option<(usize, Option<Placement>)> {
+        let Some(key) = key.filter(|_| candidates.len() > 1) else {
+            return affinity::least_loaded(candidates, limit).map(|i| (i, None));
+        };
+        let mut rings = self.rings.lock().unwrap_or_else(|e| e.into_inner());
+        let ring = rings.entry(model.to_string()).or_default();
+        ring.add(candidates.iter().map(|c| c.slot));
+        affinity::choose(ring, key, candidates, limit)
+    }
+
     /// Wait (holding the request's queue place) until a Ready slot of the
     /// model has room, a recovering one is worth waiting for no longer, or
     /// the deadline passes; the slot's in-flight count is taken.
@@ -234,14 +268,34 @@ impl Router {
         &self,
         model: &str,
         m: &ModelConfig,
+        key: Option<Key>,
+        refused: &[String],
         started: tokio::time::Instant,
         deadline: Option<tokio::time::Instant>,
-    ) -> Result<crate::slots::Route, RouteError> {
+    ) -> Result<(crate::slots::Route, Option<Placement>), RouteError> {
         loop {
             let notified = self.slots.changed.notified();
-            if let Some(route) = self.slots.pick(model, m.max_in_flight) {
-                route.in_flight.fetch_add(1, Ordering::Relaxed);
-                return Ok(route);
+            let mut placement = None;
+            let picked = self.slots.pick(model, |all| {
+                // Slots that refused this request are passed over while
+                // another can take it.
+                let (index, candidates): (Vec<usize>, Vec<Candidate<'_>>) = all
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| !refused.iter().any(|r| r == c.slot))
+                    .map(|(i, c)| (i, *c))
+                    .unzip();
+                let (index, candidates) = if candidates.is_empty() {
+                    ((0..all.len()).collect(), all.to_vec())
+                } else {
+                    (index, candidates)
+                };
+                let (chosen, how) = self.place(model, key, &candidates, m.max_in_flight)?;
+                placement = how;
+                index.get(chosen).copied()
+            });
+            if let Some(route) = picked {
+                return Ok((route, placement));
             }
             let wait = self.plan_wait(model, m, started, deadline)?;
             let until = match wait {
@@ -294,6 +348,12 @@ impl Router {
         };
         let started = tokio::time::Instant::now();
         let deadline = timeout.map(|t| started + t);
+        // Only a model given `replicas` has more than one.
+        let key = if m.prefix_affinity && m.replicas.len() > 1 {
+            Key::of(&request)
+        } else {
+            None
+        };
         // Refused before taking a place when it could not wait anyway; a
         // request that waits for a recovery holds its place like any other,
         // so `max_queue` bounds the waiters too.
@@ -318,11 +378,15 @@ impl Router {
         })?;
         // A replica that began draining between the pick and the call (a
         // rolling restart, a loan) refuses before doing anything, so the
-        // request was not started: route it again, a few times at most.
-        let mut refusals = 0;
+        // request was not started: route it again, a few times at most,
+        // passing over the replicas that refused while another can take it
+        // (its affinity key would lead it straight back).
+        let mut refused: Vec<String> = Vec::new();
         let mut permit = Some(permit);
-        let (route, guard, upstream) = loop {
-            let route = self.route(&model, m, started, deadline).await?;
+        let (route, placement, guard, upstream) = loop {
+            let (route, placement) = self
+                .route(&model, m, key, &refused, started, deadline)
+                .await?;
             // Routed: the request leaves the queue (a retry below routes it
             // again without taking a new place).
             drop(permit.take());
@@ -338,9 +402,9 @@ impl Router {
                 request_id: format!("req-{}", self.next_id.fetch_add(1, Ordering::Relaxed)),
             };
             match route.engine.clone().generate(engine_request).await {
-                Ok(upstream) => break (route, guard, upstream.into_inner()),
-                Err(status) if status.code() == tonic::Code::Unavailable && refusals < 3 => {
-                    refusals += 1;
+                Ok(upstream) => break (route, placement, guard, upstream.into_inner()),
+                Err(status) if status.code() == tonic::Code::Unavailable && refused.len() < 3 => {
+                    refused.push(route.slot.clone());
                     tracing::debug!(slot = %route.slot, message = %status.message(), "worker refused a request before starting it; routing it again");
                 }
                 Err(status) => {
@@ -351,6 +415,10 @@ impl Router {
                 }
             }
         };
+        if let Some(placement) = placement {
+            crate::metrics::get().affinity_routed(&model, &route.slot, placement.word());
+            route.stats.affinity(placement == Placement::Affine);
+        }
         let queued_us = arrived.elapsed().as_micros() as u64;
         let slots = self.slots.clone();
         let slot = route.slot.clone();
@@ -396,11 +464,25 @@ impl Router {
                                         t.queue_us += queued_us;
                                     }
                                     let usage = f.usage.unwrap_or_default();
+                                    // An engine cannot reuse more than the
+                                    // prompt; a count that says so would
+                                    // put the hit rate over 100%.
+                                    let cached = f
+                                        .timings
+                                        .map_or(0, |t| t.cached_prompt_tokens)
+                                        .min(usage.prompt_tokens);
                                     metrics.tokens(
                                         &model,
                                         usage.prompt_tokens,
                                         usage.completion_tokens,
                                     );
+                                    metrics.prefix_cache(
+                                        &model,
+                                        &slot,
+                                        usage.prompt_tokens,
+                                        cached,
+                                    );
+                                    stats.prompt(usage.prompt_tokens, cached);
                                     metrics.end_to_end(&model, arrived.elapsed());
                                     stats.finished();
                                 }

@@ -156,6 +156,11 @@ pub struct SlotView {
     /// Who its worker said it is and which optional parameters it honours
     /// (Engine.Info) when it became ready; empty until then.
     pub engine_facts: Arc<EngineFacts>,
+    /// Its engine's KV memory as the worker reports it (Engine.Info when it
+    /// became ready, Health since); None when the engine does not say.
+    /// Kept from the last worker until the next one is Ready: read it only
+    /// while the slot is Ready.
+    pub kv: Option<KvMemory>,
     /// The model definition the slot's supervisor runs (read once when it
     /// started; a reload that does not restart the slot leaves it).
     pub definition: Option<Arc<ModelConfig>>,
@@ -175,6 +180,24 @@ pub struct EngineFacts {
     /// `supported_parameters`: the optional GenerateRequest parameters it
     /// honours (none when it lists none).
     pub supported_parameters: Vec<String>,
+}
+
+/// An engine's KV memory: the pool every sequence's keys and values share
+/// (Engine.Info `kv_cache`) and how much of it is taken (Engine.Health).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvMemory {
+    /// The pool's budget in bytes, all ranks together.
+    pub budget_bytes: u64,
+    /// Tokens per block.
+    pub block_tokens: u32,
+    /// Blocks the budget holds.
+    pub blocks_total: u32,
+    /// Whether finished sequences' blocks are kept for reuse.
+    pub prefix_cache: bool,
+    /// Blocks held by running sequences.
+    pub blocks_in_use: u32,
+    /// Blocks held only by the prefix cache (reusable, evicted first).
+    pub blocks_cached: u32,
 }
 
 /// Operator and daemon requests to a slot's supervisor.
@@ -227,6 +250,7 @@ impl SlotEntry {
                 stats: Arc::new(stats::SlotStats::default()),
                 context_length: 0,
                 engine_facts: Arc::default(),
+                kv: None,
                 definition: None,
                 outdated: Vec::new(),
             },
@@ -267,6 +291,16 @@ pub struct Route {
     pub stats: Arc<stats::SlotStats>,
     /// What its worker said of itself when it became ready.
     pub engine_facts: Arc<EngineFacts>,
+}
+
+/// A Ready slot the router may send a request to, with its load: what
+/// [`SlotManager::pick`] offers the router's policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate<'a> {
+    /// The slot's name.
+    pub slot: &'a str,
+    /// Its requests in flight.
+    pub in_flight: u32,
 }
 
 /// Log lines kept per slot for `ttctl logs`.
@@ -675,8 +709,6 @@ impl SlotManager {
         }
     }
 
-    /// The least-loaded Ready slot of `model` with room for one more request
-    /// (fewer than `limit` in flight), or None.
     /// What the engines of the model's Ready slots honour, to refuse a
     /// parameter none of them takes before the request queues.
     pub fn ready_engine_facts(&self, model: &str) -> Vec<Arc<EngineFacts>> {
@@ -687,28 +719,38 @@ impl SlotManager {
             .collect()
     }
 
-    pub fn pick(&self, model: &str, limit: u32) -> Option<Route> {
-        self.table()
+    /// The Ready slot of `model` that `choose` picks among the candidates
+    /// (the Ready slots with a worker and their loads, in name order), or
+    /// None when it picks none. The slot's in-flight count is taken before
+    /// the table is released, so two requests routed at once both see the
+    /// other's place; the caller gives it back (the router's `InFlight`).
+    pub fn pick(
+        &self,
+        model: &str,
+        choose: impl FnOnce(&[Candidate<'_>]) -> Option<usize>,
+    ) -> Option<Route> {
+        let table = self.table();
+        let ready: Vec<(&String, &SlotEntry, EngineClient<Channel>)> = table
             .iter()
             .filter(|(_, e)| e.view.model == model && e.view.state == SlotState::Ready)
-            .filter_map(|(name, e)| {
-                let engine = e.engine.clone()?;
-                let load = e.in_flight.load(Ordering::Relaxed);
-                (load < limit).then(|| {
-                    (
-                        load,
-                        Route {
-                            slot: name.clone(),
-                            engine,
-                            in_flight: e.in_flight.clone(),
-                            stats: e.view.stats.clone(),
-                            engine_facts: e.view.engine_facts.clone(),
-                        },
-                    )
-                })
+            .filter_map(|(name, e)| Some((name, e, e.engine.clone()?)))
+            .collect();
+        let candidates: Vec<Candidate<'_>> = ready
+            .iter()
+            .map(|(name, e, _)| Candidate {
+                slot: name.as_str(),
+                in_flight: e.in_flight.load(Ordering::Relaxed),
             })
-            .min_by_key(|(load, _)| *load)
-            .map(|(_, route)| route)
+            .collect();
+        let (name, e, engine) = ready.get(choose(&candidates)?)?;
+        e.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(Route {
+            slot: name.to_string(),
+            engine: engine.clone(),
+            in_flight: e.in_flight.clone(),
+            stats: e.view.stats.clone(),
+            engine_facts: e.view.engine_facts.clone(),
+        })
     }
 
     /// Stop every slot (drain, Shutdown, SIGTERM, SIGKILL) and wait until all

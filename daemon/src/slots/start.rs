@@ -18,7 +18,7 @@
 use super::supervisor::{
     drain_and_stop, fail_after_stop, log_tail, stop_worker, Outcome, SlotPlan,
 };
-use super::{EngineFacts, SlotCommand, SlotManager, SlotState};
+use super::{EngineFacts, KvMemory, SlotCommand, SlotManager, SlotState};
 use crate::cache::{BuildLock, CacheMode, Variant};
 use crate::config::ModelConfig;
 use crate::worker::{Worker, WorkerSpec};
@@ -107,6 +107,10 @@ async fn start(
     }
     drop(prepared.build_lock.take());
     crate::metrics::get().slot_start(&plan.slot, &plan.model, mode);
+    // The client first, so that whoever sees the slot Ready can route to
+    // it (a request in between would go to another replica: the router
+    // only picks Ready slots with a client).
+    mgr.set_engine(&plan.slot, Some(engine.clone()));
     mgr.transition(
         &plan.slot,
         SlotState::Ready,
@@ -115,7 +119,6 @@ async fn start(
             started.elapsed().as_secs_f64()
         ),
     );
-    mgr.set_engine(&plan.slot, Some(engine.clone()));
     Ok(super::watchdog::serve(mgr, plan, &mut worker, &mut engine, commands).await)
 }
 
@@ -275,9 +278,17 @@ async fn wait_loaded(
                         version: info.engine_version,
                         supported_parameters: info.supported_parameters,
                     });
+                    let kv = info.kv_cache.map(|k| KvMemory {
+                        budget_bytes: k.budget_bytes,
+                        block_tokens: k.block_tokens,
+                        blocks_total: k.blocks_total,
+                        prefix_cache: k.prefix_cache,
+                        ..KvMemory::default()
+                    });
                     mgr.update(&plan.slot, |v| {
                         v.context_length = info.context_length;
                         v.engine_facts = facts;
+                        v.kv = kv;
                     });
                     break;
                 }

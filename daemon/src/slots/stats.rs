@@ -1,6 +1,8 @@
 //! Recent request figures per slot, for `ttctl top` and status: tokens and
-//! requests served, and median time to first token and inter-token latency
-//! over a window of recent samples. (Prometheus gets full histograms from
+//! requests served, prompt tokens and how many of them the engine's prefix
+//! cache supplied, requests routed to their affinity replica or not, and
+//! median time to first token and inter-token latency over a window of
+//! recent samples. (Prometheus gets full histograms from
 //! [`crate::metrics`]; this is the small live picture for a terminal.)
 
 use std::collections::VecDeque;
@@ -16,6 +18,10 @@ struct Inner {
     inter_token_ms: VecDeque<f64>,
     generated_tokens: u64,
     requests: u64,
+    prompt_tokens: u64,
+    cached_prompt_tokens: u64,
+    affine: u64,
+    fallback: u64,
 }
 
 /// One slot's recent figures.
@@ -35,6 +41,25 @@ pub struct StatsView {
     pub ttft_p50_ms: f64,
     /// Median inter-token latency over recent tokens, ms (0: none yet).
     pub itl_p50_ms: f64,
+    /// Prompt tokens of the requests finished since the slot started.
+    pub prompt_tokens: u64,
+    /// Of those, the ones the engine's prefix cache supplied.
+    pub cached_prompt_tokens: u64,
+    /// Requests with a choice of replicas sent here as their affinity
+    /// replica.
+    pub affine: u64,
+    /// Requests with a choice of replicas sent here because their own was
+    /// over the load bound or full.
+    pub fallback: u64,
+}
+
+impl StatsView {
+    /// The share of prompt tokens the prefix cache supplied, in percent;
+    /// None before the first prompt token.
+    pub fn hit_rate_percent(&self) -> Option<f64> {
+        (self.prompt_tokens > 0)
+            .then(|| self.cached_prompt_tokens as f64 * 100.0 / self.prompt_tokens as f64)
+    }
 }
 
 fn push(window: &mut VecDeque<f64>, value: f64) {
@@ -86,6 +111,25 @@ impl SlotStats {
         self.inner().requests += 1;
     }
 
+    /// A finished request's prompt had `prompt` tokens, `cached` of them
+    /// from the engine's prefix cache (the final chunk's usage and timings).
+    pub fn prompt(&self, prompt: u32, cached: u32) {
+        let mut inner = self.inner();
+        inner.prompt_tokens += u64::from(prompt);
+        inner.cached_prompt_tokens += u64::from(cached);
+    }
+
+    /// A request with a choice of replicas was routed here, to its affinity
+    /// replica (`affine`) or not.
+    pub fn affinity(&self, affine: bool) {
+        let mut inner = self.inner();
+        if affine {
+            inner.affine += 1;
+        } else {
+            inner.fallback += 1;
+        }
+    }
+
     /// The figures now.
     pub fn view(&self) -> StatsView {
         let inner = self.inner();
@@ -94,6 +138,10 @@ impl SlotStats {
             requests: inner.requests,
             ttft_p50_ms: median(&inner.first_token_ms),
             itl_p50_ms: median(&inner.inter_token_ms),
+            prompt_tokens: inner.prompt_tokens,
+            cached_prompt_tokens: inner.cached_prompt_tokens,
+            affine: inner.affine,
+            fallback: inner.fallback,
         }
     }
 }
@@ -118,6 +166,22 @@ mod tests {
         assert_eq!(v.requests, 1);
         assert_eq!(v.ttft_p50_ms, 20.0);
         assert_eq!(v.itl_p50_ms, 4.0);
+    }
+
+    #[test]
+    fn the_hit_rate_is_the_share_of_prompt_tokens_from_the_prefix_cache() {
+        let s = SlotStats::default();
+        assert_eq!(s.view().hit_rate_percent(), None);
+        s.prompt(600, 0);
+        s.prompt(640, 592);
+        s.prompt(8, 8);
+        s.affinity(true);
+        s.affinity(true);
+        s.affinity(false);
+        let v = s.view();
+        assert_eq!((v.prompt_tokens, v.cached_prompt_tokens), (1248, 600));
+        assert_eq!(v.hit_rate_percent(), Some(600.0 * 100.0 / 1248.0));
+        assert_eq!((v.affine, v.fallback), (2, 1));
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The Ready watchdog: while a slot serves, every tick it reads the
-//! worker's RSS, polls `Health`, and ends the slot's serving when the
+//! worker's RSS, polls `Health` (keeping the KV blocks it reports), and ends the slot's serving when the
 //! worker exits, is told to stop, outgrows `restart.rss_limit_mib`, stops
 //! answering (`UNANSWERED_HEALTH_POLLS` polls in a row), or has requests
 //! active without decode progress for `restart.stall_timeout_secs`.
@@ -24,6 +24,9 @@ struct Watch {
     last_progress_ms: u64,
     /// Health polls in a row that got no answer.
     unanswered: u32,
+    /// The KV blocks (in use, cached) the worker last reported; the slot's
+    /// view is updated only when they change.
+    kv_blocks: (u32, u32),
 }
 
 /// Ready: watch for exit, hangs, memory growth and commands.
@@ -119,6 +122,15 @@ async fn check_health(
         Ok(Ok(h)) => {
             watch.unanswered = 0;
             let h = h.into_inner();
+            let kv_blocks = (h.kv_blocks_in_use, h.kv_blocks_cached);
+            if kv_blocks != watch.kv_blocks {
+                watch.kv_blocks = kv_blocks;
+                mgr.update(&plan.slot, |v| {
+                    if let Some(kv) = v.kv.as_mut() {
+                        (kv.blocks_in_use, kv.blocks_cached) = kv_blocks;
+                    }
+                });
+            }
             (
                 h.active_sequences + h.queued_sequences,
                 h.last_progress_unix_ms,

@@ -321,7 +321,7 @@ fn chunk_events(
             ))];
             if include_usage {
                 let mut usage = head.body(true, serde_json::json!([]));
-                usage["usage"] = serde_json::json!(Usage::from(f.usage.unwrap_or_default()));
+                usage["usage"] = serde_json::json!(Usage::of(&f));
                 events.push(event(&usage));
             }
             events.push(Event::default().data("[DONE]"));
@@ -372,6 +372,6 @@ async fn collected(head: Head, mut stream: ChunkStream) -> Response {
         }]),
     };
     let mut body = head.body(false, choice);
-    body["usage"] = serde_json::json!(Usage::from(last.usage.unwrap_or_default()));
+    body["usage"] = serde_json::json!(Usage::of(&last));
     axum::Json(body).into_response()
 }

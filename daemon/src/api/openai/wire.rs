@@ -434,7 +434,7 @@ fn streaming(common: &Common) -> (bool, bool) {
 }
 
 /// `usage`.
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Usage {
     /// Prompt tokens after templating.
     pub prompt_tokens: u32,
@@ -442,14 +442,33 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Their sum.
     pub total_tokens: u32,
+    /// What the prompt tokens were made of.
+    pub prompt_tokens_details: PromptTokensDetails,
 }
 
-impl From<pb::Usage> for Usage {
-    fn from(u: pb::Usage) -> Usage {
+/// `usage.prompt_tokens_details`: always present, as OpenAI sends it, so
+/// a client that reads `cached_tokens` finds 0 rather than nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens the engine's prefix cache supplied
+    /// (`Timings.cached_prompt_tokens`; 0 when the engine does not say).
+    pub cached_tokens: u32,
+}
+
+impl Usage {
+    /// The usage of a finished request, from its final chunk.
+    pub fn of(last: &pb::GenerationFinal) -> Usage {
+        let u = last.usage.unwrap_or_default();
         Usage {
             prompt_tokens: u.prompt_tokens,
             completion_tokens: u.completion_tokens,
-            total_tokens: u.prompt_tokens + u.completion_tokens,
+            total_tokens: u.prompt_tokens.saturating_add(u.completion_tokens),
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: last
+                    .timings
+                    .map_or(0, |t| t.cached_prompt_tokens)
+                    .min(u.prompt_tokens),
+            },
         }
     }
 }
@@ -502,5 +521,43 @@ pub fn finish_reason(reason: i32) -> &'static str {
         Ok(pb::FinishReason::Length) => "length",
         // A cancelled request has no client left to read this.
         _ => "stop",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_always_carries_the_cached_prompt_tokens_as_openai_does() {
+        let last = pb::GenerationFinal {
+            usage: Some(pb::Usage {
+                prompt_tokens: 600,
+                completion_tokens: 7,
+            }),
+            timings: Some(pb::Timings {
+                cached_prompt_tokens: 592,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::json!(Usage::of(&last)),
+            serde_json::json!({
+                "prompt_tokens": 600,
+                "completion_tokens": 7,
+                "total_tokens": 607,
+                "prompt_tokens_details": { "cached_tokens": 592 },
+            })
+        );
+        // An engine that says nothing: 0, never absent.
+        let silent = pb::GenerationFinal {
+            usage: Some(pb::Usage {
+                prompt_tokens: 5,
+                completion_tokens: 1,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(Usage::of(&silent).prompt_tokens_details.cached_tokens, 0);
     }
 }

@@ -414,6 +414,15 @@ impl Control for FakeDaemon {
         Err(Status::unimplemented("not faked"))
     }
 
+    type TrialStream = Boxed<tt_serving_proto::v1::TrialEvent>;
+
+    async fn trial(
+        &self,
+        _: Request<Streaming<tt_serving_proto::v1::TrialRequest>>,
+    ) -> Result<Response<Self::TrialStream>, Status> {
+        Err(Status::unimplemented("not faked"))
+    }
+
     type BuildCacheStream = Boxed<tt_serving_proto::v1::BuildCacheProgress>;
 
     async fn build_cache(
