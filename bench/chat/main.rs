@@ -29,7 +29,7 @@ use clap::Parser;
 use client::{get, prompt_tokens, HttpClient};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use report::{CounterDelta, Round, Summary};
+use report::{Counters, Round, Summary};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -394,6 +394,14 @@ async fn compare_affinity(args: &Args, client: &HttpClient, model: &Path, shape:
         "affinity on / off: TTFT p50 turns 2-4 {ttft:.3}, tok/s {tok_s:.3}"
     )];
     print_table("prefix affinity, two replicas", &run.summaries, &lines);
+    for s in &run.summaries {
+        if let Some(m) = &s.metrics {
+            println!(
+                "{}: routed by affinity {} (affine) / {} (fallback); prompt tokens by slot {:?}",
+                s.name, m.affine, m.fallback, m.queries
+            );
+        }
+    }
     record(
         "chat_prefix_affinity",
         args,
@@ -461,12 +469,10 @@ async fn run_arms(client: &HttpClient, arms: &[Arm<'_>], shape: Shape, rounds: u
         // Round ids start at 1; the token count probe used 0.
         let id = position + 1;
         let arm = &arms[i];
-        let before = prompt_counters(client, arm).await;
+        let before = counters(client, arm).await;
         let sample = run_round(client, &arm.target, shape, id).await;
-        let after = prompt_counters(client, arm).await;
-        let metrics = before
-            .zip(after)
-            .map(|((c0, p0), (c1, p1))| (c1 - c0, p1 - p0));
+        let after = counters(client, arm).await;
+        let metrics = before.zip(after).map(|(b, a)| b.delta(&a));
         let warm_up = position < arms.len();
         eprintln!(
             "round {id:>2} {:<24} {:>6.2} s{}",
@@ -498,29 +504,48 @@ async fn run_arms(client: &HttpClient, arms: &[Arm<'_>], shape: Shape, rounds: u
     }
 }
 
-/// A daemon's prompt-token counters for the arm's model: (cached, all),
-/// when its metrics have a cached-prompt-token counter.
-async fn prompt_counters(client: &HttpClient, arm: &Arm<'_>) -> CounterDelta {
+/// The arm's daemon's counters for its model, when its metrics have the
+/// prefix cache's (a series appears with its first request; the `# TYPE`
+/// line says the daemon has the metric at all).
+async fn counters(client: &HttpClient, arm: &Arm<'_>) -> Option<Counters> {
     let url = format!("{}/metrics", arm.daemon?.metrics);
     let (_, text) = get(client, &url).await?;
-    let label = format!("model=\"{}\"", arm.target.model);
-    let (mut cached, mut all) = (None::<u64>, 0u64);
+    if !text.contains("# TYPE tt_serving_prefix_cache_hits counter") {
+        return None;
+    }
+    let model = format!("model=\"{}\"", arm.target.model);
+    let mut counters = Counters::default();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((name, value)) = line.rsplit_once(' ') else {
+        let Some((series, value)) = line.rsplit_once(' ') else {
             continue;
         };
-        let metric = name.split('{').next().unwrap_or_default();
-        if !metric.ends_with("prompt_tokens_total") || !name.contains(&label) {
+        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+        if !labels.contains(&model) {
             continue;
         }
         let value = value.parse::<f64>().unwrap_or(0.0) as u64;
-        if metric.contains("cached") {
-            *cached.get_or_insert(0) += value;
-        } else {
-            all += value;
+        let label = |key: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{key}=\"")))
+                .map(|v| v.trim_end_matches(['"', '}']).to_string())
+        };
+        match name {
+            "tt_serving_prefix_cache_hits_total" => counters.hits += value,
+            "tt_serving_prefix_cache_queries_total" => {
+                *counters
+                    .queries
+                    .entry(label("slot").unwrap_or_default())
+                    .or_default() += value;
+            }
+            "tt_serving_affinity_routed_total" => match label("outcome").as_deref() {
+                Some("affine") => counters.affine += value,
+                _ => counters.fallback += value,
+            },
+            _ => {}
         }
     }
-    cached.map(|c| (c, all))
+    Some(counters)
 }
 
 /// The system prompt's length in tokens as each arm's server counts it

@@ -5,10 +5,49 @@
 
 use crate::workload::RoundSample;
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 
-/// Prompt tokens a daemon counted for a model over one round, from its
-/// metrics: (cached, all).
-pub type CounterDelta = Option<(u64, u64)>;
+/// A daemon's counters for one model, from its metrics: totals when
+/// scraped, differences over a round in a [`Round`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counters {
+    /// `tt_serving_prefix_cache_hits_total`: prompt tokens the engines'
+    /// prefix caches supplied.
+    pub hits: u64,
+    /// `tt_serving_prefix_cache_queries_total`: all prompt tokens, by slot.
+    pub queries: BTreeMap<String, u64>,
+    /// `tt_serving_affinity_routed_total{outcome="affine"}`.
+    pub affine: u64,
+    /// `tt_serving_affinity_routed_total{outcome="fallback"}`.
+    pub fallback: u64,
+}
+
+impl Counters {
+    /// What happened between `self` (before) and `after`.
+    pub fn delta(&self, after: &Counters) -> Counters {
+        Counters {
+            hits: after.hits - self.hits,
+            queries: after
+                .queries
+                .iter()
+                .map(|(slot, n)| (slot.clone(), n - self.queries.get(slot).unwrap_or(&0)))
+                .collect(),
+            affine: after.affine - self.affine,
+            fallback: after.fallback - self.fallback,
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "prefix_cache_hits": self.hits, "prefix_cache_queries_by_slot": self.queries,
+            "affinity_affine": self.affine, "affinity_fallback": self.fallback,
+        })
+    }
+
+    fn queries_total(&self) -> u64 {
+        self.queries.values().sum()
+    }
+}
 
 /// One counted round of one arm.
 #[derive(Debug, Clone)]
@@ -19,8 +58,8 @@ pub struct Round {
     pub position: usize,
     /// What the client saw.
     pub sample: RoundSample,
-    /// The daemon's prompt-token counters over the round, when it has them.
-    pub metrics: CounterDelta,
+    /// The daemon's counters over the round, when it has them.
+    pub metrics: Option<Counters>,
 }
 
 /// Where a cached-token share came from.
@@ -39,7 +78,7 @@ impl CachedSource {
         match self {
             CachedSource::Usage => "usage.prompt_tokens_details.cached_tokens",
             CachedSource::Timings => "timings.cache_n",
-            CachedSource::Metrics => "daemon metrics (cached / all prompt tokens)",
+            CachedSource::Metrics => "daemon metrics (prefix_cache_hits / prefix_cache_queries)",
         }
     }
 }
@@ -68,6 +107,8 @@ pub struct Summary {
     /// Completion tokens per turn, smallest and largest (fixed by
     /// `ignore_eos` unless an engine ignores it).
     pub completion_tokens: (u32, u32),
+    /// The daemon's counters over all counted rounds, when it has them.
+    pub metrics: Option<Counters>,
 }
 
 impl Summary {
@@ -102,6 +143,16 @@ impl Summary {
                 completions.clone().min().unwrap_or(0),
                 completions.max().unwrap_or(0),
             ),
+            metrics: rounds.iter().try_fold(Counters::default(), |mut sum, r| {
+                let m = r.metrics.as_ref()?;
+                sum.hits += m.hits;
+                for (slot, n) in &m.queries {
+                    *sum.queries.entry(slot.clone()).or_default() += n;
+                }
+                sum.affine += m.affine;
+                sum.fallback += m.fallback;
+                Some(sum)
+            }),
         }
     }
 
@@ -131,6 +182,7 @@ impl Summary {
             "prompt_tokens_turn1_median": self.prompt_tokens.0,
             "prompt_tokens_max": self.prompt_tokens.1,
             "completion_tokens_per_turn": [self.completion_tokens.0, self.completion_tokens.1],
+            "metrics": self.metrics.as_ref().map(Counters::json),
             "rounds": self.rounds,
         })
     }
@@ -206,7 +258,7 @@ fn round_json(round: &Round) -> Value {
         "prompt_tokens": sum(&|r| Some(r.prompt_tokens)),
         "usage_cached_tokens": sum(&|r| r.cached_tokens),
         "timings_cache_n": sum(&|r| r.timings_cache_n),
-        "metrics_cached_and_prompt_tokens": round.metrics.map(|(c, p)| [c, p]),
+        "metrics": round.metrics.as_ref().map(Counters::json),
     })
 }
 
@@ -231,9 +283,9 @@ fn cached_share(rounds: &[Round]) -> Option<(f64, Option<f64>, CachedSource)> {
         .or_else(|| {
             let (mut cached, mut all) = (0u64, 0u64);
             for r in rounds {
-                let (c, a) = r.metrics?;
-                cached += c;
-                all += a;
+                let m = r.metrics.as_ref()?;
+                cached += m.hits;
+                all += m.queries_total();
             }
             (all > 0).then(|| (cached as f64 / all as f64, None, CachedSource::Metrics))
         })
