@@ -23,8 +23,9 @@ pub struct LlamaServer {
 }
 
 impl LlamaServer {
-    /// Start `binary` on `model` with `threads` compute threads and wait
-    /// until `/health` says it has loaded.
+    /// Start `binary` on `model` with `threads` compute threads (and the
+    /// `extra` flags after the usual ones) and wait until `/health` says it
+    /// has loaded.
     ///
     /// The flags: `-np 8` slots (one per conversation), `-c 8192` (1024
     /// tokens per slot, above the longest turn's prompt plus answer),
@@ -39,6 +40,7 @@ impl LlamaServer {
         binary: &Path,
         model: &Path,
         threads: u32,
+        extra: &[String],
         log: &Path,
     ) -> LlamaServer {
         let port = free_port();
@@ -58,6 +60,7 @@ impl LlamaServer {
         ]
         .iter()
         .map(|s| s.to_string())
+        .chain(extra.iter().cloned())
         .collect();
         let args = flags.iter().map(|f| {
             if f == "PORT" {

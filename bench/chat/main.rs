@@ -48,6 +48,11 @@ struct Args {
     /// this 2-core machine by default, and so does llama-server with 2.
     #[arg(long, default_value_t = 2)]
     llama_threads: u32,
+    /// One more llama-server flag after the usual ones (repeatable; each
+    /// value one argument, e.g. `--llama-arg=-kvu`): to see how another
+    /// setting changes the picture. Recorded with the arm's flags.
+    #[arg(long, allow_hyphen_values = true)]
+    llama_arg: Vec<String>,
     /// Run comparison 2 (two replicas, prefix affinity on against off)
     /// instead of comparison 1.
     #[arg(long)]
@@ -264,6 +269,7 @@ async fn compare_engines(
                 binary,
                 model,
                 args.llama_threads,
+                &args.llama_arg,
                 &work.join("llama-server.log"),
             )
             .await,
