@@ -109,6 +109,10 @@ pub struct Summary {
     pub completion_tokens: (u32, u32),
     /// The daemon's counters over all counted rounds, when it has them.
     pub metrics: Option<Counters>,
+    /// Later turns that found their own conversation's previous turn in
+    /// the cache, and all later turns (when the answers say what was
+    /// cached).
+    pub history_reuse: Option<(usize, usize)>,
 }
 
 impl Summary {
@@ -143,6 +147,7 @@ impl Summary {
                 completions.clone().min().unwrap_or(0),
                 completions.max().unwrap_or(0),
             ),
+            history_reuse: history_reuse(rounds),
             metrics: rounds.iter().try_fold(Counters::default(), |mut sum, r| {
                 let m = r.metrics.as_ref()?;
                 sum.hits += m.hits;
@@ -183,6 +188,8 @@ impl Summary {
             "prompt_tokens_max": self.prompt_tokens.1,
             "completion_tokens_per_turn": [self.completion_tokens.0, self.completion_tokens.1],
             "metrics": self.metrics.as_ref().map(Counters::json),
+            "history_reuse_pct": self.history_reuse.map(|(hit, all)| hit as f64 * 100.0 / all as f64),
+            "history_reuse_turns": self.history_reuse.map(|(hit, all)| [hit, all]),
             "rounds": self.rounds,
         })
     }
@@ -198,15 +205,18 @@ impl Summary {
             ),
             None => "-".into(),
         };
+        let history = match self.history_reuse {
+            Some((hit, all)) => format!("; own history reused {hit}/{all}"),
+            None => String::new(),
+        };
         format!(
-            "{:<22} {:>8.1} {:>8.1} {:>9.1} {:>9.1} {:>9.1}  {}",
+            "{:<22} {:>8.1} {:>8.1} {:>9.1} {:>9.1} {:>9.1}  {cached}{history}",
             self.name,
             p(&self.ttft_first, 50.0),
             p(&self.ttft_first, 90.0),
             p(&self.ttft_later, 50.0),
             p(&self.ttft_later, 90.0),
             self.tok_s_median(),
-            cached
         )
     }
 }
@@ -289,6 +299,35 @@ fn cached_share(rounds: &[Round]) -> Option<(f64, Option<f64>, CachedSource)> {
             }
             (all > 0).then(|| (cached as f64 / all as f64, None, CachedSource::Metrics))
         })
+}
+
+/// Positions per KV block of tt-worker's prefix cache: it reuses whole
+/// blocks only, so a reused history may stop up to a block short.
+const BLOCK_TOKENS: u32 = 16;
+
+/// How many later turns reused their conversation's own previous turn:
+/// the prompt then starts with the previous turn's whole prompt (followed
+/// by its answer), so a replica that served that turn finds at least its
+/// prompt cached, less a partial block; one that did not finds only the
+/// shared system prompt and the chat template's start, which ends well
+/// before the previous prompt did (a first user message is ~30 tokens).
+fn history_reuse(rounds: &[Round]) -> Option<(usize, usize)> {
+    let (mut hits, mut all) = (0, 0);
+    for round in rounds {
+        for t in round.sample.turns.iter().filter(|t| t.turn > 0) {
+            let previous = round
+                .sample
+                .turns
+                .iter()
+                .find(|p| p.conversation == t.conversation && p.turn + 1 == t.turn)?;
+            let cached = t.reply.cached_tokens.or(t.reply.timings_cache_n)?;
+            all += 1;
+            if cached + BLOCK_TOKENS > previous.reply.prompt_tokens {
+                hits += 1;
+            }
+        }
+    }
+    (all > 0).then_some((hits, all))
 }
 
 /// The `q`th percentile by nearest rank (NaN when empty).

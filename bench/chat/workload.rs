@@ -36,6 +36,8 @@ pub struct Target {
 /// One turn as its client saw it.
 #[derive(Debug, Clone)]
 pub struct TurnSample {
+    /// Which conversation.
+    pub conversation: usize,
     /// 0-based turn within its conversation.
     pub turn: usize,
     /// What the server said.
@@ -156,7 +158,11 @@ async fn conversation_turns(
         messages.push(json!({"role": "user", "content": user_message(conversation, turn)}));
         let reply = chat_once(client, target, &messages, shape.max_tokens).await;
         messages.push(json!({"role": "assistant", "content": reply.text}));
-        samples.push(TurnSample { turn, reply });
+        samples.push(TurnSample {
+            conversation,
+            turn,
+            reply,
+        });
     }
     samples
 }
