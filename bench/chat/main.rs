@@ -462,14 +462,7 @@ struct Run {
 async fn run_arms(client: &HttpClient, arms: &[Arm<'_>], shape: Shape, rounds: usize) -> Run {
     let system_tokens = system_prompt_tokens(client, arms).await;
     let slots_before: Vec<Vec<Value>> = arms.iter().map(Arm::slots).collect();
-    let mut order: Vec<usize> = (0..arms.len()).collect();
-    for block in 0..rounds {
-        let mut arms_in_block: Vec<usize> = (0..arms.len()).collect();
-        if block % 2 == 1 {
-            arms_in_block.reverse();
-        }
-        order.extend(arms_in_block);
-    }
+    let order = rotation(arms.len(), rounds);
     let mut counted: Vec<Vec<Round>> = arms.iter().map(|_| Vec::new()).collect();
     for (position, &i) in order.iter().enumerate() {
         // Round ids start at 1; the token count probe used 0.
@@ -510,16 +503,36 @@ async fn run_arms(client: &HttpClient, arms: &[Arm<'_>], shape: Shape, rounds: u
     }
 }
 
+/// The order rounds run in: one warm-up per arm (0, 1, ..., n-1), then
+/// `rounds` blocks of every arm, every other block reversed.
+fn rotation(arms: usize, rounds: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..arms).collect();
+    for block in 0..rounds {
+        let mut arms_in_block: Vec<usize> = (0..arms).collect();
+        if block % 2 == 1 {
+            arms_in_block.reverse();
+        }
+        order.extend(arms_in_block);
+    }
+    order
+}
+
 /// The arm's daemon's counters for its model, when its metrics have the
-/// prefix cache's (a series appears with its first request; the `# TYPE`
-/// line says the daemon has the metric at all).
+/// prefix cache's.
 async fn counters(client: &HttpClient, arm: &Arm<'_>) -> Option<Counters> {
     let url = format!("{}/metrics", arm.daemon?.metrics);
     let (_, text) = get(client, &url).await?;
+    parse_counters(&text, &arm.target.model)
+}
+
+/// `model`'s counters in a Prometheus text exposition; None when the
+/// daemon has no prefix cache counters at all (a series appears with its
+/// first request; the `# TYPE` line says the daemon has the metric).
+fn parse_counters(text: &str, model: &str) -> Option<Counters> {
     if !text.contains("# TYPE tt_serving_prefix_cache_hits counter") {
         return None;
     }
-    let model = format!("model=\"{}\"", arm.target.model);
+    let model = format!("model=\"{model}\"");
     let mut counters = Counters::default();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some((series, value)) = line.rsplit_once(' ') else {
@@ -731,4 +744,35 @@ fn commit() -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arms_rotate_so_none_always_runs_first() {
+        assert_eq!(rotation(3, 2), vec![0, 1, 2, 0, 1, 2, 2, 1, 0]);
+        assert_eq!(rotation(2, 3), vec![0, 1, 0, 1, 1, 0, 0, 1]);
+    }
+
+    #[test]
+    fn counters_are_read_for_the_model_only() {
+        let text = "# TYPE tt_serving_prefix_cache_hits counter\n\
+            tt_serving_prefix_cache_hits_total{slot=\"chat/0\",model=\"chat\"} 500\n\
+            tt_serving_prefix_cache_hits_total{slot=\"chat/1\",model=\"chat\"} 20\n\
+            tt_serving_prefix_cache_hits_total{slot=\"other\",model=\"other\"} 7\n\
+            tt_serving_prefix_cache_queries_total{slot=\"chat/0\",model=\"chat\"} 600\n\
+            tt_serving_prefix_cache_queries_total{slot=\"chat/1\",model=\"chat\"} 550\n\
+            tt_serving_affinity_routed_total{slot=\"chat/0\",model=\"chat\",outcome=\"affine\"} 3\n\
+            tt_serving_affinity_routed_total{slot=\"chat/1\",model=\"chat\",outcome=\"fallback\"} 1\n";
+        let c = parse_counters(text, "chat").unwrap();
+        assert_eq!((c.hits, c.affine, c.fallback), (520, 3, 1));
+        assert_eq!(c.queries["chat/0"], 600);
+        assert_eq!(c.queries["chat/1"], 550);
+        assert_eq!(
+            parse_counters("# TYPE tt_serving_requests counter\n", "chat"),
+            None
+        );
+    }
 }

@@ -339,3 +339,54 @@ pub fn percentile(values: &mut [f64], q: f64) -> f64 {
     let rank = ((q / 100.0) * values.len() as f64).ceil() as usize;
     values[rank.clamp(1, values.len()) - 1]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Reply;
+    use crate::workload::TurnSample;
+    use std::time::Duration;
+
+    fn turn(conversation: usize, turn: usize, prompt: u32, cached: u32) -> TurnSample {
+        TurnSample {
+            conversation,
+            turn,
+            reply: Reply {
+                prompt_tokens: prompt,
+                cached_tokens: Some(cached),
+                completion_tokens: 32,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn a_later_turn_reuses_its_history_when_its_previous_prompt_was_cached() {
+        let round = Round {
+            id: 1,
+            position: 0,
+            metrics: None,
+            sample: RoundSample {
+                wall: Duration::from_secs(1),
+                turns: vec![
+                    turn(0, 0, 533, 0),
+                    // Its own 533-token prompt, to the last whole block.
+                    turn(0, 1, 598, 528),
+                    // Only the shared system prompt: another replica.
+                    turn(0, 2, 660, 512),
+                    turn(1, 0, 533, 512),
+                    turn(1, 1, 598, 592),
+                ],
+            },
+        };
+        assert_eq!(history_reuse(&[round]), Some((2, 3)));
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let mut v = vec![5.0, 1.0, 4.0, 2.0, 3.0];
+        assert_eq!(percentile(&mut v, 50.0), 3.0);
+        assert_eq!(percentile(&mut v, 90.0), 5.0);
+        assert!(percentile(&mut [], 50.0).is_nan());
+    }
+}
