@@ -111,6 +111,13 @@ pub fn slot(view: &SlotView) -> pb::Slot {
             .map(|d| d.flags.clone().into_iter().collect())
             .unwrap_or_default(),
         trial: String::new(),
+        banners_engaged: view
+            .banners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect(),
         ..Default::default()
     }
 }
