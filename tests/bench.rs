@@ -203,3 +203,18 @@ fn an_unknown_model_and_a_missing_model_are_usage_errors() {
     assert_eq!(unknown.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("nope"));
 }
+
+/// docs/PERFORMANCE.md: every table of numbers is either cited against the
+/// records committed under bench/ or marked as figures from before them.
+#[test]
+fn the_performance_doc_cites_its_records() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let records = root.join("bench/ab/records.jsonl");
+    let out = std::process::Command::new(tt_serving_tests::bin("ttctl"))
+        .args(["bench", "cite"])
+        .arg(root.join("docs/PERFORMANCE.md"))
+        .arg(&records)
+        .output()
+        .expect("run ttctl");
+    assert!(out.status.success(), "{}", output_text(&out));
+}
