@@ -281,6 +281,7 @@ pub async fn measure_rung(
             "model {model} has no Ready slot to measure (see 'ttctl status')"
         )));
     }
+    let identity = identity.with_variants(&daemon.list_cache().await?);
     let banners_before = banners(&before, model);
     let calibration = calibrations.get(daemon, model, rung.prompt_tokens).await?;
     let mut rounds = Vec::new();
