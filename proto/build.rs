@@ -68,7 +68,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::configure()
         // Sorted, so a variant's inputs list (and print) the same way every
         // time.
-        .btree_map(".tt.serving.v1.CacheVariant.inputs");
+        .btree_map(".tt.serving.v1.CacheVariant.inputs")
+        .btree_map(".tt.serving.v1.Slot.flags");
     for message in JSON_MESSAGES {
         config = config.message_attribute(
             format!(".tt.serving.v1.{message}"),

@@ -5,12 +5,14 @@
 //! conversations use the other; one hot prompt cannot pile onto its
 //! replica past the load bound; a replica that goes away hands its
 //! conversations to the survivor without a client error. The per-slot
-//! prompt-token and routing counters are read from `/metrics`.
+//! prompt-token and routing counters are read from `/metrics`, and the
+//! prefix-cache hit rate and KV memory from `ttctl status --json` and
+//! `ttctl top`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use tt_serving_proto::v1 as pb;
 use tt_serving_tests::chaos_support::{scrape, Scrape};
-use tt_serving_tests::{tiny_model, wait_until, Daemon, DaemonOptions, FakeHw};
+use tt_serving_tests::{output_text, tiny_model, wait_until, Daemon, DaemonOptions, FakeHw};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("tokio runtime")
@@ -37,12 +39,14 @@ fn start(hw: &FakeHw, model: &std::path::Path, extra: &str) -> Daemon {
     daemon
 }
 
-/// One finished request: the reply's text, the serving slot and its usage.
+/// One finished request: the reply's text, the serving slot, its usage and
+/// how many of its prompt tokens the engine's prefix cache supplied.
 #[derive(Debug, Clone)]
 struct Reply {
     text: String,
     slot: String,
     prompt_tokens: u32,
+    cached_prompt_tokens: u32,
 }
 
 async fn generate(
@@ -71,6 +75,7 @@ async fn generate(
                     text,
                     slot: f.slot,
                     prompt_tokens: f.usage.map_or(0, |u| u.prompt_tokens),
+                    cached_prompt_tokens: f.timings.map_or(0, |t| t.cached_prompt_tokens),
                 })
             }
             None => {}
@@ -152,11 +157,13 @@ fn a_conversation_stays_on_one_replica_while_other_conversations_use_the_other()
 
     let mut conversations: Vec<Conversation> = (0..12).map(Conversation::new).collect();
     let mut prompt_tokens: BTreeMap<String, u64> = BTreeMap::new();
+    let mut cached_tokens: BTreeMap<String, u64> = BTreeMap::new();
     // Turns interleave across conversations, as many clients' would.
     for _ in 0..3 {
         for c in &mut conversations {
             let reply = rt.block_on(c.turn(&address)).expect("every turn is served");
-            *prompt_tokens.entry(reply.slot).or_default() += u64::from(reply.prompt_tokens);
+            *prompt_tokens.entry(reply.slot.clone()).or_default() += u64::from(reply.prompt_tokens);
+            *cached_tokens.entry(reply.slot).or_default() += u64::from(reply.cached_prompt_tokens);
         }
     }
     let mut by_slot: BTreeMap<&str, usize> = BTreeMap::new();
@@ -172,7 +179,7 @@ fn a_conversation_stays_on_one_replica_while_other_conversations_use_the_other()
 
     // The operator sees it in the metrics: every request went to its
     // key's replica (one at a time, so none over the load bound), and each
-    // slot's prompt tokens, for its prefix-cache hit rate.
+    // slot's prompt tokens and the share its prefix cache supplied.
     let metrics = scrape(&daemon);
     for slot in ["m/0", "m/1"] {
         let turns = 3.0 * by_slot[slot] as f64;
@@ -186,15 +193,109 @@ fn a_conversation_stays_on_one_replica_while_other_conversations_use_the_other()
             prompt_tokens[slot] as f64,
             "{slot}"
         );
-        // The tiny model's engine reuses nothing yet, and says so.
+        // tt-worker's prefix cache supplies the part of each later turn
+        // that the replica computed for the earlier ones: that is what
+        // keeping a conversation on one replica is for.
+        assert!(cached_tokens[slot] > 0, "{slot}: {cached_tokens:?}");
         assert_eq!(
             metrics.get(&format!(
                 "tt_serving_prefix_cache_hits_total{{slot=\"{slot}\",model=\"m\"}}"
             )),
-            Some(0.0),
+            Some(cached_tokens[slot] as f64),
             "{}",
             metrics.text
         );
+    }
+}
+
+/// The cell under `header` in the row of `slot` of a `ttctl top` frame.
+fn top_cell(frame: &str, slot: &str, header: &str) -> String {
+    let head = frame
+        .lines()
+        .find(|l| l.starts_with("SLOT "))
+        .unwrap_or_else(|| panic!("no header in {frame}"));
+    let row = frame
+        .lines()
+        .find(|l| l.starts_with(&format!("{slot} ")))
+        .unwrap_or_else(|| panic!("no row for {slot} in {frame}"));
+    let column = head
+        .find(&format!("  {header}  "))
+        .unwrap_or_else(|| panic!("no {header} column in {frame}"))
+        + 2;
+    row.get(column..)
+        .and_then(|rest| rest.split("  ").next())
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn status_and_top_show_a_conversations_prefix_cache_hits_and_kv_memory() {
+    let hw = FakeHw::new(2);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let daemon = start(&hw, &model, "");
+    let address = daemon.inference_address();
+    let rt = runtime();
+
+    let mut conversation = Conversation::new(0);
+    let first = rt.block_on(conversation.turn(&address)).expect("turn 1");
+    let second = rt.block_on(conversation.turn(&address)).expect("turn 2");
+    let home = conversation.slot().to_string();
+    let other = if home == "m/0" { "m/1" } else { "m/0" };
+    assert_eq!(first.cached_prompt_tokens, 0, "nothing to reuse yet");
+    assert!(
+        second.cached_prompt_tokens > 0,
+        "the second turn reuses the first: {second:?}"
+    );
+
+    // `ttctl status --json`: the slot's counters are its final chunks'
+    // usage and timings, and its engine's KV memory is there while Ready.
+    let status = daemon.slot(&home);
+    let prompt = u64::from(first.prompt_tokens + second.prompt_tokens);
+    let cached = u64::from(second.cached_prompt_tokens);
+    assert_eq!(status["prompt_tokens"], prompt, "{status}");
+    assert_eq!(status["cached_prompt_tokens"], cached, "{status}");
+    assert_eq!(status["affinity_affine"], 2, "{status}");
+    assert_eq!(status["affinity_fallback"], 0, "{status}");
+    let kv = &status["kv"];
+    assert!(kv["blocks_total"].as_u64().unwrap_or(0) > 0, "{status}");
+    assert!(kv["block_tokens"].as_u64().unwrap_or(0) > 0, "{status}");
+    assert!(kv["budget_bytes"].as_u64().unwrap_or(0) > 0, "{status}");
+    assert_eq!(kv["prefix_cache"], true, "{status}");
+    let idle = daemon.slot(other);
+    assert_eq!(idle["prompt_tokens"], 0, "{idle}");
+    assert!(
+        idle["kv"]["blocks_total"].as_u64().unwrap_or(0) > 0,
+        "{idle}"
+    );
+
+    // `ttctl status` shows the running hit rate in its slots table.
+    let hit = format!("{:.0}%", cached as f64 * 100.0 / prompt as f64);
+    let out = daemon.ttctl(&["status"]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(table.contains("  HIT  "), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(&format!("{home} ")))
+        .unwrap_or_default();
+    assert!(row.contains(&format!("  {hit}  ")), "{table}");
+
+    // `ttctl top`: no request between its two frames, so HIT is the
+    // running total in both; the slot without a request has none; KV is a
+    // share of each engine's blocks.
+    let out = daemon.ttctl(&["top", "--iterations", "2", "--interval", "0.5"]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let frames: Vec<&str> = text.split("\n\n").filter(|f| f.contains("SLOT")).collect();
+    assert_eq!(frames.len(), 2, "{text}");
+    for frame in frames {
+        assert_eq!(top_cell(frame, &home, "HIT"), hit, "{text}");
+        assert_eq!(top_cell(frame, other, "HIT"), "-", "{text}");
+        for slot in [home.as_str(), other] {
+            assert!(top_cell(frame, slot, "KV").ends_with('%'), "{text}");
+        }
     }
 }
 

@@ -38,8 +38,10 @@ fn rungs_are_measured_calibrated_and_recorded_with_what_ran() {
         "m",
         "--batch",
         "1,3",
+        // Long enough that the few tokens by which the tiny vocabulary's
+        // nonces differ stay within 5%.
         "--prompt-tokens",
-        "40",
+        "120",
         "--output-tokens",
         "24",
         "--repeats",
@@ -57,10 +59,10 @@ fn rungs_are_measured_calibrated_and_recorded_with_what_ran() {
     );
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(
-        stderr.contains("b=3 p=40: warm-up 1/1"),
+        stderr.contains("b=3 p=120: warm-up 1/1"),
         "progress: {stderr}"
     );
-    assert!(stderr.contains("b=3 p=40: round 2/2"), "progress: {stderr}");
+    assert!(stderr.contains("b=3 p=120: round 2/2"), "progress: {stderr}");
     assert!(stdout.contains("TTFT p50"), "{stdout}");
 
     let recs = records(&out);
@@ -75,7 +77,7 @@ fn rungs_are_measured_calibrated_and_recorded_with_what_ran() {
         let seen = rec["prompt_tokens_seen"].as_array().unwrap();
         for n in seen {
             let n = n.as_f64().unwrap();
-            assert!((n - 40.0).abs() <= 2.0, "prompt of {n} tokens for 40");
+            assert!((n - 120.0).abs() <= 6.0, "prompt of {n} tokens for 120");
         }
         assert!(rec["ttft_ms"]["p50"].as_f64().unwrap() > 0.0);
         assert!(rec["ttft_ms"]["p99"].as_f64().unwrap() >= rec["ttft_ms"]["p50"].as_f64().unwrap());
@@ -101,6 +103,18 @@ fn rungs_are_measured_calibrated_and_recorded_with_what_ran() {
         assert_eq!(slot["flags"]["TTW_KV_F16"], "1");
         assert!(!slot["cache_variant"].as_str().unwrap().is_empty());
         assert_eq!(rec["identity"]["cards"][0]["bdf"], FakeHw::bdf(0));
+        // The checkpoint's and the worker binary's identity, from the
+        // variant's inputs.
+        let variant = slot["cache_variant"].as_str().unwrap();
+        let inputs = &rec["identity"]["variants"][variant];
+        assert!(
+            inputs["checkpoint"].as_str().unwrap().contains("tiny.gguf"),
+            "{inputs}"
+        );
+        assert!(
+            inputs["worker"].as_str().unwrap().contains("tt-worker"),
+            "{inputs}"
+        );
         let banners: Vec<&str> = rec["banners"]
             .as_array()
             .unwrap()
@@ -164,6 +178,44 @@ fn rungs_are_measured_calibrated_and_recorded_with_what_ran() {
 }
 
 #[test]
+fn a_rung_whose_prompts_miss_their_length_is_recorded_invalid() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = daemon(&hw, dir.path(), "");
+    let out = dir.path().join("r.jsonl");
+    // The nonce that makes prompts unique is alone longer than 4 tokens.
+    let run = d.ttctl(&[
+        "bench",
+        "m",
+        "--prompt-tokens",
+        "4",
+        "--output-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(run.status.success(), "{}", output_text(&run));
+    let rec = &records(&out)[0];
+    assert_eq!(rec["valid"], false, "{rec}");
+    assert_eq!(rec["calibration"]["within_tolerance"], false);
+    assert!(
+        rec["invalid_reasons"]
+            .to_string()
+            .contains("where 4 were wanted"),
+        "{rec}"
+    );
+    assert!(
+        output_text(&run).contains("NO: prompts of"),
+        "{}",
+        output_text(&run)
+    );
+}
+
+#[test]
 fn a_prompt_longer_than_the_context_is_refused_by_name() {
     let hw = FakeHw::new(1);
     let dir = tempfile::tempdir().expect("temp dir");
@@ -202,4 +254,19 @@ fn an_unknown_model_and_a_missing_model_are_usage_errors() {
     ]);
     assert_eq!(unknown.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&unknown.stderr).contains("nope"));
+}
+
+/// docs/PERFORMANCE.md: every table of numbers is either cited against the
+/// records committed under bench/ or marked as figures from before them.
+#[test]
+fn the_performance_doc_cites_its_records() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let records = root.join("bench/ab/records.jsonl");
+    let out = std::process::Command::new(tt_serving_tests::bin("ttctl"))
+        .args(["bench", "cite"])
+        .arg(root.join("docs/PERFORMANCE.md"))
+        .arg(&records)
+        .output()
+        .expect("run ttctl");
+    assert!(out.status.success(), "{}", output_text(&out));
 }

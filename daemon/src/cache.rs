@@ -585,7 +585,11 @@ mod tests {
 
     fn model(dir: &Path, flags: &[(&str, &str)], cache_flags: &[&str]) -> ModelConfig {
         let checkpoint = dir.join("m.gguf");
-        fs::write(&checkpoint, b"weights").unwrap();
+        // Written once: its identity includes its mtime, and a second write
+        // could land in another tick and make "the same" variant differ.
+        if !checkpoint.exists() {
+            fs::write(&checkpoint, b"weights").unwrap();
+        }
         let text = format!(
             "tp = 1\ncards = [0]\ncheckpoint = \"{}\"\n",
             checkpoint.display()

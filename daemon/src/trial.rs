@@ -108,7 +108,31 @@ pub fn arm_config(base: &Config, arm: &pb::TrialArm) -> Result<Config, String> {
     Ok(config)
 }
 
-/// Runs one trial; events go to `tx`.
+/// Reads the first arm, then runs the trial; events go to `tx`.
+pub async fn serve(
+    state: Arc<DaemonState>,
+    mut inbound: Streaming<pb::TrialRequest>,
+    tx: mpsc::Sender<Result<pb::TrialEvent, Status>>,
+) {
+    let first = match inbound.message().await {
+        Ok(Some(pb::TrialRequest {
+            step: Some(pb::trial_request::Step::Arm(arm)),
+        })) => arm,
+        Ok(_) => {
+            let _ = tx
+                .send(Err(Status::invalid_argument(
+                    "the first message of Trial must be an arm naming the model",
+                )))
+                .await;
+            return;
+        }
+        Err(_) => return,
+    };
+    tracing::info!(model = %crate::echo::echo(&first.model), arm = %crate::echo::echo(&first.name), purpose = %crate::echo::echo(&first.purpose), "trial requested over the control socket");
+    run(state, first, inbound, tx).await
+}
+
+/// Runs one trial from its first arm; events go to `tx`.
 pub async fn run(
     state: Arc<DaemonState>,
     first: pb::TrialArm,

@@ -213,20 +213,11 @@ impl Control for ControlService {
         request: Request<tonic::Streaming<pb::TrialRequest>>,
     ) -> Result<Response<Self::TrialStream>, Status> {
         self.rule.authorize(&request, Operation::Trial)?;
-        let mut inbound = request.into_inner();
-        let first = match inbound.message().await? {
-            Some(pb::TrialRequest {
-                step: Some(pb::trial_request::Step::Arm(arm)),
-            }) => arm,
-            _ => {
-                return Err(Status::invalid_argument(
-                    "the first message of Trial must be an arm naming the model",
-                ))
-            }
-        };
-        tracing::info!(model = %echo(&first.model), arm = %echo(&first.name), purpose = %echo(&first.purpose), "trial requested over the control socket");
+        let inbound = request.into_inner();
+        // The answer's headers go out at once: a client may send its first
+        // arm only once the call is open.
         let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(crate::trial::run(self.state.clone(), first, inbound, tx));
+        tokio::spawn(crate::trial::serve(self.state.clone(), inbound, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 

@@ -111,7 +111,30 @@ pub fn slot(view: &SlotView) -> pb::Slot {
             .map(|d| d.flags.clone().into_iter().collect())
             .unwrap_or_default(),
         trial: String::new(),
-        ..Default::default()
+        banners_engaged: view
+            .banners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect(),
+        prompt_tokens: stats.prompt_tokens,
+        cached_prompt_tokens: stats.cached_prompt_tokens,
+        affinity_affine: stats.affine,
+        affinity_fallback: stats.fallback,
+        // The last worker's figures stay in the view until the next one is
+        // Ready (as for the KV gauges of /metrics).
+        kv: view
+            .kv
+            .filter(|_| view.state == SlotState::Ready)
+            .map(|kv| pb::SlotKvMemory {
+                budget_bytes: kv.budget_bytes,
+                block_tokens: kv.block_tokens,
+                blocks_total: kv.blocks_total,
+                prefix_cache: kv.prefix_cache,
+                blocks_in_use: kv.blocks_in_use,
+                blocks_cached: kv.blocks_cached,
+            }),
     }
 }
 
@@ -198,5 +221,86 @@ pub fn status(state: &DaemonState) -> pb::StatusResponse {
                 waiting,
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slots::stats::SlotStats;
+    use crate::slots::KvMemory;
+    use std::sync::Arc;
+    use std::time::SystemTime;
+
+    fn view(state: SlotState, kv: Option<KvMemory>) -> SlotView {
+        let stats = Arc::new(SlotStats::default());
+        stats.prompt(600, 0);
+        stats.prompt(640, 592);
+        stats.affinity(true);
+        stats.affinity(true);
+        stats.affinity(false);
+        SlotView {
+            name: "m/0".into(),
+            model: "m".into(),
+            cards: vec![],
+            state,
+            since: SystemTime::UNIX_EPOCH,
+            reason: String::new(),
+            cache_mode: None,
+            attempt: 0,
+            starts: 1,
+            retry_at: None,
+            worker_pid: 0,
+            worker_rss_bytes: 0,
+            worker_memory_peak_bytes: 0,
+            in_flight: 0,
+            last_error: String::new(),
+            variant: String::new(),
+            stats,
+            context_length: 0,
+            engine_facts: Arc::default(),
+            kv,
+            banners: Arc::default(),
+            definition: None,
+            outdated: vec![],
+        }
+    }
+
+    const KV: KvMemory = KvMemory {
+        budget_bytes: 512 << 20,
+        block_tokens: 16,
+        blocks_total: 1024,
+        prefix_cache: true,
+        blocks_in_use: 256,
+        blocks_cached: 100,
+    };
+
+    #[test]
+    fn the_slot_carries_its_prefix_cache_and_affinity_counters_and_kv_memory() {
+        let s = slot(&view(SlotState::Ready, Some(KV)));
+        assert_eq!((s.prompt_tokens, s.cached_prompt_tokens), (1240, 592));
+        assert_eq!((s.affinity_affine, s.affinity_fallback), (2, 1));
+        assert_eq!(
+            s.kv,
+            Some(pb::SlotKvMemory {
+                budget_bytes: 512 << 20,
+                block_tokens: 16,
+                blocks_total: 1024,
+                prefix_cache: true,
+                blocks_in_use: 256,
+                blocks_cached: 100,
+            })
+        );
+    }
+
+    #[test]
+    fn kv_memory_is_shown_only_while_ready_and_when_the_engine_says() {
+        // The last worker's figures are kept in the view until the next is
+        // Ready; they describe no engine meanwhile.
+        let s = slot(&view(SlotState::Failed, Some(KV)));
+        assert_eq!(s.kv, None);
+        // The counters are the slot's, across workers.
+        assert_eq!(s.prompt_tokens, 1240);
+        assert_eq!(slot(&view(SlotState::Ready, None)).kv, None);
     }
 }

@@ -137,6 +137,25 @@ pub enum Command {
     /// against such records.
     #[command(after_help = EXIT_CODES, args_conflicts_with_subcommands = true)]
     Bench(BenchArgs),
+
+    /// A/B a model's flags on its own cards, the way the field does.
+    ///
+    /// Each arm runs as a trial: the daemon brings the model's slots up
+    /// with the configured definition plus the arm's flags (not written to
+    /// the config; `ttctl status` shows the trial), waits for Ready with
+    /// the banner rule in `both` mode over the arm's flags (a truthy flag
+    /// must print `<FLAG> engaged`, a falsy one must not), and the arm runs
+    /// the `ttctl bench` workload. Arms alternate (A B A B ...) for
+    /// --repeats rounds so drift hits all of them. Each record says its
+    /// arm, round and order, and the banners seen; a record whose arm's
+    /// banners changed, or whose slot restarted, is invalid. At the end,
+    /// on a failure and on Ctrl-C the configured definition is restored
+    /// (also if ttctl dies: the daemon restores when it goes away). Prints
+    /// per rung each arm's median and spread, the ratio to the first arm,
+    /// and a verdict only when the spreads do not overlap. Exits 1 when an
+    /// arm does not come up or a run is invalid, 130 on Ctrl-C.
+    #[command(after_help = EXIT_CODES)]
+    Ab(AbArgs),
 }
 
 /// Options of `ttctl bench`.
@@ -150,6 +169,14 @@ pub struct BenchArgs {
     #[arg(value_name = "MODEL", required = true)]
     pub model: Option<String>,
 
+    /// The workload.
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+}
+
+/// The workload options `ttctl bench` and `ttctl ab` share.
+#[derive(Debug, Clone, Args)]
+pub struct WorkloadArgs {
     /// Concurrent requests per round, comma-separated (e.g. 1,4,8).
     #[arg(long, value_name = "B,...", value_delimiter = ',', default_value = "1",
           value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -165,7 +192,8 @@ pub struct BenchArgs {
           value_parser = clap::value_parser!(u32).range(2..))]
     pub output_tokens: u32,
 
-    /// Counted rounds per rung.
+    /// Counted rounds per rung (with `ab`: rounds of the arms, each arm
+    /// measuring every rung once per round).
     #[arg(long, value_name = "N", default_value_t = 3,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub repeats: u32,
@@ -188,6 +216,67 @@ pub struct BenchArgs {
     /// Print the records (JSON lines) on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Options of `ttctl ab`.
+#[derive(Debug, Clone, Args)]
+pub struct AbArgs {
+    /// The model, as configured under `[models.<name>]`.
+    #[arg(value_name = "MODEL")]
+    pub model: String,
+
+    /// An arm: `NAME:` (the configured flags) or `NAME:FLAG=VALUE,...`
+    /// (flags set on top of them; `FLAG=` removes one). The first arm is
+    /// the baseline the others are compared with. At least two.
+    #[arg(long = "arm", value_name = "NAME:FLAGS", required = true, num_args = 1,
+          value_parser = parse_arm)]
+    pub arms: Vec<Arm>,
+
+    /// The workload.
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+}
+
+/// One arm of `ttctl ab`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arm {
+    /// Its name.
+    pub name: String,
+    /// Its flags, over the configured ones.
+    pub flags: std::collections::BTreeMap<String, String>,
+}
+
+fn parse_arm(text: &str) -> Result<Arm, String> {
+    let (name, flags) = text.split_once(':').ok_or_else(|| {
+        format!(
+            "{text:?}: an arm is NAME: or NAME:FLAG=VALUE,... (e.g. base: or cand:TTW_KV_F16=1)"
+        )
+    })?;
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(format!(
+            "arm name {name:?}: use letters, digits, `_` and `-` (it goes into record ids)"
+        ));
+    }
+    let mut map = std::collections::BTreeMap::new();
+    for pair in flags.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} in arm {name}: a flag is FLAG=VALUE"))?;
+        if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!("{k:?} in arm {name}: not a flag name"));
+        }
+        if map.insert(k.to_string(), v.to_string()).is_some() {
+            return Err(format!("{k} given twice in arm {name}"));
+        }
+    }
+    Ok(Arm {
+        name: name.to_string(),
+        flags: map,
+    })
 }
 
 /// `ttctl bench` subcommands.

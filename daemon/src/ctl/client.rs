@@ -254,6 +254,15 @@ impl Daemon {
         open(call, &self.socket).await
     }
 
+    /// `Trial`: the daemon's events while `requests` drive the arms.
+    pub(super) async fn trial(
+        &mut self,
+        requests: mpsc::Receiver<tt_serving_proto::v1::TrialRequest>,
+    ) -> Result<Answers<tt_serving_proto::v1::TrialEvent>, Failure> {
+        let call = self.client.trial(ReceiverStream::new(requests));
+        open(call, &self.socket).await
+    }
+
     /// `RestartSlot`: the slot as the queued request found it.
     pub(super) async fn restart_slot(&mut self, slot: &str) -> Result<SlotReply, Failure> {
         let call = self.client.restart_slot(SlotRequest {

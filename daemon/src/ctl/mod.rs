@@ -57,8 +57,8 @@ use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
 pub use args::{
-    BenchArgs, BenchCommand, CacheCommand, CardCommand, Cli, Command, GenerateArgs, LogsArgs,
-    ReloadArgs, SlotCommand, StatusArgs, TopArgs,
+    AbArgs, Arm, BenchArgs, BenchCommand, CacheCommand, CardCommand, Cli, Command, GenerateArgs,
+    LogsArgs, ReloadArgs, SlotCommand, StatusArgs, TopArgs, WorkloadArgs,
 };
 use client::Daemon;
 pub use client::{connect, ConnectError, DEFAULT_SOCKET};
@@ -119,6 +119,7 @@ async fn execute(
         Command::Reload(args) => reload::run(daemon, args, out).await,
         Command::Top(args) => top::run(daemon, args, out, is_tty).await,
         Command::Bench(args) => bench::run(daemon, &args, out, err).await,
+        Command::Ab(args) => bench::ab::run(daemon, &args, out, err, tokio::signal::ctrl_c()).await,
     }
 }
 

@@ -56,6 +56,15 @@ fn bytes_words(bytes: u64) -> String {
     }
 }
 
+/// `part` of `whole` as a whole percentage (`92%`), `-` when `whole` is 0.
+fn percent_words(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.0}%", part as f64 * 100.0 / whole as f64)
+    }
+}
+
 fn or_dash(s: &str) -> &str {
     if s.is_empty() {
         "-"

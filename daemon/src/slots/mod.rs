@@ -161,6 +161,9 @@ pub struct SlotView {
     /// Kept from the last worker until the next one is Ready: read it only
     /// while the slot is Ready.
     pub kv: Option<KvMemory>,
+    /// The banners its current worker printed (the worker's own set, shared
+    /// with the output reader, so it stays live); set at the banner check.
+    pub banners: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
     /// The model definition the slot's supervisor runs (read once when it
     /// started; a reload that does not restart the slot leaves it).
     pub definition: Option<Arc<ModelConfig>>,
@@ -251,6 +254,7 @@ impl SlotEntry {
                 context_length: 0,
                 engine_facts: Arc::default(),
                 kv: None,
+                banners: Arc::default(),
                 definition: None,
                 outdated: Vec::new(),
             },

@@ -355,6 +355,8 @@ async fn verify(
     } else {
         let covered = crate::worker::banners::covered_settings(&m.banners, &m.flags, env);
         let violations = check_banners(engine, worker, m, &covered).await;
+        let banners = worker.engaged_handle();
+        mgr.update(&plan.slot, |v| v.banners = banners);
         (!violations.is_empty()).then(|| {
             format!(
                 "banner check failed (fail-closed, never served): {}",

@@ -391,6 +391,11 @@ impl Worker {
         self.pid
     }
 
+    /// The live set behind [`Self::engaged`], for status.
+    pub fn engaged_handle(&self) -> Arc<Mutex<BTreeSet<String>>> {
+        self.engaged.clone()
+    }
+
     /// Flags whose `<FLAG> engaged` banner the worker has printed so far.
     pub fn engaged(&self) -> BTreeSet<String> {
         self.engaged

@@ -4,6 +4,7 @@
 //! window, and a JSON-lines record per rung naming everything that
 //! produced its figures.
 
+pub mod ab;
 pub mod cite;
 pub mod record;
 pub mod stats;
@@ -17,10 +18,10 @@ use serde_json::{json, Value};
 use tokio::task::JoinSet;
 use tt_serving_proto::v1::generate_request::Input;
 use tt_serving_proto::v1::generate_response::Chunk;
-use tt_serving_proto::v1::{GenerateRequest, LogsRequest};
+use tt_serving_proto::v1::GenerateRequest;
 
 use super::client::Daemon;
-use super::{emit, note, BenchArgs, Failure};
+use super::{emit, note, BenchArgs, Failure, WorkloadArgs};
 use record::Identity;
 use stats::{RoundFigures, StreamSample};
 use workload::Calibration;
@@ -51,7 +52,7 @@ pub struct Workload {
 
 impl Workload {
     /// The rungs and rounds `args` ask for.
-    pub fn from_args(args: &BenchArgs) -> Workload {
+    pub fn from_args(args: &WorkloadArgs) -> Workload {
         let mut rungs = Vec::new();
         for &batch in &args.batch {
             for &prompt_tokens in &args.prompt_tokens {
@@ -79,18 +80,8 @@ pub(super) async fn run(
     err: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
     let model = args.model.clone().unwrap_or_default();
-    let (path, default) = match &args.out {
-        Some(p) => (p.clone(), false),
-        None => (
-            record::default_path().ok_or_else(|| {
-                Failure::Failed(
-                    "no place for the records: neither XDG_STATE_HOME nor HOME is set; give --out FILE"
-                        .into(),
-                )
-            })?,
-            true,
-        ),
-    };
+    let args = &args.workload;
+    let (path, default) = records_path(args)?;
     let workload = Workload::from_args(args);
     let started = crate::clock::unix_ms(SystemTime::now());
     let run_id = record::run_id(started);
@@ -128,6 +119,23 @@ pub(super) async fn run(
         &format!("records appended to {} (run {run_id})\n", path.display()),
     );
     Ok(())
+}
+
+/// Where records go, and whether that is the default path (whose
+/// directory may be created).
+fn records_path(args: &WorkloadArgs) -> Result<(std::path::PathBuf, bool), Failure> {
+    match &args.out {
+        Some(p) => Ok((p.clone(), false)),
+        None => Ok((
+            record::default_path().ok_or_else(|| {
+                Failure::Failed(
+                    "no place for the records: neither XDG_STATE_HOME nor HOME is set; give --out FILE"
+                        .into(),
+                )
+            })?,
+            true,
+        )),
+    }
 }
 
 /// Prompt lengths already calibrated in this run.
@@ -245,24 +253,14 @@ async fn one_stream(daemon: &mut Daemon, req: GenerateRequest, origin: Instant) 
     s
 }
 
-/// Banners in the kept output of the model's slots.
-async fn banners(daemon: &mut Daemon, identity: &Identity) -> Result<BTreeSet<String>, Failure> {
-    let mut seen = BTreeSet::new();
-    for slot in &identity.slots {
-        let mut lines = daemon
-            .logs(LogsRequest {
-                slot: slot.slot.clone(),
-                lines: 0,
-                follow: false,
-            })
-            .await?;
-        while let Some(line) = lines.next().await? {
-            if let Some(flag) = crate::worker::banners::banner_in_line(&line.text) {
-                seen.insert(flag.to_string());
-            }
-        }
-    }
-    Ok(seen)
+/// The banners the model's Ready slots' current workers printed.
+fn banners(status: &tt_serving_proto::v1::StatusResponse, model: &str) -> BTreeSet<String> {
+    status
+        .slots
+        .iter()
+        .filter(|s| s.model == model && s.state == tt_serving_proto::v1::SlotState::Ready as i32)
+        .flat_map(|s| s.banners_engaged.iter().cloned())
+        .collect()
 }
 
 /// Runs one rung: calibration, warm-up, counted rounds, and the checks
@@ -283,7 +281,8 @@ pub async fn measure_rung(
             "model {model} has no Ready slot to measure (see 'ttctl status')"
         )));
     }
-    let banners_before = banners(daemon, &identity).await?;
+    let identity = identity.with_variants(&daemon.list_cache().await?);
+    let banners_before = banners(&before, model);
     let calibration = calibrations.get(daemon, model, rung.prompt_tokens).await?;
     let mut rounds = Vec::new();
     let mut seen = (u32::MAX, 0);
@@ -350,9 +349,21 @@ pub async fn measure_rung(
     if seen.0 == u32::MAX {
         seen = (0, 0);
     }
-    let after = daemon.status().await?;
+    let mut after = daemon.status().await?;
+    if !errors.is_empty() {
+        // A request failed: if its worker died, the daemon may not have
+        // seen the exit yet. Give it a moment, so the record says so.
+        for _ in 0..30 {
+            let moved = Identity::of(&after, model).slots != identity.slots;
+            if moved {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            after = daemon.status().await?;
+        }
+    }
     let identity_after = Identity::of(&after, model);
-    let banners_after = banners(daemon, &identity_after).await?;
+    let banners_after = banners(&after, model);
     let mut invalid = Vec::new();
     for s in &identity.slots {
         match identity_after.slots.iter().find(|a| a.slot == s.slot) {

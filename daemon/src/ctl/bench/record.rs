@@ -59,6 +59,10 @@ pub struct Identity {
     pub slots: Vec<SlotIdentity>,
     /// Their cards.
     pub cards: Vec<CardIdentity>,
+    /// What went into each slot's cache variant key, by key: the
+    /// checkpoint's identity (path, size, mtime; a directory's files), the
+    /// worker binary's (path, size, mtime), TP and the cache flags.
+    pub variants: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Identity {
@@ -98,7 +102,20 @@ impl Identity {
             driver: daemon.driver_version,
             slots,
             cards,
+            variants: BTreeMap::new(),
         }
+    }
+
+    /// Adds the inputs of the slots' cache variants from `ttctl cache ls`'s
+    /// answer.
+    pub fn with_variants(mut self, cache: &tt_serving_proto::v1::ListCacheResponse) -> Identity {
+        for v in &cache.variants {
+            if self.slots.iter().any(|s| s.cache_variant == v.key) {
+                self.variants
+                    .insert(v.key.clone(), v.inputs.clone().into_iter().collect());
+            }
+        }
+        self
     }
 }
 

@@ -82,7 +82,16 @@ where
     };
     let fixed = f64::from(count(prompt(CALIBRATION_NONCE, 0)).await?);
     let mut best = check(0, fixed as u32);
-    let mut words = (f64::from(target) - fixed).max(1.0) as usize;
+    // A short probe first: guessing a token per word could overshoot the
+    // context many times over in a vocabulary of short tokens.
+    let probe_words = PROBE_WORDS.min(target.max(1) as usize);
+    let probe = count(prompt(CALIBRATION_NONCE, probe_words)).await?;
+    let c = check(probe_words, probe);
+    if probe.abs_diff(target) < best.measured.abs_diff(target) {
+        best = c;
+    }
+    let per_word = ((f64::from(probe) - fixed) / probe_words as f64).max(1e-3);
+    let mut words = ((f64::from(target) - fixed) / per_word).round().max(1.0) as usize;
     for _ in 0..MAX_TRIES {
         if best.within_tolerance {
             break;
@@ -101,6 +110,9 @@ where
     }
     Ok(best)
 }
+
+/// Filler words of the probe that measures a word's cost.
+const PROBE_WORDS: usize = 8;
 
 /// The nonce of calibration prompts (request numbers start at 0).
 const CALIBRATION_NONCE: u32 = 0xffff;

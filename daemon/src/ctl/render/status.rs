@@ -5,7 +5,9 @@
 use tt_serving_proto::v1::{Card, CardState, DaemonInfo, Slot, SlotState, StatusResponse};
 use tt_serving_proto::Word;
 
-use super::{bytes_words, duration_words, last_reload_line, one_line, or_dash, Table};
+use super::{
+    bytes_words, duration_words, last_reload_line, one_line, or_dash, percent_words, Table,
+};
 
 /// The whole status as text: a header line, how slots are contained, the
 /// cards table and the slots table. `now_unix_ms` is the local clock, for
@@ -170,6 +172,7 @@ fn slots_table(slots: &[Slot], cards: &[Card], now_unix_ms: u64) -> String {
         "RSS",
         "PEAK",
         "INFLIGHT",
+        "HIT",
         "LAST ERROR",
     ]);
     for slot in slots {
@@ -196,6 +199,9 @@ fn slots_table(slots: &[Slot], cards: &[Card], now_unix_ms: u64) -> String {
             bytes_words(slot.worker_rss_bytes),
             bytes_words(slot.worker_memory_peak_bytes),
             slot.requests_in_flight.to_string(),
+            // The prefix-cache hit rate over every request the slot
+            // finished (`ttctl top` shows it between frames).
+            percent_words(slot.cached_prompt_tokens, slot.prompt_tokens),
             or_dash(&one_line(&slot.last_error)).to_string(),
         ]);
         let troubled = matches!(
@@ -209,6 +215,12 @@ fn slots_table(slots: &[Slot], cards: &[Card], now_unix_ms: u64) -> String {
                 note.push_str(&format!(" (retry in {})", duration_words(wait)));
             }
             table.note(note);
+        }
+        if !slot.trial.is_empty() {
+            table.note(format!(
+                "trial: {}; the configured definition comes back when the trial ends",
+                one_line(&slot.trial)
+            ));
         }
         if !slot.outdated_keys.is_empty() {
             table.note(format!(

@@ -1,10 +1,10 @@
 //! `ttctl top`'s frame: one row per slot with rates computed from two
 //! status snapshots.
 
-use tt_serving_proto::v1::{SlotState, StatusResponse};
+use tt_serving_proto::v1::{Slot, SlotState, StatusResponse};
 use tt_serving_proto::Word;
 
-use super::{bytes_words, duration_words, Table};
+use super::{bytes_words, duration_words, percent_words, Table};
 
 /// A frame of `ttctl top` from the current snapshot and, when there is one,
 /// the previous snapshot and the seconds between the two.
@@ -33,6 +33,8 @@ pub fn top_frame(
         "REQ/S",
         "TTFT p50",
         "ITL p50",
+        "HIT",
+        "KV",
         "TOKENS",
         "RSS",
     ]);
@@ -74,6 +76,8 @@ pub fn top_frame(
             requests.map_or("-".to_string(), |r| format!("{r:.2}")),
             millis(slot.ttft_p50_ms),
             millis(slot.itl_p50_ms),
+            hit_rate(slot, previous.map(|(p, _)| p)),
+            kv_usage(slot),
             slot.generated_tokens.to_string(),
             bytes_words(slot.worker_rss_bytes),
         ]);
@@ -87,6 +91,34 @@ pub fn top_frame(
         out.push_str(&format!("\ntotal: {total_rate:.1} tokens/s\n"));
     }
     out
+}
+
+/// The share of prompt tokens the engine's prefix cache supplied: over the
+/// requests finished between the two frames when there were any, else over
+/// every request the slot finished, else `-`.
+fn hit_rate(slot: &Slot, before: Option<&Slot>) -> String {
+    if let Some(before) = before {
+        // A slot replaced by a reload starts its counters again.
+        let grew = slot.prompt_tokens > before.prompt_tokens
+            && slot.cached_prompt_tokens >= before.cached_prompt_tokens;
+        if grew {
+            return percent_words(
+                slot.cached_prompt_tokens - before.cached_prompt_tokens,
+                slot.prompt_tokens - before.prompt_tokens,
+            );
+        }
+    }
+    percent_words(slot.cached_prompt_tokens, slot.prompt_tokens)
+}
+
+/// The share of the engine's KV blocks held by running sequences (what
+/// `tt_serving_kv_cache_usage_perc` exports; the blocks kept only for the
+/// prefix cache are given up whenever a sequence needs them, so they do not
+/// count), `-` when the engine does not say.
+fn kv_usage(slot: &Slot) -> String {
+    slot.kv.as_ref().map_or("-".to_string(), |kv| {
+        percent_words(u64::from(kv.blocks_in_use), u64::from(kv.blocks_total))
+    })
 }
 
 fn millis(ms: f64) -> String {

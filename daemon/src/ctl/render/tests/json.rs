@@ -1,5 +1,5 @@
 use serde::Serialize;
-use tt_serving_proto::v1::{ModelQueue, ReloadOutcome, ReloadReport, ReloadStep};
+use tt_serving_proto::v1::{ModelQueue, ReloadOutcome, ReloadReport, ReloadStep, SlotKvMemory};
 
 use super::*;
 
@@ -45,6 +45,10 @@ fn json_mirrors_proto_fields_with_state_words_and_nulls() {
     assert_eq!(slots[0]["cards"][1], "0000:02:00.0");
     assert_eq!(slots[1]["state"], "failed");
     assert_eq!(slots[1]["retry_at_unix_ms"], NOW + 30_000);
+    // No KV memory reported: null, not an object of zeroes.
+    assert_eq!(slots[0]["kv"], serde_json::Value::Null);
+    assert_eq!(slots[0]["prompt_tokens"], 0);
+    assert_eq!(slots[0]["trial"], "");
 }
 
 #[test]
@@ -65,8 +69,11 @@ fn json_lock_holder_is_null_when_nobody_holds_the_card() {
 }
 
 /// Everything `status --json` has to show or leave out: every card shape
-/// above, a card in a state this ttctl does not know, slot counters,
-/// fields the JSON never had (`lock_dir`, `starts`, `queues`) and a reload.
+/// above, a card in a state this ttctl does not know, slot counters, the
+/// engine, variant, flags and trial of a slot, its prefix-cache and
+/// affinity counters, its KV memory (an object while the engine says, else
+/// null), fields the JSON never had (`lock_dir`, `starts`, `queues`) and a
+/// reload.
 fn json_sample() -> StatusResponse {
     let mut sample = status();
     sample.cards.push(Card {
@@ -79,6 +86,24 @@ fn json_sample() -> StatusResponse {
     sample.slots[0].requests_served = 12;
     sample.slots[0].ttft_p50_ms = 41.5;
     sample.slots[0].itl_p50_ms = 5.25;
+    sample.slots[0].engine_version = "tt-worker 0.1.0".into();
+    sample.slots[0].cache_variant = "3f2a9c0d1e2b4a5c".into();
+    // Flags print sorted (a BTreeMap).
+    sample.slots[0].flags = [("TTW_KV_F16".to_string(), "1".to_string())].into();
+    sample.slots[0].trial = "arm b (TTW_KV_F16=1) for issue 17".into();
+    sample.slots[0].banners_engaged = vec!["TTW_KV_F16".into()];
+    sample.slots[0].prompt_tokens = 1600;
+    sample.slots[0].cached_prompt_tokens = 540;
+    sample.slots[0].affinity_affine = 9;
+    sample.slots[0].affinity_fallback = 1;
+    sample.slots[0].kv = Some(SlotKvMemory {
+        budget_bytes: 512 << 20,
+        block_tokens: 16,
+        blocks_total: 1024,
+        prefix_cache: true,
+        blocks_in_use: 256,
+        blocks_cached: 300,
+    });
     sample.slots[1].outdated_keys = vec!["flags.KV".into()];
     sample.queues = vec![ModelQueue {
         model: "qwen".into(),

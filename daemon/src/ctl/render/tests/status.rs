@@ -159,9 +159,34 @@ fn slots_table_shows_cards_by_index_age_and_rss() {
             "12.0",
             "GiB",
             "2",
+            "-",
             "-"
         ]
     );
+}
+
+#[test]
+fn slots_table_shows_the_hit_rate_over_every_request_and_the_trial() {
+    let mut on_trial = status();
+    on_trial.slots[0].prompt_tokens = 1600;
+    on_trial.slots[0].cached_prompt_tokens = 540;
+    on_trial.slots[0].trial = "arm b (TTW_KV_F16=1) for issue 17".into();
+    let table = status_table(&on_trial, NOW);
+    let header = line_of(&table, "NAME  MODEL");
+    assert!(header.contains("  INFLIGHT  HIT  LAST ERROR"), "{table}");
+    let row = words(line_of(&table, "qwen  qwen"));
+    assert_eq!(row[row.len() - 2..], ["34%", "-"], "{table}");
+    let mut after = table.lines().skip_while(|l| !l.starts_with("qwen  qwen"));
+    after.next();
+    assert_eq!(
+        after.next(),
+        Some(
+            "    trial: arm b (TTW_KV_F16=1) for issue 17; the configured definition comes back when the trial ends"
+        ),
+        "{table}"
+    );
+    // No trial, no line.
+    assert!(!status_table(&status(), NOW).contains("trial:"));
 }
 
 #[test]
