@@ -62,7 +62,10 @@ fn rungs_are_measured_calibrated_and_recorded_with_what_ran() {
         stderr.contains("b=3 p=120: warm-up 1/1"),
         "progress: {stderr}"
     );
-    assert!(stderr.contains("b=3 p=120: round 2/2"), "progress: {stderr}");
+    assert!(
+        stderr.contains("b=3 p=120: round 2/2"),
+        "progress: {stderr}"
+    );
     assert!(stdout.contains("TTFT p50"), "{stdout}");
 
     let recs = records(&out);
@@ -261,11 +264,12 @@ fn an_unknown_model_and_a_missing_model_are_usage_errors() {
 #[test]
 fn the_performance_doc_cites_its_records() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let records = root.join("bench/ab/records.jsonl");
+    // The drivers whose records carry an `id`: ttctl ab, bench-chat.
+    let records = ["bench/ab/records.jsonl", "bench/chat/results.jsonl"].map(|f| root.join(f));
     let out = std::process::Command::new(tt_serving_tests::bin("ttctl"))
         .args(["bench", "cite"])
         .arg(root.join("docs/PERFORMANCE.md"))
-        .arg(&records)
+        .args(&records)
         .output()
         .expect("run ttctl");
     assert!(out.status.success(), "{}", output_text(&out));
