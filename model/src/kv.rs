@@ -10,7 +10,8 @@
 //! indexed by its tokens and the block before it, so a later request whose
 //! tokens start the same way reuses those blocks instead of computing them
 //! again. Only full blocks are shared, and a full block is never written
-//! again, so no copy-on-write is needed. A block nobody uses any more stays
+//! again, so no copy-on-write is needed. Two sequences that computed the
+//! same block at once keep one copy: the second is handed the indexed one. A block nobody uses any more stays
 //! indexed until the pool needs it, least recently used first.
 //!
 //! This is bookkeeping only: the ranks own the memory, indexed by the
@@ -174,22 +175,28 @@ impl BlockPool {
     }
 
     /// Indexes the full block `id` (holding `tokens`, after `parent`) for
-    /// reuse. Returns false when the same contents are already indexed
-    /// under another block (computed twice, concurrently): the caller's
-    /// block stays private, and so must the blocks after it.
-    pub fn register(&mut self, parent: Parent, id: u32, tokens: &[u32]) -> bool {
-        if !self.prefix_cache || self.blocks[id as usize].key.is_some() {
-            return self.prefix_cache;
+    /// reuse, and returns the block the caller should hold for these
+    /// contents: `id`, or, when the same contents are already indexed under
+    /// another block (two sequences computed the same prefix at once), that
+    /// block, referenced for the caller, with `id` given back. Keeping one
+    /// copy keeps the caller's later blocks indexable: a private copy would
+    /// make everything after it private too. `None` with the cache off.
+    pub fn register(&mut self, parent: Parent, id: u32, tokens: &[u32]) -> Option<u32> {
+        if !self.prefix_cache {
+            return None;
         }
-        let Some(key) = self.key(parent, tokens) else {
-            return false;
-        };
-        if self.index.contains_key(&key) {
-            return false;
+        if self.blocks[id as usize].key.is_some() {
+            return Some(id);
+        }
+        let key = self.key(parent, tokens)?;
+        if let Some(&canonical) = self.index.get(&key) {
+            self.retain(canonical);
+            self.release(&[id]);
+            return Some(canonical);
         }
         self.index.insert(key.clone(), id);
         self.blocks[id as usize].key = Some(key);
-        true
+        Some(id)
     }
 
     /// Drops the caller's reference to each block of `table`, last block
@@ -229,9 +236,11 @@ mod tests {
         let mut parent = table.last().copied();
         for chunk in tokens.chunks(BLOCK_TOKENS).skip(table.len()) {
             let id = pool.allocate().expect("a block");
-            if chunk.len() == BLOCK_TOKENS {
-                pool.register(parent, id, chunk);
-            }
+            let id = if chunk.len() == BLOCK_TOKENS {
+                pool.register(parent, id, chunk).unwrap_or(id)
+            } else {
+                id
+            };
             table.push(id);
             parent = Some(id);
         }
@@ -300,11 +309,11 @@ mod tests {
         // A child indexed under a parent that itself was never indexed.
         let p = pool.allocate().expect("block");
         let c = pool.allocate().expect("block");
-        assert!(pool.register(Some(p), c, &toks(16, 16)));
+        assert_eq!(pool.register(Some(p), c, &toks(16, 16)), Some(c));
         pool.release(&[p, c]);
         // The parent's block is reused for the first 16 tokens.
         assert_eq!(pool.allocate(), Some(p));
-        assert!(pool.register(None, p, &toks(0, 16)));
+        assert_eq!(pool.register(None, p, &toks(0, 16)), Some(p));
         pool.release(&[p]);
         // The child's key named the parent's previous generation: it
         // describes contents that are gone, and must not match.
@@ -322,14 +331,24 @@ mod tests {
     }
 
     #[test]
-    fn duplicate_contents_stay_private() {
+    fn a_duplicate_is_folded_into_the_indexed_copy() {
         let mut pool = BlockPool::new(4, true);
         let a = pool.allocate().expect("block");
         let b = pool.allocate().expect("block");
-        assert!(pool.register(None, a, &toks(0, 16)));
-        assert!(!pool.register(None, b, &toks(0, 16)));
-        pool.release(&[b]);
-        assert_eq!(pool.stats().cached, 0, "b went back to the free list");
+        assert_eq!(pool.register(None, a, &toks(0, 16)), Some(a));
+        // The second sequence computed the same block: it is handed `a`,
+        // and `b` goes back to the free list.
+        assert_eq!(pool.register(None, b, &toks(0, 16)), Some(a));
+        assert_eq!(pool.stats().in_use, 1, "one copy, held twice");
         assert_eq!(pool.allocate(), Some(b), "the warmest free block first");
+        // Its next block is indexed after the shared one, so a third
+        // sequence finds both.
+        let c = pool.allocate().expect("block");
+        let mut longer = toks(0, 16);
+        longer.extend(toks(100, 16));
+        assert_eq!(pool.register(Some(a), c, &longer[16..]), Some(c));
+        pool.release(&[a, c]);
+        pool.release(&[a]);
+        assert_eq!(pool.match_prefix(&longer), vec![a, c]);
     }
 }

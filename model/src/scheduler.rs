@@ -255,9 +255,6 @@ struct Seq {
     blocks: Vec<u32>,
     /// Leading blocks already offered to the prefix cache.
     registered: usize,
-    /// False once a block's contents were found indexed under another
-    /// block: the rest of this sequence stays private.
-    sharing: bool,
     /// Prompt tokens the prefix cache supplied at the first admission.
     cached_prompt_tokens: usize,
     /// Tokens already in the KV cache.
@@ -464,7 +461,6 @@ impl Engine {
             order: self.admissions,
             blocks: Vec::new(),
             registered: 0,
-            sharing: true,
             cached_prompt_tokens: 0,
             fed: 0,
             generated: Vec::new(),
@@ -571,7 +567,6 @@ impl Engine {
         seq.blocks.clear();
         seq.fed = 0;
         seq.registered = 0;
-        seq.sharing = true;
         let at = self
             .preempted
             .iter()
@@ -580,16 +575,20 @@ impl Engine {
         self.preempted.insert(at, seq);
     }
 
-    /// Offers the blocks that filled up to the prefix cache.
+    /// Offers the blocks that filled up to the prefix cache. A block whose
+    /// contents another sequence indexed first is swapped for that copy
+    /// (full blocks are never written again, so this is safe between
+    /// steps).
     fn register_full_blocks(&mut self, i: usize) {
         let seq = &mut self.running[i];
         let full = seq.fed / BLOCK_TOKENS;
         while seq.registered < full {
             let b = seq.registered;
-            if seq.sharing {
-                let parent = b.checked_sub(1).map(|p| seq.blocks[p]);
-                let tokens = &seq.tokens[b * BLOCK_TOKENS..(b + 1) * BLOCK_TOKENS];
-                seq.sharing = self.pool.register(parent, seq.blocks[b], tokens);
+            let parent = b.checked_sub(1).map(|p| seq.blocks[p]);
+            let tokens = &seq.tokens[b * BLOCK_TOKENS..(b + 1) * BLOCK_TOKENS];
+            match self.pool.register(parent, seq.blocks[b], tokens) {
+                Some(held) => seq.blocks[b] = held,
+                None => break,
             }
             seq.registered += 1;
         }

@@ -93,6 +93,41 @@ async fn reuse_gives_the_same_tokens_at_tp2() {
     tiny_reuse(2).await;
 }
 
+/// Two sequences that compute the same prefix at once keep one copy of it,
+/// and each one's own later blocks stay reusable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_identical_prefixes_fold_into_one_copy() {
+    let cache = tempfile::tempdir().unwrap();
+    let w = Worker::start(&Opts::new(&tiny_model(), 1, cache.path(), "cold")).await;
+    let shared = long_prompt("shared");
+    let prompts = [
+        format!("{shared} and then the cat ran to the dog and sat"),
+        format!("{shared} so the dog sat on the mat and ran to it"),
+    ];
+    let mut tasks = Vec::new();
+    for p in prompts.clone() {
+        let socket = w.socket.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = connect(&socket).await.unwrap();
+            run(&mut c, request_with(&p, 4, |g| g.ignore_eos = true))
+                .await
+                .unwrap()
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for p in &prompts {
+        let again = ignore_eos(&w, p, 4).await;
+        let n = prompt_tokens(&again);
+        assert_eq!(
+            cached(&again),
+            (n - 1) / BLOCK * BLOCK,
+            "both conversations find all of their own blocks"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn info_and_health_report_the_pool() {
     let cache = tempfile::tempdir().unwrap();
