@@ -821,6 +821,9 @@ impl Engine {
     }
 
     fn finish_seq(&mut self, mut seq: Seq, reason: Finish, rest: String) {
+        // Health must already count this sequence's blocks as given back
+        // when its client sees the end.
+        self.publish_counts();
         if !rest.is_empty() {
             let _ = seq.sub.events.send(Event::Delta {
                 text: rest,
