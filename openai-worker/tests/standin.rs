@@ -257,11 +257,13 @@ async fn health_reports_running_and_waiting_from_the_engine_metrics() {
 async fn shutdown_drains_then_stops_the_engines_whole_process_group() {
     let o = Opts::vllm()
         .env("STANDIN_ENGINE_CORE", "1")
-        .env("STANDIN_TOKEN_DELAY_MS", "50");
+        .env("STANDIN_TOKEN_DELAY_MS", "200");
     let mut w = Worker::start(&o).await;
     let (engine, core) = (w.engine_pid(), w.core_pid());
     assert!(alive(engine) && alive(core));
     let mut c = w.client().await;
+    // 10 tokens at 200 ms: a 2 s window for Health (read from the engine's
+    // metrics) to show the request as active, even on a loaded machine.
     let running = tokio::spawn(async move { run(&mut c, prompt_request("finish me", 10)).await });
     let mut c = w.client().await;
     wait_for_active(&mut c, 1).await;
