@@ -582,6 +582,28 @@ mod tests {
     }
 
     #[test]
+    fn bad_arms_are_usage_errors_naming_the_problem() {
+        use clap::Parser;
+        let parse = |arm: &str| {
+            crate::ctl::Cli::try_parse_from(["ttctl", "ab", "m", "--arm", "base:", "--arm", arm])
+                .map(|_| ())
+                .map_err(|e| (e.exit_code(), e.to_string()))
+        };
+        assert!(parse("cand:TTW_KV_F16=1,OTHER=").is_ok());
+        for (arm, says) in [
+            ("cand", "an arm is NAME: or NAME:FLAG=VALUE"),
+            ("c d:X=1", "arm name"),
+            ("cand:TTW_KV_F16", "a flag is FLAG=VALUE"),
+            ("cand:BAD-NAME=1", "not a flag name"),
+            ("cand:A=1,A=2", "given twice"),
+        ] {
+            let (code, text) = parse(arm).unwrap_err();
+            assert_eq!(code, 2, "{arm}: {text}");
+            assert!(text.contains(says), "{arm}: {text}");
+        }
+    }
+
+    #[test]
     fn banners_must_follow_the_arm_flags() {
         let arm = Arm {
             name: "cand".into(),
