@@ -189,6 +189,10 @@ let
     ++ lib.optional (cacheDirName == null) d.cache_dir
     ++ lib.optional (runtimeDirName == null) socketDir;
 
+  # tt-umd's warm-reset notification sockets (LISTENER_DIR in tt-umd's
+  # device/api/umd/device/warm_reset.hpp); a fixed path in tt-umd.
+  umdListenerDir = "/tmp/tt_umd_listeners";
+
   models = lib.attrValues cfg.models;
   maxOf = default: xs: lib.foldl' lib.max default xs;
   totalCards = lib.foldl' (
@@ -343,9 +347,18 @@ in
       };
       count = mkOption {
         type = types.ints.positive;
-        default = lib.max 1 totalCards;
-        defaultText = literalExpression "number of cards the models use (at least 1)";
-        description = "1 GiB pages to reserve (kernel command line, and topped up at runtime when memory allows).";
+        # The vendor's host setup reserves 4 x 1 GiB pages per card
+        # (tenstorrent/tt-system-tools, hugepages-setup.sh), and tt-metal
+        # pins its host buffers from /dev/hugepages-1G: one page per card is
+        # the bare minimum (the warning below), not what engines are tuned for.
+        default = 4 * lib.max 1 totalCards;
+        defaultText = literalExpression "4 * (number of cards the models use, at least 1)";
+        description = ''
+          1 GiB pages to reserve (kernel command line, and topped up at
+          runtime when memory allows). The default is 4 per card the models
+          use (at least 4), as Tenstorrent's `hugepages-setup.sh` reserves;
+          fewer than one per card draws a warning.
+        '';
       };
       mountPoint = mkOption {
         type = types.str;
@@ -443,7 +456,7 @@ in
           )
           "services.tenstorrent-serving.openFirewall opens port ${toString cfg.port}, but the daemon listens on ${cfg.listenAddress} only; set listenAddress = \"0.0.0.0\" to serve other hosts."
         ++ lib.optional (cfg.hugepages.enable && cfg.hugepages.count < totalCards)
-          "services.tenstorrent-serving.hugepages.count = ${toString cfg.hugepages.count} is below the ${toString totalCards} cards the models use; tt-metal pins at least one 1 GiB hugepage per card. Raise hugepages.count to at least ${toString totalCards}.";
+          "services.tenstorrent-serving.hugepages.count = ${toString cfg.hugepages.count} is below the ${toString totalCards} cards the models use; tt-metal pins at least one 1 GiB hugepage per card, and Tenstorrent's host setup (hugepages-setup.sh) reserves 4 per card. Raise hugepages.count to at least ${toString totalCards}, or remove it for the default of ${toString (4 * totalCards)}.";
 
       environment.etc."tt-serving/config.toml".source = configFile;
 
@@ -479,7 +492,18 @@ in
             "d ${d.lock_dir} 0755 ${cfg.user} ${cfg.group} - -"
         )
       ]
-      ++ map (dir: "d ${dir} 0750 ${cfg.user} ${cfg.group} - -") unmanagedDirs;
+      ++ map (dir: "d ${dir} 0750 ${cfg.user} ${cfg.group} - -") unmanagedDirs
+      # tt-umd's warm-reset listeners (see BindPaths= below): one host
+      # directory for every process that opens a card. 1777 like /tmp
+      # itself: every user's tt-umd (the engines as the service's user, an
+      # operator's tt-smi, a benchmark) creates its own client_<PID>.sock
+      # there, and the sticky bit keeps one user from removing or replacing
+      # another's socket. Owned by root, so tt-umd's own chmod of it
+      # (perms::all, no sticky bit; device/warm_reset.cpp) fails harmlessly
+      # unless root runs it (then the sticky bit is gone until tmpfiles next
+      # runs). Age "-": never cleaned, and its own line keeps /tmp's aging
+      # off it.
+      ++ [ "d ${umdListenerDir} 1777 root root - -" ];
 
       networking.firewall.allowedTCPPorts = lib.optional cfg.openFirewall cfg.port;
 
@@ -575,6 +599,16 @@ in
           ProtectSystem = "strict";
           ProtectHome = true;
           PrivateTmp = true;
+          # ...except tt-umd's warm-reset listener directory, the host's
+          # (created by the tmpfiles rule above): tt-umd announces a reset to
+          # every unix socket in /tmp/tt_umd_listeners (client_<PID>.sock;
+          # LISTENER_DIR in device/api/umd/device/warm_reset.hpp), before
+          # and after it, so open devices can quiesce and reopen. In the
+          # unit's private /tmp the engines' listeners would miss a
+          # `tt-smi -r` run outside the unit (an operator, a benchmark) and
+          # never hear other processes' resets. The bind is mounted on top
+          # of the private /tmp and stays writable under ProtectSystem=.
+          BindPaths = [ umdListenerDir ];
           ProtectClock = true;
           # Not `true`: that mounts /sys/fs/cgroup read-only, delegated
           # subtree included. systemd 257 and later: "private", a cgroup
@@ -596,10 +630,20 @@ in
           # PrivateUsers= would unmap controlSocketGroup (and the device
           # nodes' owners) inside the service.
           PrivateUsers = false;
-          # /dev/shm stays shared: tt-metal's own per-chip lock lives there
-          # (TT_UMD_LOCK.CHIP_IN_USE_*) and must be seen by other processes.
+          # /dev/shm stays shared: tt-umd's per-chip locks live there
+          # (TT_UMD_LOCK.CHIP_IN_USE_<n>_PCIe and friends, robust pthread
+          # mutexes; tenstorrent/tt-umd device/utils/lock_manager.cpp) and
+          # must be seen by other processes.
           PrivateIPC = false;
-          RemoveIPC = true;
+          # Not `true`: RemoveIPC= deletes the POSIX shared memory (files in
+          # /dev/shm) owned by the service's user when the unit stops, and
+          # so the TT_UMD_LOCK.* files the engines created (seen under real
+          # systemd: a TT_UMD_LOCK.CHIP_IN_USE_* file gone after the stop).
+          # tt-umd's robust_mutex.hpp: "the implementation relies on the
+          # client not deleting underlying /dev/shm files": a process that
+          # still has the deleted file mapped (tt-smi, a benchmark) and one
+          # that creates a fresh file no longer exclude each other.
+          RemoveIPC = false;
           RestrictAddressFamilies = [
             "AF_UNIX"
             "AF_INET"

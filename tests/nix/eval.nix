@@ -32,6 +32,10 @@ let
   c = evaluated.config;
   cfg = c.services.tenstorrent-serving;
 
+  # hugepages.count: what it is, its default (tested against 4 per card
+  # whether or not the host sets it) and whether the host set it.
+  countOption = evaluated.options.services.tenstorrent-serving.hugepages.count;
+
   failedAssertions = map (a: a.message) (builtins.filter (a: !a.assertion) c.assertions);
 
   # Store paths of the stand-in packages become their names, so the JSON is
@@ -56,6 +60,12 @@ else
     users = c.users.users;
     groups = c.users.groups;
     kernelParams = c.boot.kernelParams;
+    hugepages = {
+      inherit (cfg.hugepages) enable count;
+      defaultCount = countOption.default;
+      # mkOptionDefault (1500) is the priority of an option's `default`.
+      countIsDefault = countOption.highestPrio >= 1500;
+    };
     firewallTCPPorts = c.networking.firewall.allowedTCPPorts;
     etc = c.environment.etc;
     environmentVariables = c.environment.variables;

@@ -11,6 +11,8 @@
                                       hardware.tenstorrent and tt-smi
   inspect.py broken EXPECTED          a broken config is rejected by an
                                       assertion whose message contains EXPECTED
+  inspect.py warns EXPECTED           a config evaluates with no failed
+                                      assertion and a warning containing EXPECTED
 
 Prints what is wrong and exits 1 on failure.
 """
@@ -40,6 +42,30 @@ def roundtrip(text, value, what):
         problems.append(f"{what}: rendered TOML does not parse: {e}")
         return
     check(parsed == value, f"{what}: TOML parses to something else than the settings:\n  toml:     {json.dumps(parsed, sort_keys=True)}\n  settings: {json.dumps(value, sort_keys=True)}")
+
+
+UMD_LISTENERS = "/tmp/tt_umd_listeners"
+
+
+def card_count(settings):
+    """Cards the models use, as the module counts them for hugepages."""
+    return sum(len(m.get("cards", [])) + sum(len(r) for r in m.get("replicas", [])) for m in settings.get("models", {}).values())
+
+
+def umd_sharing(d):
+    """What tt-umd shares with processes outside the unit (module.nix says why)."""
+    sc = d["unit"]["serviceConfig"]
+    # The per-chip robust mutexes in /dev/shm (TT_UMD_LOCK.*): not private,
+    # and not removed with the service user's IPC objects when the unit stops.
+    check(sc.get("PrivateIPC") is False, f"serviceConfig.PrivateIPC = {sc.get('PrivateIPC')!r}, want False (tt-umd's TT_UMD_LOCK.* live in the host's /dev/shm)")
+    check(sc.get("RemoveIPC") is False, f"serviceConfig.RemoveIPC = {sc.get('RemoveIPC')!r}, want False: RemoveIPC=true deletes tt-umd's /dev/shm/TT_UMD_LOCK.* files when the unit stops")
+    # Warm-reset listeners: the host's directory inside the private /tmp.
+    check(sc.get("PrivateTmp") is True, f"serviceConfig.PrivateTmp = {sc.get('PrivateTmp')!r}, want True")
+    binds = sc.get("BindPaths", [])
+    binds = [binds] if isinstance(binds, str) else binds
+    check(UMD_LISTENERS in binds, f"serviceConfig.BindPaths = {binds!r} lacks {UMD_LISTENERS} (tt-umd's warm-reset listeners would stay in the private /tmp)")
+    want_rule = f"d {UMD_LISTENERS} 1777 root root - -"
+    check(want_rule in d["tmpfiles"], f"no tmpfiles rule {want_rule!r} for tt-umd's warm-reset listeners: {d['tmpfiles']}")
 
 
 def example(d, out_toml):
@@ -131,10 +157,20 @@ def example(d, out_toml):
         check(not path.startswith("/nix/store/"), f"credential {cred} comes from the store: {path}")
     check(("tls_cert" in inference) == ("tls_key" in inference), "TLS certificate and key must be rendered together")
 
+    umd_sharing(d)
+
+    # Hugepages: 4 x 1 GiB per card by default (Tenstorrent's
+    # hugepages-setup.sh), at least 4; a count the host sets wins.
+    hp = d["hugepages"]
+    cards = card_count(s)
+    check(hp["defaultCount"] == 4 * max(1, cards), f"hugepages.count defaults to {hp['defaultCount']}, want 4 per card: {4 * max(1, cards)} for {cards} cards")
+    if hp["countIsDefault"]:
+        check(hp["count"] == 4 * max(1, cards), f"hugepages.count = {hp['count']} without a host setting, want {4 * max(1, cards)}")
     if d["hugepagesUnit"] is not None:
         mounts = [m for m in d["mounts"] if m["type"] == "hugetlbfs"]
         check(len(mounts) == 1 and "pagesize=1G" in mounts[0]["options"], f"hugetlbfs mount: {mounts}")
-        check(any(p.startswith("hugepages=") for p in d["kernelParams"]), "no hugepages= kernel parameter")
+        check(f"hugepages={hp['count']}" in d["kernelParams"], f"no hugepages={hp['count']} kernel parameter: {d['kernelParams']}")
+        check(f"want={hp['count']}\n" in d["hugepagesUnit"].get("script", ""), f"tenstorrent-hugepages.service does not top the pool up to {hp['count']}")
 
     listen = s["daemon"]["listen"]
     port = int(listen.rsplit(":", 1)[1])
@@ -147,6 +183,7 @@ def host(d, out_toml):
     with open(out_toml, "w", encoding="utf-8") as f:
         f.write(d["toml"])
     roundtrip(d["toml"], d["settings"], "settings")
+    umd_sharing(d)
 
 
 def variant(d):
@@ -162,6 +199,11 @@ def broken(d, expected):
         check(any(expected in m for m in failed), "no assertion says:\n  " + expected + "\nthe module said:\n  " + "\n  ".join(failed))
 
 
+def warns(d, expected):
+    check(d["failedAssertions"] == [], f"failed assertions: {d['failedAssertions']}")
+    check(any(expected in w for w in d["warnings"]), "no warning says:\n  " + expected + "\nthe module warned:\n  " + "\n  ".join(d["warnings"]))
+
+
 def main():
     cmd = sys.argv[1]
     d = json.load(sys.stdin)
@@ -175,6 +217,8 @@ def main():
         variant(d)
     elif cmd == "broken":
         broken(d, sys.argv[2])
+    elif cmd == "warns":
+        warns(d, sys.argv[2])
     else:
         sys.exit(f"inspect.py: unknown command {cmd}")
     for p in problems:

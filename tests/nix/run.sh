@@ -9,8 +9,11 @@
 #      in this directory, for every host config in examples/: no assertion
 #      fails, the rendered TOML round-trips and passes
 #      `tt-servingd check-config --offline`, the unit has what the module
-#      promises and its TimeoutStopSec= covers the `stop limit` check-config
-#      prints; every config in tests/nix/broken/ is rejected by a module
+#      promises (RemoveIPC=false and tt-umd's warm-reset listener directory
+#      bound from the host, with its tmpfiles rule, among it; hugepages.count
+#      4 per card by default) and its TimeoutStopSec= covers the `stop limit`
+#      check-config prints; a hugepages.count below the cards warns; every
+#      config in tests/nix/broken/ is rejected by a module
 #      assertion (Nix matters: secrets, ports, TLS pairs), every config in
 #      tests/nix/invalid/ evaluates and is rejected by check-config (the
 #      build-time check), each with the message on its `# expect:` line.
@@ -147,6 +150,18 @@ if json=$(eval_json tests/nix/eval.nix --argstr libPath "$lib" --argstr example 
     pass "examples/minimal.nix on a nixpkgs without hardware.tenstorrent and tt-smi"
 else
     fail "examples/minimal.nix on a nixpkgs without hardware.tenstorrent and tt-smi"
+    printf '%s\n' "${problems:-$json}" | tail -15 | sed 's/^/    /'
+fi
+
+# Fewer hugepages than cards: a warning that says what to set, not an
+# assertion.
+expected="services.tenstorrent-serving.hugepages.count = 1 is below the 2 cards the models use"
+problems=
+if json=$(eval_json tests/nix/eval.nix --argstr libPath "$lib" --argstr example "$root/tests/nix/hugepages-below-cards.nix" --argstr mode assertions 2>&1) &&
+    problems=$($inspect warns "$expected" <<<"$json"); then
+    pass "tests/nix/hugepages-below-cards.nix: warns: $expected"
+else
+    fail "tests/nix/hugepages-below-cards.nix: no warning as expected"
     printf '%s\n' "${problems:-$json}" | tail -15 | sed 's/^/    /'
 fi
 
