@@ -19,7 +19,9 @@ pub enum Fault {
     /// `tt-smi -r` exits 0 but the card never comes back. Clearing the fault
     /// lets a pending reset complete on the next firmware tick.
     NeverReturns,
-    /// The card comes back under the lowest free index other than its old one.
+    /// The card comes back under the lowest free index other than its old
+    /// one. Renumbering happens only in hot-plug slots, so this implies
+    /// [`Fault::HotPlug`].
     NewIndex,
     /// The reset takes `delay_ms` instead of the root's default delay.
     Slow {
@@ -28,9 +30,26 @@ pub enum Fault {
     },
     /// The firmware stops incrementing `tt_heartbeat` (the card looks hung).
     FrozenHeartbeat,
-    /// `tt-smi -r` naming this card prints a re-init error and exits 1,
-    /// leaving every card untouched.
+    /// `tt-smi -r` naming this card fails before any reset: tt-umd raises
+    /// and tt-smi dies with a Python traceback, exit 1, every card untouched.
     SmiExit1,
+    /// The card sits in a hot-plug slot: a reset takes it off the bus (node
+    /// and class dir gone) instead of resetting it in place, as tt-kmd does
+    /// there even from 2.4.1.
+    HotPlug,
+    /// The reset ioctl to this card fails: tt-umd logs `Sending reset ioctl
+    /// to device N failed: ...`, the card is not reset, tt-smi exits 0.
+    IoctlFails,
+    /// After a reset the card's PCIe link comes back at 8.0 GT/s x4
+    /// instead of its 32.0 GT/s x16.
+    Downtrained,
+    /// The card trips its thermal limit during a reset:
+    /// `tt_therm_trip_count` is one higher when it comes back.
+    ThermTrip,
+    /// tt-smi's re-initialisation after a reset (skipped with
+    /// `--no_reinit`) fails on this card, whichever cards were reset: it
+    /// re-discovers every card on the host.
+    ReinitFails,
 }
 
 impl Fault {
@@ -45,6 +64,11 @@ impl Fault {
             Fault::Slow { .. } => "slow",
             Fault::FrozenHeartbeat => "frozen-heartbeat",
             Fault::SmiExit1 => "smi-exit-1",
+            Fault::HotPlug => "hot-plug",
+            Fault::IoctlFails => "ioctl-fails",
+            Fault::Downtrained => "downtrained",
+            Fault::ThermTrip => "therm-trip",
+            Fault::ReinitFails => "reinit-fails",
         }
     }
 }
@@ -71,9 +95,15 @@ impl FromStr for Fault {
             }),
             "frozen-heartbeat" => Ok(Fault::FrozenHeartbeat),
             "smi-exit-1" => Ok(Fault::SmiExit1),
+            "hot-plug" => Ok(Fault::HotPlug),
+            "ioctl-fails" => Ok(Fault::IoctlFails),
+            "downtrained" => Ok(Fault::Downtrained),
+            "therm-trip" => Ok(Fault::ThermTrip),
+            "reinit-fails" => Ok(Fault::ReinitFails),
             other => Err(format!(
                 "unknown fault {other:?}; expected never-returns, new-index, slow, \
-                 frozen-heartbeat or smi-exit-1"
+                 frozen-heartbeat, smi-exit-1, hot-plug, ioctl-fails, downtrained, \
+                 therm-trip or reinit-fails"
             )),
         }
     }
@@ -93,6 +123,16 @@ pub struct CardFaults {
     pub frozen_heartbeat: bool,
     /// [`Fault::SmiExit1`] is on.
     pub smi_exit_1: bool,
+    /// [`Fault::HotPlug`] is on.
+    pub hot_plug: bool,
+    /// [`Fault::IoctlFails`] is on.
+    pub ioctl_fails: bool,
+    /// [`Fault::Downtrained`] is on.
+    pub downtrained: bool,
+    /// [`Fault::ThermTrip`] is on.
+    pub therm_trip: bool,
+    /// [`Fault::ReinitFails`] is on.
+    pub reinit_fails: bool,
 }
 
 impl CardFaults {
@@ -104,6 +144,11 @@ impl CardFaults {
             Fault::Slow { delay_ms } => self.slow_delay_ms = Some(delay_ms),
             Fault::FrozenHeartbeat => self.frozen_heartbeat = true,
             Fault::SmiExit1 => self.smi_exit_1 = true,
+            Fault::HotPlug => self.hot_plug = true,
+            Fault::IoctlFails => self.ioctl_fails = true,
+            Fault::Downtrained => self.downtrained = true,
+            Fault::ThermTrip => self.therm_trip = true,
+            Fault::ReinitFails => self.reinit_fails = true,
         }
     }
 
@@ -130,7 +175,24 @@ impl CardFaults {
         if self.smi_exit_1 {
             out.push(Fault::SmiExit1);
         }
+        for (on, fault) in [
+            (self.hot_plug, Fault::HotPlug),
+            (self.ioctl_fails, Fault::IoctlFails),
+            (self.downtrained, Fault::Downtrained),
+            (self.therm_trip, Fault::ThermTrip),
+            (self.reinit_fails, Fault::ReinitFails),
+        ] {
+            if on {
+                out.push(fault);
+            }
+        }
         out
+    }
+
+    /// A reset takes the card off the bus (hot-plug slot), where it may
+    /// come back under another index, instead of resetting it in place.
+    pub fn leaves_the_bus(&self) -> bool {
+        self.hot_plug || self.new_index
     }
 }
 
@@ -146,6 +208,11 @@ mod tests {
             "slow",
             "frozen-heartbeat",
             "smi-exit-1",
+            "hot-plug",
+            "ioctl-fails",
+            "downtrained",
+            "therm-trip",
+            "reinit-fails",
         ] {
             let fault: Fault = name.parse().unwrap();
             assert_eq!(fault.name(), name);

@@ -1,10 +1,11 @@
 //! The fake card firmware: what happens on a card while nobody is looking.
 //!
 //! One [`tick_at`] is one step of every card's firmware: the heartbeat of
-//! each present card advances (unless its heartbeat is frozen), and every
-//! reset whose delay has passed completes — the card is rebuilt at its old
-//! index, or at a new one under the `new-index` fault, or not at all under
-//! `never-returns`. The `tt-fakehw firmware` command runs ticks in a loop;
+//! each present card advances (unless its heartbeat is frozen, the card is
+//! in a reset, or the driver has no heartbeat), and every reset whose delay
+//! has passed completes — in place (attributes readable again, link back),
+//! or for a card that left the bus, rebuilt at its old index or at a new
+//! one under the `new-index` fault; or not at all under `never-returns`. The `tt-fakehw firmware` command runs ticks in a loop;
 //! tests call [`crate::FakeRoot::tick_at`] directly to step time by hand.
 
 use std::collections::BTreeSet;
@@ -16,7 +17,8 @@ use std::time::Duration;
 
 use crate::error::{FakeHwError, Result};
 use crate::layout::{
-    materialize_card, present_cards, read_attr, write_atomic, Layout, HEARTBEAT_AFTER_RESET,
+    finish_in_place_reset, materialize_card, present_cards, read_attr, write_atomic, Layout,
+    Readings, HEARTBEAT_AFTER_RESET, LINK_DOWNTRAINED, LINK_FULL,
 };
 use crate::running::FirmwareLock;
 use crate::state::{self, PendingReset, StateLock};
@@ -49,8 +51,12 @@ pub(crate) fn tick_at(layout: &Layout, now_unix_ms: u64) -> Result<TickReport> {
     let mut report = TickReport::default();
 
     let present = present_cards(layout)?;
+    let pending = state::load_pending(layout)?;
     for card in &present {
-        if faults.get(&card.bdf).is_some_and(|f| f.frozen_heartbeat) {
+        if !inventory.kmd.has_heartbeat()
+            || faults.get(&card.bdf).is_some_and(|f| f.frozen_heartbeat)
+            || pending.iter().any(|p| p.bdf == card.bdf)
+        {
             continue;
         }
         let path = layout.class_dir(&card.bdf, card.index).join("tt_heartbeat");
@@ -64,7 +70,6 @@ pub(crate) fn tick_at(layout: &Layout, now_unix_ms: u64) -> Result<TickReport> {
         report.heartbeats.push(card.bdf.clone());
     }
 
-    let pending = state::load_pending(layout)?;
     if pending.is_empty() {
         return Ok(report);
     }
@@ -101,6 +106,31 @@ pub(crate) fn tick_at(layout: &Layout, now_unix_ms: u64) -> Result<TickReport> {
             .map(|p| p.old_index)
             .collect();
         let free = |idx: &u32| !in_use.contains(idx) && !reserved.contains(idx);
+        let link = if card_faults.downtrained {
+            LINK_DOWNTRAINED
+        } else {
+            LINK_FULL
+        };
+        let readings = Readings {
+            heartbeat: HEARTBEAT_AFTER_RESET,
+            therm_trips: reset.therm_trips + u64::from(card_faults.therm_trip),
+        };
+        if reset.in_place {
+            finish_in_place_reset(
+                layout,
+                card,
+                reset.old_index,
+                readings,
+                &inventory.kmd,
+                link,
+            )?;
+            report.returned.push(ReturnedCard {
+                bdf: reset.bdf.clone(),
+                old_index: reset.old_index,
+                new_index: reset.old_index,
+            });
+            continue;
+        }
         let index = if card_faults.new_index {
             (0..).find(|idx| *idx != reset.old_index && free(idx))
         } else if !in_use.contains(&reset.old_index) {
@@ -109,7 +139,8 @@ pub(crate) fn tick_at(layout: &Layout, now_unix_ms: u64) -> Result<TickReport> {
             (0..).find(free)
         }
         .unwrap_or(reset.old_index);
-        materialize_card(layout, card, index, HEARTBEAT_AFTER_RESET)?;
+        materialize_card(layout, card, index, readings, &inventory.kmd)?;
+        crate::layout::write_link(layout, &card.bdf, link)?;
         in_use.insert(index);
         report.returned.push(ReturnedCard {
             bdf: reset.bdf.clone(),

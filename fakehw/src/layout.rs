@@ -12,8 +12,12 @@
 //! sys/bus/pci/devices/<BDF>           -> ../../../devices/pci0000:00/<BDF>
 //! sys/class/tenstorrent/tenstorrent!<i> -> ../../devices/pci0000:00/<BDF>/tenstorrent/tenstorrent!<i>
 //! sys/module/tenstorrent/version                         driver version
-//! proc/driver/tenstorrent/<i>/pids                       pids holding the device, one a line
+//! proc/driver/tenstorrent/<i>/pids                       pids holding the device, one a line per descriptor (2.5.0+)
+//! dev/tenstorrent/by-id/blackhole-<ASIC id> -> ../<i>    udev's stable link (2.6.0+)
+//! dev/shm/TT_UMD_LOCK.CHIP_IN_USE_<i>_PCIe               tt-umd's chip lock (made by `hold-chip`)
 //! ```
+//!
+//! What exists depends on the driver version the root plays ([`Kmd`]).
 //!
 //! Every value a reader may see is written to a temporary name and renamed
 //! into place, and a returning card's class dir is built aside and renamed in
@@ -27,6 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{FakeHwError, Result};
+use crate::kmd::Kmd;
 use crate::state::CardInfo;
 
 /// The PCI host bridge directory all fake cards hang under.
@@ -35,8 +40,6 @@ const PCI_HOST: &str = "pci0000:00";
 const PCI_VENDOR: &str = "0x1e52";
 /// Blackhole's PCI device id.
 const PCI_DEVICE_BLACKHOLE: &str = "0xb140";
-/// Version written to `sys/module/tenstorrent/version`.
-pub(crate) const DRIVER_VERSION: &str = "2.4.1";
 /// Heartbeat a card starts at after a reset: low, so tests can see the restart.
 pub(crate) const HEARTBEAT_AFTER_RESET: u64 = 1;
 /// Firmware bundle version reported by every fake card.
@@ -93,6 +96,16 @@ impl Layout {
 
     pub(crate) fn dev_node(&self, index: u32) -> PathBuf {
         self.dev_dir().join(index.to_string())
+    }
+
+    pub(crate) fn by_id_dir(&self) -> PathBuf {
+        self.dev_dir().join("by-id")
+    }
+
+    /// tt-umd's lock of the chip at `/dev/tenstorrent/<index>`.
+    pub(crate) fn chip_lock(&self, index: u32) -> PathBuf {
+        self.dev_root()
+            .join(format!("shm/TT_UMD_LOCK.CHIP_IN_USE_{index}_PCIe"))
     }
 
     pub(crate) fn sys_root(&self) -> PathBuf {
@@ -210,7 +223,12 @@ pub(crate) fn class_name(index: u32) -> String {
 /// Lays out the static part of a fresh root: directories, the driver
 /// module, each card's PCI dir, bus link and hwmon, and the tt-smi script.
 /// Cards themselves are made present by [`materialize_card`].
-pub(crate) fn create_static(layout: &Layout, cards: &[CardInfo], fakehw_bin: &Path) -> Result<()> {
+pub(crate) fn create_static(
+    layout: &Layout,
+    cards: &[CardInfo],
+    fakehw_bin: &Path,
+    kmd: &Kmd,
+) -> Result<()> {
     for dir in [
         layout.dev_dir(),
         layout.class_root(),
@@ -224,32 +242,89 @@ pub(crate) fn create_static(layout: &Layout, cards: &[CardInfo], fakehw_bin: &Pa
     }
     write_file(
         &layout.module_dir().join("version"),
-        &format!("{DRIVER_VERSION}\n"),
+        &format!("{}\n", kmd.version),
     )?;
-
+    if kmd.has_by_id() {
+        create_dir_all(&layout.by_id_dir())?;
+    }
     for card in cards {
-        let pci = layout.pci_dir(&card.bdf);
-        create_dir_all(&layout.class_parent(&card.bdf))?;
-        for (name, value) in [
-            ("vendor", PCI_VENDOR.to_string()),
-            ("device", PCI_DEVICE_BLACKHOLE.to_string()),
-            ("class", "0x120000".to_string()),
-            ("current_link_speed", "32.0 GT/s PCIe".to_string()),
-            ("current_link_width", "16".to_string()),
-            ("max_link_speed", "32.0 GT/s PCIe".to_string()),
-            ("max_link_width", "16".to_string()),
-            ("numa_node", "0".to_string()),
-        ] {
-            write_file(&pci.join(name), &format!("{value}\n"))?;
-        }
-        let link = layout.bus_link(&card.bdf);
-        let target = PathBuf::from("../../../devices")
-            .join(PCI_HOST)
-            .join(&card.bdf);
-        symlink(&target, &link).map_err(|e| FakeHwError::io("creating symlink", &link, e))?;
-        write_hwmon(layout, card)?;
+        plug_pci_function(layout, card)?;
     }
     write_tt_smi_script(layout, fakehw_bin)
+}
+
+/// Puts the card's PCI function on the bus: its PCI dir with the PCI
+/// attributes, the bus link and hwmon (what stays during a reset).
+pub(crate) fn plug_pci_function(layout: &Layout, card: &CardInfo) -> Result<()> {
+    let pci = layout.pci_dir(&card.bdf);
+    create_dir_all(&layout.class_parent(&card.bdf))?;
+    for (name, value) in [
+        ("vendor", PCI_VENDOR),
+        ("device", PCI_DEVICE_BLACKHOLE),
+        ("class", "0x120000"),
+        ("max_link_speed", LINK_FULL.speed),
+        ("max_link_width", LINK_FULL.width),
+        ("numa_node", "0"),
+    ] {
+        write_file(&pci.join(name), &format!("{value}\n"))?;
+    }
+    write_link(layout, &card.bdf, LINK_FULL)?;
+    let link = layout.bus_link(&card.bdf);
+    let target = PathBuf::from("../../../devices")
+        .join(PCI_HOST)
+        .join(&card.bdf);
+    remove_file_if_exists(&link)?;
+    symlink(&target, &link).map_err(|e| FakeHwError::io("creating symlink", &link, e))?;
+    write_hwmon(layout, card)
+}
+
+/// Takes the card off the bus: gone from sysfs entirely (as after a hot
+/// removal or a dead link), so `lspci` and tt-smi no longer see it.
+pub(crate) fn unplug_pci_function(layout: &Layout, card: &CardInfo, index: Option<u32>) -> Result<()> {
+    if let Some(index) = index {
+        vanish_card(layout, &card.bdf, index)?;
+    }
+    remove_file_if_exists(&layout.bus_link(&card.bdf))?;
+    remove_dir_all_if_exists(&layout.pci_dir(&card.bdf))
+}
+
+/// A PCIe link's `current_link_speed` and `current_link_width`, as Linux
+/// prints them (`drivers/pci/pci-sysfs.c`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LinkText {
+    pub(crate) speed: &'static str,
+    pub(crate) width: &'static str,
+}
+
+/// A Blackhole's own link: PCIe Gen5 x16.
+pub(crate) const LINK_FULL: LinkText = LinkText {
+    speed: "32.0 GT/s PCIe",
+    width: "16",
+};
+
+/// A link that trained down (the `downtrained` fault): Gen3 x4.
+pub(crate) const LINK_DOWNTRAINED: LinkText = LinkText {
+    speed: "8.0 GT/s PCIe",
+    width: "4",
+};
+
+/// A link in reset: config reads return all ones, which Linux prints as an
+/// unknown speed and 63 lanes.
+pub(crate) const LINK_DOWN: LinkText = LinkText {
+    speed: "Unknown",
+    width: "63",
+};
+
+pub(crate) fn write_link(layout: &Layout, bdf: &str, link: LinkText) -> Result<()> {
+    let pci = layout.pci_dir(bdf);
+    write_atomic(
+        &pci.join("current_link_speed"),
+        format!("{}\n", link.speed).as_bytes(),
+    )?;
+    write_atomic(
+        &pci.join("current_link_width"),
+        format!("{}\n", link.width).as_bytes(),
+    )
 }
 
 /// Writes `bin/tt-smi`, a shell script that re-enters this binary's `smi`
@@ -297,14 +372,25 @@ pub(crate) fn write_hwmon(layout: &Layout, card: &CardInfo) -> Result<()> {
     Ok(())
 }
 
+/// What a card's class dir says, besides what never changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Readings {
+    /// `tt_heartbeat`.
+    pub(crate) heartbeat: u64,
+    /// `tt_therm_trip_count`.
+    pub(crate) therm_trips: u64,
+}
+
 /// Makes `card` present at `index`: class dir with its attributes (built
-/// aside, renamed in whole), the class link, the proc entry, and last the
-/// device node — so whoever sees the node can already read sysfs.
+/// aside, renamed in whole), the class link, the proc entry, the by-id
+/// link, and last the device node — so whoever sees the node can already
+/// read sysfs. Which attributes and files exist follows `kmd`.
 pub(crate) fn materialize_card(
     layout: &Layout,
     card: &CardInfo,
     index: u32,
-    heartbeat: u64,
+    readings: Readings,
+    kmd: &Kmd,
 ) -> Result<()> {
     let parent = layout.class_parent(&card.bdf);
     let building = parent.join(format!(".{}.building", class_name(index)));
@@ -312,7 +398,7 @@ pub(crate) fn materialize_card(
     // Plain create_dir (not _all): if the root was removed under us we must
     // fail rather than resurrect half a tree inside a deleted temp dir.
     fs::create_dir(&building).map_err(|e| FakeHwError::io("creating", &building, e))?;
-    for (name, value) in class_attributes(card, heartbeat) {
+    for (name, value) in class_attributes(card, readings, kmd) {
         write_file(&building.join(name), &format!("{value}\n"))?;
     }
     let device_link = building.join("device");
@@ -332,32 +418,99 @@ pub(crate) fn materialize_card(
 
     write_hwmon(layout, card)?;
 
-    let proc_dir = layout.proc_dir(index);
-    match fs::create_dir(&proc_dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(FakeHwError::io("creating", &proc_dir, e)),
+    if kmd.has_pids_file() {
+        let proc_dir = layout.proc_dir(index);
+        match fs::create_dir(&proc_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(FakeHwError::io("creating", &proc_dir, e)),
+        }
+        write_atomic(&layout.pids_file(index), b"")?;
     }
-    write_atomic(&layout.pids_file(index), b"")?;
+    if kmd.has_by_id() {
+        symlink_atomic(Path::new(&format!("../{index}")), &by_id_link(layout, card))?;
+    }
 
     write_atomic(&layout.dev_node(index), b"")
 }
 
-/// The class-dir attributes of `card` with the given heartbeat, in the
-/// order tt-kmd creates them.
-fn class_attributes(card: &CardInfo, heartbeat: u64) -> Vec<(&'static str, String)> {
-    vec![
-        ("tt_card_type", "p150a".to_string()),
-        ("tt_serial", card.serial.clone()),
+fn by_id_link(layout: &Layout, card: &CardInfo) -> PathBuf {
+    layout
+        .by_id_dir()
+        .join(format!("blackhole-{}", card.asic_id))
+}
+
+/// The class-dir attributes of `card`, in the order tt-kmd creates them
+/// (`blackhole.c` bh_sysfs_attributes): serials and ASIC ids in upper-case
+/// hex (`telemetry.c` prints `%08X%08X`), the heartbeat and thermal trip
+/// count only from 2.7.0.
+fn class_attributes(card: &CardInfo, readings: Readings, kmd: &Kmd) -> Vec<(&'static str, String)> {
+    let mut attrs = vec![
         ("tt_aiclk", AICLK_MHZ.to_string()),
         ("tt_axiclk", AXICLK_MHZ.to_string()),
         ("tt_arcclk", ARCCLK_MHZ.to_string()),
+        ("tt_serial", card.serial.to_ascii_uppercase()),
+        ("tt_card_type", "p150a".to_string()),
         ("tt_fw_bundle_ver", FW_BUNDLE_VER.to_string()),
         ("tt_m3app_fw_ver", M3APP_FW_VER.to_string()),
-        ("tt_asic_id", card.asic_id.clone()),
-        ("tt_heartbeat", heartbeat.to_string()),
-        ("tt_therm_trip_count", "0".to_string()),
-    ]
+        ("tt_asic_id", card.asic_id.to_ascii_uppercase()),
+    ];
+    if kmd.has_heartbeat() {
+        attrs.push(("tt_heartbeat", readings.heartbeat.to_string()));
+        attrs.push(("tt_therm_trip_count", readings.therm_trips.to_string()));
+    }
+    attrs
+}
+
+/// Starts an in-place reset of the card at `index` (tt-kmd 2.4.1+ outside
+/// hot-plug slots): node and class dir stay, the link goes down, and from
+/// 2.9.0 every attribute read fails until the card is back. A real read
+/// fails with ENODATA; a plain file cannot, so each attribute becomes a
+/// directory of the same name (reads fail with EISDIR): code must treat
+/// any read error as "not back yet". Before 2.9.0 the files keep the
+/// values from before the reset, and the heartbeat stops.
+pub(crate) fn begin_in_place_reset(
+    layout: &Layout,
+    card: &CardInfo,
+    index: u32,
+    kmd: &Kmd,
+) -> Result<()> {
+    write_link(layout, &card.bdf, LINK_DOWN)?;
+    if !kmd.reads_fail_during_reset() {
+        return Ok(());
+    }
+    let class_dir = layout.class_dir(&card.bdf, index);
+    for (name, _) in class_attributes(card, Readings { heartbeat: 0, therm_trips: 0 }, kmd) {
+        let path = class_dir.join(name);
+        remove_file_if_exists(&path)?;
+        match fs::create_dir(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(FakeHwError::io("creating", &path, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Ends an in-place reset: the attributes read again (heartbeat restarted),
+/// and the link is back at `link`.
+pub(crate) fn finish_in_place_reset(
+    layout: &Layout,
+    card: &CardInfo,
+    index: u32,
+    readings: Readings,
+    kmd: &Kmd,
+    link: LinkText,
+) -> Result<()> {
+    let class_dir = layout.class_dir(&card.bdf, index);
+    for (name, value) in class_attributes(card, readings, kmd) {
+        let path = class_dir.join(name);
+        if path.is_dir() {
+            remove_dir_all_if_exists(&path)?;
+        }
+        write_atomic(&path, format!("{value}\n").as_bytes())?;
+    }
+    write_link(layout, &card.bdf, link)
 }
 
 /// Makes the card at `index` vanish the way a reset does: the device node
@@ -366,6 +519,14 @@ fn class_attributes(card: &CardInfo, heartbeat: u64) -> Vec<(&'static str, Strin
 /// function itself stays on the bus during a link reset.
 pub(crate) fn vanish_card(layout: &Layout, bdf: &str, index: u32) -> Result<()> {
     remove_file_if_exists(&layout.dev_node(index))?;
+    if let Ok(entries) = fs::read_dir(layout.by_id_dir()) {
+        for entry in entries.flatten() {
+            let target = fs::read_link(entry.path()).ok();
+            if target.as_deref() == Some(Path::new(&format!("../{index}"))) {
+                remove_file_if_exists(&entry.path())?;
+            }
+        }
+    }
     remove_file_if_exists(&layout.class_link(index))?;
     remove_dir_all_if_exists(&layout.class_dir(bdf, index))?;
     remove_dir_all_if_exists(&layout.proc_dir(index))

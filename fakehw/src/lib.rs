@@ -46,6 +46,7 @@
 mod error;
 mod faults;
 mod firmware;
+mod kmd;
 mod layout;
 mod running;
 mod smi;
@@ -59,6 +60,7 @@ use std::time::Duration;
 pub use error::{FakeHwError, Result};
 pub use faults::{CardFaults, Fault};
 pub use firmware::{run_firmware, FirmwareThread, ReturnedCard, TickReport};
+pub use kmd::{Kmd, DEFAULT_DRIVER_VERSION, DEFAULT_TT_SMI_VERSION};
 pub use running::FirmwareState;
 pub use smi::{run_smi, TT_SMI_VERSION};
 pub use state::{CardInfo, PendingReset, SmiInvocation, DEFAULT_RESET_DELAY_MS};
@@ -80,16 +82,24 @@ pub struct CreateOptions {
     pub reset_delay_ms: u64,
     /// Replace an existing root's files instead of refusing a non-empty directory.
     pub force: bool,
+    /// The tt-kmd version the root plays (what exists and how a reset
+    /// looks follow it: see [`Kmd`]).
+    pub driver_version: String,
+    /// The tt-smi release `bin/tt-smi` plays (`-v` prints it; before 4.2.0
+    /// `-r` takes only integer indices or a JSON file).
+    pub tt_smi_version: String,
 }
 
 impl CreateOptions {
-    /// Options with the default reset delay and no `force`.
+    /// Options with the default reset delay, driver and tt-smi, and no `force`.
     pub fn new(cards: usize, fakehw_bin: &Path) -> Self {
         CreateOptions {
             cards,
             fakehw_bin: fakehw_bin.to_path_buf(),
             reset_delay_ms: DEFAULT_RESET_DELAY_MS,
             force: false,
+            driver_version: DEFAULT_DRIVER_VERSION.to_string(),
+            tt_smi_version: DEFAULT_TT_SMI_VERSION.to_string(),
         }
     }
 }
@@ -167,21 +177,37 @@ impl FakeRoot {
         let cards: Vec<CardInfo> = (0..opts.cards)
             .map(|i| CardInfo {
                 bdf: layout::bdf(i),
-                serial: format!("{:08x}{:08x}", 0x403, 0x1924_062a + i as u64),
-                asic_id: format!("{:016x}", 0x0b1a_c4e0_0000_1000 + 0x101 * i as u64),
+                serial: format!("{:08X}{:08X}", 0x403, 0x1924_062a + i as u64),
+                asic_id: format!("{:016X}", 0x0b1a_c4e0_0000_1000 + 0x101 * i as u64),
                 hwmon: layout::hwmon_number(i),
                 created_index: i as u32,
             })
             .collect();
+        for (what, version) in [
+            ("driver", &opts.driver_version),
+            ("tt-smi", &opts.tt_smi_version),
+        ] {
+            let v = version.trim();
+            if v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || ".-+".contains(c)) {
+                return Err(FakeHwError::Invalid(format!(
+                    "{what} version {version:?} is not a version such as 2.10.0"
+                )));
+            }
+        }
         let inventory = Inventory {
             format: state::FORMAT_VERSION,
             reset_delay_ms: opts.reset_delay_ms,
             cards,
+            kmd: Kmd::new(opts.driver_version.trim()),
+            tt_smi_version: opts.tt_smi_version.trim().to_string(),
         };
-        layout::create_static(&layout, &inventory.cards, &fakehw_bin)?;
+        layout::create_static(&layout, &inventory.cards, &fakehw_bin, &inventory.kmd)?;
         for card in &inventory.cards {
-            let heartbeat = 1_000 + 100 * u64::from(card.created_index);
-            layout::materialize_card(&layout, card, card.created_index, heartbeat)?;
+            let readings = layout::Readings {
+                heartbeat: 1_000 + 100 * u64::from(card.created_index),
+                therm_trips: 0,
+            };
+            layout::materialize_card(&layout, card, card.created_index, readings, &inventory.kmd)?;
         }
         state::save_faults(&layout, &Default::default())?;
         state::save_pending(&layout, &[])?;
@@ -340,13 +366,16 @@ impl FakeRoot {
         self.update_pids(index, |list| *list = pids.to_vec())
     }
 
-    /// Adds one pid to those holding `/dev/tenstorrent/<index>`.
+    /// Adds one line for `pid` to the driver's list of `/dev/tenstorrent/<index>`:
+    /// one open descriptor (tt-kmd prints a line per descriptor, so a
+    /// process that opened the node twice appears twice).
     pub fn add_pid(&self, index: u32, pid: u32) -> Result<()> {
-        self.update_pids(index, |list| {
-            if !list.contains(&pid) {
-                list.push(pid);
-            }
-        })
+        self.update_pids(index, |list| list.push(pid))
+    }
+
+    /// Drops every line of `pid` (its descriptors closed).
+    pub fn remove_pid(&self, index: u32, pid: u32) -> Result<()> {
+        self.update_pids(index, |list| list.retain(|p| *p != pid))
     }
 
     /// Reads, changes and writes a card's pid list under the root's lock,
@@ -377,10 +406,8 @@ impl FakeRoot {
         let dir = self.layout.module_dir();
         if loaded {
             fs::create_dir_all(&dir).map_err(|e| FakeHwError::io("creating", &dir, e))?;
-            layout::write_atomic(
-                &dir.join("version"),
-                format!("{}\n", layout::DRIVER_VERSION).as_bytes(),
-            )
+            let kmd = state::load_inventory(&self.layout)?.kmd;
+            layout::write_atomic(&dir.join("version"), format!("{}\n", kmd.version).as_bytes())
         } else {
             layout::remove_dir_all_if_exists(&dir)
         }
@@ -457,6 +484,70 @@ impl FakeRoot {
             stdout: String::from_utf8_lossy(&out).into_owned(),
             stderr: String::from_utf8_lossy(&err).into_owned(),
         }
+    }
+
+    /// The driver this root plays.
+    pub fn kmd(&self) -> Result<Kmd> {
+        Ok(state::load_inventory(&self.layout)?.kmd)
+    }
+
+    /// Takes the card `bdf` off the bus, as a hot removal or a dead link
+    /// does: node, class dir, PCI dir and bus link are gone, tt-smi no
+    /// longer sees it, and it stays gone (a pending reset of it is dropped)
+    /// until [`FakeRoot::plug`].
+    pub fn unplug(&self, bdf: &str) -> Result<()> {
+        let _lock = StateLock::acquire(&self.layout)?;
+        let inventory = state::load_inventory(&self.layout)?;
+        let card = inventory
+            .card(bdf)
+            .ok_or_else(|| FakeHwError::UnknownCard(bdf.to_string()))?;
+        let index = self.index_of(bdf).or_else(|| {
+            state::load_pending(&self.layout)
+                .ok()?
+                .into_iter()
+                .find(|p| p.bdf == bdf && p.in_place)
+                .map(|p| p.old_index)
+        });
+        layout::unplug_pci_function(&self.layout, card, index)?;
+        let mut pending = state::load_pending(&self.layout)?;
+        pending.retain(|p| p.bdf != bdf);
+        state::save_pending(&self.layout, &pending)
+    }
+
+    /// Puts an unplugged card back on the bus at the lowest free index,
+    /// freshly booted. Returns that index.
+    pub fn plug(&self, bdf: &str) -> Result<u32> {
+        let _lock = StateLock::acquire(&self.layout)?;
+        let inventory = state::load_inventory(&self.layout)?;
+        let card = inventory
+            .card(bdf)
+            .ok_or_else(|| FakeHwError::UnknownCard(bdf.to_string()))?;
+        if let Some(index) = self.index_of(bdf) {
+            return Ok(index);
+        }
+        let used: Vec<u32> = layout::present_cards(&self.layout)?
+            .iter()
+            .map(|c| c.index)
+            .chain(
+                state::load_pending(&self.layout)?
+                    .iter()
+                    .map(|p| p.old_index),
+            )
+            .collect();
+        let index = (0..).find(|i| !used.contains(i)).unwrap_or(0);
+        layout::plug_pci_function(&self.layout, card)?;
+        let readings = layout::Readings {
+            heartbeat: layout::HEARTBEAT_AFTER_RESET,
+            therm_trips: 0,
+        };
+        layout::materialize_card(&self.layout, card, index, readings, &inventory.kmd)?;
+        Ok(index)
+    }
+
+    /// Where tt-umd keeps the chip lock of `/dev/tenstorrent/<index>`
+    /// under this root (`dev/shm/TT_UMD_LOCK.CHIP_IN_USE_<index>_PCIe`).
+    pub fn chip_lock(&self, index: u32) -> PathBuf {
+        self.layout.chip_lock(index)
     }
 
     fn known_card(&self, bdf: &str) -> Result<()> {

@@ -12,7 +12,10 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use nix::sys::signal::{SigHandler, Signal};
-use tt_fakehw::{CreateOptions, FakeRoot, Fault, FirmwareState, DEFAULT_RESET_DELAY_MS};
+use tt_fakehw::{
+    CreateOptions, FakeRoot, Fault, FirmwareState, DEFAULT_DRIVER_VERSION, DEFAULT_RESET_DELAY_MS,
+    DEFAULT_TT_SMI_VERSION,
+};
 
 /// A fake Tenstorrent Blackhole hardware root (dev, sys, proc and tt-smi)
 /// for tests and demos of tt-serving.
@@ -47,6 +50,17 @@ enum Command {
         /// Replace an existing fake root's files at --root.
         #[arg(long)]
         force: bool,
+        /// The tt-kmd version to play: what exists and how a reset looks
+        /// follow it (2.4.1: resets in place, stale reads, no pids file, no
+        /// heartbeat; 2.5.0: pids file; 2.6.0: by-id links; 2.7.0:
+        /// heartbeat and thermal trip count; 2.9.0: reads fail during a
+        /// reset).
+        #[arg(long, default_value = DEFAULT_DRIVER_VERSION)]
+        driver_version: String,
+        /// The tt-smi release bin/tt-smi plays (`-v` prints it; before
+        /// 4.2.0 `-r` takes only integer indices or a JSON file).
+        #[arg(long, default_value = DEFAULT_TT_SMI_VERSION)]
+        tt_smi_version: String,
     },
     /// Run the card firmware: advance heartbeats and complete resets, every
     /// interval, until the parent process dies (or a SIGTERM, SIGINT or
@@ -118,6 +132,48 @@ enum Command {
         #[arg(long)]
         clear: bool,
     },
+    /// Take a card off the bus (hot removal, dead link): node, class dir
+    /// and PCI dir vanish until `plug`.
+    Unplug {
+        /// The fake root.
+        #[arg(long, env = "TT_FAKEHW_ROOT")]
+        root: PathBuf,
+        /// The card: its current index or its BDF.
+        #[arg(long)]
+        card: String,
+    },
+    /// Put an unplugged card back on the bus at the lowest free index.
+    Plug {
+        /// The fake root.
+        #[arg(long, env = "TT_FAKEHW_ROOT")]
+        root: PathBuf,
+        /// The card's BDF.
+        #[arg(long)]
+        card: String,
+    },
+    /// Hold a card's chip as an engine does, until SIGTERM or SIGINT (or
+    /// the parent's death): map tt-umd's lock file
+    /// dev/shm/TT_UMD_LOCK.CHIP_IN_USE_<index>_PCIe and appear twice in the
+    /// driver's pids file (two open descriptors).
+    HoldChip {
+        /// The fake root.
+        #[arg(long, env = "TT_FAKEHW_ROOT")]
+        root: PathBuf,
+        /// The card's current index.
+        #[arg(long)]
+        card: u32,
+    },
+    /// Watch a card as a monitoring tool does, until SIGTERM or SIGINT (or
+    /// the parent's death): appear in the driver's pids file without
+    /// mapping the chip lock.
+    Watch {
+        /// The fake root.
+        #[arg(long, env = "TT_FAKEHW_ROOT")]
+        root: PathBuf,
+        /// The card's current index.
+        #[arg(long)]
+        card: u32,
+    },
     /// Show every card: index, heartbeat, faults, pending reset.
     Status {
         /// The fake root.
@@ -137,9 +193,19 @@ enum FaultArg {
     Slow,
     /// The heartbeat stops advancing.
     FrozenHeartbeat,
-    /// tt-smi -r on this card prints a re-init error and exits 1.
+    /// tt-smi -r on this card fails before any reset (traceback, exit 1).
     #[value(name = "smi-exit-1")]
     SmiExit1,
+    /// The card is in a hot-plug slot: a reset takes it off the bus.
+    HotPlug,
+    /// The reset ioctl to this card fails (logged; tt-smi exits 0).
+    IoctlFails,
+    /// The card's PCIe link comes back at 8.0 GT/s x4.
+    Downtrained,
+    /// The card trips its thermal limit during a reset.
+    ThermTrip,
+    /// tt-smi's re-initialisation (without --no_reinit) fails on this card.
+    ReinitFails,
     /// Switch every fault of the card off.
     Clear,
 }
@@ -167,6 +233,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             tt_fakehw_bin,
             reset_delay_ms,
             force,
+            driver_version,
+            tt_smi_version,
         } => {
             let bin = match tt_fakehw_bin {
                 Some(bin) => bin,
@@ -179,6 +247,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 fakehw_bin: bin,
                 reset_delay_ms,
                 force,
+                driver_version,
+                tt_smi_version,
             };
             let fake = FakeRoot::create_with(&root, &opts)
                 .with_context(|| format!("creating fake root {}", root.display()))?;
@@ -212,6 +282,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 &mut std::io::stdout().lock(),
                 &mut std::io::stderr().lock(),
             );
+            if code > 128 {
+                // The real tool died of this signal (a negative logical id
+                // crashes tt-umd): so does the fake.
+                die_by_signal(code - 128);
+            }
             return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
         }
         Command::Fault {
@@ -233,6 +308,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 FaultArg::Slow => Fault::Slow { delay_ms },
                 FaultArg::FrozenHeartbeat => Fault::FrozenHeartbeat,
                 FaultArg::SmiExit1 => Fault::SmiExit1,
+                FaultArg::HotPlug => Fault::HotPlug,
+                FaultArg::IoctlFails => Fault::IoctlFails,
+                FaultArg::Downtrained => Fault::Downtrained,
+                FaultArg::ThermTrip => Fault::ThermTrip,
+                FaultArg::ReinitFails => Fault::ReinitFails,
             };
             fake.set_fault(&bdf, fault)?;
             println!("{bdf}: {fault} on");
@@ -250,9 +330,106 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 (None, false) => bail!("give --add PID or --clear"),
             }
         }
+        Command::Unplug { root, card } => {
+            let fake = open(&root)?;
+            let bdf = fake.resolve_card(&card)?;
+            fake.unplug(&bdf)?;
+            println!("{bdf}: off the bus");
+        }
+        Command::Plug { root, card } => {
+            let fake = open(&root)?;
+            let bdf = fake.resolve_card(&card)?;
+            let index = fake.plug(&bdf)?;
+            println!("{bdf}: back on the bus as /dev/tenstorrent/{index}");
+        }
+        Command::HoldChip { root, card } => occupy(&open(&root)?, card, true)?,
+        Command::Watch { root, card } => occupy(&open(&root)?, card, false)?,
         Command::Status { root } => print_status(&open(&root)?)?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Dies of `signal` with its default action (no core dump handler of ours).
+fn die_by_signal(signal: i32) -> ! {
+    if let Ok(signal) = Signal::try_from(signal) {
+        // SAFETY: restoring the default action of a signal is always sound.
+        let _ = unsafe { nix::sys::signal::signal(signal, SigHandler::SigDfl) };
+        let _ = nix::sys::signal::raise(signal);
+    }
+    std::process::exit(128 + signal)
+}
+
+/// `hold-chip` and `watch`: be a user of the card until told to stop.
+fn occupy(fake: &FakeRoot, card: u32, hold: bool) -> Result<()> {
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        // SAFETY: the handler only stores into an atomic.
+        unsafe { nix::sys::signal::signal(signal, SigHandler::Handler(on_stop_signal)) }
+            .with_context(|| format!("installing a handler for {signal}"))?;
+    }
+    let parent = die_with_parent()?;
+    let me = std::process::id();
+    let _mapping = if hold {
+        Some(map_chip_lock(&fake.chip_lock(card))?)
+    } else {
+        None
+    };
+    // One line per open descriptor: an engine opens the node twice here.
+    let opens = if hold { 2 } else { 1 };
+    for _ in 0..opens {
+        fake.add_pid(card, me)
+            .with_context(|| format!("listing pid {me} as a user of card {card}"))?;
+    }
+    println!(
+        "pid {me} {} /dev/tenstorrent/{card}",
+        if hold {
+            "holds the chip (CHIP_IN_USE mapped) of"
+        } else {
+            "watches"
+        }
+    );
+    while STOP_SIGNAL.load(Ordering::Relaxed) == 0 && nix::unistd::getppid() == parent {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The driver drops a process's lines when its descriptors close.
+    let _ = fake.remove_pid(card, me);
+    Ok(())
+}
+
+/// Creates (if needed) and maps tt-umd's chip lock file the way tt-umd's
+/// RobustMutex does (a shared mapping of a file in /dev/shm, mode 0666).
+fn map_chip_lock(path: &Path) -> Result<(std::fs::File, std::ptr::NonNull<std::ffi::c_void>)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o666)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // Room for a pthread mutex and its flag, as tt-umd sizes it.
+    const SIZE: usize = 64;
+    file.set_len(SIZE as u64)
+        .with_context(|| format!("sizing {}", path.display()))?;
+    let length = std::num::NonZeroUsize::new(SIZE).context("zero-sized mapping")?;
+    // SAFETY: a fresh shared mapping of a file we hold open; nothing reads
+    // or writes through the pointer.
+    let ptr = unsafe {
+        nix::sys::mman::mmap(
+            None,
+            length,
+            nix::sys::mman::ProtFlags::PROT_READ | nix::sys::mman::ProtFlags::PROT_WRITE,
+            nix::sys::mman::MapFlags::MAP_SHARED,
+            &file,
+            0,
+        )
+    }
+    .with_context(|| format!("mapping {}", path.display()))?;
+    Ok((file, ptr))
 }
 
 /// The signal that asked the firmware to stop (0: none yet).

@@ -14,7 +14,7 @@
 
 use std::io::Write;
 
-use crate::layout::{present_cards, read_attr, vanish_card, Layout, PresentCard};
+use crate::layout::{begin_in_place_reset, present_cards, read_attr, vanish_card, Layout, PresentCard};
 use crate::running::FirmwareState;
 use crate::snapshot;
 use crate::state::{self, PendingReset, SmiInvocation, StateLock};
@@ -45,11 +45,12 @@ pub fn run_smi(
         );
         return 1;
     }
-    let code = run(&layout, args, out, err);
+    let (code, reset_bdfs) = run(&layout, args, out, err);
     let entry = SmiInvocation {
         unix_ms: state::now_unix_ms(),
         args: args.to_vec(),
         exit_code: code,
+        reset_bdfs,
     };
     if let Err(e) = state::append_smi_log(&layout, &entry) {
         say(
@@ -60,31 +61,42 @@ pub fn run_smi(
     code
 }
 
-fn run(layout: &Layout, args: &[String], out: &mut dyn Write, err: &mut dyn Write) -> i32 {
+/// One run: its exit code (128 + N for a death by signal N, which the
+/// binary then dies of) and the cards it reset.
+fn run(
+    layout: &Layout,
+    args: &[String],
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> (i32, Vec<String>) {
     let args = match parse_args(args) {
         Ok(Parsed::Run(args)) => args,
         Ok(Parsed::Help) => {
             say(out, HELP);
-            return 0;
+            return (0, Vec::new());
         }
         Ok(Parsed::Version) => {
-            say(out, TT_SMI_VERSION);
-            return 0;
+            let version = state::load_inventory(layout)
+                .map(|i| i.tt_smi_version)
+                .unwrap_or_else(|_| TT_SMI_VERSION.to_string());
+            say(out, &version);
+            return (0, Vec::new());
         }
         Err(message) => {
             say(err, USAGE);
             say(err, &format!("tt-smi: error: {message}"));
-            return 2;
+            return (2, Vec::new());
         }
     };
 
-    if !layout.module_dir().is_dir() {
+    // main() checks the driver before anything else (tt_smi.py).
+    if !layout.module_dir().join("version").is_file() {
         say(
             out,
-            " No Tenstorrent driver detected! Please install driver using tt-kmd: \
-             https://github.com/tenstorrent/tt-kmd ",
+            &red("No Tenstorrent driver detected! Please install driver using tt-kmd: \
+                  https://github.com/tenstorrent/tt-kmd "),
         );
-        return 1;
+        return (1, Vec::new());
     }
 
     if let Some(targets) = &args.reset {
@@ -97,20 +109,25 @@ fn run(layout: &Layout, args: &[String], out: &mut dyn Write, err: &mut dyn Writ
                 &format!("tt-smi (tt-fakehw): {}", firmware.describe(layout.root())),
             );
         }
-        return reset(layout, targets, args.no_reinit, out);
+        let run = reset(layout, targets, args.no_reinit, out);
+        let code = match run.signal {
+            Some(signal) => 128 + signal,
+            None => run.code,
+        };
+        return (code, run.reset_bdfs);
     }
     if args.list {
-        return list(layout, out, err);
+        return (list(layout, out, err), Vec::new());
     }
     if args.snapshot || args.snapshot_no_tty {
         return match snapshot::snapshot_json(layout) {
             Ok(json) => {
                 say(out, &json);
-                0
+                (0, Vec::new())
             }
             Err(e) => {
                 say(err, &format!(" Error while reading devices: {e} "));
-                1
+                (1, Vec::new())
             }
         };
     }
@@ -119,7 +136,7 @@ fn run(layout: &Layout, args: &[String], out: &mut dyn Write, err: &mut dyn Writ
         "tt-smi (tt-fakehw): the interactive display is not part of the fake; \
          use -s for a snapshot, -ls to list boards or -r to reset",
     );
-    1
+    (1, Vec::new())
 }
 
 /// Writes one line, ignoring a closed pipe: the exit code is what matters.
@@ -371,103 +388,219 @@ options:
   --snapshot_no_tty     Force no-tty behavior in the snapshot to stdout
   --no_reinit           Don't detect devices post reset";
 
-/// One reset target as the user wrote it.
+/// tt-smi's colours around a message (`tt_tools_common` CMD_LINE_COLOR),
+/// printed even without a terminal, as `print(RED, msg, ENDC)` does.
+fn red(msg: &str) -> String {
+    format!("\x1b[91m {msg} \x1b[0m")
+}
+
+fn purple(msg: &str) -> String {
+    format!("\x1b[95m {msg} \x1b[0m")
+}
+
+/// What `-r` selects, as tt-smi 6.8 classifies it (`device_input.py`
+/// `parse_smi_device_input`): one kind per call.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Target {
-    /// `/dev/tenstorrent/N` or a plain `N`.
-    Index(u32),
-    /// A PCI BDF, normalised to the `0000:bb:dd.f` form.
-    Bdf(String),
+enum Selection {
+    /// No target, or `all` alone: every card.
+    All,
+    /// Bare integers: UMD logical ids, positions in PCI-address order.
+    LogicalIds(Vec<i64>),
+    /// Full PCI addresses, kept as typed (tt-umd compares them exactly).
+    Bdfs(Vec<String>),
+    /// `/dev/tenstorrent/N`: device indices.
+    DevIds(Vec<u32>),
+    /// tt-smi before 4.2.0: integer device indices (tt_tools_common
+    /// `parse_reset_input` ID_LIST, reset through luwen).
+    LegacyIndices(Vec<u32>),
 }
 
-/// Classifies one comma-separated token the way tt-smi 6.8 does.
-fn classify(token: &str) -> Result<Target, String> {
-    if let Some(n) = token.strip_prefix("/dev/tenstorrent/") {
-        return n
-            .parse()
-            .map(Target::Index)
-            .map_err(|_| format!("Invalid path: {token} (expected /dev/tenstorrent/<integer>)"));
+/// tt-smi 6.8's kind names, as its mixed-kinds message prints them.
+fn kind_name(s: &Selection) -> &'static str {
+    match s {
+        Selection::LogicalIds(_) => "UMD_LOGICAL_ID",
+        Selection::Bdfs(_) => "PCI_BDF",
+        Selection::DevIds(_) => "DEV_TENSTORRENT_ID",
+        Selection::All | Selection::LegacyIndices(_) => "ALL",
     }
-    if is_bdf(token) {
-        return Ok(Target::Bdf(token.to_ascii_lowercase()));
-    }
-    if token.len() == 7 && is_bdf(&format!("0000:{token}")) {
-        return Ok(Target::Bdf(format!("0000:{}", token.to_ascii_lowercase())));
-    }
-    if let Ok(n) = token.parse() {
-        return Ok(Target::Index(n));
-    }
-    Err(format!(
-        "Invalid reset target: '{token}'. Use UMD logical ID (integer), PCI BDF \
-         (e.g. 0000:0a:00.0 or 0a:00.0), or /dev/tenstorrent/<integer>."
-    ))
 }
 
-/// True for a full BDF, `dddd:bb:dd.f` in hex.
-fn is_bdf(s: &str) -> bool {
+/// True for a full BDF as tt-smi's `PCI_BDF_FULL_RE` matches it:
+/// `hhhh:hh:hh.h` in hex of either case (function digit included).
+fn is_full_bdf(s: &str) -> bool {
     let b = s.as_bytes();
     b.len() == 12
         && b[4] == b':'
         && b[7] == b':'
         && b[10] == b'.'
-        && matches!(b[11], b'0'..=b'7')
-        && [0, 1, 2, 3, 5, 6, 8, 9]
+        && [0, 1, 2, 3, 5, 6, 8, 9, 11]
             .iter()
             .all(|&i| b[i].is_ascii_hexdigit())
 }
 
-/// Turns the `-r` values into the present cards to reset, or the message
-/// the real tool prints before exiting 1.
-fn resolve_targets(values: &[String], present: &[PresentCard]) -> Result<Vec<PresentCard>, String> {
-    let tokens: Vec<&str> = values
+/// Classifies the `-r` values the way tt-smi 6.8 does; `Err` is the
+/// message it prints before exiting 1.
+fn select_68(values: &[String]) -> Result<Selection, String> {
+    let inputs: Vec<&str> = values
         .iter()
         .flat_map(|v| v.split(','))
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .collect();
-    if tokens.is_empty() || (tokens.len() == 1 && tokens[0].eq_ignore_ascii_case("all")) {
-        if present.is_empty() {
-            return Err(" No Tenstorrent devices detected! Nothing to reset. ".to_string());
-        }
-        return Ok(present.to_vec());
+    if inputs.is_empty() || (inputs.len() == 1 && inputs[0].eq_ignore_ascii_case("all")) {
+        return Ok(Selection::All);
     }
-    let mut chosen: Vec<PresentCard> = Vec::new();
-    for token in tokens {
-        if token.eq_ignore_ascii_case("all") {
-            return Err(" Use 'all' as the only argument to reset all devices ".to_string());
-        }
-        let target = classify(token).map_err(|m| format!(" {m} "))?;
-        let found = present.iter().find(|c| match &target {
-            Target::Index(n) => c.index == *n,
-            Target::Bdf(bdf) => c.bdf == *bdf,
-        });
-        let Some(card) = found else {
-            let present_list = present
-                .iter()
-                .map(|c| format!("{} ({})", c.index, c.bdf))
-                .collect::<Vec<_>>()
-                .join(", ");
+    let mut selection: Option<Selection> = None;
+    for input in inputs {
+        let one = if input.eq_ignore_ascii_case("all") {
+            return Err("Use 'all' as the only argument to select all devices".into());
+        } else if let Some(suffix) = input.strip_prefix("/dev/tenstorrent/") {
+            let suffix = suffix.trim();
+            match suffix.parse::<u32>() {
+                Ok(n) if suffix.chars().all(|c| c.is_ascii_digit()) => Selection::DevIds(vec![n]),
+                _ => {
+                    return Err(format!(
+                        "Invalid path: {input} (expected /dev/tenstorrent/<integer>)"
+                    ))
+                }
+            }
+        } else if is_full_bdf(input) {
+            Selection::Bdfs(vec![input.to_string()])
+        } else if !input.trim_start_matches('-').is_empty()
+            && input.trim_start_matches('-').chars().all(|c| c.is_ascii_digit())
+        {
+            // Python's int() of what passed `lstrip("-").isdigit()`.
+            match input.parse::<i64>() {
+                Ok(n) => Selection::LogicalIds(vec![n]),
+                Err(_) => {
+                    return Err(format!(
+                        "invalid literal for int() with base 10: '{input}'"
+                    ))
+                }
+            }
+        } else {
             return Err(format!(
-                " No Tenstorrent device found for reset target '{token}'. \
-                 Devices on host: [{present_list}]. Use tt-smi -ls to list boards. "
+                "Invalid device target: '{input}'. Use UMD logical ID (integer), PCI BDF \
+                 (e.g. 0000:0a:00.0), or /dev/tenstorrent/<integer>."
             ));
         };
-        if !chosen.contains(card) {
-            chosen.push(card.clone());
-        }
+        selection = Some(match (selection, one) {
+            (None, one) => one,
+            (Some(Selection::LogicalIds(mut v)), Selection::LogicalIds(w)) => {
+                if !v.contains(&w[0]) {
+                    v.push(w[0]);
+                }
+                Selection::LogicalIds(v)
+            }
+            (Some(Selection::Bdfs(mut v)), Selection::Bdfs(w)) => {
+                if !v.contains(&w[0]) {
+                    v.push(w[0].clone());
+                }
+                Selection::Bdfs(v)
+            }
+            (Some(Selection::DevIds(mut v)), Selection::DevIds(w)) => {
+                if !v.contains(&w[0]) {
+                    v.push(w[0]);
+                }
+                Selection::DevIds(v)
+            }
+            (Some(earlier), one) => {
+                return Err(format!(
+                    "Mixed device target kinds are not allowed. Got '{input}' which is a {}, \
+                     but earlier inputs were {}. Use only one kind per invocation.",
+                    kind_name(&one),
+                    kind_name(&earlier)
+                ))
+            }
+        });
     }
-    chosen.sort_by_key(|c| c.index);
-    Ok(chosen)
+    Ok(match selection {
+        Some(Selection::LogicalIds(mut v)) => {
+            v.sort_unstable();
+            Selection::LogicalIds(v)
+        }
+        Some(Selection::DevIds(mut v)) => {
+            v.sort_unstable();
+            Selection::DevIds(v)
+        }
+        Some(other) => other,
+        None => Selection::All,
+    })
 }
 
-/// `tt-smi -r`: makes the targets vanish, leaves their return to the
-/// firmware, and exits 0 without waiting for it.
-fn reset(layout: &Layout, values: &[String], no_reinit: bool, out: &mut dyn Write) -> i32 {
+/// What an old tt-smi (before 4.2.0) does with `-r` values
+/// (tt_tools_common 1.6 `reset_common/reset_utils.py` parse_reset_input):
+/// `all` or nothing, one value that names a file (read as a JSON reset
+/// config — a `/dev/tenstorrent/N` path included), or integers.
+fn select_legacy(layout: &Layout, values: &[String]) -> Result<Selection, String> {
+    if values.is_empty() || (values.len() == 1 && values[0] == "all") {
+        return Ok(Selection::All);
+    }
+    const INVALID: &str = "Invalid input! Provide list of comma separated numbers or a json file.\n To generate a reset json config file run tt-smi -g";
+    let ints = |items: Vec<&str>| -> Result<Selection, String> {
+        let mut v: Vec<u32> = Vec::new();
+        for item in items {
+            v.push(item.trim().parse().map_err(|_| INVALID.to_string())?);
+        }
+        v.sort_unstable();
+        v.dedup();
+        Ok(Selection::LegacyIndices(v))
+    };
+    if values.len() == 1 {
+        let value = &values[0];
+        // It opens the value as a file first. A path under /dev is looked
+        // up in the fake root's dev dir, where the nodes are plain empty
+        // files: json.load fails on them as on a real node.
+        let path = match value.strip_prefix("/dev/") {
+            Some(rest) => layout.dev_root().join(rest),
+            None => std::path::PathBuf::from(value),
+        };
+        if path.exists() {
+            return Err(format!(
+                "Please check the format of the json file.\n Expecting value: line 1 column 1 (char 0)\n\
+                 Traceback (most recent call last):\n  ...\nAttributeError: 'NoneType' object has no attribute 'type'"
+            ));
+        }
+        return ints(value.split(',').collect());
+    }
+    ints(values.iter().map(String::as_str).collect())
+}
+
+/// Python's repr of a list of strings.
+fn py_strs(v: &[String]) -> String {
+    let items: Vec<String> = v.iter().map(|s| format!("'{s}'")).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// Python's repr of a list of integers.
+fn py_ints<T: std::fmt::Display>(v: &[T]) -> String {
+    let items: Vec<String> = v.iter().map(|n| n.to_string()).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// What one `-r` run did, for the log.
+struct ResetRun {
+    code: i32,
+    reset_bdfs: Vec<String>,
+    /// Die by this signal instead of exiting (tt-umd indexing out of
+    /// bounds for a negative logical id).
+    signal: Option<i32>,
+}
+
+/// `tt-smi -r`: resolves the targets as the real tool does, resets them
+/// (in place, or off the bus for a hot-plug card or a driver before
+/// 2.4.1), leaves their return to the firmware, and exits without waiting
+/// for it.
+fn reset(layout: &Layout, values: &[String], no_reinit: bool, out: &mut dyn Write) -> ResetRun {
     match reset_inner(layout, values, no_reinit, out) {
-        Ok(code) => code,
+        Ok(run) => run,
         Err(e) => {
-            say(out, &format!(" Error while resetting devices: {e} "));
-            1
+            say(out, &red(&format!("Error while resetting devices: {e}")));
+            ResetRun {
+                code: 1,
+                reset_bdfs: Vec::new(),
+                signal: None,
+            }
         }
     }
 }
@@ -477,86 +610,210 @@ fn reset_inner(
     values: &[String],
     no_reinit: bool,
     out: &mut dyn Write,
-) -> crate::Result<i32> {
+) -> crate::Result<ResetRun> {
     let _lock = StateLock::acquire(layout)?;
     let inventory = state::load_inventory(layout)?;
     let faults = state::load_faults(layout)?;
     let present = present_cards(layout)?;
-    let targets = match resolve_targets(values, &present) {
-        Ok(t) => t,
+    let failed = |code| ResetRun {
+        code,
+        reset_bdfs: Vec::new(),
+        signal: None,
+    };
+    let legacy = !crate::kmd::tt_smi_takes_bdfs(&inventory.tt_smi_version);
+    let selection = if legacy {
+        select_legacy(layout, values)
+    } else {
+        select_68(values)
+    };
+    let selection = match selection {
+        Ok(s) => s,
         Err(message) => {
-            say(out, &message);
-            return Ok(1);
+            say(out, &red(&message));
+            return Ok(failed(1));
         }
     };
-    let indices = targets
-        .iter()
-        .map(|c| c.index.to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+    // UMD logical ids are positions in PCI-address order (tt-umd
+    // enumerate_devices sorts by BDF).
+    let mut by_bdf = present.clone();
+    by_bdf.sort_by(|a, b| a.bdf.cmp(&b.bdf));
+    let everything = || present.clone();
+    let targets: Vec<PresentCard> = match &selection {
+        Selection::All => {
+            let ids: Vec<u32> = present.iter().map(|c| c.index).collect();
+            say(out, &format!("Resetting all PCI devices: {}", py_ints(&ids)));
+            everything()
+        }
+        Selection::LogicalIds(ids) => {
+            say(out, &format!("Resetting UMD logical IDs: {}", py_ints(ids)));
+            if ids.iter().any(|&id| id < 0) {
+                // tt-umd indexes its device list with the id unchecked.
+                return Ok(ResetRun {
+                    code: 139,
+                    reset_bdfs: Vec::new(),
+                    signal: Some(nix::libc::SIGSEGV),
+                });
+            }
+            // Out-of-range ids are skipped (a warning, hidden without a
+            // TTY); none left means every card (warm_reset.cpp).
+            let chosen: Vec<PresentCard> = ids
+                .iter()
+                .filter_map(|&id| usize::try_from(id).ok().and_then(|i| by_bdf.get(i)).cloned())
+                .collect();
+            if chosen.is_empty() {
+                everything()
+            } else {
+                chosen
+            }
+        }
+        Selection::Bdfs(bdfs) => {
+            say(out, &format!("Resetting PCI BDFs: {}", py_strs(bdfs)));
+            // Matched exactly against sysfs' lower-case addresses: absent
+            // or upper-case ones match nothing, and none left means every
+            // card (warm_reset.cpp warm_reset_pci_bdfs, then warm_reset).
+            let chosen: Vec<PresentCard> = present
+                .iter()
+                .filter(|c| bdfs.contains(&c.bdf))
+                .cloned()
+                .collect();
+            if chosen.is_empty() {
+                everything()
+            } else {
+                chosen
+            }
+        }
+        Selection::DevIds(ids) => {
+            say(
+                out,
+                &format!("Resetting /dev/tenstorrent IDs: {}", py_ints(ids)),
+            );
+            // Absent indices are skipped silently; the list itself is never
+            // empty here, so it never widens to every card.
+            present
+                .iter()
+                .filter(|c| ids.contains(&c.index))
+                .cloned()
+                .collect()
+        }
+        Selection::LegacyIndices(ids) => {
+            let mut chosen = Vec::new();
+            for id in ids {
+                match present.iter().find(|c| c.index == *id) {
+                    Some(c) => chosen.push(c.clone()),
+                    None => say(
+                        out,
+                        &red(&format!(
+                            "Error accessing board at PCI index {id}! Use -ls to see all devices available to reset"
+                        )),
+                    ),
+                }
+            }
+            say(
+                out,
+                &format!(
+                    " Starting PCI link reset on BH devices at PCI indices: {} ",
+                    chosen
+                        .iter()
+                        .map(|c| c.index.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+            chosen
+        }
+    };
 
-    say(
-        out,
-        &format!(" Starting PCI link reset on BH devices at PCI indices: {indices} "),
-    );
-
-    if let Some(failing) = targets
+    if targets
         .iter()
-        .find(|c| faults.get(&c.bdf).is_some_and(|f| f.smi_exit_1))
+        .any(|c| faults.get(&c.bdf).is_some_and(|f| f.smi_exit_1))
     {
         say(
             out,
-            &format!(" Finishing PCI link reset on BH devices at PCI indices: {indices} "),
+            "Traceback (most recent call last):\n  File \"tt_smi/reset.py\", in umd_pci_warm_reset\n\
+             RuntimeError: tt-umd raised during the reset (tt-fakehw smi-exit-1 fault)",
         );
-        say(out, " Re-initializing boards after reset....");
-        say(
-            out,
-            &format!(
-                " Error when re-initializing chips!\n  Failed to initialize chip at PCI index {} \
-                 ({}): timed out waiting for ARC firmware to respond ",
-                failing.index, failing.bdf
-            ),
-        );
-        return Ok(1);
+        return Ok(failed(1));
     }
 
-    say(
-        out,
-        " Waiting for up to 60 seconds for asic to come back after reset",
-    );
     let mut pending = state::load_pending(layout)?;
     let now = state::now_unix_ms();
+    let mut reset_bdfs = Vec::new();
+    let mut lost = false;
     for card in &targets {
-        vanish_card(layout, &card.bdf, card.index)?;
-        let delay = faults
-            .get(&card.bdf)
-            .and_then(|f| f.slow_delay_ms)
+        let card_faults = faults.get(&card.bdf).cloned().unwrap_or_default();
+        if card_faults.ioctl_fails {
+            // log_error in pci_device.cpp send_reset_ioctl_to_devices; the
+            // reset goes on without this card.
+            say(
+                out,
+                &format!(
+                    "ERROR | UMD | Sending reset ioctl to device {} failed: TENSTORRENT_IOCTL_RESET_DEVICE: Input/output error",
+                    card.index
+                ),
+            );
+            continue;
+        }
+        let Some(info) = inventory.card(&card.bdf) else {
+            continue;
+        };
+        let in_place = inventory.kmd.resets_in_place() && !card_faults.leaves_the_bus();
+        let therm_trips = read_attr(&layout.class_dir(&card.bdf, card.index).join("tt_therm_trip_count"))
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if in_place {
+            begin_in_place_reset(layout, info, card.index, &inventory.kmd)?;
+        } else {
+            vanish_card(layout, &card.bdf, card.index)?;
+            lost |= card_faults.never_returns;
+        }
+        let delay = card_faults
+            .slow_delay_ms
             .unwrap_or(inventory.reset_delay_ms);
         pending.retain(|p| p.bdf != card.bdf);
         pending.push(PendingReset {
             bdf: card.bdf.clone(),
             old_index: card.index,
             due_unix_ms: now.saturating_add(delay),
+            in_place,
+            therm_trips,
         });
-        say(
-            out,
-            &format!(" Config space reset completed for device {} ", card.index),
-        );
+        reset_bdfs.push(card.bdf.clone());
     }
     state::save_pending(layout, &pending)?;
-    say(
-        out,
-        &format!(" Finishing PCI link reset on BH devices at PCI indices: {indices} "),
-    );
-    if !no_reinit {
-        // Like the real tool, re-detection runs right away and counts
-        // whatever is on the bus now — which excludes the cards still coming
-        // back. The exit code stays 0 regardless.
-        say(out, " Re-initializing boards after reset....");
-        let detected = present_cards(layout)?.len();
-        say(out, &format!(" Detected Chips: {detected}"));
+    if lost {
+        // tt-umd waits up to 10 s for every card on the host to reappear,
+        // then logs this and skips the POST_RESET ioctl (warm_reset.cpp).
+        say(out, "ERROR | UMD | Reset failed.");
     }
-    Ok(0)
+    if !no_reinit {
+        // Re-initialisation re-discovers every card on the host, not only
+        // the targets (reset.py pci_board_reset: TopologyDiscovery).
+        say(out, &purple("Re-initializing boards after reset...."));
+        let now_present = present_cards(layout)?;
+        if let Some(bad) = now_present
+            .iter()
+            .find(|c| faults.get(&c.bdf).is_some_and(|f| f.reinit_fails))
+        {
+            say(
+                out,
+                &red(&format!(
+                    "Error when re-initializing chips!\n Failed to initialize chip at PCI index {} ({}): timed out waiting for ARC firmware to respond",
+                    bad.index, bad.bdf
+                )),
+            );
+            return Ok(ResetRun {
+                code: 1,
+                reset_bdfs,
+                signal: None,
+            });
+        }
+    }
+    Ok(ResetRun {
+        code: 0,
+        reset_bdfs,
+        signal: None,
+    })
 }
 
 /// `tt-smi -ls`: a plain table of the present boards.
@@ -659,32 +916,38 @@ mod tests {
         );
     }
 
-    #[test]
-    fn targets_are_classified_like_tt_smi() {
-        assert_eq!(classify("/dev/tenstorrent/3"), Ok(Target::Index(3)));
-        assert_eq!(classify("2"), Ok(Target::Index(2)));
-        assert_eq!(
-            classify("0000:0A:00.0"),
-            Ok(Target::Bdf("0000:0a:00.0".into()))
-        );
-        assert_eq!(classify("01:00.0"), Ok(Target::Bdf("0000:01:00.0".into())));
-        assert!(classify("/dev/tenstorrent/x").is_err());
-        assert!(classify("card0").is_err());
+    fn sel(values: &[&str]) -> Result<Selection, String> {
+        select_68(&values.iter().map(|s| s.to_string()).collect::<Vec<_>>())
     }
 
     #[test]
-    fn unknown_target_is_refused() {
-        let present = vec![PresentCard {
-            index: 0,
-            bdf: "0000:01:00.0".into(),
-        }];
-        assert!(resolve_targets(&["5".into()], &present).is_err());
-        assert!(resolve_targets(&["0000:09:00.0".into()], &present).is_err());
+    fn targets_are_classified_like_tt_smi_6_8() {
+        assert_eq!(sel(&[]), Ok(Selection::All));
+        assert_eq!(sel(&["ALL"]), Ok(Selection::All));
+        assert_eq!(sel(&["/dev/tenstorrent/3"]), Ok(Selection::DevIds(vec![3])));
+        assert_eq!(sel(&["2,0,2"]), Ok(Selection::LogicalIds(vec![0, 2])));
+        assert_eq!(sel(&["-1"]), Ok(Selection::LogicalIds(vec![-1])));
+        // Kept as typed: tt-umd compares it exactly (and finds nothing).
         assert_eq!(
-            resolve_targets(&["0,/dev/tenstorrent/0".into()], &present),
-            Ok(present.clone())
+            sel(&["0000:0A:00.0"]),
+            Ok(Selection::Bdfs(vec!["0000:0A:00.0".into()]))
         );
-        assert_eq!(resolve_targets(&["all".into()], &present), Ok(present));
-        assert!(resolve_targets(&[], &[]).is_err());
+        assert_eq!(
+            sel(&["0000:01:00.0", "0000:02:00.0,0000:01:00.0"]),
+            Ok(Selection::Bdfs(vec!["0000:01:00.0".into(), "0000:02:00.0".into()]))
+        );
+    }
+
+    #[test]
+    fn mixed_short_and_odd_targets_are_refused_like_tt_smi_6_8() {
+        let mixed = sel(&["/dev/tenstorrent/0,0000:02:00.0"]).unwrap_err();
+        assert!(mixed.starts_with("Mixed device target kinds are not allowed. Got '0000:02:00.0' which is a PCI_BDF, but earlier inputs were DEV_TENSTORRENT_ID"), "{mixed}");
+        let short = sel(&["01:00.0"]).unwrap_err();
+        assert!(short.starts_with("Invalid device target: '01:00.0'"), "{short}");
+        assert_eq!(
+            sel(&["0,all"]),
+            Err("Use 'all' as the only argument to select all devices".into())
+        );
+        assert!(sel(&["/dev/tenstorrent/x"]).unwrap_err().starts_with("Invalid path"));
     }
 }

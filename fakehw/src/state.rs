@@ -58,6 +58,16 @@ pub(crate) struct Inventory {
     pub(crate) reset_delay_ms: u64,
     /// One entry per card, in creation order.
     pub(crate) cards: Vec<CardInfo>,
+    /// The driver the root plays.
+    #[serde(default)]
+    pub(crate) kmd: crate::kmd::Kmd,
+    /// The tt-smi release `bin/tt-smi` plays.
+    #[serde(default = "default_tt_smi_version")]
+    pub(crate) tt_smi_version: String,
+}
+
+fn default_tt_smi_version() -> String {
+    crate::kmd::DEFAULT_TT_SMI_VERSION.to_string()
 }
 
 impl Inventory {
@@ -77,6 +87,14 @@ pub struct PendingReset {
     /// Wall-clock time (ms since the Unix epoch) from which the firmware
     /// brings the card back.
     pub due_unix_ms: u64,
+    /// Reset in place: the node and class dir stayed (tt-kmd 2.4.1+
+    /// outside hot-plug slots); else the card left the bus.
+    #[serde(default)]
+    pub in_place: bool,
+    /// `tt_therm_trip_count` before the reset (the attribute may be
+    /// unreadable during it).
+    #[serde(default)]
+    pub therm_trips: u64,
 }
 
 /// One line of `tt-smi.log`: a run of the fake `tt-smi`.
@@ -88,6 +106,11 @@ pub struct SmiInvocation {
     pub args: Vec<String>,
     /// What it exited with.
     pub exit_code: i32,
+    /// The cards this run actually reset (their BDFs), whatever its
+    /// arguments named: what a test checks to see that a reset never
+    /// touched another card.
+    #[serde(default)]
+    pub reset_bdfs: Vec<String>,
 }
 
 /// Faults by BDF, as stored in `faults.json`.
