@@ -700,13 +700,13 @@ fn a_daemon_killed_with_workers_running_takes_them_along_and_its_successor_reset
     rig.daemon.wait_slot_state("two", "ready");
     let calls = rig.hw.smi_calls();
     assert!(
-        calls.iter().any(|c| c == "-r /dev/tenstorrent/0"),
+        calls.iter().any(|c| c == "--no_reinit -r 0000:01:00.0"),
         "{calls:?}"
     );
     assert!(
         calls
             .iter()
-            .any(|c| c == "-r /dev/tenstorrent/1,/dev/tenstorrent/2"),
+            .any(|c| c == "--no_reinit -r 0000:02:00.0,0000:03:00.0"),
         "{calls:?}"
     );
     let base = baseline(&rig.daemon);

@@ -214,7 +214,7 @@ fn restart_and_sigterm_end_the_grandchild(mode: Mode) {
         .hw
         .smi_calls()
         .iter()
-        .any(|c| c == "-r /dev/tenstorrent/0"));
+        .any(|c| c == "--no_reinit -r 0000:01:00.0"));
 
     let second = setup.grandchild(1);
     assert!(alive(second, "sleep"));

@@ -222,7 +222,7 @@ fn an_engine_core_killed_under_the_api_server_is_named_reset_and_recovered() {
     wait_until("the card reset after the engine's death", || {
         hw.smi_calls()
             .iter()
-            .any(|c| c == "-r /dev/tenstorrent/0")
+            .any(|c| c == "--no_reinit -r 0000:01:00.0")
             .then_some(())
     });
     let back = wait_until("the slot back with a new worker", || {
@@ -463,7 +463,7 @@ fn llama_server_serves_smollm2_through_the_daemon_cancels_and_recovers_from_kill
     wait_until("the card reset after the engine's death", || {
         hw.smi_calls()
             .iter()
-            .any(|c| c == "-r /dev/tenstorrent/0")
+            .any(|c| c == "--no_reinit -r 0000:01:00.0")
             .then_some(())
     });
     wait_until("the slot back with a new worker", || {

@@ -90,19 +90,98 @@ impl FakeHw {
         }
     }
 
+    /// Lay out `cards` cards playing tt-kmd `driver` and tt-smi `tt_smi`,
+    /// and start their firmware.
+    pub fn with_versions(cards: usize, driver: &str, tt_smi: &str) -> FakeHw {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut opts = tt_fakehw::CreateOptions::new(cards, &bin("tt-fakehw"));
+        opts.driver_version = driver.to_string();
+        opts.tt_smi_version = tt_smi.to_string();
+        let root = FakeRoot::create_with(&dir.path().join("hw"), &opts).expect("create fake root");
+        let firmware = Some(root.spawn_firmware_thread(Duration::from_millis(20)));
+        FakeHw {
+            root,
+            firmware,
+            _dir: dir,
+        }
+    }
+
     /// The BDF of the card created at `index`.
     pub fn bdf(index: usize) -> String {
         FakeRoot::bdf(index)
     }
 
-    /// tt-smi invocations so far, as argument strings joined by spaces.
+    /// The cards each tt-smi call so far actually reset.
+    pub fn smi_resets(&self) -> Vec<Vec<String>> {
+        self.root
+            .tt_smi_log()
+            .expect("read tt-smi log")
+            .into_iter()
+            .filter(|i| i.args.iter().any(|a| a == "-r"))
+            .map(|i| i.reset_bdfs)
+            .collect()
+    }
+
+    /// A process that uses card `index` as an engine does (tt-umd's
+    /// CHIP_IN_USE lock mapped, the node open twice), until dropped.
+    pub fn chip_holder(&self, index: u32) -> CardUser {
+        CardUser::start(&self.root, "hold-chip", index)
+    }
+
+    /// A process that only watches card `index` (the node open, no chip
+    /// lock), as a monitoring tool does, until dropped.
+    pub fn watcher(&self, index: u32) -> CardUser {
+        CardUser::start(&self.root, "watch", index)
+    }
+
+    /// tt-smi invocations so far, as argument strings joined by spaces,
+    /// leaving out the daemon's version checks (`-v` at startup).
     pub fn smi_calls(&self) -> Vec<String> {
         self.root
             .tt_smi_log()
             .expect("read tt-smi log")
             .into_iter()
+            .filter(|i| i.args != ["-v"])
             .map(|i| i.args.join(" "))
             .collect()
+    }
+}
+
+/// A `tt-fakehw hold-chip` or `watch` process; ended (SIGTERM) when dropped.
+pub struct CardUser {
+    child: Child,
+}
+
+impl CardUser {
+    fn start(root: &FakeRoot, what: &str, index: u32) -> CardUser {
+        let mut child = Command::new(bin("tt-fakehw"))
+            .args([what, "--card", &index.to_string(), "--root"])
+            .arg(root.root())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start tt-fakehw");
+        // It says so once it is listed (and holds the lock).
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("piped stdout");
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+            .expect("read tt-fakehw's line");
+        assert!(line.contains(&format!("/dev/tenstorrent/{index}")), "{what}: {line}");
+        CardUser { child }
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for CardUser {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
     }
 }
 

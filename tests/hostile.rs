@@ -386,24 +386,52 @@ fn a_jobs_leftover_grandchild_ends_with_the_lease() {
 }
 
 #[test]
-fn a_process_with_the_card_open_without_its_lock_keeps_the_slot_from_starting() {
+fn a_process_holding_the_chip_without_its_lock_keeps_the_slot_from_starting() {
     let hw = FakeHw::new(1);
     let dir = tempfile::tempdir().unwrap();
-    let mut stray = Command::new("sleep").arg("60").spawn().unwrap();
-    // The driver lists it as having /dev/tenstorrent/0 open.
-    hw.root.set_pids(0, &[stray.id()]).unwrap();
+    // tt-umd's CHIP_IN_USE lock of /dev/tenstorrent/0 mapped, the node open
+    // twice (so the driver lists it twice): an engine the daemon did not start.
+    let stray = hw.chip_holder(0);
     let mut daemon = configured(&hw, dir.path(), &tiny_on_card_0(dir.path()));
     daemon.spawn(&[]);
     let slot = wait_until("the slot to name the stray process", || {
         let slot = daemon.slot("tiny");
         slot["reason"]
             .as_str()?
-            .contains(&format!("pid {}", stray.id()))
+            .contains(&format!("pid {}", stray.pid()))
             .then_some(slot)
     });
     assert_eq!(slot["state"], "locking", "{slot}");
-    let _ = stray.kill();
-    let _ = stray.wait();
-    hw.root.set_pids(0, &[]).unwrap();
+    assert!(
+        slot["reason"].as_str().unwrap_or("").contains("chip lock"),
+        "{slot}"
+    );
+    // Listed once although the driver lists it per open descriptor.
+    let card = daemon.card(&FakeHw::bdf(0));
+    let processes = card["processes"].as_array().unwrap();
+    assert_eq!(processes.len(), 1, "{card}");
+    assert_eq!(processes[0]["holds_chip"], true, "{card}");
+    drop(stray);
     daemon.wait_slot_state("tiny", "ready");
+}
+
+#[test]
+fn a_monitoring_process_with_the_card_open_is_shown_but_does_not_block_the_slot() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    // The node open without the chip lock: a tt-smi display, an exporter.
+    let watcher = hw.watcher(0);
+    let mut daemon = configured(&hw, dir.path(), &tiny_on_card_0(dir.path()));
+    daemon.spawn(&[]);
+    daemon.wait_slot_state("tiny", "ready");
+    let card = daemon.card(&FakeHw::bdf(0));
+    let processes = card["processes"].as_array().unwrap();
+    assert_eq!(processes.len(), 1, "{card}");
+    assert_eq!(processes[0]["pid"], watcher.pid(), "{card}");
+    assert_eq!(processes[0]["holds_chip"], false, "{card}");
+    let table = output_text(&daemon.ttctl(&["status"]));
+    assert!(
+        table.contains(&format!("pid {}", watcher.pid())) && table.contains("watching"),
+        "{table}"
+    );
 }

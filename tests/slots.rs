@@ -294,7 +294,7 @@ fn crash_mid_stream_ends_the_stream_resets_the_card_and_recovers() {
     wait_until("the card reset after the crash", || {
         hw.smi_calls()
             .iter()
-            .any(|c| c == "-r /dev/tenstorrent/0")
+            .any(|c| c == "--no_reinit -r 0000:01:00.0")
             .then_some(())
     });
     let again = wait_until("the slot to come back", || {
@@ -331,7 +331,7 @@ fn hung_worker_is_killed_by_the_watchdog_and_the_slot_recovers() {
         again["last_error"].as_str().unwrap_or("").contains("hung"),
         "{again:#}"
     );
-    assert!(hw.smi_calls().iter().any(|c| c == "-r /dev/tenstorrent/0"));
+    assert!(hw.smi_calls().iter().any(|c| c == "--no_reinit -r 0000:01:00.0"));
 }
 
 #[test]
@@ -423,7 +423,7 @@ fn frozen_worker_leaves_ready_within_the_health_bound_and_recovers() {
         error.contains("Health polls in a row unanswered"),
         "{again:#}"
     );
-    assert!(hw.smi_calls().iter().any(|c| c == "-r /dev/tenstorrent/0"));
+    assert!(hw.smi_calls().iter().any(|c| c == "--no_reinit -r 0000:01:00.0"));
     let answer = rt
         .block_on(generate(&address, "m", "hello", 4))
         .expect("the new worker answers");
@@ -678,7 +678,7 @@ fn borrowed_cards_run_the_job_while_the_slot_is_drained_and_the_slot_returns() {
     assert_eq!(during["cards"][0]["state"], "held-elsewhere");
     // Afterwards the card was reset and the slot came back with a new worker.
     assert!(
-        hw.smi_calls().iter().any(|c| c == "-r /dev/tenstorrent/0"),
+        hw.smi_calls().iter().any(|c| c == "--no_reinit -r 0000:01:00.0"),
         "{:?}",
         hw.smi_calls()
     );

@@ -23,6 +23,38 @@ use tokio::net::TcpListener;
 
 const CLEAN_SHUTDOWN: &str = "clean-shutdown";
 
+/// Refuse, before any card is touched, a driver or a tt-smi the daemon
+/// cannot prove or name resets with (the same rule `check-config` applies),
+/// and say which proofs the driver allows.
+async fn check_card_tools(
+    config: &Config,
+    hw: &crate::cards::discovery::HardwareRoot,
+) -> anyhow::Result<()> {
+    use crate::cards::driver::{self, DriverStatus};
+    match driver::driver_status(hw) {
+        DriverStatus::NotLoaded => tracing::warn!(
+            sys_root = %config.hardware.sys_root.display(),
+            "the tenstorrent kernel driver is not loaded (no module/tenstorrent in sys_root); no cards can be found. On NixOS set hardware.tenstorrent.enable = true"
+        ),
+        DriverStatus::Refused(why) => anyhow::bail!("{why}"),
+        DriverStatus::Supported(d) => {
+            tracing::info!(driver = %d.version, proofs = %d.proofs(), "tenstorrent driver");
+            if let Some(weaker) = d.weaker_proof() {
+                if config.reset.probe_command.is_empty() {
+                    tracing::warn!("{weaker}");
+                }
+            }
+        }
+    }
+    let tt_smi = config.hardware.tt_smi.clone();
+    let version = tokio::task::spawn_blocking(move || driver::check_tt_smi(&tt_smi))
+        .await
+        .context("checking tt-smi's version")?
+        .map_err(|why| anyhow::anyhow!("{why}"))?;
+    tracing::info!(tt_smi = %config.hardware.tt_smi.display(), %version, "tt-smi");
+    Ok(())
+}
+
 /// Run the daemon until SIGTERM or SIGINT.
 pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let started = SystemTime::now();
@@ -55,14 +87,10 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         &config.daemon.worker_socket_dir(),
     )
     .map_err(|why| anyhow::anyhow!("{why}"))?;
-    notify::status("starting: discovering cards");
+    notify::status("starting: checking the driver and tt-smi");
     let hw = crate::cards::discovery::HardwareRoot::from(&config.hardware);
-    if !hw.driver_loaded() {
-        tracing::warn!(
-            sys_root = %config.hardware.sys_root.display(),
-            "the tenstorrent kernel driver is not loaded (no module/tenstorrent in sys_root); no cards can be found. On NixOS set hardware.tenstorrent.enable = true"
-        );
-    }
+    check_card_tools(&config, &hw).await?;
+    notify::status("starting: discovering cards");
     let cards = CardManager::new(&config, crate::bus::StatusBus::new()).with_context(|| {
         format!(
             "cannot read cards under {}",

@@ -460,5 +460,8 @@ fn card_status(err: CardError) -> Status {
         CardError::Locked(_) => Status::failed_precondition(err.to_string()),
         CardError::Busy(_) => Status::aborted(err.to_string()),
         CardError::ResetFailed(_) => Status::internal(err.to_string()),
+        // A card that is not there: nothing was tried, the operator must
+        // bring it back first.
+        CardError::NotAttempted(_) => Status::failed_precondition(err.to_string()),
     }
 }

@@ -44,6 +44,7 @@ pub fn card(view: &CardView) -> pb::Card {
             .map(|p| pb::CardProcess {
                 pid: p.pid,
                 command: p.command.clone(),
+                holds_chip: p.holds_chip,
             })
             .collect(),
         slot: view.slot.clone().unwrap_or_default(),

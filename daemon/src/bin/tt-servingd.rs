@@ -134,6 +134,23 @@ fn check_config(file: &std::path::Path, offline: bool) -> ExitCode {
                 config.hardware.sys_root.display()
             );
         }
+        if let tt_servingd::cards::driver::DriverStatus::Supported(d) =
+            tt_servingd::cards::driver::driver_status(&hw)
+        {
+            println!(
+                "note: tenstorrent driver {}: resets are proven by {}",
+                d.version,
+                d.proofs()
+            );
+            if let Some(weaker) = d.weaker_proof() {
+                let probe = if config.reset.probe_command.is_empty() {
+                    ""
+                } else {
+                    " (reset.probe_command is set)"
+                };
+                println!("note: {weaker}{probe}");
+            }
+        }
     }
     let slots: usize = config.models.values().map(|m| m.card_sets().len()).sum();
     println!(

@@ -78,6 +78,10 @@ pub struct CardProcess {
     pub pid: u32,
     /// `comm` of the process, when readable.
     pub command: String,
+    /// It has the card's tt-umd chip lock mapped: it runs on the chip (an
+    /// engine), so the card has a second user. False for a process that
+    /// only has the device open (a monitoring tool).
+    pub holds_chip: bool,
 }
 
 impl HardwareRoot {
@@ -158,19 +162,23 @@ impl HardwareRoot {
         })
     }
 
-    /// Read the card's sysfs attributes that prove the firmware answers.
-    /// During a reset these reads fail (ENODATA on real hardware), so an error
+    /// Read the card's sysfs attributes that every tt-kmd has and that
+    /// answer only while the firmware does: `tt_card_type` and `tt_serial`
+    /// (the heartbeat is read apart: drivers before 2.7.0 have none). During
+    /// a reset these reads fail (ENODATA from tt-kmd 2.9.0), so an error
     /// here means "not back yet".
-    pub fn read_attributes(&self, index: u32) -> io::Result<(String, String, u64)> {
+    pub fn read_attributes(&self, index: u32) -> io::Result<(String, String)> {
         let class_dir = self.class_root().join(format!("tenstorrent!{index}"));
         let card_type = read_trimmed(&class_dir.join("tt_card_type"))?;
         let serial = read_trimmed(&class_dir.join("tt_serial"))?;
-        let heartbeat = read_trimmed(&class_dir.join("tt_heartbeat"))?
-            .parse::<u64>()
-            .map_err(|e| {
-                io::Error::new(io::ErrorKind::InvalidData, format!("tt_heartbeat: {e}"))
-            })?;
-        Ok((card_type, serial, heartbeat))
+        Ok((card_type, serial))
+    }
+
+    /// A decimal counter of the class dir (`tt_heartbeat`,
+    /// `tt_therm_trip_count`); None when absent or unreadable.
+    pub fn read_counter(&self, index: u32, name: &str) -> Option<u64> {
+        let class_dir = self.class_root().join(format!("tenstorrent!{index}"));
+        read_trimmed(&class_dir.join(name)).ok()?.parse().ok()
     }
 
     /// hwmon readings from `sys_root/bus/pci/devices/<BDF>/hwmon/hwmon*/`
@@ -205,7 +213,10 @@ impl HardwareRoot {
         Telemetry::default()
     }
 
-    /// Processes the driver lists as having `/dev/tenstorrent/<index>` open.
+    /// Processes the driver lists as having `/dev/tenstorrent/<index>` open,
+    /// once each (tt-kmd prints one line per open descriptor, so a process
+    /// with two opens appears twice), each told apart as holding the chip
+    /// or only watching it.
     pub fn processes(&self, index: u32) -> Vec<CardProcess> {
         let path = self
             .proc_root
@@ -213,15 +224,42 @@ impl HardwareRoot {
         let Ok(text) = fs::read_to_string(path) else {
             return Vec::new();
         };
+        let mut seen = std::collections::BTreeSet::new();
         text.split_whitespace()
             .filter_map(|p| p.parse::<u32>().ok())
+            .filter(|pid| seen.insert(*pid))
             .map(|pid| CardProcess {
                 pid,
                 command: read_trimmed(&self.proc_root.join(format!("{pid}/comm")))
                     .or_else(|_| read_trimmed(Path::new(&format!("/proc/{pid}/comm"))))
                     .unwrap_or_default(),
+                holds_chip: self.maps_chip_lock(pid, index),
             })
             .collect()
+    }
+
+    /// tt-umd's per-chip lock for `/dev/tenstorrent/<index>`: a robust
+    /// mutex in `<dev_root>/shm/TT_UMD_LOCK.CHIP_IN_USE_<index>_PCIe`
+    /// (tt-umd `lock_manager.cpp`, `robust_mutex.cpp`), mapped by every
+    /// process that opened the chip as an engine does (`LocalChip`) and
+    /// held while it uses it. A monitoring tool (a tt-smi display, an
+    /// exporter) opens the device without it.
+    pub fn chip_lock_path(&self, index: u32) -> PathBuf {
+        self.dev_root
+            .join(format!("shm/TT_UMD_LOCK.CHIP_IN_USE_{index}_PCIe"))
+    }
+
+    /// Whether `pid` has the card's tt-umd chip lock mapped, from
+    /// `/proc/<pid>/maps` (the real /proc: the pids are the host's).
+    fn maps_chip_lock(&self, pid: u32, index: u32) -> bool {
+        let lock = self.chip_lock_path(index);
+        let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
+            return false;
+        };
+        let name = lock.to_string_lossy();
+        // "address perms offset dev inode path": the path is the rest.
+        maps.lines()
+            .any(|line| line.split_whitespace().skip(5).collect::<Vec<_>>().join(" ") == name)
     }
 }
 

@@ -8,6 +8,7 @@
 //! long as it runs; a card whose lock someone else holds is never touched.
 
 pub mod discovery;
+pub mod driver;
 pub mod lock;
 pub mod reset;
 
@@ -16,7 +17,7 @@ use crate::config::{CardRef, Config};
 use crate::hostfs;
 use discovery::{CardInfo, CardProcess, HardwareRoot};
 use lock::{CardLock, LockError, LockHolder, LockPolicy};
-use reset::{ResetEvent, ResetFailure, ResetOutcome, Resetter};
+use reset::{MissingCard, ResetError, ResetEvent, ResetFailure, ResetOutcome, Resetter};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -102,6 +103,18 @@ pub enum CardError {
     /// The reset ran and failed.
     #[error(transparent)]
     ResetFailed(#[from] ResetFailure),
+    /// A card of the reset is not on the host, so tt-smi was not called.
+    #[error(transparent)]
+    NotAttempted(#[from] MissingCard),
+}
+
+impl From<ResetError> for CardError {
+    fn from(e: ResetError) -> CardError {
+        match e {
+            ResetError::NotAttempted(m) => CardError::NotAttempted(m),
+            ResetError::Failed(f) => CardError::ResetFailed(f),
+        }
+    }
 }
 
 /// The daemon's table of cards.
@@ -305,6 +318,7 @@ impl CardManager {
             return false;
         }
         let before = (entry.view.state, entry.view.reason.clone());
+        let node_missing = entry.view.info.as_ref().is_some_and(|i| !i.dev_node);
         if let Some(q) = self.read_quarantine(&entry.view.bdf) {
             // Keep a managed quarantined card locked so that nobody else
             // (a benchmark, a script) picks up a card known to be bad.
@@ -314,6 +328,16 @@ impl CardManager {
             }
             entry.view.state = CardState::Quarantined;
             entry.view.reason = q;
+        } else if node_missing && entry.managed {
+            // A class dir without its device node: nothing can open the
+            // card, and a reset naming it would not be attempted.
+            entry.view.state = CardState::Missing;
+            entry.view.reason = format!(
+                "{} is missing although sysfs lists the card; check `dmesg` and the udev rules",
+                self.hw
+                    .dev_node(entry.view.info.as_ref().map_or(0, |i| i.index))
+                    .display()
+            );
         } else if let Some(purpose) = &entry.lent {
             entry.view.state = CardState::HeldElsewhere;
             entry.view.reason = format!("lent to {purpose} (ttctl card borrow)");
@@ -556,6 +580,30 @@ impl CardManager {
             self.resetter.reset_and_prove(bdfs, &mut forward).await
         };
         drop(temporary_locks);
+        if let Err(ResetError::NotAttempted(missing)) = &result {
+            // Nothing was done to any card: the absent one is Missing, the
+            // others go back to what they were, and nobody is quarantined.
+            tracing::error!(cards = %bdfs.join(","), "{missing}");
+            let mut table = self.lock_table();
+            for bdf in bdfs {
+                let Some(entry) = table.get_mut(bdf) else {
+                    continue;
+                };
+                entry.busy = false;
+                if *bdf == missing.bdf || entry.view.info.is_none() {
+                    entry.view.info = self.hw.find(bdf);
+                    entry.view.state = CardState::Missing;
+                    entry.view.reason = missing.to_string();
+                } else {
+                    entry.view.state = CardState::Probing;
+                    entry.view.reason.clear();
+                }
+                self.settle(entry);
+            }
+            drop(table);
+            self.notify();
+            return Err(CardError::NotAttempted(missing.clone()));
+        }
         for bdf in bdfs {
             if result.is_err() {
                 // The last attempt's proof failed too.
@@ -583,7 +631,7 @@ impl CardManager {
                         entry.view.reason.clear();
                         entry.view.info = self.hw.find(bdf);
                     }
-                    Err(failure) => {
+                    Err(ResetError::Failed(failure)) => {
                         entry.view.reset_failures += failure.attempts;
                         entry.view.last_reset_output = failure.tt_smi_output.clone();
                         entry.view.reason = format!(
@@ -594,6 +642,7 @@ impl CardManager {
                         entry.view.state = CardState::Quarantined;
                         tracing::error!(card = %bdf, reason = %failure.reason, "card quarantined");
                     }
+                    Err(ResetError::NotAttempted(_)) => {}
                 }
                 self.settle(entry);
             }
@@ -676,8 +725,11 @@ impl CardManager {
     }
 
     /// Who other than the daemon uses these cards: holders of a lock the
-    /// daemon does not hold, and processes (not the daemon's) that have a
-    /// device open, as `card: pid N (user: command)` lines.
+    /// daemon does not hold, and processes (not the daemon's) that hold the
+    /// chip (its tt-umd CHIP_IN_USE lock mapped), as `card: pid N (user:
+    /// command)` lines. A process that only has the device open (a
+    /// monitoring tool) is not a user: it reads telemetry, and resets and
+    /// engines work beside it.
     pub fn foreign_users(&self, bdfs: &[String]) -> Vec<String> {
         let table = self.lock_table();
         let mut out = Vec::new();
@@ -690,7 +742,7 @@ impl CardManager {
                     out.push(format!("{bdf}: {} (holds its lock)", h.describe()));
                 }
             }
-            for p in &entry.view.processes {
+            for p in entry.view.processes.iter().filter(|p| p.holds_chip) {
                 let (user, command) = lock::process_identity(p.pid);
                 let holder = LockHolder {
                     pid: p.pid,
@@ -703,12 +755,25 @@ impl CardManager {
                     ..LockHolder::default()
                 };
                 out.push(format!(
-                    "{bdf}: {} (has the device open)",
+                    "{bdf}: {} (holds the chip: its tt-umd CHIP_IN_USE lock is mapped)",
                     holder.describe()
                 ));
             }
         }
         out
+    }
+
+    /// The first of these cards that is gone from the host, as
+    /// `card BDF is missing (why)`; None when all are there.
+    pub fn first_missing(&self, bdfs: &[String]) -> Option<String> {
+        let table = self.lock_table();
+        bdfs.iter().find_map(|bdf| match table.get(bdf) {
+            Some(e) if e.view.state == CardState::Missing => {
+                Some(format!("card {bdf} is missing ({})", e.view.reason))
+            }
+            None => Some(format!("card {bdf} is missing (not found on the host)")),
+            _ => None,
+        })
     }
 
     /// Whether the daemon holds the locks of all these cards.
@@ -752,7 +817,7 @@ fn free_entries<'a>(
 struct Assignment {
     /// BDF -> slot name (indices resolved against the discovery at hand).
     slots_of: BTreeMap<String, String>,
-    /// Slot name -> its cards' BDFs in rank order.
+    /// Slot name -> its cards' BDFs in rank order, which is PCI order.
     slot_cards: BTreeMap<String, Vec<String>>,
     /// Manage every discovered card (no models configured).
     manage_all: bool,
@@ -785,6 +850,11 @@ impl Assignment {
                         }
                     }
                 }
+                // Rank order is PCI order: tt-umd orders the cards a
+                // process sees by PCI address whatever order
+                // TT_VISIBLE_DEVICES lists them in (pci_device.cpp
+                // enumerate_devices), so rank r is the r-th card by BDF.
+                bdfs.sort();
                 a.slot_cards.insert(slot, bdfs);
             }
         }

@@ -1,14 +1,26 @@
 //! Resetting cards with tt-smi and proving they came back.
 //!
-//! Two facts from the field shape this module. `tt-smi -r` returns before the
-//! boards are ready and exits 0 even when the reset failed, so its exit code
-//! proves nothing: after every run we wait for the device node and class dir
-//! to reappear (matched by BDF, since the index may change), read sysfs
-//! again, require the heartbeat to advance, and run the site's probe command
-//! if one is configured. And a card that keeps failing must stop being used:
-//! after the configured attempts the caller quarantines it.
+//! Three facts shape this module (sources in `docs/HARDWARE.md`).
+//!
+//! - tt-smi 6.8 widens what it is given: an absent card's PCI address is
+//!   dropped, and when no target is left it resets *every card on the host*
+//!   (tt-umd `warm_reset.cpp`); an absent `/dev/tenstorrent/N` is skipped,
+//!   and a bare integer is a position in PCI order, not a device index. So a
+//!   reset names its cards one way only, full lower-case PCI addresses
+//!   ([`ResetTargets`]), every one checked present right before the call,
+//!   and is not attempted at all when one is missing.
+//! - `tt-smi -r` exits 0 when the reset failed (it discards the result and
+//!   only logs), and returns before the boards are ready. So its failure
+//!   lines fail the attempt, and after every run the card must show itself:
+//!   device node and class dir (matched by BDF, since the index may change),
+//!   sysfs readable, the PCIe link back at its speed and width, and, where
+//!   the driver has them ([`Driver`]), the heartbeat advancing and the
+//!   thermal trip count unchanged; then the site's probe command, if any.
+//! - A card that keeps failing must stop being used: after the configured
+//!   attempts the caller quarantines it.
 
 use super::discovery::HardwareRoot;
+use super::driver::{self, Driver};
 use crate::config::ResetConfig;
 use std::future::Future;
 use std::path::PathBuf;
@@ -25,7 +37,7 @@ pub enum Phase {
     WaitingForDevice,
     /// Reading sysfs attributes.
     ReadingSysfs,
-    /// Checking that the heartbeat advances.
+    /// Checking the PCIe link, the heartbeat and the thermal trip count.
     CheckingHeartbeat,
     /// Running the site probe.
     RunningProbe,
@@ -71,6 +83,180 @@ pub struct ResetFailure {
     pub attempts: u32,
     /// Output of the last tt-smi run.
     pub tt_smi_output: String,
+}
+
+/// Why a reset did not happen or did not prove its cards back.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ResetError {
+    /// A target is not on the host: tt-smi was not called, since it would
+    /// have widened the call (see [`ResetTargets`]). The card is not
+    /// quarantined: nothing was tried on it.
+    #[error("{0}")]
+    NotAttempted(#[from] MissingCard),
+    /// Every attempt ran and failed.
+    #[error(transparent)]
+    Failed(#[from] ResetFailure),
+}
+
+/// A reset target that is not present, so the reset was not attempted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "card {bdf} is missing ({why}); the reset of {cards} was not attempted, because tt-smi drops an absent card's PCI address and resets every card on the host when none is left. Bring the card back (`lspci -d 1e52:`, `dmesg`), then `ttctl card reset {bdf}`"
+)]
+pub struct MissingCard {
+    /// The card that is not there.
+    pub bdf: String,
+    /// What is missing of it.
+    pub why: String,
+    /// Every card of the reset, comma-separated.
+    pub cards: String,
+}
+
+/// The cards of one tt-smi call, in the one form tt-smi 6.8 cannot widen:
+/// full lower-case PCI addresses (tt-umd matches them exactly against
+/// sysfs, so `0000:0A:00.0` would match nothing and reset everything),
+/// none absent, at least one. The only way to build one is [`Self::check`],
+/// so no code path can hand tt-smi an empty or partial list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResetTargets(Vec<String>);
+
+impl ResetTargets {
+    /// The targets for `bdfs`, each checked present now: a class dir that
+    /// resolves to its PCI dir, and its device node. An empty list, a
+    /// malformed address or an absent card is refused.
+    pub fn check(hw: &HardwareRoot, bdfs: &[String]) -> Result<ResetTargets, MissingCard> {
+        let cards = bdfs.join(",");
+        let missing = |bdf: &str, why: String| MissingCard {
+            bdf: bdf.to_string(),
+            why,
+            cards: cards.clone(),
+        };
+        if bdfs.is_empty() {
+            // tt-smi -r with no target resets every card on the host.
+            return Err(missing(
+                "(none)",
+                "a reset was asked for with no card, which tt-smi takes as every card".into(),
+            ));
+        }
+        let mut targets: Vec<String> = Vec::with_capacity(bdfs.len());
+        for bdf in bdfs {
+            if crate::config::parse_bdf(bdf).as_deref() != Some(bdf.as_str()) || bdf.len() != 12
+            {
+                return Err(missing(
+                    bdf,
+                    "not a full lower-case PCI address such as 0000:01:00.0".into(),
+                ));
+            }
+            match hw.find(bdf) {
+                None => {
+                    return Err(missing(
+                        bdf,
+                        format!(
+                            "no class dir under {} resolves to it",
+                            hw.sys_root.join("class/tenstorrent").display()
+                        ),
+                    ))
+                }
+                Some(card) if !card.dev_node => {
+                    return Err(missing(
+                        bdf,
+                        format!("{} does not exist", hw.dev_node(card.index).display()),
+                    ))
+                }
+                Some(_) => {}
+            }
+            if !targets.contains(bdf) {
+                targets.push(bdf.clone());
+            }
+        }
+        Ok(ResetTargets(targets))
+    }
+
+    /// The value after `-r`: the addresses, comma-separated.
+    pub fn argument(&self) -> String {
+        self.0.join(",")
+    }
+
+    /// The addresses.
+    pub fn bdfs(&self) -> &[String] {
+        &self.0
+    }
+
+    /// tt-smi's arguments for resetting these cards, and nothing else.
+    /// `--no_reinit`: after a reset tt-smi re-discovers *every* card on the
+    /// host (tt-smi `reset.py` pci_board_reset), so an unrelated card's
+    /// failure there would fail this reset; the daemon's own proof covers
+    /// the targets.
+    pub fn tt_smi_args(&self) -> [String; 3] {
+        ["--no_reinit".into(), "-r".into(), self.argument()]
+    }
+}
+
+/// Lines tt-smi and tt-umd print when a reset did not go through although
+/// tt-smi exits 0 (tt-smi `reset.py` discards the reset's result; tt-umd
+/// `warm_reset.cpp` and `pci_device.cpp` only log). Matched case-blind on
+/// tt-smi's combined output. `Reset failed.` is also what tt-umd logs when
+/// any card on the host did not reappear within 10 s, after which it skips
+/// the POST_RESET ioctl of the targets: the attempt failed either way.
+const FAILURE_LINES: &[&str] = &[
+    "reset failed",
+    "reset ioctl to device",
+    "config space reset not completed",
+    "timeout waiting for device",
+    "error when re-initializing",
+];
+
+/// tt-smi's line for a reset of every card (`Resetting all PCI devices:`),
+/// and tt-umd's when its target list came out empty (`No PCI devices
+/// found.`, after which it resets every card): never expected from a call
+/// that named its cards, so seen, it fails the attempt loudly.
+const EVERY_CARD_LINES: &[&str] = &["resetting all pci devices", "no pci devices found"];
+
+/// The first line of tt-smi's output that says the reset failed or went
+/// wider than its targets, if any.
+pub fn failure_line(output: &str) -> Option<String> {
+    output
+        .lines()
+        .map(strip_ansi)
+        .find(|line| {
+            let lower = line.to_ascii_lowercase();
+            let failed = FAILURE_LINES.iter().any(|p| lower.contains(p))
+                && (!lower.contains("reset ioctl to device") || lower.contains("failed"));
+            failed || EVERY_CARD_LINES.iter().any(|p| lower.contains(p))
+        })
+        .map(|line| line.trim().to_string())
+}
+
+/// `line` without terminal colour codes (tt-smi colours its messages).
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Why one attempt failed.
+enum AttemptError {
+    /// A target is gone: stop, do not retry.
+    Missing(MissingCard),
+    /// Failed; another attempt may follow.
+    Failed(String),
+}
+
+impl From<String> for AttemptError {
+    fn from(reason: String) -> AttemptError {
+        AttemptError::Failed(reason)
+    }
 }
 
 /// Runs resets with proof. Cheap to clone.
@@ -162,12 +348,13 @@ impl Resetter {
 
     /// Reset these cards in one tt-smi call (a TP=2 slot's cards together)
     /// and prove each came back, retrying with backoff. The caller must hold
-    /// the cards' locks.
+    /// the cards' locks. A card that is not present stops the reset before
+    /// tt-smi runs ([`ResetError::NotAttempted`]).
     pub async fn reset_and_prove(
         &self,
         bdfs: &[String],
         on_event: &mut (dyn FnMut(ResetEvent) + Send),
-    ) -> Result<ResetOutcome, ResetFailure> {
+    ) -> Result<ResetOutcome, ResetError> {
         let attempts = self.cfg.attempts.max(1);
         let mut last_output = String::new();
         let mut reason = String::new();
@@ -192,7 +379,15 @@ impl Resetter {
                         tt_smi_output: last_output,
                     });
                 }
-                Err(why) => reason = why,
+                Err(AttemptError::Missing(missing)) => {
+                    on_event(ResetEvent {
+                        phase: Phase::Failed,
+                        attempt,
+                        message: missing.to_string(),
+                    });
+                    return Err(ResetError::NotAttempted(missing));
+                }
+                Err(AttemptError::Failed(why)) => reason = why,
             }
             if attempt < attempts {
                 let backoff = Duration::from_millis(
@@ -213,12 +408,12 @@ impl Resetter {
             attempt: attempts,
             message: reason.clone(),
         });
-        Err(ResetFailure {
+        Err(ResetError::Failed(ResetFailure {
             bdfs: bdfs.join(","),
             reason,
             attempts,
             tt_smi_output: last_output,
-        })
+        }))
     }
 
     async fn attempt(
@@ -227,7 +422,7 @@ impl Resetter {
         attempt: u32,
         on_event: &mut (dyn FnMut(ResetEvent) + Send),
         last_output: &mut String,
-    ) -> Result<Vec<(String, u32)>, String> {
+    ) -> Result<Vec<(String, u32)>, AttemptError> {
         let mut event = |phase, message: String| {
             on_event(ResetEvent {
                 phase,
@@ -235,9 +430,17 @@ impl Resetter {
                 message,
             })
         };
-        // tt-smi knows cards by their /dev path; a card whose node is gone
-        // can still be named by BDF. The same names tell the operator which
-        // node is awaited while the card is away.
+        // Presence is checked right before the call, every attempt: a card
+        // that left since the last one must not turn this call into a reset
+        // of the whole host.
+        let targets = ResetTargets::check(&self.hw, bdfs).map_err(AttemptError::Missing)?;
+        let driver = driver::driver_for_proof(&self.hw);
+        // What the proof compares against afterwards.
+        let before: Vec<Baseline> = bdfs
+            .iter()
+            .map(|bdf| Baseline::read(&self.hw, &driver, bdf))
+            .collect();
+        // The node each card had, to tell the operator what is awaited.
         let names: Vec<String> = bdfs
             .iter()
             .map(|bdf| match self.hw.index_of(bdf) {
@@ -245,27 +448,37 @@ impl Resetter {
                 None => bdf.clone(),
             })
             .collect();
-        let targets = names.join(",");
-        event(
-            Phase::RunningTtSmi,
-            format!("running {} -r {targets}", self.tt_smi.display()),
+        let command = format!(
+            "{} {}",
+            self.tt_smi.display(),
+            targets.tt_smi_args().join(" ")
         );
+        event(Phase::RunningTtSmi, format!("running {command}"));
         let mut smi = Waiting::new(Duration::from_secs(self.cfg.tt_smi_timeout_secs));
         let (code, output) = smi
             .around(self.run_tt_smi(&targets), |elapsed| {
                 event(
                     Phase::RunningTtSmi,
-                    format!("tt-smi -r {targets} still running ({elapsed})"),
+                    format!("{command} still running ({elapsed})"),
                 )
             })
             .await?;
         *last_output = output.clone();
         if code != Some(0) {
             return Err(format!(
-                "tt-smi -r {targets} exited with {}: {}",
+                "tt-smi -r {} exited with {}: {}",
+                targets.argument(),
                 code.map_or("a signal".to_string(), |c| c.to_string()),
                 last_line(&output)
-            ));
+            )
+            .into());
+        }
+        if let Some(line) = failure_line(&output) {
+            return Err(format!(
+                "tt-smi -r {} exited 0 but printed {line:?}: the reset did not go through",
+                targets.argument()
+            )
+            .into());
         }
 
         // tt-smi's exit code proves nothing; the card must show itself.
@@ -276,7 +489,7 @@ impl Resetter {
                 self.cfg.come_back_timeout_secs
             ),
         );
-        // One limit covers coming back and the heartbeat, as configured.
+        // One limit covers coming back and the checks after it, as configured.
         let mut come_back = Waiting::new(Duration::from_secs(self.cfg.come_back_timeout_secs));
         let mut indices = Vec::new();
         for (bdf, name) in bdfs.iter().zip(&names) {
@@ -288,14 +501,16 @@ impl Resetter {
         event(Phase::ReadingSysfs, "sysfs attributes read again".into());
         event(
             Phase::CheckingHeartbeat,
-            format!(
-                "checking that the heartbeat advances over {} ms",
-                self.cfg.heartbeat_interval_ms
-            ),
+            format!("checking {}", driver.proofs()),
         );
-        for bdf in bdfs {
-            self.wait_for_heartbeat(bdf, &mut come_back, &mut event)
+        for (bdf, baseline) in bdfs.iter().zip(&before) {
+            self.wait_for_link(bdf, baseline, &mut come_back, &mut event)
                 .await?;
+            if driver.has_heartbeat() {
+                self.wait_for_heartbeat(bdf, &mut come_back, &mut event)
+                    .await?;
+            }
+            check_therm_trips(&self.hw, bdf, baseline)?;
         }
         if !self.cfg.probe_command.is_empty() {
             let probe = self.cfg.probe_command.join(" ");
@@ -313,12 +528,55 @@ impl Resetter {
         Ok(indices)
     }
 
-    async fn run_tt_smi(&self, targets: &str) -> Result<(Option<i32>, String), String> {
+    async fn run_tt_smi(&self, targets: &ResetTargets) -> Result<(Option<i32>, String), String> {
         let mut cmd = Command::new(&self.tt_smi);
-        cmd.arg("-r").arg(targets);
+        cmd.args(targets.tt_smi_args());
         run_with_deadline(cmd, Duration::from_secs(self.cfg.tt_smi_timeout_secs))
             .await
             .map_err(|e| format!("tt-smi ({}): {e}", self.tt_smi.display()))
+    }
+
+    /// Wait until the card's PCIe link is up at the speed and width it
+    /// should have: its maximum (`max_link_*`), or, when it already ran
+    /// below that before the reset (a slot that caps it), no less than it
+    /// ran then. A link that comes back narrower or slower is a card that
+    /// came back wrong.
+    async fn wait_for_link(
+        &self,
+        bdf: &str,
+        baseline: &Baseline,
+        waiting: &mut Waiting,
+        event: &mut impl FnMut(Phase, String),
+    ) -> Result<(), String> {
+        loop {
+            let Some(now) = Link::read(&self.hw, bdf) else {
+                // No link attributes (not a PCIe function, or a sysfs
+                // without them): nothing to prove with.
+                return Ok(());
+            };
+            let want = baseline.expected_link(&now);
+            if now.satisfies(&want) {
+                return Ok(());
+            }
+            if Instant::now() >= waiting.deadline() {
+                return Err(format!(
+                    "card {bdf} came back with its PCIe link at {}, below {} (downtrained): reseat the card or check its slot and riser, then reset it again",
+                    now.describe(),
+                    want.describe()
+                ));
+            }
+            if let Some(elapsed) = waiting.due() {
+                event(
+                    Phase::CheckingHeartbeat,
+                    format!(
+                        "waiting for the PCIe link of card {bdf} to reach {} ({elapsed}): {}",
+                        want.describe(),
+                        now.describe()
+                    ),
+                );
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// Wait until `bdf` (known before the reset as `name`) has a class dir,
@@ -377,8 +635,7 @@ impl Resetter {
         let read = || {
             self.hw
                 .index_of(bdf)
-                .and_then(|i| self.hw.read_attributes(i).ok())
-                .map(|(_, _, hb)| hb)
+                .and_then(|i| self.hw.read_counter(i, "tt_heartbeat"))
         };
         let mut first = read();
         loop {
@@ -437,6 +694,140 @@ impl Resetter {
     }
 }
 
+/// What a card showed before its reset, to judge what it shows after.
+#[derive(Debug, Clone, Default)]
+struct Baseline {
+    /// Its PCIe link, when the attributes exist and the link was up.
+    link: Option<Link>,
+    /// `tt_therm_trip_count`, where the driver has it and it was readable.
+    therm_trips: Option<u64>,
+}
+
+impl Baseline {
+    fn read(hw: &HardwareRoot, driver: &Driver, bdf: &str) -> Baseline {
+        let therm_trips = if driver.has_therm_trip_count() {
+            hw.index_of(bdf)
+                .and_then(|i| hw.read_counter(i, "tt_therm_trip_count"))
+        } else {
+            None
+        };
+        Baseline {
+            link: Link::read(hw, bdf).filter(|l| l.is_up()),
+            therm_trips,
+        }
+    }
+
+    /// The link a card must have after the reset: its maximum, unless it
+    /// already ran below that before (a Gen4 slot caps a Gen5 card), then
+    /// what it had.
+    fn expected_link(&self, now: &Link) -> LinkState {
+        match &self.link {
+            Some(before) if !before.current.at_least(&before.max) => before.current.clone(),
+            _ => now.max.clone(),
+        }
+    }
+}
+
+/// A PCIe link's speed and width, as sysfs prints them.
+#[derive(Debug, Clone, PartialEq)]
+struct LinkState {
+    /// GT/s; None for `Unknown` (the link is down, or reads as all ones).
+    speed: Option<f64>,
+    /// Lanes; None when unreadable.
+    width: Option<u32>,
+}
+
+impl LinkState {
+    fn at_least(&self, want: &LinkState) -> bool {
+        match (self.speed, self.width, want.speed, want.width) {
+            (Some(s), Some(w), Some(ws), Some(ww)) => s + 1e-9 >= ws && w >= ww,
+            _ => false,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let speed = self
+            .speed
+            .map_or("unknown speed".to_string(), |s| format!("{s:.1} GT/s"));
+        let width = self
+            .width
+            .map_or("unknown width".to_string(), |w| format!("x{w}"));
+        format!("{speed} {width}")
+    }
+}
+
+/// The link attributes of a PCI function (Linux `drivers/pci/pci-sysfs.c`:
+/// `current_link_speed` like `32.0 GT/s PCIe` or `Unknown`,
+/// `current_link_width` a lane count; `max_link_*` the same for what the
+/// device supports).
+#[derive(Debug, Clone, PartialEq)]
+struct Link {
+    current: LinkState,
+    max: LinkState,
+}
+
+impl Link {
+    /// None when the PCI dir has no link attributes.
+    fn read(hw: &HardwareRoot, bdf: &str) -> Option<Link> {
+        let dir = hw.sys_root.join("bus/pci/devices").join(bdf);
+        let text = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+        let speed = |t: Option<String>| {
+            t.and_then(|t| {
+                t.split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse::<f64>().ok())
+            })
+        };
+        let width = |t: Option<String>| t.and_then(|t| t.trim().parse::<u32>().ok());
+        let current_speed = text("current_link_speed")?;
+        Some(Link {
+            current: LinkState {
+                speed: speed(Some(current_speed)),
+                width: width(text("current_link_width")),
+            },
+            max: LinkState {
+                speed: speed(text("max_link_speed")),
+                width: width(text("max_link_width")),
+            },
+        })
+    }
+
+    /// Up, and no wider than the device can be (a link in reset reads as
+    /// all ones: `Unknown`, 63 lanes).
+    fn is_up(&self) -> bool {
+        self.current.speed.is_some()
+            && match (self.current.width, self.max.width) {
+                (Some(w), Some(max)) => w > 0 && w <= max,
+                (Some(w), None) => w > 0,
+                _ => false,
+            }
+    }
+
+    fn satisfies(&self, want: &LinkState) -> bool {
+        self.is_up() && self.current.at_least(want)
+    }
+
+    fn describe(&self) -> String {
+        self.current.describe()
+    }
+}
+
+/// A thermal trip during the reset: the card came back wrong.
+fn check_therm_trips(hw: &HardwareRoot, bdf: &str, before: &Baseline) -> Result<(), String> {
+    let Some(then) = before.therm_trips else {
+        return Ok(());
+    };
+    let now = hw
+        .index_of(bdf)
+        .and_then(|i| hw.read_counter(i, "tt_therm_trip_count"));
+    match now {
+        Some(now) if now > then => Err(format!(
+            "card {bdf} tripped its thermal limit during the reset (tt_therm_trip_count {then} -> {now}): check its cooling and airflow before using it"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Run a command, collecting stdout and stderr, killing it at the deadline.
 async fn run_with_deadline(
     mut cmd: Command,
@@ -482,4 +873,130 @@ fn last_line(output: &str) -> String {
         .unwrap_or("(no output)")
         .trim()
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hardware root with cards at these (index, BDF), node present or not.
+    fn root(cards: &[(u32, &str, bool)]) -> (tempfile::TempDir, HardwareRoot) {
+        let dir = tempfile::tempdir().unwrap();
+        let hw = HardwareRoot {
+            dev_root: dir.path().join("dev"),
+            sys_root: dir.path().join("sys"),
+            proc_root: dir.path().join("proc"),
+        };
+        std::fs::create_dir_all(hw.dev_root.join("tenstorrent")).unwrap();
+        std::fs::create_dir_all(hw.sys_root.join("class/tenstorrent")).unwrap();
+        for (index, bdf, node) in cards {
+            let pci = hw.sys_root.join("devices").join(bdf);
+            let class = pci.join(format!("tenstorrent/tenstorrent!{index}"));
+            std::fs::create_dir_all(&class).unwrap();
+            std::os::unix::fs::symlink("../..", class.join("device")).unwrap();
+            std::os::unix::fs::symlink(
+                &class,
+                hw.sys_root
+                    .join(format!("class/tenstorrent/tenstorrent!{index}")),
+            )
+            .unwrap();
+            if *node {
+                std::fs::write(hw.dev_node(*index), "").unwrap();
+            }
+        }
+        (dir, hw)
+    }
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn targets_are_present_full_lower_case_addresses_or_nothing() {
+        let (_d, hw) = root(&[
+            (0, "0000:01:00.0", true),
+            (1, "0000:02:00.0", true),
+            (2, "0000:03:00.0", false),
+        ]);
+        let ok = ResetTargets::check(&hw, &s(&["0000:02:00.0", "0000:01:00.0"])).unwrap();
+        assert_eq!(ok.argument(), "0000:02:00.0,0000:01:00.0");
+
+        // An absent card: refused, naming it, so tt-smi never sees a list
+        // it would widen to every card.
+        let gone = ResetTargets::check(&hw, &s(&["0000:01:00.0", "0000:09:00.0"])).unwrap_err();
+        assert_eq!(gone.bdf, "0000:09:00.0");
+        assert!(gone.to_string().contains("not attempted"), "{gone}");
+        // A class dir without its node is not present either.
+        let no_node = ResetTargets::check(&hw, &s(&["0000:03:00.0"])).unwrap_err();
+        assert!(no_node.why.contains("tenstorrent/2"), "{no_node}");
+        // Nothing, short or upper-case forms: refused.
+        assert!(ResetTargets::check(&hw, &[]).is_err());
+        assert!(ResetTargets::check(&hw, &s(&["01:00.0"])).is_err());
+        assert!(ResetTargets::check(&hw, &s(&["0000:0A:00.0"])).is_err());
+        assert!(ResetTargets::check(&hw, &s(&["/dev/tenstorrent/0"])).is_err());
+    }
+
+    #[test]
+    fn failure_lines_fail_an_attempt_that_exited_0() {
+        assert_eq!(
+            failure_line("Resetting PCI BDFs: ['0000:01:00.0']\n\u{1b}[91m Reset failed. \u{1b}[0m\n"),
+            Some("Reset failed.".to_string())
+        );
+        assert!(failure_line(
+            "2026-12-01 | ERROR | UMD | Sending reset ioctl to device 1 failed: Input/output error"
+        )
+        .is_some());
+        assert!(failure_line("Resetting all PCI devices: [0, 1, 2]").is_some());
+        assert_eq!(
+            failure_line("Resetting PCI BDFs: ['0000:01:00.0']\n Re-initializing boards after reset.... \n"),
+            None
+        );
+    }
+
+    #[test]
+    fn links_are_read_as_linux_prints_them() {
+        let up = Link {
+            current: LinkState {
+                speed: Some(32.0),
+                width: Some(16),
+            },
+            max: LinkState {
+                speed: Some(32.0),
+                width: Some(16),
+            },
+        };
+        assert!(up.is_up() && up.satisfies(&up.max));
+        let in_reset = Link {
+            current: LinkState {
+                speed: None,
+                width: Some(63),
+            },
+            ..up.clone()
+        };
+        assert!(!in_reset.is_up());
+        let downtrained = Link {
+            current: LinkState {
+                speed: Some(8.0),
+                width: Some(4),
+            },
+            ..up.clone()
+        };
+        assert!(!downtrained.satisfies(&up.max));
+        // A card that ran below its maximum before the reset (a Gen4 slot)
+        // must come back no worse than it was, not at its maximum.
+        let gen4 = Link {
+            current: LinkState {
+                speed: Some(16.0),
+                width: Some(16),
+            },
+            ..up.clone()
+        };
+        let baseline = Baseline {
+            link: Some(gen4.clone()),
+            therm_trips: None,
+        };
+        assert_eq!(baseline.expected_link(&gen4), gen4.current);
+        assert!(gen4.satisfies(&baseline.expected_link(&gen4)));
+        assert!(!downtrained.satisfies(&baseline.expected_link(&downtrained)));
+    }
 }

@@ -66,13 +66,23 @@ fn check_host(config: &Config, untyped: &BTreeSet<String>) -> Vec<Problem> {
     }
     if read("hardware") {
         let tt_smi = config.hardware.tt_smi.to_string_lossy();
-        if let Err(why) = programs::find(&tt_smi) {
-            problems.push(problem(
+        match programs::find(&tt_smi) {
+            Err(why) => problems.push(problem(
                 "hardware.tt_smi",
                 format!("{why}; install tt-smi (on NixOS: hardware.tenstorrent.enable = true) or set hardware.tt_smi to its path"),
-            ));
+            )),
+            Ok(_) => {
+                if let Err(why) = crate::cards::driver::check_tt_smi(&config.hardware.tt_smi) {
+                    problems.push(problem("hardware.tt_smi", why));
+                }
+            }
         }
         let hw = crate::cards::discovery::HardwareRoot::from(&config.hardware);
+        if let crate::cards::driver::DriverStatus::Refused(why) =
+            crate::cards::driver::driver_status(&hw)
+        {
+            problems.push(problem("hardware.sys_root", why));
+        }
         // Without the driver no card can be found; the caller says so.
         if hw.driver_loaded() {
             problems.extend(crate::cards::check_cards_exist(config, &hw));

@@ -469,6 +469,13 @@ impl SlotManager {
                 return;
             };
             let from = entry.view.state;
+            if from == state && entry.view.reason == reason && entry.view.retry_at == retry_at {
+                // Nothing changed: publishing would wake every subscriber,
+                // a supervisor waiting for its cards among them, which would
+                // set the same state again (a busy loop that burned a core
+                // while a slot waited on a Failed card).
+                return;
+            }
             if from != state {
                 tracing::info!(slot, from = ?from, to = ?state, %reason, "slot transition");
             } else if entry.view.reason != reason {

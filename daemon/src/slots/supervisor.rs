@@ -129,7 +129,9 @@ pub async fn run(
         }
         if dirty {
             if !reset_cards(&mgr, &plan).await {
-                continue; // quarantined: wait_for_cards waits for an operator
+                // Quarantined: wait_for_cards waits for an operator; a
+                // card missing: it waits for the card.
+                continue;
             }
             dirty = false;
         }
@@ -287,6 +289,16 @@ async fn reset_cards(mgr: &Arc<SlotManager>, plan: &SlotPlan) -> bool {
     };
     match cards.reset(&plan.cards, false, &mut on_event).await {
         Ok(_) => true,
+        // Nothing was reset: the slot waits for the card (wait_for_cards
+        // names it) and resets when it is back.
+        Err(crate::cards::CardError::NotAttempted(missing)) => {
+            mgr.transition(
+                &plan.slot,
+                SlotState::Locking,
+                format!("waiting for cards: {missing}"),
+            );
+            false
+        }
         Err(e) => {
             mgr.transition(&plan.slot, SlotState::Quarantined, format!("{e}"));
             false
@@ -303,14 +315,18 @@ fn card_blockers(mgr: &Arc<SlotManager>, plan: &SlotPlan) -> (Vec<String>, Vec<S
     for bdf in &plan.cards {
         match snapshot.iter().find(|c| &c.bdf == bdf) {
             // Two users on one card block or corrupt each other: a process
-            // that has the device open without its lock (a borrowed job's
-            // escapee, a script that skipped the lock) keeps the slot from
-            // starting until it is gone.
-            Some(c) if c.state == CardState::Ready && !c.processes.is_empty() => {
+            // that holds the chip without the daemon's lock (a borrowed
+            // job's escapee, a script that skipped the lock) keeps the slot
+            // from starting until it is gone. An opener that does not hold
+            // the chip (a tt-smi display, an exporter) only watches.
+            Some(c)
+                if c.state == CardState::Ready && c.processes.iter().any(|p| p.holds_chip) =>
+            {
                 blocking.push(format!(
-                    "card {bdf} is open by {} outside the daemon; stop it (the slot starts when it is gone)",
+                    "card {bdf} is used by {} outside the daemon (tt-umd chip lock mapped); stop it (the slot starts when it is gone)",
                     c.processes
                         .iter()
+                        .filter(|p| p.holds_chip)
                         .map(|p| format!("pid {} ({})", p.pid, p.command))
                         .collect::<Vec<_>>()
                         .join(", ")

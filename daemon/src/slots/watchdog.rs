@@ -1,8 +1,9 @@
 //! The Ready watchdog: while a slot serves, every tick it reads the
 //! worker's RSS, polls `Health` (keeping the KV blocks it reports), and ends the slot's serving when the
-//! worker exits, is told to stop, outgrows `restart.rss_limit_mib`, stops
-//! answering (`UNANSWERED_HEALTH_POLLS` polls in a row), or has requests
-//! active without decode progress for `restart.stall_timeout_secs`.
+//! worker exits, is told to stop, loses a card (gone from the host),
+//! outgrows `restart.rss_limit_mib`, stops answering
+//! (`UNANSWERED_HEALTH_POLLS` polls in a row), or has requests active
+//! without decode progress for `restart.stall_timeout_secs`.
 
 use super::supervisor::{drain_and_stop, log_tail, stop_worker, Outcome, SlotPlan};
 use super::{SlotCommand, SlotManager, SlotState};
@@ -58,6 +59,9 @@ pub(super) async fn serve(
             cmd = commands.recv() => return stop_worker(mgr, plan, worker, Some(engine), cmd).await,
             _ = tick.tick() => {}
         }
+        if let Some(outcome) = check_cards(mgr, plan, worker, engine).await {
+            return outcome;
+        }
         if let Some(outcome) = check_rss(mgr, plan, worker, engine).await {
             return outcome;
         }
@@ -65,6 +69,26 @@ pub(super) async fn serve(
             return outcome;
         }
     }
+}
+
+/// Stop a worker one of whose cards left the host (hot removal, a dead
+/// link): its engine cannot be serving right, and the slot must wait for
+/// the card rather than answer from a half-gone mesh. The cards are dirty.
+async fn check_cards(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    worker: &mut Worker,
+    engine: &mut EngineClient<Channel>,
+) -> Option<Outcome> {
+    let missing = mgr.cards().first_missing(&plan.cards)?;
+    let reason = format!("{missing} while the slot served; stopped its worker, the slot waits for the card");
+    tracing::error!(slot = %plan.slot, "{reason}");
+    let _ = drain_and_stop(mgr, plan, worker, Some(engine), "a card went missing").await;
+    Some(Outcome::Failed {
+        reason,
+        dirty: true,
+        cause: "card_missing",
+    })
 }
 
 /// Restart a worker whose RSS is over `restart.rss_limit_mib` before the

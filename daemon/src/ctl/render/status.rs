@@ -107,7 +107,17 @@ fn cards_table(cards: &[Card]) -> String {
             } else {
                 format!(" ({})", one_line(&process.command))
             };
-            table.note(format!("pid {}{command} has the device open", process.pid));
+            if process.holds_chip {
+                table.note(format!(
+                    "pid {}{command} holds the chip (its tt-umd CHIP_IN_USE lock is mapped): a second user",
+                    process.pid
+                ));
+            } else {
+                table.note(format!(
+                    "pid {}{command} has the device open (watching: it does not block the slot)",
+                    process.pid
+                ));
+            }
         }
     }
     table.render()

@@ -106,10 +106,18 @@ fn held_elsewhere_card() -> Card {
             user: "alice".into(),
             ..Default::default()
         }),
-        processes: vec![CardProcess {
-            pid: 4242,
-            command: "python3".into(),
-        }],
+        processes: vec![
+            CardProcess {
+                pid: 4242,
+                command: "python3".into(),
+                holds_chip: false,
+            },
+            CardProcess {
+                pid: 4343,
+                command: "vllm".into(),
+                holds_chip: true,
+            },
+        ],
         ..Default::default()
     }
 }

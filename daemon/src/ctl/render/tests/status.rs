@@ -106,7 +106,11 @@ fn held_elsewhere_card_names_the_lock_holder_and_open_processes() {
     );
     assert_eq!(
         after.next(),
-        Some("    pid 4242 (python3) has the device open")
+        Some("    pid 4242 (python3) has the device open (watching: it does not block the slot)")
+    );
+    assert_eq!(
+        after.next(),
+        Some("    pid 4343 (vllm) holds the chip (its tt-umd CHIP_IN_USE lock is mapped): a second user")
     );
 }
 
