@@ -154,7 +154,10 @@ fn reset_succeeds_and_is_proven() {
         text.contains("heartbeat"),
         "progress shows the heartbeat check: {text}"
     );
-    assert_eq!(hw.smi_calls(), vec!["--no_reinit -r 0000:01:00.0".to_string()]);
+    assert_eq!(
+        hw.smi_calls(),
+        vec!["--no_reinit -r 0000:01:00.0".to_string()]
+    );
     daemon.wait_card_state(&FakeHw::bdf(0), "idle");
 }
 
@@ -543,7 +546,8 @@ fn failed_reset(fault: Fault) -> (FakeHw, Daemon, String) {
 fn a_reset_whose_ioctl_failed_fails_although_tt_smi_exited_0() {
     let (_hw, daemon, text) = failed_reset(Fault::IoctlFails);
     assert!(
-        text.contains("exited 0 but printed") && text.contains("Sending reset ioctl to device 0 failed"),
+        text.contains("exited 0 but printed")
+            && text.contains("Sending reset ioctl to device 0 failed"),
         "{text}"
     );
     daemon.wait_card_state(&FakeHw::bdf(0), "quarantined");
@@ -573,7 +577,13 @@ fn a_card_whose_link_comes_back_downtrained_is_not_ready() {
         "{text}"
     );
     let card = daemon.wait_card_state(&FakeHw::bdf(0), "quarantined");
-    assert!(card["state_reason"].as_str().unwrap().contains("downtrained"), "{card}");
+    assert!(
+        card["state_reason"]
+            .as_str()
+            .unwrap()
+            .contains("downtrained"),
+        "{card}"
+    );
 }
 
 #[test]
@@ -611,7 +621,11 @@ fn resets_are_proven_with_what_an_old_driver_offers_and_no_healthy_card_is_quara
 #[test]
 fn a_driver_too_old_for_tt_umd_and_an_old_tt_smi_are_refused_by_name() {
     for (driver, tt_smi, said) in [
-        ("1.33.0", "6.8.0", "tenstorrent driver 1.33.0 is older than 2.0.0"),
+        (
+            "1.33.0",
+            "6.8.0",
+            "tenstorrent driver 1.33.0 is older than 2.0.0",
+        ),
         ("2.10.0", "4.1.2", "tt-smi 4.1.2"),
     ] {
         let hw = FakeHw::with_versions(1, driver, tt_smi);
@@ -670,7 +684,11 @@ fn waiting_on_a_failed_card_costs_the_daemon_next_to_no_cpu() {
     });
     let pid = daemon.pid();
     let hz: f64 = String::from_utf8(
-        Command::new("getconf").arg("CLK_TCK").output().unwrap().stdout,
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .unwrap()
+            .stdout,
     )
     .unwrap()
     .trim()

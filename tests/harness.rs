@@ -165,7 +165,10 @@ impl CardUser {
         let stdout = child.stdout.take().expect("piped stdout");
         std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
             .expect("read tt-fakehw's line");
-        assert!(line.contains(&format!("/dev/tenstorrent/{index}")), "{what}: {line}");
+        assert!(
+            line.contains(&format!("/dev/tenstorrent/{index}")),
+            "{what}: {line}"
+        );
         CardUser { child }
     }
 

@@ -331,7 +331,10 @@ fn hung_worker_is_killed_by_the_watchdog_and_the_slot_recovers() {
         again["last_error"].as_str().unwrap_or("").contains("hung"),
         "{again:#}"
     );
-    assert!(hw.smi_calls().iter().any(|c| c == "--no_reinit -r 0000:01:00.0"));
+    assert!(hw
+        .smi_calls()
+        .iter()
+        .any(|c| c == "--no_reinit -r 0000:01:00.0"));
 }
 
 #[test]
@@ -423,7 +426,10 @@ fn frozen_worker_leaves_ready_within_the_health_bound_and_recovers() {
         error.contains("Health polls in a row unanswered"),
         "{again:#}"
     );
-    assert!(hw.smi_calls().iter().any(|c| c == "--no_reinit -r 0000:01:00.0"));
+    assert!(hw
+        .smi_calls()
+        .iter()
+        .any(|c| c == "--no_reinit -r 0000:01:00.0"));
     let answer = rt
         .block_on(generate(&address, "m", "hello", 4))
         .expect("the new worker answers");
@@ -678,7 +684,9 @@ fn borrowed_cards_run_the_job_while_the_slot_is_drained_and_the_slot_returns() {
     assert_eq!(during["cards"][0]["state"], "held-elsewhere");
     // Afterwards the card was reset and the slot came back with a new worker.
     assert!(
-        hw.smi_calls().iter().any(|c| c == "--no_reinit -r 0000:01:00.0"),
+        hw.smi_calls()
+            .iter()
+            .any(|c| c == "--no_reinit -r 0000:01:00.0"),
         "{:?}",
         hw.smi_calls()
     );

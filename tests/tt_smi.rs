@@ -51,7 +51,11 @@ fn run_real(tt_smi: &PathBuf, driver: Option<&str>, args: &[String]) -> Output {
         .stdin(std::process::Stdio::null())
         .output()
         .expect("run unshare");
-    assert_ne!(out.status.code(), Some(99), "the namespace setup failed: {out:?}");
+    assert_ne!(
+        out.status.code(),
+        Some(99),
+        "the namespace setup failed: {out:?}"
+    );
     out
 }
 
@@ -142,7 +146,11 @@ fn every_reset_the_daemon_builds_is_one_real_tt_smi_takes_as_exactly_those_cards
         );
     }
     // And why: those forms, handed to the real tool, reset every card or fail.
-    let real = run_real(&tt_smi, Some("2.10.0"), &strings(&["-r", "/dev/tenstorrent/0,0000:02:00.0"]));
+    let real = run_real(
+        &tt_smi,
+        Some("2.10.0"),
+        &strings(&["-r", "/dev/tenstorrent/0,0000:02:00.0"]),
+    );
     assert_eq!(status(&real), 1, "{:?}", lines(&real));
     let real = run_real(&tt_smi, Some("2.10.0"), &strings(&["-r", "01:00.0"]));
     assert_eq!(status(&real), 1, "{:?}", lines(&real));
@@ -177,7 +185,12 @@ fn the_fake_tt_smi_answers_every_argument_form_as_the_real_one() {
         let args = strings(form);
         let real = run_real(&tt_smi, Some("2.10.0"), &args);
         let fake = Command::new(hw.root.tt_smi()).args(&args).output().unwrap();
-        assert_eq!(status(&fake), status(&real), "{args:?}: real said {:?}", lines(&real));
+        assert_eq!(
+            status(&fake),
+            status(&real),
+            "{args:?}: real said {:?}",
+            lines(&real)
+        );
         assert_eq!(lines(&fake), lines(&real), "{args:?}");
     }
     // An argument error: exit 2 and argparse's message on both.
@@ -187,7 +200,10 @@ fn the_fake_tt_smi_answers_every_argument_form_as_the_real_one() {
     assert_eq!((status(&real), status(&fake)), (2, 2));
     let error = "tt-smi: error: unrecognized arguments: --bogus";
     for out in [&real, &fake] {
-        assert!(String::from_utf8_lossy(&out.stderr).contains(error), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(error),
+            "{out:?}"
+        );
     }
     // No driver: exit 1 before the targets are read, on both.
     hw.root.set_driver_loaded(false).unwrap();

@@ -75,10 +75,14 @@ impl Kmd {
 /// `major.minor.patch`, missing or odd parts as 0.
 fn parse(version: &str) -> [u32; 3] {
     let mut out = [0; 3];
-    for (slot, part) in out
-        .iter_mut()
-        .zip(version.trim().split(['-', '+']).next().unwrap_or("").split('.'))
-    {
+    for (slot, part) in out.iter_mut().zip(
+        version
+            .trim()
+            .split(['-', '+'])
+            .next()
+            .unwrap_or("")
+            .split('.'),
+    ) {
         *slot = part.parse().unwrap_or(0);
     }
     out

@@ -280,7 +280,11 @@ pub(crate) fn plug_pci_function(layout: &Layout, card: &CardInfo) -> Result<()> 
 
 /// Takes the card off the bus: gone from sysfs entirely (as after a hot
 /// removal or a dead link), so `lspci` and tt-smi no longer see it.
-pub(crate) fn unplug_pci_function(layout: &Layout, card: &CardInfo, index: Option<u32>) -> Result<()> {
+pub(crate) fn unplug_pci_function(
+    layout: &Layout,
+    card: &CardInfo,
+    index: Option<u32>,
+) -> Result<()> {
     if let Some(index) = index {
         vanish_card(layout, &card.bdf, index)?;
     }
@@ -480,7 +484,14 @@ pub(crate) fn begin_in_place_reset(
         return Ok(());
     }
     let class_dir = layout.class_dir(&card.bdf, index);
-    for (name, _) in class_attributes(card, Readings { heartbeat: 0, therm_trips: 0 }, kmd) {
+    for (name, _) in class_attributes(
+        card,
+        Readings {
+            heartbeat: 0,
+            therm_trips: 0,
+        },
+        kmd,
+    ) {
         let path = class_dir.join(name);
         remove_file_if_exists(&path)?;
         match fs::create_dir(&path) {

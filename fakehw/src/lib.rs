@@ -188,7 +188,11 @@ impl FakeRoot {
             ("tt-smi", &opts.tt_smi_version),
         ] {
             let v = version.trim();
-            if v.is_empty() || !v.chars().all(|c| c.is_ascii_alphanumeric() || ".-+".contains(c)) {
+            if v.is_empty()
+                || !v
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".-+".contains(c))
+            {
                 return Err(FakeHwError::Invalid(format!(
                     "{what} version {version:?} is not a version such as 2.10.0"
                 )));
@@ -407,7 +411,10 @@ impl FakeRoot {
         if loaded {
             fs::create_dir_all(&dir).map_err(|e| FakeHwError::io("creating", &dir, e))?;
             let kmd = state::load_inventory(&self.layout)?.kmd;
-            layout::write_atomic(&dir.join("version"), format!("{}\n", kmd.version).as_bytes())
+            layout::write_atomic(
+                &dir.join("version"),
+                format!("{}\n", kmd.version).as_bytes(),
+            )
         } else {
             layout::remove_dir_all_if_exists(&dir)
         }

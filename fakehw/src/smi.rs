@@ -14,7 +14,9 @@
 
 use std::io::Write;
 
-use crate::layout::{begin_in_place_reset, present_cards, read_attr, vanish_card, Layout, PresentCard};
+use crate::layout::{
+    begin_in_place_reset, present_cards, read_attr, vanish_card, Layout, PresentCard,
+};
 use crate::running::FirmwareState;
 use crate::snapshot;
 use crate::state::{self, PendingReset, SmiInvocation, StateLock};
@@ -93,8 +95,10 @@ fn run(
     if !layout.module_dir().join("version").is_file() {
         say(
             out,
-            &red("No Tenstorrent driver detected! Please install driver using tt-kmd: \
-                  https://github.com/tenstorrent/tt-kmd "),
+            &red(
+                "No Tenstorrent driver detected! Please install driver using tt-kmd: \
+                  https://github.com/tenstorrent/tt-kmd ",
+            ),
         );
         return (1, Vec::new());
     }
@@ -467,16 +471,15 @@ fn select_68(values: &[String]) -> Result<Selection, String> {
         } else if is_full_bdf(input) {
             Selection::Bdfs(vec![input.to_string()])
         } else if !input.trim_start_matches('-').is_empty()
-            && input.trim_start_matches('-').chars().all(|c| c.is_ascii_digit())
+            && input
+                .trim_start_matches('-')
+                .chars()
+                .all(|c| c.is_ascii_digit())
         {
             // Python's int() of what passed `lstrip("-").isdigit()`.
             match input.parse::<i64>() {
                 Ok(n) => Selection::LogicalIds(vec![n]),
-                Err(_) => {
-                    return Err(format!(
-                        "invalid literal for int() with base 10: '{input}'"
-                    ))
-                }
+                Err(_) => return Err(format!("invalid literal for int() with base 10: '{input}'")),
             }
         } else {
             return Err(format!(
@@ -556,10 +559,9 @@ fn select_legacy(layout: &Layout, values: &[String]) -> Result<Selection, String
             None => std::path::PathBuf::from(value),
         };
         if path.exists() {
-            return Err(format!(
-                "Please check the format of the json file.\n Expecting value: line 1 column 1 (char 0)\n\
+            return Err("Please check the format of the json file.\n Expecting value: line 1 column 1 (char 0)\n\
                  Traceback (most recent call last):\n  ...\nAttributeError: 'NoneType' object has no attribute 'type'"
-            ));
+                .to_string());
         }
         return ints(value.split(',').collect());
     }
@@ -641,7 +643,10 @@ fn reset_inner(
     let targets: Vec<PresentCard> = match &selection {
         Selection::All => {
             let ids: Vec<u32> = present.iter().map(|c| c.index).collect();
-            say(out, &format!("Resetting all PCI devices: {}", py_ints(&ids)));
+            say(
+                out,
+                &format!("Resetting all PCI devices: {}", py_ints(&ids)),
+            );
             everything()
         }
         Selection::LogicalIds(ids) => {
@@ -658,7 +663,12 @@ fn reset_inner(
             // TTY); none left means every card (warm_reset.cpp).
             let chosen: Vec<PresentCard> = ids
                 .iter()
-                .filter_map(|&id| usize::try_from(id).ok().and_then(|i| by_bdf.get(i)).cloned())
+                .filter_map(|&id| {
+                    usize::try_from(id)
+                        .ok()
+                        .and_then(|i| by_bdf.get(i))
+                        .cloned()
+                })
                 .collect();
             if chosen.is_empty() {
                 everything()
@@ -757,10 +767,14 @@ fn reset_inner(
             continue;
         };
         let in_place = inventory.kmd.resets_in_place() && !card_faults.leaves_the_bus();
-        let therm_trips = read_attr(&layout.class_dir(&card.bdf, card.index).join("tt_therm_trip_count"))
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
+        let therm_trips = read_attr(
+            &layout
+                .class_dir(&card.bdf, card.index)
+                .join("tt_therm_trip_count"),
+        )
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
         if in_place {
             begin_in_place_reset(layout, info, card.index, &inventory.kmd)?;
         } else {
@@ -934,7 +948,10 @@ mod tests {
         );
         assert_eq!(
             sel(&["0000:01:00.0", "0000:02:00.0,0000:01:00.0"]),
-            Ok(Selection::Bdfs(vec!["0000:01:00.0".into(), "0000:02:00.0".into()]))
+            Ok(Selection::Bdfs(vec![
+                "0000:01:00.0".into(),
+                "0000:02:00.0".into()
+            ]))
         );
     }
 
@@ -943,11 +960,16 @@ mod tests {
         let mixed = sel(&["/dev/tenstorrent/0,0000:02:00.0"]).unwrap_err();
         assert!(mixed.starts_with("Mixed device target kinds are not allowed. Got '0000:02:00.0' which is a PCI_BDF, but earlier inputs were DEV_TENSTORRENT_ID"), "{mixed}");
         let short = sel(&["01:00.0"]).unwrap_err();
-        assert!(short.starts_with("Invalid device target: '01:00.0'"), "{short}");
+        assert!(
+            short.starts_with("Invalid device target: '01:00.0'"),
+            "{short}"
+        );
         assert_eq!(
             sel(&["0,all"]),
             Err("Use 'all' as the only argument to select all devices".into())
         );
-        assert!(sel(&["/dev/tenstorrent/x"]).unwrap_err().starts_with("Invalid path"));
+        assert!(sel(&["/dev/tenstorrent/x"])
+            .unwrap_err()
+            .starts_with("Invalid path"));
     }
 }

@@ -256,7 +256,7 @@ fn device_info(layout: &Layout, card: &PresentCard) -> Result<Node> {
         ("bus_id", s(&card.bdf)),
         ("board_type", s(&r.card_type)),
         // tt-smi prints the board id in lower-case hex; sysfs upper-case.
-        ("board_id", s(&r.serial.to_ascii_lowercase())),
+        ("board_id", s(r.serial.to_ascii_lowercase())),
         ("coords", s("N/A")),
         ("dram_status", Node::Bool(true)),
         ("dram_speed", s("16G")),

@@ -270,8 +270,14 @@ fn reset_returns_before_the_card_is_back_and_the_firmware_brings_it_back() {
     let out = tt_smi(fake, &["-r", "/dev/tenstorrent/0"]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", stderr(&out));
     let text = plain(&out);
-    assert!(text.contains("Resetting /dev/tenstorrent IDs: [0]"), "{text}");
-    assert!(text.contains("Re-initializing boards after reset...."), "{text}");
+    assert!(
+        text.contains("Resetting /dev/tenstorrent IDs: [0]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Re-initializing boards after reset...."),
+        "{text}"
+    );
     assert_eq!(last_reset(fake), vec![bdf.clone()]);
 
     // tt-kmd 2.10 resets in place: node and class dir stay, every
@@ -281,7 +287,10 @@ fn reset_returns_before_the_card_is_back_and_the_firmware_brings_it_back() {
     assert!(fs::read_to_string(class_dir(fake, 0).join("tt_serial")).is_err());
     assert!(fs::read_to_string(class_dir(fake, 0).join("tt_heartbeat")).is_err());
     let pci = fake.sys_root().join("bus/pci/devices").join(&bdf);
-    assert_eq!(fs::read_to_string(pci.join("current_link_speed")).unwrap(), "Unknown\n");
+    assert_eq!(
+        fs::read_to_string(pci.join("current_link_speed")).unwrap(),
+        "Unknown\n"
+    );
     assert_eq!(fake.index_of(&bdf), Some(0));
     assert_eq!(fake.heartbeat(&bdf), None);
     // The other card is untouched.
@@ -402,7 +411,10 @@ fn mixed_short_and_bad_targets_exit_1_and_touch_nothing() {
     let f = fixture(2);
     let fake = &f.fake;
     for (target, said) in [
-        ("/dev/tenstorrent/0,0000:02:00.0", "Mixed device target kinds are not allowed"),
+        (
+            "/dev/tenstorrent/0,0000:02:00.0",
+            "Mixed device target kinds are not allowed",
+        ),
         ("01:00.0", "Invalid device target: '01:00.0'"),
         ("card0", "Invalid device target: 'card0'"),
         ("0,all", "Use 'all' as the only argument"),
@@ -469,7 +481,8 @@ fn an_old_tt_smi_takes_only_indices() {
     assert_eq!(stdout(&out).trim(), "4.1.2");
     let out = tt_smi(fake, &["-r", &FakeRoot::bdf(0)]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(plain(&out).contains("Invalid input! Provide list of comma separated numbers or a json file"));
+    assert!(plain(&out)
+        .contains("Invalid input! Provide list of comma separated numbers or a json file"));
     // A /dev path is opened as a JSON reset config.
     let out = tt_smi(fake, &["-r", "/dev/tenstorrent/0"]);
     assert_eq!(out.status.code(), Some(1));
@@ -489,9 +502,18 @@ fn downtrain_and_thermal_trip_show_after_the_reset() {
     assert_eq!(tt_smi(fake, &["-r", &bdf]).status.code(), Some(0));
     fake.tick_at(u64::MAX).unwrap();
     let pci = fake.sys_root().join("bus/pci/devices").join(&bdf);
-    assert_eq!(fs::read_to_string(pci.join("current_link_speed")).unwrap(), "8.0 GT/s PCIe\n");
-    assert_eq!(fs::read_to_string(pci.join("current_link_width")).unwrap(), "4\n");
-    assert_eq!(fs::read_to_string(pci.join("max_link_width")).unwrap(), "16\n");
+    assert_eq!(
+        fs::read_to_string(pci.join("current_link_speed")).unwrap(),
+        "8.0 GT/s PCIe\n"
+    );
+    assert_eq!(
+        fs::read_to_string(pci.join("current_link_width")).unwrap(),
+        "4\n"
+    );
+    assert_eq!(
+        fs::read_to_string(pci.join("max_link_width")).unwrap(),
+        "16\n"
+    );
     assert_eq!(
         fs::read_to_string(class_dir(fake, 0).join("tt_therm_trip_count")).unwrap(),
         "1\n"

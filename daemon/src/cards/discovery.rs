@@ -258,8 +258,13 @@ impl HardwareRoot {
         };
         let name = lock.to_string_lossy();
         // "address perms offset dev inode path": the path is the rest.
-        maps.lines()
-            .any(|line| line.split_whitespace().skip(5).collect::<Vec<_>>().join(" ") == name)
+        maps.lines().any(|line| {
+            line.split_whitespace()
+                .skip(5)
+                .collect::<Vec<_>>()
+                .join(" ")
+                == name
+        })
     }
 }
 

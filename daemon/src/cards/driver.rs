@@ -314,7 +314,10 @@ mod tests {
         assert!(d("2.9.0").reads_fail_during_reset());
         assert!(d("2.7.0").weaker_proof().is_none());
         let weak = d("2.6.0").weaker_proof().unwrap();
-        assert!(weak.contains("2.6.0") && weak.contains("probe_command"), "{weak}");
+        assert!(
+            weak.contains("2.6.0") && weak.contains("probe_command"),
+            "{weak}"
+        );
     }
 
     #[test]

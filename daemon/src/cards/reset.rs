@@ -140,8 +140,7 @@ impl ResetTargets {
         }
         let mut targets: Vec<String> = Vec::with_capacity(bdfs.len());
         for bdf in bdfs {
-            if crate::config::parse_bdf(bdf).as_deref() != Some(bdf.as_str()) || bdf.len() != 12
-            {
+            if crate::config::parse_bdf(bdf).as_deref() != Some(bdf.as_str()) || bdf.len() != 12 {
                 return Err(missing(
                     bdf,
                     "not a full lower-case PCI address such as 0000:01:00.0".into(),
@@ -939,7 +938,9 @@ mod tests {
     #[test]
     fn failure_lines_fail_an_attempt_that_exited_0() {
         assert_eq!(
-            failure_line("Resetting PCI BDFs: ['0000:01:00.0']\n\u{1b}[91m Reset failed. \u{1b}[0m\n"),
+            failure_line(
+                "Resetting PCI BDFs: ['0000:01:00.0']\n\u{1b}[91m Reset failed. \u{1b}[0m\n"
+            ),
             Some("Reset failed.".to_string())
         );
         assert!(failure_line(
@@ -948,7 +949,9 @@ mod tests {
         .is_some());
         assert!(failure_line("Resetting all PCI devices: [0, 1, 2]").is_some());
         assert_eq!(
-            failure_line("Resetting PCI BDFs: ['0000:01:00.0']\n Re-initializing boards after reset.... \n"),
+            failure_line(
+                "Resetting PCI BDFs: ['0000:01:00.0']\n Re-initializing boards after reset.... \n"
+            ),
             None
         );
     }

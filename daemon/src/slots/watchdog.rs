@@ -81,7 +81,8 @@ async fn check_cards(
     engine: &mut EngineClient<Channel>,
 ) -> Option<Outcome> {
     let missing = mgr.cards().first_missing(&plan.cards)?;
-    let reason = format!("{missing} while the slot served; stopped its worker, the slot waits for the card");
+    let reason =
+        format!("{missing} while the slot served; stopped its worker, the slot waits for the card");
     tracing::error!(slot = %plan.slot, "{reason}");
     let _ = drain_and_stop(mgr, plan, worker, Some(engine), "a card went missing").await;
     Some(Outcome::Failed {
