@@ -13,7 +13,32 @@
 set -euo pipefail
 
 VERSION=0.3.36
-DEST_DIR="${TT_LLAMA_DIR:-${HOME}/.cache/tt-serving/llama-server-${VERSION}}"
+
+# Which instruction sets to build for. -march=native turns on AMX where the
+# CPU advertises it, and on these machines AMX tile instructions fault:
+# llama-server dies of SIGSEGV in ggml_backend_amx_mul_mat at the first
+# decode (seen 2026-12-01 on an "Intel Xeon Processor" VM with amx_tile,
+# amx_int8 and amx_bf16 in /proc/cpuinfo). So where cpuinfo lists AMX, the
+# build names every other extension it lists instead (same code but the AMX
+# kernels), and caches under its own name; elsewhere it stays native. On a
+# host where AMX works this baseline is slower than it could be.
+flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
+has() { [[ " ${flags} " == *" $1 "* ]]; }
+if has amx_tile; then
+    FLAVOUR="-noamx"
+    on() { if has "$1"; then echo "-D$2=ON"; else echo "-D$2=OFF"; fi; }
+    ISA=(-DGGML_NATIVE=OFF
+        "$(on avx GGML_AVX)" "$(on avx2 GGML_AVX2)" "$(on fma GGML_FMA)"
+        "$(on f16c GGML_F16C)" "$(on bmi2 GGML_BMI2)" "$(on avx_vnni GGML_AVX_VNNI)"
+        "$(on avx512f GGML_AVX512)" "$(on avx512vbmi GGML_AVX512_VBMI)"
+        "$(on avx512_vnni GGML_AVX512_VNNI)" "$(on avx512_bf16 GGML_AVX512_BF16)"
+        -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+else
+    FLAVOUR=""
+    ISA=(-DGGML_NATIVE=ON)
+fi
+
+DEST_DIR="${TT_LLAMA_DIR:-${HOME}/.cache/tt-serving/llama-server-${VERSION}${FLAVOUR}}"
 BIN="${DEST_DIR}/bin/llama-server"
 
 if [[ -x "${BIN}" ]] && "${BIN}" --version >/dev/null 2>&1; then
@@ -43,12 +68,12 @@ src="${work}/llama_cpp_python-${VERSION}/vendor/llama.cpp"
     exit 1
 }
 
-echo "llama-server: building (about 10 minutes on 2 cores; log in ${work}/build.log)" >&2
+echo "llama-server: building (about 10 minutes on 2 cores; ${ISA[*]}; log in ${work}/build.log)" >&2
 # Static, so the cached binary needs nothing from the build tree.
 if ! {
     cmake -S "${src}" -B "${work}/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
         -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-        -DGGML_NATIVE=ON &&
+        "${ISA[@]}" &&
         cmake --build "${work}/build" --target llama-server -j "${JOBS:-$(nproc)}"
 } >"${work}/build.log" 2>&1; then
     tail -n 40 "${work}/build.log" >&2

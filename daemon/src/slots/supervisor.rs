@@ -336,11 +336,14 @@ fn card_blockers(mgr: &Arc<SlotManager>, plan: &SlotPlan) -> (Vec<String>, Vec<S
             Some(c) if c.state == CardState::Quarantined => {
                 quarantined.push(format!("card {bdf} is quarantined: {}", c.reason))
             }
+            Some(c) if c.state == CardState::Missing => {
+                blocking.push(format!("card {bdf} is missing ({})", c.reason))
+            }
             Some(c) if c.reason.is_empty() => {
                 blocking.push(format!("card {bdf} is {:?}", c.state))
             }
             Some(c) => blocking.push(format!("card {bdf} is {:?} ({})", c.state, c.reason)),
-            None => blocking.push(format!("card {bdf} is not present")),
+            None => blocking.push(format!("card {bdf} is missing (not present on the host)")),
         }
     }
     (blocking, quarantined)
