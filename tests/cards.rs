@@ -530,11 +530,13 @@ fn resets_name_cards_by_full_address_and_skip_re_initialisation() {
     assert_eq!(hw.smi_resets(), vec![vec![FakeHw::bdf(1)]]);
 }
 
-/// Reset card 0 with a fault on and return the failure text.
-fn failed_reset(fault: Fault) -> (FakeHw, Daemon, String) {
+/// Reset card 0 with these faults on and return the failure text.
+fn failed_reset(faults: &[Fault]) -> (FakeHw, Daemon, String) {
     let hw = FakeHw::new(1);
     let bdf = FakeHw::bdf(0);
-    hw.root.set_fault(&bdf, fault).unwrap();
+    for fault in faults {
+        hw.root.set_fault(&bdf, *fault).unwrap();
+    }
     let daemon = Daemon::start(&hw, DaemonOptions::default());
     let out = daemon.ttctl(&["card", "reset", "0"]);
     let text = output_text(&out);
@@ -544,7 +546,7 @@ fn failed_reset(fault: Fault) -> (FakeHw, Daemon, String) {
 
 #[test]
 fn a_reset_whose_ioctl_failed_fails_although_tt_smi_exited_0() {
-    let (_hw, daemon, text) = failed_reset(Fault::IoctlFails);
+    let (_hw, daemon, text) = failed_reset(&[Fault::IoctlFails]);
     assert!(
         text.contains("exited 0 but printed")
             && text.contains("Sending reset ioctl to device 0 failed"),
@@ -555,14 +557,7 @@ fn a_reset_whose_ioctl_failed_fails_although_tt_smi_exited_0() {
 
 #[test]
 fn a_reset_that_lost_a_card_fails_on_reset_failed_with_exit_0() {
-    let hw = FakeHw::new(1);
-    let bdf = FakeHw::bdf(0);
-    hw.root.set_fault(&bdf, Fault::HotPlug).unwrap();
-    hw.root.set_fault(&bdf, Fault::NeverReturns).unwrap();
-    let daemon = Daemon::start(&hw, DaemonOptions::default());
-    let out = daemon.ttctl(&["card", "reset", "0"]);
-    let text = output_text(&out);
-    assert_eq!(out.status.code(), Some(1), "{text}");
+    let (_hw, _daemon, text) = failed_reset(&[Fault::HotPlug, Fault::NeverReturns]);
     assert!(
         text.contains("exited 0 but printed") && text.contains("Reset failed."),
         "{text}"
@@ -571,7 +566,7 @@ fn a_reset_that_lost_a_card_fails_on_reset_failed_with_exit_0() {
 
 #[test]
 fn a_card_whose_link_comes_back_downtrained_is_not_ready() {
-    let (_hw, daemon, text) = failed_reset(Fault::Downtrained);
+    let (_hw, daemon, text) = failed_reset(&[Fault::Downtrained]);
     assert!(
         text.contains("PCIe link at 8.0 GT/s x4") && text.contains("32.0 GT/s x16"),
         "{text}"
@@ -588,7 +583,7 @@ fn a_card_whose_link_comes_back_downtrained_is_not_ready() {
 
 #[test]
 fn a_thermal_trip_during_the_reset_fails_it() {
-    let (_hw, _daemon, text) = failed_reset(Fault::ThermTrip);
+    let (_hw, _daemon, text) = failed_reset(&[Fault::ThermTrip]);
     assert!(text.contains("tt_therm_trip_count 0 -> 1"), "{text}");
 }
 

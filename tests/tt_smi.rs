@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use tt_serving_tests::{is_root, FakeHw};
 use tt_servingd::cards::discovery::HardwareRoot;
-use tt_servingd::cards::reset::ResetTargets;
+use tt_servingd::cards::reset::{strip_ansi, ResetTargets};
 
 /// The real tt-smi, or None (SKIPPED; CI must have it).
 fn real_tt_smi() -> Option<PathBuf> {
@@ -61,23 +61,9 @@ fn run_real(tt_smi: &PathBuf, driver: Option<&str>, args: &[String]) -> Output {
 
 /// stdout without colour codes, as trimmed non-empty lines.
 fn lines(out: &Output) -> Vec<String> {
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut plain = String::new();
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            plain.push(c);
-        }
-    }
-    plain
+    String::from_utf8_lossy(&out.stdout)
         .lines()
-        .map(|l| l.trim().to_string())
+        .map(|l| strip_ansi(l).trim().to_string())
         .filter(|l| !l.is_empty())
         .collect()
 }

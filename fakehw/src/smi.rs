@@ -580,6 +580,17 @@ fn py_ints<T: std::fmt::Display>(v: &[T]) -> String {
     format!("[{}]", items.join(", "))
 }
 
+/// tt-umd's `warm_reset` with the cards a selection matched: an empty list
+/// means every card on the host (`warm_reset.cpp`: "If pci_device_ids is
+/// empty, enumerate all devices").
+fn or_every_card(chosen: Vec<PresentCard>, present: &[PresentCard]) -> Vec<PresentCard> {
+    if chosen.is_empty() {
+        present.to_vec()
+    } else {
+        chosen
+    }
+}
+
 /// What one `-r` run did, for the log.
 struct ResetRun {
     code: i32,
@@ -639,7 +650,6 @@ fn reset_inner(
     // enumerate_devices sorts by BDF).
     let mut by_bdf = present.clone();
     by_bdf.sort_by(|a, b| a.bdf.cmp(&b.bdf));
-    let everything = || present.clone();
     let targets: Vec<PresentCard> = match &selection {
         Selection::All => {
             let ids: Vec<u32> = present.iter().map(|c| c.index).collect();
@@ -647,7 +657,7 @@ fn reset_inner(
                 out,
                 &format!("Resetting all PCI devices: {}", py_ints(&ids)),
             );
-            everything()
+            present.clone()
         }
         Selection::LogicalIds(ids) => {
             say(out, &format!("Resetting UMD logical IDs: {}", py_ints(ids)));
@@ -670,11 +680,7 @@ fn reset_inner(
                         .cloned()
                 })
                 .collect();
-            if chosen.is_empty() {
-                everything()
-            } else {
-                chosen
-            }
+            or_every_card(chosen, &present)
         }
         Selection::Bdfs(bdfs) => {
             say(out, &format!("Resetting PCI BDFs: {}", py_strs(bdfs)));
@@ -686,11 +692,7 @@ fn reset_inner(
                 .filter(|c| bdfs.contains(&c.bdf))
                 .cloned()
                 .collect();
-            if chosen.is_empty() {
-                everything()
-            } else {
-                chosen
-            }
+            or_every_card(chosen, &present)
         }
         Selection::DevIds(ids) => {
             say(

@@ -227,7 +227,7 @@ pub fn failure_line(output: &str) -> Option<String> {
 }
 
 /// `line` without terminal colour codes (tt-smi colours its messages).
-fn strip_ansi(line: &str) -> String {
+pub fn strip_ansi(line: &str) -> String {
     let mut out = String::with_capacity(line.len());
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
