@@ -216,7 +216,7 @@ fn an_engine_core_killed_under_the_api_server_is_named_reset_and_recovered() {
     wait_until("the daemon to log the cause", || {
         daemon
             .log_text()
-            .contains("an engine subprocess was killed by a signal")
+            .contains("vLLM's EngineCore died under its API server while serving")
             .then_some(())
     });
     wait_until("the card reset after the engine's death", || {
@@ -298,27 +298,42 @@ fn a_long_silent_prefill_is_not_a_hang_but_a_hung_engine_is_caught() {
 /// The daemon killed with SIGKILL leaves no engine behind: the worker dies
 /// with its parent, and the engine with the worker.
 #[test]
-fn a_killed_daemon_leaves_no_engine_behind() {
-    let hw = FakeHw::new(1);
-    let dir = tempfile::tempdir().unwrap();
-    let mut daemon = start(
-        &hw,
-        standin_table(
-            "m",
-            &checkpoint(dir.path()),
-            "env = { STANDIN_ENGINE_CORE = \"1\" }",
-        ),
-    );
-    daemon.wait_slot_state("m", "ready");
-    let processes = tree(worker_pid(&daemon, "m"));
-    assert!(
-        processes.len() >= 3,
-        "worker, API server, EngineCore: {processes:?}"
-    );
-    daemon.kill9();
-    wait_until("the whole engine tree to be gone", || {
-        processes.iter().all(|p| !alive(*p)).then_some(())
-    });
+fn a_killed_daemon_leaves_no_engine_behind_in_either_containment() {
+    // The stand-in's EngineCore, like vLLM's, has no parent-death signal:
+    // only the worker taking its engine's whole group ends it.
+    for containment in ["cgroup", "process-tree"] {
+        let hw = FakeHw::new(1);
+        let dir = tempfile::tempdir().unwrap();
+        let mut daemon = Daemon::start(
+            &hw,
+            DaemonOptions {
+                extra: standin_table(
+                    "m",
+                    &checkpoint(dir.path()),
+                    "env = { STANDIN_ENGINE_CORE = \"1\" }",
+                ),
+                daemon_extra: format!("containment = \"{containment}\""),
+                ..Default::default()
+            },
+        );
+        daemon.wait_slot_state("m", "ready");
+        let processes = tree(worker_pid(&daemon, "m"));
+        assert!(
+            processes.len() >= 3,
+            "{containment}: worker, API server, EngineCore: {processes:?}"
+        );
+        daemon.kill9();
+        // Within seconds, and without a next daemon to sweep.
+        let began = std::time::Instant::now();
+        wait_until("the whole engine tree to be gone", || {
+            processes.iter().all(|p| !alive(*p)).then_some(())
+        });
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(10),
+            "{containment}: the engine outlived the daemon by {:?}",
+            began.elapsed()
+        );
+    }
 }
 
 // ---- llama.cpp's llama-server, the real engine this machine can run ----

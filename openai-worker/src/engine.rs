@@ -11,6 +11,9 @@
 //!
 //! The engine gets `PR_SET_PDEATHSIG=SIGKILL`, so it dies with the worker
 //! even when the worker is killed with SIGKILL (the daemon's last resort).
+//! Its own children do not (vLLM's EngineCore sets no parent-death signal),
+//! so the worker's parent-death signal is SIGUSR2, caught to SIGKILL the
+//! engine's whole group before the worker exits (`worker::run`).
 //! The kernel ties that signal to the *thread* that forked: the engine is
 //! spawned from the thread that runs `main` (see `worker::run`), which
 //! lives as long as the process.
@@ -32,6 +35,26 @@ static ENGINE_GROUP: AtomicI32 = AtomicI32::new(0);
 
 /// The container the engine runs, for the same last act.
 static CONTAINER: std::sync::OnceLock<Container> = std::sync::OnceLock::new();
+
+/// The engine runs in a container: removing it takes a process spawned,
+/// which a signal handler cannot do.
+static IN_CONTAINER: AtomicBool = AtomicBool::new(false);
+
+/// For the parent-death signal's handler, with async-signal-safe calls
+/// only: SIGKILL to the engine's whole group (vLLM's API server and its
+/// EngineCore, which has no parent-death signal of its own). True when
+/// nothing is left to do; false when a container still needs removing
+/// (the parent watch does that).
+pub fn kill_group_from_signal_handler() -> bool {
+    let group = ENGINE_GROUP.load(Ordering::Acquire);
+    if group > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe {
+            libc::kill(-group, libc::SIGKILL);
+        }
+    }
+    !IN_CONTAINER.load(Ordering::Acquire)
+}
 
 /// The last act of a worker whose daemon is gone, from any thread: SIGKILL
 /// to the engine's group and `<runtime> rm -f` of its container (started
@@ -104,6 +127,7 @@ impl Engine {
             source,
         };
         if let Some(c) = &container {
+            IN_CONTAINER.store(true, Ordering::Release);
             let _ = CONTAINER.set(c.clone());
             remove_container(c);
         }
@@ -269,7 +293,19 @@ impl Engine {
                 pgid = self.pid,
                 "processes of the engine's group outlived it; sending SIGKILL"
             );
-            self.kill().await;
+            // Not through `signal`: the main process already died, and
+            // what killed it is judged by whether the worker signalled it.
+            let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
+            if tokio::time::timeout(STRAGGLER_GRACE, self.gone())
+                .await
+                .is_err()
+            {
+                tracing::error!(
+                    pgid = self.pid,
+                    "processes of the engine's group survive SIGKILL (stuck in the kernel?)"
+                );
+            }
+            self.remove_container().await;
         } else {
             self.remove_container().await;
         }
@@ -287,15 +323,20 @@ impl Engine {
     pub fn death(&self, status: ExitStatus) -> (i32, String) {
         let who = format!("the engine `{}` (pid {})", self.program, self.pid);
         let signalled = self.signalled.load(Ordering::Acquire);
-        let (code, mut message) = match (status.code(), status.signal()) {
+        let core = self.output.subprocess_death();
+        let (code, message) = match (status.code(), status.signal()) {
             (_, Some(signal)) => {
                 let name = signal_name(signal);
                 let mut m = format!("{who} was killed by {name} (signal {signal})");
                 if signal == libc::SIGKILL && !signalled {
-                    m.push_str(", which the worker did not send: most likely the kernel OOM killer (check `journalctl -k | grep -i oom`)");
+                    // No claim of OOM without evidence: the daemon reads the
+                    // slot's OOM counter (memory.events) and says so when it
+                    // moved.
+                    m.push_str(", which the worker did not send (the kernel's OOM killer sends SIGKILL, and so does `kill -9`; `journalctl -k | grep -i oom` tells)");
                 }
                 (128 + signal, m)
             }
+            (Some(0), _) if core.is_some() => (1, format!("{who} then exited with status 0")),
             (Some(0), _) => (
                 1,
                 format!("{who} exited with status 0 although the worker did not ask it to stop"),
@@ -303,12 +344,43 @@ impl Engine {
             (Some(code), _) => (code, format!("{who} exited with status {code}")),
             (None, None) => (1, format!("{who} ended with an unknown status")),
         };
-        if let Some(line) = self.output.subprocess_death() {
-            message = format!(
-                "an engine subprocess was killed by a signal: vLLM's EngineCore died under its API server (it printed `{line}`; an empty `Failed core proc(s): {{}}` is the signature of a death by signal, most likely the OOM killer); then {message}"
-            );
+        match core {
+            Some(gone) => (code, format!("{}; {message}", self.core_gone_reason(&gone))),
+            None => (code, self.with_errors(message)),
         }
-        (code, message)
+    }
+
+    /// The sentence for vLLM's engine core being gone, with the engine's
+    /// last error lines: the cause is in them, or nowhere in the output.
+    pub fn core_gone_reason(&self, gone: &output::CoreGone) -> String {
+        let said = match gone.when {
+            output::CoreWhen::Startup => format!(
+                "vLLM's engine core failed to start (it printed `{}`, which vLLM prints for any start-up failure, so it is no sign of a signal)",
+                gone.line
+            ),
+            output::CoreWhen::Runtime => format!(
+                "vLLM's EngineCore died under its API server while serving (it printed `{}`)",
+                gone.line
+            ),
+        };
+        self.with_errors(said)
+    }
+
+    /// `message`, followed by the engine's last error lines when it printed any.
+    fn with_errors(&self, message: String) -> String {
+        let errors = self.output.last_errors();
+        if errors.is_empty() {
+            message
+        } else {
+            format!(
+                "{message}; its last error lines: {}",
+                errors
+                    .iter()
+                    .map(|e| format!("`{e}`"))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            )
+        }
     }
 }
 

