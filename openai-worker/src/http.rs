@@ -105,6 +105,29 @@ impl Response {
     }
 }
 
+/// The engine's API key, when its environment (which it inherits from the
+/// worker) sets one: vLLM then refuses every `/v1` call without it
+/// (`VLLM_API_KEY`, vllm `entrypoints/openai/api_server.py`), and
+/// llama-server every call (`LLAMA_API_KEY`, its `--api-key`). Read once;
+/// never logged.
+fn engine_bearer() -> Option<&'static hyper::header::HeaderValue> {
+    static BEARER: std::sync::OnceLock<Option<hyper::header::HeaderValue>> =
+        std::sync::OnceLock::new();
+    BEARER
+        .get_or_init(|| {
+            ["VLLM_API_KEY", "LLAMA_API_KEY"]
+                .iter()
+                .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+                .and_then(|key| {
+                    let mut value =
+                        hyper::header::HeaderValue::from_str(&format!("Bearer {key}")).ok()?;
+                    value.set_sensitive(true);
+                    Some(value)
+                })
+        })
+        .as_ref()
+}
+
 /// Sends one request to `127.0.0.1:port` and returns once the answer's
 /// head has arrived (for a streamed answer, before its body).
 pub async fn send(
@@ -136,6 +159,9 @@ pub async fn send(
         .method(method)
         .uri(path)
         .header(hyper::header::HOST, format!("127.0.0.1:{port}"));
+    if let Some(bearer) = engine_bearer() {
+        request = request.header(hyper::header::AUTHORIZATION, bearer);
+    }
     if json.is_some() {
         request = request.header(hyper::header::CONTENT_TYPE, "application/json");
     }

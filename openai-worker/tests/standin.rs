@@ -84,6 +84,20 @@ async fn a_prompt_streams_text_with_token_ids_and_usage() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_needs_an_api_key_gets_it_and_serves() {
+    // VLLM_API_KEY in the engine's environment (which it inherits from the
+    // worker) makes vLLM refuse every /v1 call without the bearer token:
+    // without sending it the worker would never be ready.
+    let w = Worker::start(&Opts::vllm().env("VLLM_API_KEY", "s3cret-key")).await;
+    let mut c = w.client().await;
+    let out = run(&mut c, prompt_request("the quick brown fox", 3))
+        .await
+        .unwrap();
+    assert_eq!(out.text, " w0 w1 w2");
+    assert!(!w.output().contains("s3cret-key"), "the key was logged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_is_templated_by_the_engine_and_streamed_with_ids() {
     let w = Worker::start(&Opts::vllm()).await;
     let mut c = w.client().await;

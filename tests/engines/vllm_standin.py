@@ -45,6 +45,8 @@ Behaviour switched by environment variables:
   its head, with nothing in between (a long prompt's prefill).
 - STANDIN_IGNORE_SIGTERM=1: SIGTERM is logged and ignored.
 - STANDIN_PRINT_ENV=A,B: print `standin env A=value` for each at start.
+- VLLM_API_KEY=K: as vLLM, every /v1 request needs `Authorization: Bearer K`
+  (401 otherwise).
 """
 
 import ctypes
@@ -181,8 +183,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def unauthorized(self):
+        """vLLM's API key check (`--api-key` or VLLM_API_KEY): every /v1
+        path needs `Authorization: Bearer <key>`, else 401; /health,
+        /metrics and /version stay open."""
+        key = os.environ.get("VLLM_API_KEY")
+        if not key or not self.path.startswith("/v1"):
+            return False
+        if self.headers.get("authorization") == f"Bearer {key}":
+            return False
+        self.send_json(401, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self):
         s = STATE
+        if self.unauthorized():
+            return
         if self.path == "/health":
             self.send_response(200)
             self.send_header("content-length", "0")
@@ -222,6 +238,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_json(404, {"detail": "Not Found"})
 
     def do_POST(self):
+        if self.unauthorized():
+            return
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             self.send_json(404, {"detail": "Not Found"})
             return
