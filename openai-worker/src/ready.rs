@@ -61,12 +61,21 @@ impl Probe {
                 "the engine did not say its context length; Info reports 0"
             );
         }
+        // vLLM describes its KV cache in its metrics; llama-server does not.
+        let kv_cache = match self.kind {
+            EngineKind::Vllm => self
+                .read("/metrics")
+                .await
+                .and_then(|m| crate::metrics::vllm_kv_cache(&m)),
+            EngineKind::LlamaServer => None,
+        };
         Some(Loaded {
             model: model.id,
             context_length: context.unwrap_or(0),
             parameters: model.parameters.unwrap_or(0),
             engine_version: version,
             load_time: self.started.elapsed(),
+            kv_cache,
         })
     }
 

@@ -159,7 +159,7 @@ impl Engine for EngineService {
                 .iter()
                 .map(|p| p.to_string())
                 .collect(),
-            kv_cache: None,
+            kv_cache: loaded.kv_cache.clone(),
         }))
     }
 
@@ -178,9 +178,9 @@ impl Engine for EngineService {
                 .load(std::sync::atomic::Ordering::Acquire),
             progress: Some(self.progress()),
             prefill_tokens: self.status.prefill_tokens(),
-            // The engine's KV blocks are its own business (vLLM's are in
-            // its metrics).
-            kv_blocks_in_use: 0,
+            // vLLM's share of blocks in use, from its metrics; it does not
+            // export the blocks only its prefix cache holds.
+            kv_blocks_in_use: self.status.kv_blocks_in_use(),
             kv_blocks_cached: 0,
         }))
     }

@@ -37,6 +37,8 @@ pub struct Loaded {
     pub engine_version: Option<String>,
     /// From spawn to ready.
     pub load_time: Duration,
+    /// The engine's KV cache, when it says (vLLM's `cache_config_info`).
+    pub kv_cache: Option<tt_serving_proto::v1::KvCacheInfo>,
 }
 
 /// The engine's load as `/metrics` showed it.
@@ -44,6 +46,10 @@ pub struct Loaded {
 struct LoadCache {
     /// Running and waiting requests; `None` when the metrics lacked them.
     counts: Option<(u32, u32)>,
+    /// The share of KV blocks in use (vLLM's `vllm:kv_cache_usage_perc`:
+    /// blocks held by running requests; blocks only its prefix cache keeps
+    /// count as free there).
+    kv_usage: Option<f64>,
     /// When they were read.
     at: Option<Instant>,
     /// A read is under way.
@@ -260,8 +266,10 @@ impl Status {
 
     async fn refresh_load(&self, port: u16, kind: EngineKind) {
         let (running, waiting) = kind.load_gauges();
+        let mut kv_usage = None;
         let counts = match http::get(port, "/metrics", Duration::from_secs(2)).await {
             Ok((code, text)) if code.is_success() => {
+                kv_usage = metrics::gauge(&text, "vllm:kv_cache_usage_perc");
                 match (
                     metrics::count(&text, running),
                     metrics::count(&text, waiting),
@@ -286,6 +294,26 @@ impl Status {
         cache.refreshing = false;
         cache.at = Some(Instant::now());
         cache.counts = counts;
+        cache.kv_usage = kv_usage;
+    }
+
+    /// KV blocks in use by running requests, from the engine's last fresh
+    /// metrics and its KV cache size; 0 when it does not say.
+    pub fn kv_blocks_in_use(&self) -> u32 {
+        let Some(total) = self
+            .loaded()
+            .and_then(|l| l.kv_cache.as_ref())
+            .map(|k| k.blocks_total)
+        else {
+            return 0;
+        };
+        let cache = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        match (cache.kv_usage, cache.at.map(|at| at.elapsed())) {
+            (Some(share), Some(age)) if age < LOAD_STALE => {
+                (share.clamp(0.0, 1.0) * f64::from(total)).round() as u32
+            }
+            _ => 0,
+        }
     }
 
     fn warn_metrics(&self, what: String) {
