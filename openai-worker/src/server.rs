@@ -159,7 +159,7 @@ impl Engine for EngineService {
                 .iter()
                 .map(|p| p.to_string())
                 .collect(),
-            kv_cache: loaded.kv_cache.clone(),
+            kv_cache: loaded.kv_cache,
         }))
     }
 
