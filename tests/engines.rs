@@ -605,7 +605,7 @@ fn vllm() -> Option<(PathBuf, PathBuf)> {
 /// tt-worker-openai; `env` and `extra` lines go into the model's table.
 fn vllm_table(python: &Path, model: &Path, env: &str, extra: &str) -> String {
     let worker = format!(
-        "worker = [\"{}\", \"--engine\", \"vllm\", \"--\", \"{}\", \"-m\", \"vllm.entrypoints.openai.api_server\", \"--model\", \"{{checkpoint}}\", \"--host\", \"127.0.0.1\", \"--port\", \"{{port}}\", \"--enforce-eager\", \"--max-model-len\", \"2048\"]\n",
+        "worker = [\"{}\", \"--engine\", \"vllm\", \"--\", \"{}\", \"-m\", \"vllm.entrypoints.openai.api_server\", \"--model\", \"{{checkpoint}}\", \"--host\", \"127.0.0.1\", \"--port\", \"{{port}}\", \"--enforce-eager\", \"--max-model-len\", \"2048\", \"--enable-prompt-tokens-details\"]\n",
         bin("tt-worker-openai").display(),
         python.display()
     );
@@ -735,6 +735,21 @@ fn the_real_vllm_serves_through_the_daemon_cancels_and_its_deaths_are_named() {
         "{answer:?}"
     );
     assert!(usage.prompt_tokens > 0);
+
+    // vLLM's prefix cache: the same long prompt again reuses its blocks
+    // (128 tokens each here), which usage reports (vLLM fills
+    // prompt_tokens_details only with --enable-prompt-tokens-details).
+    let long = "The history of the sea is long and ".repeat(40);
+    let address = daemon.inference_address();
+    rt.block_on(generate(&address, "v", &long, 2))
+        .expect("a long prompt");
+    let again = rt
+        .block_on(generate(&address, "v", &long, 2))
+        .expect("the same long prompt");
+    let cached = again.last.timings.map_or(0, |t| t.cached_prompt_tokens);
+    let prompt = again.last.usage.map_or(0, |u| u.prompt_tokens);
+    eprintln!("the repeated prompt: {prompt} tokens, {cached} from vLLM's prefix cache");
+    assert!(cached >= 128, "{:?}", again.last);
 
     // The OpenAI door, streamed: SSE chunks and a final [DONE].
     let openai = daemon.status()["daemon"]["openai_address"]
