@@ -25,6 +25,10 @@ in
       checkpoint = "/srv/models/Qwen3-32B";
       worker = [
         "${serving.package}/bin/tt-worker-openai"
+        # The TT preset: HF_MODEL, --block-size 64, --max-num-batched-tokens
+        # = --max-model-len, no tensor-parallel option, a 60 s stop grace.
+        "--engine"
+        "vllm-tt"
         "--"
         "/opt/tt-vllm/bin/vllm"
         "serve"
@@ -48,7 +52,8 @@ in
         expect = "Paris";
       };
       restart = {
-        stop_timeout_secs = 60;
+        # Above the worker's 60 s stop grace for a TT mesh close.
+        stop_timeout_secs = 75;
         # Prefill on 2x P150a runs ~1,800 tokens/s; allow for far slower.
         min_prefill_tokens_per_sec = 200;
       };

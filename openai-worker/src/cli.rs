@@ -25,6 +25,17 @@ pub enum EngineKind {
     /// context from `/props` `n_ctx`, load from `llamacpp:requests_processing`
     /// and `llamacpp:requests_deferred` (start it with `--metrics`).
     LlamaServer,
+    /// vLLM with the Tenstorrent plugin (tenstorrent/vllm, tt_transformers),
+    /// run as tt-inference-server runs it: vLLM's HTTP behaviour, plus
+    /// `HF_MODEL` set to the checkpoint (tt_transformers refuses to start
+    /// without it), `--block-size 64` and `--max-num-batched-tokens` equal
+    /// to `--max-model-len` unless given (the TT platform turns chunked
+    /// prefill off), no `--tensor-parallel-size` above 1 (the TT backend
+    /// refuses distributed execution: the mesh comes from MESH_DEVICE), and
+    /// a 60 s stop grace by default (a mesh close cut short leaves the next
+    /// start failing until a reset: tt-inference-server issue 4923).
+    #[value(name = "vllm-tt")]
+    VllmTt,
 }
 
 impl EngineKind {
@@ -32,7 +43,25 @@ impl EngineKind {
     pub fn name(self) -> &'static str {
         match self {
             EngineKind::Vllm => "vllm",
+            EngineKind::VllmTt => "vllm-tt",
             EngineKind::LlamaServer => "llama-server",
+        }
+    }
+
+    /// vLLM's HTTP server, with or without the Tenstorrent plugin.
+    pub fn is_vllm(self) -> bool {
+        matches!(self, EngineKind::Vllm | EngineKind::VllmTt)
+    }
+
+    /// Seconds the engine gets from SIGTERM to exit before SIGKILL, unless
+    /// `--stop-timeout-secs` says.
+    pub fn default_stop_timeout_secs(self) -> u64 {
+        match self {
+            // Closing a TT mesh takes time; a 10 s `docker stop` that
+            // SIGKILLed mid-teardown left the next start failing with
+            // "active ethernet core" (tt-inference-server issue 4923).
+            EngineKind::VllmTt => 60,
+            EngineKind::Vllm | EngineKind::LlamaServer => 15,
         }
     }
 
@@ -44,7 +73,7 @@ impl EngineKind {
     /// The request field that asks the engine for token ids.
     pub fn default_token_ids_field(self) -> &'static str {
         match self {
-            EngineKind::Vllm => "return_token_ids",
+            EngineKind::Vllm | EngineKind::VllmTt => "return_token_ids",
             EngineKind::LlamaServer => "return_tokens",
         }
     }
@@ -59,7 +88,7 @@ impl EngineKind {
     pub fn supported_parameters(self) -> &'static [&'static str] {
         use tt_serving_proto::parameters::*;
         match self {
-            EngineKind::Vllm => &[
+            EngineKind::Vllm | EngineKind::VllmTt => &[
                 PRESENCE_PENALTY,
                 FREQUENCY_PENALTY,
                 REPETITION_PENALTY,
@@ -74,7 +103,9 @@ impl EngineKind {
     /// The Prometheus gauges of running and waiting requests.
     pub fn load_gauges(self) -> (&'static str, &'static str) {
         match self {
-            EngineKind::Vllm => ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+            EngineKind::Vllm | EngineKind::VllmTt => {
+                ("vllm:num_requests_running", "vllm:num_requests_waiting")
+            }
             EngineKind::LlamaServer => {
                 ("llamacpp:requests_processing", "llamacpp:requests_deferred")
             }
@@ -128,10 +159,11 @@ pub struct Cli {
     #[arg(long, value_name = "SECS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
     pub ready_timeout_secs: u64,
     /// Seconds the engine may take to exit after SIGTERM before its process
-    /// group gets SIGKILL (the worker then exits 1: its cards need a reset).
-    /// Keep it below the model's `restart.stop_timeout_secs`.
-    #[arg(long, value_name = "SECS", default_value_t = 15)]
-    pub stop_timeout_secs: u64,
+    /// group gets SIGKILL (the worker then exits 1: its cards need a reset)
+    /// [default: 15; vllm-tt 60]. Keep it below the model's
+    /// `restart.stop_timeout_secs`.
+    #[arg(long, value_name = "SECS")]
+    pub stop_timeout_secs: Option<u64>,
     /// Seconds in-flight requests may finish after SIGTERM before they are
     /// cancelled (a Shutdown call brings its own drain timeout).
     #[arg(long, value_name = "SECS", default_value_t = 5)]
@@ -302,12 +334,20 @@ impl Cli {
                 self.engine_argv
             )));
         }
+        let engine_argv = if self.engine == EngineKind::VllmTt {
+            tt_engine_argv(self.engine_argv, self.tp)?
+        } else {
+            self.engine_argv
+        };
         Ok(Settings {
             kind: self.engine,
             health_path,
             token_ids_field,
             ready_timeout: Duration::from_secs(self.ready_timeout_secs),
-            stop_timeout: Duration::from_secs(self.stop_timeout_secs),
+            stop_timeout: Duration::from_secs(
+                self.stop_timeout_secs
+                    .unwrap_or_else(|| self.engine.default_stop_timeout_secs()),
+            ),
             sigterm_drain: Duration::from_secs(self.sigterm_drain_secs),
             default_max_tokens: self.default_max_tokens,
             container,
@@ -323,9 +363,45 @@ impl Cli {
                 .ok_or_else(|| missing("TT_CACHE_DIR (--cache-dir)"))?,
             cache_mode,
             bdfs,
-            engine_argv: self.engine_argv,
+            engine_argv,
         })
     }
+}
+
+/// The value of an engine option given as `--name V` or `--name=V`.
+fn option_value<'a>(argv: &'a [String], names: &[&str]) -> Option<&'a str> {
+    argv.iter().enumerate().find_map(|(i, a)| {
+        names.iter().find_map(|n| {
+            if a == n {
+                argv.get(i + 1).map(String::as_str)
+            } else {
+                a.strip_prefix(n).and_then(|r| r.strip_prefix('='))
+            }
+        })
+    })
+}
+
+/// vLLM-TT's command line: refused with a tensor-parallel size above 1,
+/// and given the scheduler settings tt-inference-server passes unless the
+/// operator chose them.
+fn tt_engine_argv(mut argv: Vec<String>, tp: u32) -> Result<Vec<String>, UsageError> {
+    if let Some(v) = option_value(&argv, &["--tensor-parallel-size", "-tp"]) {
+        let size = v.replace("{tp}", &tp.to_string());
+        if size != "1" {
+            return Err(UsageError(format!(
+                "--engine vllm-tt: the engine command sets --tensor-parallel-size {v} (= {size}); vLLM's TT backend refuses it above 1 (\"TT backend does not support distributed execution\"): the mesh comes from MESH_DEVICE, which the daemon sets. Remove the option"
+            )));
+        }
+    }
+    if option_value(&argv, &["--block-size"]).is_none() {
+        argv.extend(["--block-size".to_string(), "64".to_string()]);
+    }
+    if option_value(&argv, &["--max-num-batched-tokens"]).is_none() {
+        if let Some(len) = option_value(&argv, &["--max-model-len"]).map(String::from) {
+            argv.extend(["--max-num-batched-tokens".to_string(), len]);
+        }
+    }
+    Ok(argv)
 }
 
 impl Settings {
@@ -393,6 +469,39 @@ mod tests {
         "--visible-devices",
         "0000:01:00.0,0000:02:00.0",
     ];
+
+    #[test]
+    fn vllm_tt_refuses_tensor_parallelism_and_adds_the_tt_scheduler_settings() {
+        let tt = |extra: &[&'static str]| {
+            let mut args = vec!["--engine", "vllm-tt"];
+            args.extend(with_contract(&[
+                "--", "python", "-m", "api", "--port", "{port}",
+            ]));
+            args.extend_from_slice(extra);
+            cli(&args)
+        };
+        // The contract's TP is 2: `{tp}` would ask vLLM for 2.
+        for bad in [
+            &["--tensor-parallel-size", "{tp}"][..],
+            &["-tp", "2"],
+            &["--tensor-parallel-size=2"],
+        ] {
+            let e = tt(bad).unwrap_err();
+            assert!(e.contains("MESH_DEVICE") && e.contains("vllm-tt"), "{e}");
+        }
+        let s = tt(&["--max-model-len", "32768"]).unwrap();
+        let argv = s.engine_command(8000);
+        assert_eq!(
+            &argv[argv.len() - 4..],
+            ["--block-size", "64", "--max-num-batched-tokens", "32768"]
+        );
+        assert_eq!(s.stop_timeout, Duration::from_secs(60));
+        // The operator's own choices stand.
+        let s = tt(&["--block-size", "32", "--max-num-batched-tokens=4096"]).unwrap();
+        assert!(!s.engine_command(1).iter().any(|a| a == "64"));
+        let s = tt(&["--tensor-parallel-size", "1"]).unwrap();
+        assert_eq!(s.kind, EngineKind::VllmTt);
+    }
 
     fn with_contract(extra: &[&'static str]) -> Vec<&'static str> {
         let mut v = CONTRACT.to_vec();

@@ -43,7 +43,7 @@ impl Probe {
         }
         let model = openai::first_model(&body)?;
         let (context, version) = match self.kind {
-            EngineKind::Vllm => {
+            EngineKind::Vllm | EngineKind::VllmTt => {
                 let version = self
                     .read("/version")
                     .await
@@ -63,7 +63,7 @@ impl Probe {
         }
         // vLLM describes its KV cache in its metrics; llama-server does not.
         let kv_cache = match self.kind {
-            EngineKind::Vllm => self
+            EngineKind::Vllm | EngineKind::VllmTt => self
                 .read("/metrics")
                 .await
                 .and_then(|m| crate::metrics::vllm_kv_cache(&m)),

@@ -119,6 +119,11 @@ fn engine_env(s: &Settings) -> Result<Vec<(String, String)>, Failure> {
         // why).
         ("TT_METAL_CACHE".to_string(), kernels.display().to_string()),
     ];
+    if s.kind == cli::EngineKind::VllmTt && std::env::var_os("HF_MODEL").is_none() {
+        // tt_transformers refuses to start without it (tt-inference-server
+        // sets it to the model it serves).
+        env.push(("HF_MODEL".to_string(), s.checkpoint.clone()));
+    }
     if s.cache_mode == CacheMode::Cold {
         // A cold start rebuilds the tensor cache from the checkpoint instead
         // of trusting whatever files are there.
