@@ -236,7 +236,14 @@ pub struct Worker {
     enclosure: Enclosure,
     /// How it ended, once it did and its slot was swept.
     exit: Option<Exit>,
+    /// The tasks reading its stdout and stderr: its last line (the cause
+    /// of its failure, as a worker prints it on exit) may still be in the
+    /// pipe when the exit is seen.
+    captures: Vec<tokio::task::JoinHandle<()>>,
 }
+
+/// How long the output of an exited worker may take to be read to its end.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
 
 /// Why a worker could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -355,23 +362,24 @@ impl Worker {
         let pid = child.id().unwrap_or(0);
         enclosure.started(pid);
         let engaged = Arc::new(Mutex::new(BTreeSet::new()));
+        let mut captures = Vec::new();
         if let Some(out) = child.stdout.take() {
-            tokio::spawn(capture(
+            captures.push(tokio::spawn(capture(
                 out,
                 Stream::Stdout,
                 spec.slot.clone(),
                 logs.clone(),
                 engaged.clone(),
-            ));
+            )));
         }
         if let Some(err) = child.stderr.take() {
-            tokio::spawn(capture(
+            captures.push(tokio::spawn(capture(
                 err,
                 Stream::Stderr,
                 spec.slot.clone(),
                 logs.clone(),
                 engaged.clone(),
-            ));
+            )));
         }
         tracing::info!(slot = %spec.slot, pid, command = %spec.command.join(" "), "worker started");
         Ok(Worker {
@@ -383,6 +391,7 @@ impl Worker {
             stop_requested: false,
             enclosure,
             exit: None,
+            captures,
         })
     }
 
@@ -428,6 +437,12 @@ impl Worker {
         let oom = self.enclosure.oom_evidence();
         let memory_peak = self.enclosure.memory().peak;
         let leftovers = self.enclosure.sweep().await;
+        // With everything in the slot gone, the pipes close: read them to
+        // the end, so the failure reasons built from the last lines see the
+        // worker's own last word. Bounded: a process outside the slot may
+        // still hold a pipe.
+        let drain = futures_join_all(std::mem::take(&mut self.captures));
+        let _ = tokio::time::timeout(OUTPUT_DRAIN, drain).await;
         let exit = Exit {
             cause,
             oom,
@@ -494,6 +509,13 @@ impl Drop for Worker {
         if self.exit.is_none() {
             self.enclosure.kill();
         }
+    }
+}
+
+/// Wait for every task, whatever each returns.
+async fn futures_join_all(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for task in tasks {
+        let _ = task.await;
     }
 }
 
