@@ -270,6 +270,12 @@ impl Engine {
     /// died and left children behind (vLLM's EngineCore, say).
     pub async fn kill(&self) {
         self.signal(Signal::SIGKILL);
+        self.kill_wait().await;
+    }
+
+    /// The bounded wait after a SIGKILL to the group, then the container's
+    /// removal.
+    async fn kill_wait(&self) {
         if tokio::time::timeout(STRAGGLER_GRACE, self.gone())
             .await
             .is_err()
@@ -296,16 +302,7 @@ impl Engine {
             // Not through `signal`: the main process already died, and
             // what killed it is judged by whether the worker signalled it.
             let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
-            if tokio::time::timeout(STRAGGLER_GRACE, self.gone())
-                .await
-                .is_err()
-            {
-                tracing::error!(
-                    pgid = self.pid,
-                    "processes of the engine's group survive SIGKILL (stuck in the kernel?)"
-                );
-            }
-            self.remove_container().await;
+            self.kill_wait().await;
         } else {
             self.remove_container().await;
         }
