@@ -368,8 +368,8 @@ fn llama_table(server: &Path, model: &Path) -> String {
     )
 }
 
-/// The engine's own `/metrics` gauge, read at its port.
-fn llama_processing(port: u16) -> Option<f64> {
+/// A gauge from an engine's own `/metrics`, read at its port.
+fn engine_gauge(port: u16, name: &str) -> Option<f64> {
     let out = Command::new("curl")
         .args(["-s", "--max-time", "5"])
         .arg(format!("http://127.0.0.1:{port}/metrics"))
@@ -377,29 +377,46 @@ fn llama_processing(port: u16) -> Option<f64> {
         .ok()?;
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .find(|l| l.starts_with("llamacpp:requests_processing"))
+        .find(|l| l.starts_with(name))
         .and_then(|l| l.split_whitespace().last()?.parse().ok())
+}
+
+/// llama-server's `requests_processing` gauge.
+fn llama_processing(port: u16) -> Option<f64> {
+    engine_gauge(port, "llamacpp:requests_processing")
+}
+
+/// The first process under a worker (not the worker itself, whose own
+/// arguments hold the engine's command line) whose command line
+/// `is_engine` accepts, and its `--port`.
+fn engine_process(worker: i32, is_engine: impl Fn(&[String]) -> bool) -> Option<(i32, u16)> {
+    tree(worker)
+        .into_iter()
+        .filter(|p| *p != worker)
+        .find_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).to_string())
+                .collect();
+            is_engine(&args).then(|| {
+                let port = args
+                    .iter()
+                    .position(|a| a == "--port")
+                    .and_then(|i| args.get(i + 1))
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(0);
+                (pid, port)
+            })
+        })
 }
 
 /// The llama-server under a worker, and its `--port`.
 fn llama_process(worker: i32) -> (i32, u16) {
-    for pid in tree(worker) {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let args: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).to_string())
-            .collect();
-        if args.first().is_some_and(|a| a.ends_with("llama-server")) {
-            let port = args
-                .iter()
-                .position(|a| a == "--port")
-                .and_then(|i| args.get(i + 1))
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0);
-            return (pid, port);
-        }
-    }
-    panic!("no llama-server under worker {worker}: {:?}", tree(worker));
+    engine_process(worker, |args| {
+        args.first().is_some_and(|a| a.ends_with("llama-server"))
+    })
+    .unwrap_or_else(|| panic!("no llama-server under worker {worker}: {:?}", tree(worker)))
 }
 
 #[test]
@@ -642,42 +659,17 @@ fn wait_ready(daemon: &Daemon, slot: &str) -> serde_json::Value {
 
 /// vLLM's `vllm:num_requests_running`, read at its own port.
 fn vllm_running(port: u16) -> Option<f64> {
-    let out = Command::new("curl")
-        .args(["-s", "--max-time", "5"])
-        .arg(format!("http://127.0.0.1:{port}/metrics"))
-        .output()
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find(|l| l.starts_with("vllm:num_requests_running"))
-        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+    engine_gauge(port, "vllm:num_requests_running")
 }
 
 /// The vLLM API server under a worker, its `--port`, and its EngineCore.
 fn vllm_processes(worker: i32) -> (i32, u16, i32) {
     let procs = tree(worker);
-    let mut server = None;
-    for pid in &procs {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let args: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).to_string())
-            .collect();
-        if args
-            .iter()
+    let (server, port) = engine_process(worker, |args| {
+        args.iter()
             .any(|a| a == "vllm.entrypoints.openai.api_server")
-        {
-            let port = args
-                .iter()
-                .position(|a| a == "--port")
-                .and_then(|i| args.get(i + 1))
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0);
-            server = Some((*pid, port));
-        }
-    }
-    let (server, port) =
-        server.unwrap_or_else(|| panic!("no vLLM API server under {worker}: {procs:?}"));
+    })
+    .unwrap_or_else(|| panic!("no vLLM API server under {worker}: {procs:?}"));
     let core = *procs
         .iter()
         .find(|p| comm(**p).starts_with("VLLM::EngineCor"))
@@ -769,7 +761,8 @@ fn the_real_vllm_serves_through_the_daemon_cancels_and_its_deaths_are_named() {
     // Cancellation: a client that leaves mid-stream ends the request in
     // vLLM itself (its own num_requests_running gauge).
     let worker = worker_pid(&daemon, "v");
-    let (_server, port, core) = vllm_processes(worker);
+    let (server, port, core) = vllm_processes(worker);
+    eprintln!("vLLM API server pid {server} on port {port}, EngineCore pid {core}");
     let mut client = Command::new("curl")
         .args(["-sS", "-N", "--max-time", "300", "-H", "Content-Type: application/json", "-d"])
         .arg(r#"{"model":"v","prompt":"Tell me a very long story about the sea.","max_tokens":1500,"temperature":0,"stream":true,"ignore_eos":true}"#)
