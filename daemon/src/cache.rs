@@ -74,6 +74,40 @@ pub enum CacheState {
 
 pub use tt_serving_proto::CacheMode;
 
+/// The files an engine declares it writes into the cache dir at every
+/// start that are not weights (Engine.Info `runtime_cache_files`): a cold
+/// start leaves them out of the marker, a warm start that writes them
+/// passes the guard. tt_transformers names its paged-attention KV buffers
+/// by the scheduler's shape, which is not in the variant key, so a tuned
+/// `--max-num-seqs` writes a new one on a warm start of healthy weights.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeFiles {
+    patterns: Vec<String>,
+}
+
+impl RuntimeFiles {
+    /// Check the engine's declaration: every pattern must name a file. A
+    /// pattern of only `*` and `/` would switch the guard off.
+    pub fn new(patterns: Vec<String>) -> Result<Self, String> {
+        if let Some(p) = patterns
+            .iter()
+            .find(|p| p.chars().all(|c| c == '*' || c == '/'))
+        {
+            return Err(format!(
+                "the worker declares runtime_cache_files pattern {p:?}, which matches every file and would switch the warm-start guard off; a pattern must name the engine's runtime files (e.g. \"*empty_kcache_paged_attention*\")"
+            ));
+        }
+        Ok(RuntimeFiles { patterns })
+    }
+
+    /// Whether `rel` (a path relative to the variant dir) is one of them.
+    pub fn matches(&self, rel: &str) -> bool {
+        self.patterns
+            .iter()
+            .any(|p| crate::worker::banners::glob_match(p, rel))
+    }
+}
+
 /// The lock that serialises cold builds of one variant, held for the
 /// whole cold start; dropping it lets a waiting replica start warm.
 #[derive(Debug)]
@@ -352,9 +386,11 @@ impl Variant {
     }
 
     /// After a cold start passed readiness: list every file with its size in
-    /// the marker, written atomically.
-    pub fn write_marker(&self) -> io::Result<Marker> {
-        let files = list_files(&self.dir)?;
+    /// the marker, written atomically. The engine's runtime files are not
+    /// part of the variant: a warm start does not need them.
+    pub fn write_marker(&self, runtime: &RuntimeFiles) -> io::Result<Marker> {
+        let mut files = list_files(&self.dir)?;
+        files.retain(|name, _| !runtime.matches(name));
         let arms = match &self.arm {
             None => Vec::new(),
             Some(arm) => {
@@ -401,11 +437,15 @@ impl Variant {
 
     /// After a warm start: find files the marker does not list (links
     /// included: a link is removed, never followed), delete them, and
-    /// return their names (empty means the guard passed).
-    pub fn guard(&self) -> io::Result<Vec<String>> {
+    /// return their names (empty means the guard passed). The engine's
+    /// declared runtime files are expected; a link is never one of them.
+    pub fn guard(&self, runtime: &RuntimeFiles) -> io::Result<Vec<String>> {
         let marker = read_marker(&self.dir)?;
         let mut unexpected = Vec::new();
-        let mut found = list_files(&self.dir)?.into_keys().collect::<Vec<_>>();
+        let mut found = list_files(&self.dir)?
+            .into_keys()
+            .filter(|name| !runtime.matches(name))
+            .collect::<Vec<_>>();
         found.extend(list_links(&self.dir)?);
         for name in found {
             if !marker.files.contains_key(&name) {
@@ -648,7 +688,7 @@ mod tests {
             assert_eq!(v.state(), CacheState::Cold, "{:?} before its build", v.arm);
             v.prepare_cold().unwrap();
             fs::write(v.dir.join(file), b"tensor").unwrap();
-            v.write_marker().unwrap();
+            v.write_marker(&RuntimeFiles::default()).unwrap();
         };
         build(&a, "w_dtype_BFLOAT16_layout_TILE.tensorbin");
         assert!(matches!(a.state(), CacheState::Warm { .. }));
@@ -664,7 +704,7 @@ mod tests {
         assert!(matches!(b.state(), CacheState::Warm { files: 2, .. }));
         assert_eq!(built_arms(&a.dir), ["BFP8=0", "BFP8=1"]);
         // A warm start of either generates nothing: the guard passes.
-        assert!(a.guard().unwrap().is_empty());
+        assert!(a.guard(&RuntimeFiles::default()).unwrap().is_empty());
 
         // An engine whose names do not carry the dtype: C's build rewrites
         // A's and B's file, so they are forgotten.
@@ -675,7 +715,7 @@ mod tests {
             b"other tensor",
         )
         .unwrap();
-        c.write_marker().unwrap();
+        c.write_marker(&RuntimeFiles::default()).unwrap();
         assert_eq!(built_arms(&c.dir), ["BFP8=2"]);
         assert_eq!(a.state(), CacheState::Cold);
     }
@@ -693,7 +733,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(v.state(), CacheState::Cold, "no marker yet");
-        v.write_marker().unwrap();
+        v.write_marker(&RuntimeFiles::default()).unwrap();
         assert_eq!(v.state(), CacheState::Warm { files: 1, bytes: 4 });
         fs::write(
             v.dir.join("rank0/w_dtype_BFLOAT8_B_layout_TILE.tensorbin"),
@@ -711,12 +751,69 @@ mod tests {
         let v = Variant::for_model(dir.path(), "m", &model(dir.path(), &[], &[]), &[]);
         v.prepare_cold().unwrap();
         fs::write(v.dir.join("a.tensorbin"), b"1").unwrap();
-        v.write_marker().unwrap();
-        assert!(v.guard().unwrap().is_empty());
+        v.write_marker(&RuntimeFiles::default()).unwrap();
+        assert!(v.guard(&RuntimeFiles::default()).unwrap().is_empty());
         fs::write(v.dir.join("b.tensorbin"), b"placeholder").unwrap();
-        assert_eq!(v.guard().unwrap(), vec!["b.tensorbin".to_string()]);
+        assert_eq!(
+            v.guard(&RuntimeFiles::default()).unwrap(),
+            vec!["b.tensorbin".to_string()]
+        );
         assert!(!v.dir.join("b.tensorbin").exists());
         assert!(v.dir.join("a.tensorbin").exists());
+    }
+
+    #[test]
+    fn an_engines_runtime_files_are_not_weights_but_a_new_weights_file_still_fails_the_guard() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime =
+            RuntimeFiles::new(vec!["weights/*empty_*cache_paged_attention*".into()]).unwrap();
+        let v = Variant::for_model(dir.path(), "m", &model(dir.path(), &[], &[]), &[]);
+        v.prepare_cold().unwrap();
+        fs::create_dir_all(v.dir.join("weights/P150")).unwrap();
+        fs::write(v.dir.join("weights/P150/layers.0.wq.tensorbin"), b"1").unwrap();
+        let kv32 = "weights/P150/empty_kcache_paged_attention1024_1_8_64_128.tensorbin";
+        fs::write(v.dir.join(kv32), b"kv").unwrap();
+        let marker = v.write_marker(&runtime).unwrap();
+        assert_eq!(
+            marker.files.keys().collect::<Vec<_>>(),
+            vec!["weights/P150/layers.0.wq.tensorbin"],
+            "the cold start's KV buffers are not part of the variant"
+        );
+        // Deleting them leaves the variant warm.
+        fs::remove_file(v.dir.join(kv32)).unwrap();
+        assert!(matches!(v.state(), CacheState::Warm { files: 1, .. }));
+        // A warm start with another scheduler shape writes new ones: fine.
+        let kv64 = "weights/P150/empty_vcache_paged_attention2048_1_8_64_128.tensorbin";
+        fs::write(v.dir.join(kv64), b"kv").unwrap();
+        assert!(v.guard(&runtime).unwrap().is_empty());
+        assert!(v.dir.join(kv64).exists(), "kept for the engine");
+        // A weights file is still a placeholder the engine generated.
+        fs::write(v.dir.join("weights/P150/layers.1.wq.tensorbin"), b"0").unwrap();
+        assert_eq!(
+            v.guard(&runtime).unwrap(),
+            vec!["weights/P150/layers.1.wq.tensorbin".to_string()]
+        );
+        // So is a link, whatever its name.
+        std::os::unix::fs::symlink(
+            dir.path(),
+            v.dir.join("weights/empty_kcache_paged_attention_link"),
+        )
+        .unwrap();
+        assert_eq!(
+            v.guard(&runtime).unwrap(),
+            vec!["weights/empty_kcache_paged_attention_link".to_string()]
+        );
+    }
+
+    #[test]
+    fn a_runtime_file_pattern_that_matches_everything_is_refused() {
+        for p in ["*", "**", "*/*", ""] {
+            let e = RuntimeFiles::new(vec!["ok_kv*".into(), p.into()]).unwrap_err();
+            assert!(
+                e.contains("guard off") && e.contains(&format!("{p:?}")),
+                "{e}"
+            );
+        }
     }
 
     #[test]
@@ -730,12 +827,15 @@ mod tests {
         // A link where the marker's temp file goes: replaced, not followed.
         let tmp_name = format!(".{MARKER}.tmp.{}.0", std::process::id());
         std::os::unix::fs::symlink(&precious, v.dir.join(&tmp_name)).unwrap();
-        v.write_marker().unwrap();
+        v.write_marker(&RuntimeFiles::default()).unwrap();
         assert_eq!(fs::read(&precious).unwrap(), b"keep");
         fs::remove_file(v.dir.join(&tmp_name)).unwrap();
         // A link a warm start left behind is unexpected: removed, target kept.
         std::os::unix::fs::symlink(&precious, v.dir.join("b.tensorbin")).unwrap();
-        assert_eq!(v.guard().unwrap(), vec!["b.tensorbin".to_string()]);
+        assert_eq!(
+            v.guard(&RuntimeFiles::default()).unwrap(),
+            vec!["b.tensorbin".to_string()]
+        );
         assert!(fs::symlink_metadata(v.dir.join("b.tensorbin")).is_err());
         assert_eq!(fs::read(&precious).unwrap(), b"keep");
         // A link at the variant's own path is removed by a cold start.

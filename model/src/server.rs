@@ -409,6 +409,8 @@ impl Engine for EngineService {
                 blocks_total: l.kv.blocks,
                 prefix_cache: l.kv.prefix_cache,
             }),
+            // Every file tt-worker writes is a weights file.
+            runtime_cache_files: Vec::new(),
         }))
     }
 

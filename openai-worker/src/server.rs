@@ -160,6 +160,13 @@ impl Engine for EngineService {
                 .map(|p| p.to_string())
                 .collect(),
             kv_cache: loaded.kv_cache,
+            runtime_cache_files: self
+                .identity
+                .kind
+                .runtime_cache_files()
+                .iter()
+                .map(|p| p.to_string())
+                .collect(),
         }))
     }
 

@@ -7,7 +7,8 @@
 //! 2. [`spawn`]: the dirty-card record, then the worker process.
 //! 3. [`wait_loaded`]: `Info` until READY, its progress shown as the
 //!    slot's reason, within `readiness.deadline_secs`.
-//! 4. [`verify`]: the readiness ping, `readiness.expect`, the banner rule.
+//! 4. [`verify`]: the readiness ping, `readiness.expect`, the banner rule;
+//!    then [`warm_up`]: one generation per `readiness.warmup_prompt_tokens`.
 //! 5. [`seal_cache`]: a cold start writes the marker; a warm start runs the
 //!    guard.
 //!
@@ -19,8 +20,8 @@ use super::supervisor::{
     drain_and_stop, fail_after_stop, log_tail, stop_worker, Outcome, SlotPlan,
 };
 use super::{EngineFacts, KvMemory, SlotCommand, SlotManager, SlotState};
-use crate::cache::{BuildLock, CacheMode, Variant};
-use crate::config::ModelConfig;
+use crate::cache::{BuildLock, CacheMode, RuntimeFiles, Variant};
+use crate::config::{ModelConfig, VisibleDevices};
 use crate::worker::{Worker, WorkerSpec};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -90,7 +91,8 @@ async fn start(
     let deadline = started + Duration::from_secs(plan.m.readiness.deadline_secs);
     let mut worker = spawn(mgr, plan, &prepared)?;
     let mode = prepared.mode.as_str();
-    let mut engine = wait_loaded(mgr, plan, mode, &mut worker, commands, deadline).await?;
+    let (mut engine, runtime_files) =
+        wait_loaded(mgr, plan, mode, &mut worker, commands, deadline).await?;
     verify(
         mgr,
         plan,
@@ -100,7 +102,17 @@ async fn start(
         deadline,
     )
     .await?;
-    seal_cache(mgr, plan, &prepared, &mut worker, &mut engine, started).await?;
+    warm_up(mgr, plan, &mut worker, &mut engine, deadline).await?;
+    seal_cache(
+        mgr,
+        plan,
+        &prepared,
+        &runtime_files,
+        &mut worker,
+        &mut engine,
+        started,
+    )
+    .await?;
     if build_only {
         drop(prepared.build_lock.take());
         return Ok(stop_after_build(mgr, plan, &prepared, &mut worker, &mut engine, started).await);
@@ -177,10 +189,27 @@ async fn prepare(
         }
         None => BTreeMap::new(),
     };
+    let device_nodes =
+        device_nodes(mgr, &plan.cards).map_err(|r| Outcome::start_failed(r, false))?;
+    let visible_devices = match m.visible_devices {
+        VisibleDevices::Bdf => plan.cards.join(","),
+        VisibleDevices::Index => mgr
+            .cards()
+            .hardware()
+            .device_indices(&plan.cards)
+            .map_err(|reason| Outcome::start_failed(reason, false))?,
+    };
     let spec = WorkerSpec {
         slot: slot.clone(),
         command: plan.worker_command.clone(),
-        env: worker_env(plan, &variant, mode, secrets),
+        env: worker_env(
+            plan,
+            &variant,
+            mode,
+            &visible_devices,
+            &device_nodes,
+            secrets,
+        ),
         socket: plan.socket.clone(),
         memory_max: m.memory_max_mib.map(|mib| mib * 1024 * 1024),
     };
@@ -231,7 +260,7 @@ async fn wait_loaded(
     worker: &mut Worker,
     commands: &mut UnboundedReceiver<SlotCommand>,
     deadline: Instant,
-) -> Result<EngineClient<Channel>, Outcome> {
+) -> Result<(EngineClient<Channel>, RuntimeFiles), Outcome> {
     let m = &plan.m;
     let mut client: Option<EngineClient<Channel>> = None;
     let mut poll = Duration::from_millis(10);
@@ -290,7 +319,15 @@ async fn wait_loaded(
                         v.engine_facts = facts;
                         v.kv = kv;
                     });
-                    break;
+                    return match RuntimeFiles::new(info.runtime_cache_files) {
+                        Ok(files) => Ok((c.clone(), files)),
+                        Err(e) => {
+                            worker
+                                .terminate(Duration::from_secs(m.restart.stop_timeout_secs))
+                                .await;
+                            Err(Outcome::start_failed(e, true))
+                        }
+                    };
                 }
                 if let Some(p) = info.progress {
                     let progress = if p.total > 0 {
@@ -304,7 +341,6 @@ async fn wait_loaded(
             _ => client = None,
         }
     }
-    client.ok_or_else(|| Outcome::start_failed("lost the worker's socket", true))
 }
 
 /// Phase 4: a real inference ping within the readiness deadline, the
@@ -374,13 +410,14 @@ async fn seal_cache(
     mgr: &Arc<SlotManager>,
     plan: &SlotPlan,
     prepared: &Prepared,
+    runtime_files: &RuntimeFiles,
     worker: &mut Worker,
     engine: &mut EngineClient<Channel>,
     started: Instant,
 ) -> Result<(), Outcome> {
     let variant = &prepared.variant;
     let failure = match prepared.mode {
-        CacheMode::Cold => match variant.write_marker() {
+        CacheMode::Cold => match variant.write_marker(runtime_files) {
             Ok(_) => {
                 tracing::info!(slot = %plan.slot, variant = %variant.key, "cache variant marked complete");
                 crate::metrics::get().cache_build(&plan.model, true, started.elapsed());
@@ -391,7 +428,7 @@ async fn seal_cache(
                 variant.dir.display()
             )),
         },
-        CacheMode::Warm => match variant.guard() {
+        CacheMode::Warm => match variant.guard(runtime_files) {
             Ok(unexpected) if unexpected.is_empty() => None,
             Ok(unexpected) => Some(format!(
                 "warm start generated cache files it should have read: {} (deleted). The worker may be serving placeholder weights; rebuild the variant with `ttctl cache rm {}` then `ttctl slot restart {}`",
@@ -459,12 +496,29 @@ async fn stop_after_build(
     }
 }
 
+/// The slot's cards' device nodes, rank order, comma-separated
+/// (TT_WORKER_DEVICES): what a container of the engine needs passed in
+/// (`--device` each), read at every start since a hot-plug renumbers them.
+fn device_nodes(mgr: &SlotManager, cards: &[String]) -> Result<String, String> {
+    let hw = mgr.cards().hardware();
+    let mut nodes = Vec::with_capacity(cards.len());
+    for bdf in cards {
+        let index = hw
+            .index_of(bdf)
+            .ok_or_else(|| format!("card {bdf} is not present"))?;
+        nodes.push(hw.dev_node(index).display().to_string());
+    }
+    Ok(nodes.join(","))
+}
+
 /// The worker's environment: the model's tables, then its `env_file`
 /// (`secrets`), then its flags, then the contract.
 fn worker_env(
     plan: &SlotPlan,
     variant: &Variant,
     mode: CacheMode,
+    visible_devices: &str,
+    device_nodes: &str,
     secrets: BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
     let m = &plan.m;
@@ -477,7 +531,8 @@ fn worker_env(
     env.extend(secrets);
     env.extend(m.flags.clone());
     // The contract, last so nothing above can override it.
-    env.insert("TT_VISIBLE_DEVICES".into(), plan.cards.join(","));
+    env.insert("TT_VISIBLE_DEVICES".into(), visible_devices.into());
+    env.insert("TT_WORKER_DEVICES".into(), device_nodes.into());
     env.insert("MESH_DEVICE".into(), m.mesh_device());
     env.insert("TT_WORKER_SOCKET".into(), plan.socket.display().to_string());
     env.insert("TT_WORKER_MODEL".into(), m.checkpoint.display().to_string());
@@ -489,15 +544,115 @@ fn worker_env(
 
 /// A greedy generation of the readiness prompt; the text it produced.
 async fn ping(engine: &mut EngineClient<Channel>, m: &ModelConfig) -> Result<String, String> {
+    let (text, _) = generate_once(
+        engine,
+        m.readiness.ping_prompt.clone(),
+        m.readiness.ping_max_tokens,
+        "readiness-ping",
+    )
+    .await?;
+    Ok(text)
+}
+
+/// A prompt of about `tokens` tokens: one common word repeated, a single
+/// token in the usual BPE vocabularies (the prompt tokens the engine
+/// counted are reported beside it).
+fn warmup_prompt(tokens: u32) -> String {
+    " the".repeat(tokens as usize)
+}
+
+/// Phase 4b: `readiness.warmup_prompt_tokens`, one short greedy generation
+/// per length, so that no client meets an engine's first-use compile of
+/// that prompt length (tt_transformers compiles and captures a trace per
+/// padded prefill length). Within the readiness deadline; a failure ends
+/// the start like a failed ping.
+async fn warm_up(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    worker: &mut Worker,
+    engine: &mut EngineClient<Channel>,
+    deadline: Instant,
+) -> Result<(), Outcome> {
+    let m = &plan.m;
+    let lengths = &m.readiness.warmup_prompt_tokens;
+    let context = mgr.view(&plan.slot).map_or(0, |v| v.context_length);
+    let grace = Duration::from_secs(m.restart.stop_timeout_secs);
+    for (i, &tokens) in lengths.iter().enumerate() {
+        if context > 0 && tokens >= context {
+            worker.terminate(grace).await;
+            return Err(Outcome::start_failed(
+                format!(
+                    "readiness.warmup_prompt_tokens lists {tokens}, but the engine's context is {context} tokens; list lengths below it"
+                ),
+                true,
+            ));
+        }
+        mgr.transition(
+            &plan.slot,
+            SlotState::Verifying,
+            format!(
+                "warm-up: a prompt of {tokens} tokens ({}/{})",
+                i + 1,
+                lengths.len()
+            ),
+        );
+        let began = Instant::now();
+        let remaining = deadline.saturating_duration_since(began);
+        let result = tokio::select! {
+            r = tokio::time::timeout(remaining, generate_once(engine, warmup_prompt(tokens), 2, "warm-up")) => r,
+            exit = worker.wait() => {
+                return Err(Outcome::start_failed(
+                    format!("worker {} during the warm-up at {tokens} prompt tokens; last output: {}", exit.describe(), log_tail(worker)),
+                    exit.leaves_cards_dirty(),
+                ));
+            }
+        };
+        match result {
+            Ok(Ok((_, usage))) => {
+                tracing::info!(
+                    slot = %plan.slot,
+                    tokens,
+                    prompt_tokens = usage.map(|u| u.prompt_tokens),
+                    secs = began.elapsed().as_secs_f64(),
+                    "warm-up length done"
+                );
+            }
+            Ok(Err(e)) => {
+                worker.terminate(grace).await;
+                return Err(Outcome::start_failed(
+                    format!("warm-up at {tokens} prompt tokens failed: {e}"),
+                    true,
+                ));
+            }
+            Err(_) => {
+                worker.terminate(grace).await;
+                return Err(Outcome::start_failed(
+                    format!(
+                        "warm-up at {tokens} prompt tokens did not finish within readiness.deadline_secs ({}s)",
+                        m.readiness.deadline_secs
+                    ),
+                    true,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One greedy generation to its final chunk: the text and the usage.
+async fn generate_once(
+    engine: &mut EngineClient<Channel>,
+    prompt: String,
+    max_tokens: u32,
+    request_id: &str,
+) -> Result<(String, Option<pb::Usage>), String> {
     let request = pb::EngineGenerateRequest {
         request: Some(pb::GenerateRequest {
-            input: Some(pb::generate_request::Input::Prompt(
-                m.readiness.ping_prompt.clone(),
-            )),
-            max_tokens: m.readiness.ping_max_tokens,
+            input: Some(pb::generate_request::Input::Prompt(prompt)),
+            max_tokens,
             ..Default::default()
         }),
-        request_id: "readiness-ping".into(),
+        request_id: request_id.into(),
     };
     let mut stream = engine
         .generate(request)
@@ -505,7 +660,7 @@ async fn ping(engine: &mut EngineClient<Channel>, m: &ModelConfig) -> Result<Str
         .map_err(|s| s.message().to_string())?
         .into_inner();
     let mut text = String::new();
-    let mut finished = false;
+    let mut finished = None;
     while let Some(chunk) = stream
         .message()
         .await
@@ -513,14 +668,14 @@ async fn ping(engine: &mut EngineClient<Channel>, m: &ModelConfig) -> Result<Str
     {
         match chunk.chunk {
             Some(pb::generate_response::Chunk::Delta(d)) => text.push_str(&d.text),
-            Some(pb::generate_response::Chunk::Final(_)) => finished = true,
+            Some(pb::generate_response::Chunk::Final(f)) => finished = Some(f.usage),
             None => {}
         }
     }
-    if !finished {
-        return Err("the stream ended without a final chunk".into());
+    match finished {
+        Some(usage) => Ok((text, usage)),
+        None => Err("the stream ended without a final chunk".into()),
     }
-    Ok(text)
 }
 
 /// Banners may print only once a feature first runs, so this runs after the

@@ -26,7 +26,9 @@ pub fn is_truthy(value: &str) -> bool {
     )
 }
 
-fn glob_match(pattern: &str, name: &str) -> bool {
+/// Whether `name` matches `pattern`, where `*` matches any run of
+/// characters (`/` included) and everything else matches itself.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
     if parts.len() == 1 {
         return pattern == name;
