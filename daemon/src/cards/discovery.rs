@@ -143,6 +143,37 @@ impl HardwareRoot {
         self.find(bdf).map(|c| c.index)
     }
 
+    /// TT_VISIBLE_DEVICES in the `index` form: the `/dev/tenstorrent`
+    /// numbers of `bdfs`, in their order, comma-separated. Refused unless
+    /// every card on the host has its node and the numbers follow PCI
+    /// order from 0: tt-umd up to 0.9.2 opens `/dev/tenstorrent/<N>`, 0.9.3
+    /// and newer opens the N-th card in PCI order (`pci_device.cpp`
+    /// enumerate_devices, tt-umd 0.9.3), and only then are they the same.
+    pub fn device_indices(&self, bdfs: &[String]) -> Result<String, String> {
+        let cards = self
+            .discover()
+            .map_err(|e| format!("cannot list the cards: {e}"))?;
+        for (position, card) in cards.iter().enumerate() {
+            if !card.dev_node || card.index as usize != position {
+                return Err(format!(
+                    "visible_devices = \"index\" needs the host's cards numbered in PCI order from 0, but {} is /dev/tenstorrent/{}{} at position {position} in PCI order: tt-umd 0.9.2 and older would open /dev/tenstorrent/{position} and 0.9.3 and newer {} for the number {position}. Use visible_devices = \"bdf\" (tt-umd 0.9.2 or newer), or reload the driver so the numbering follows PCI order",
+                    card.bdf,
+                    card.index,
+                    if card.dev_node { "" } else { " (no device node)" },
+                    card.bdf,
+                ));
+            }
+        }
+        let mut out = Vec::with_capacity(bdfs.len());
+        for bdf in bdfs {
+            match cards.iter().find(|c| &c.bdf == bdf) {
+                Some(card) => out.push(card.index.to_string()),
+                None => return Err(format!("card {bdf} is not present")),
+            }
+        }
+        Ok(out.join(","))
+    }
+
     fn read_card(&self, index: u32) -> Option<CardInfo> {
         let class_dir = self.class_root().join(format!("tenstorrent!{index}"));
         let pci_dir = fs::canonicalize(class_dir.join("device")).ok()?;

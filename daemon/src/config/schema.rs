@@ -402,6 +402,14 @@ pub struct ModelConfig {
     /// for TP=2.
     #[serde(default)]
     pub mesh_device: Option<String>,
+    /// How TT_VISIBLE_DEVICES names the slot's cards to the worker: `bdf`
+    /// (PCI addresses, which tt-umd reads from 0.9.2) or `index` (the
+    /// `/dev/tenstorrent/<N>` numbers, resolved at each start, for older
+    /// stacks). tt-umd 0.9.1 and older parse a BDF as the integer 0, and
+    /// 0.9.3 and newer read an integer as a position in PCI order, so no
+    /// one form suits every tt-umd: docs/HARDWARE.md.
+    #[serde(default)]
+    pub visible_devices: VisibleDevices,
     /// The engine's feature flags, passed as environment variables.
     #[serde(default)]
     pub flags: BTreeMap<String, String>,
@@ -552,6 +560,22 @@ impl Default for BannerConfig {
     }
 }
 
+/// The form of TT_VISIBLE_DEVICES a model's engine reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VisibleDevices {
+    /// Full lower-case PCI addresses (`0000:01:00.0`), rank order: tt-umd
+    /// 0.9.2 and newer (`pci_device.cpp` enumerate_devices).
+    #[default]
+    Bdf,
+    /// `/dev/tenstorrent/<N>` numbers, rank order, read at each start. The
+    /// start is refused unless the host numbers its cards in PCI order from
+    /// 0 (then tt-umd up to 0.9.2, which reads the number as the device
+    /// node, and 0.9.3 on, which reads it as a position in PCI order, open
+    /// the same card).
+    Index,
+}
+
 /// Where a model's cache arms (the values of its `cache_flags`) keep
 /// their files.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -592,6 +616,13 @@ pub struct ReadinessConfig {
     pub ping_max_tokens: u32,
     /// If set, the ping's output must contain this text.
     pub expect: Option<String>,
+    /// Prompt lengths (in tokens, about: a repeated one-token word) to run
+    /// once each after the ping, before the slot is Ready, so that no
+    /// client meets the engine's first-use compile of that length
+    /// (tt_transformers compiles and captures a trace per padded prefill
+    /// length: 30-60 s each). Empty: no warm-up.
+    #[serde(default)]
+    pub warmup_prompt_tokens: Vec<u32>,
 }
 
 impl Default for ReadinessConfig {
@@ -601,6 +632,7 @@ impl Default for ReadinessConfig {
             ping_prompt: "The capital of France is".into(),
             ping_max_tokens: 4,
             expect: None,
+            warmup_prompt_tokens: Vec::new(),
         }
     }
 }

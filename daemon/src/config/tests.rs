@@ -560,3 +560,62 @@ fn memory_max_is_ranged_and_must_stay_above_the_rss_limit() {
     ))
     .unwrap();
 }
+
+#[test]
+fn a_stop_timeout_shorter_than_tt_worker_openais_engine_grace_is_refused() {
+    let vllm_tt = format!(
+        "{ONE_MODEL}worker = [\"/run/current-system/sw/bin/tt-worker-openai\", \"--engine\", \"vllm-tt\", \"--\", \"vllm\", \"serve\", \"{{checkpoint}}\"]\n"
+    );
+    // The daemon's default 20 s would cut vLLM-TT's 60 s mesh close short.
+    assert_rejected(
+        &vllm_tt,
+        "models.qwen.restart.stop_timeout_secs",
+        "60 s (the default of --engine vllm-tt)",
+    );
+    parse(&format!(
+        "{vllm_tt}[models.qwen.restart]\nstop_timeout_secs = 75\n"
+    ))
+    .expect("75 s covers the 60 s grace");
+    // The worker's own option is read, in both spellings.
+    for given in [
+        "\"--stop-timeout-secs\", \"30\"",
+        "\"--stop-timeout-secs=30\"",
+    ] {
+        let text = format!(
+            "{ONE_MODEL}worker = [\"tt-worker-openai\", {given}, \"--\", \"vllm\", \"serve\", \"{{checkpoint}}\", \"--stop-timeout-secs\", \"1\"]\n"
+        );
+        assert_rejected(
+            &text,
+            "models.qwen.restart.stop_timeout_secs",
+            "--stop-timeout-secs 30",
+        );
+    }
+    // llama-server's 15 s default is within the daemon's 20 s; other workers are not read.
+    parse(&format!(
+        "{ONE_MODEL}worker = [\"tt-worker-openai\", \"--engine\", \"llama-server\", \"--\", \"llama-server\"]\n"
+    ))
+    .expect("15 s grace, 20 s stop timeout");
+    parse(&format!(
+        "{ONE_MODEL}worker = [\"my-worker\", \"--engine\", \"vllm-tt\"]\n"
+    ))
+    .expect("not tt-worker-openai");
+}
+
+#[test]
+fn warm_up_lengths_and_visible_devices_are_checked() {
+    assert_rejected(
+        &format!("{ONE_MODEL}[models.qwen.readiness]\nwarmup_prompt_tokens = [128, 0]\n"),
+        "models.qwen.readiness.warmup_prompt_tokens[1]",
+        "",
+    );
+    let config = parse(&format!(
+        "{ONE_MODEL}visible_devices = \"index\"\n[models.qwen.readiness]\nwarmup_prompt_tokens = [128, 1024]\n"
+    ))
+    .expect("valid");
+    assert_eq!(config.models["qwen"].visible_devices, VisibleDevices::Index);
+    assert_eq!(
+        config.models["qwen"].readiness.warmup_prompt_tokens,
+        vec![128, 1024]
+    );
+    assert!(parse(&format!("{ONE_MODEL}visible_devices = \"uuid\"\n")).is_err());
+}

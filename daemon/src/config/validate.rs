@@ -41,6 +41,7 @@ pub const RESERVED_ENV: &[&str] = &[
     "TT_WORKER_TP",
     "TT_CACHE_DIR",
     "TT_CACHE_MODE",
+    "TT_WORKER_DEVICES",
 ];
 
 const SECTIONS: &[&str] = &[
@@ -655,6 +656,25 @@ fn check_model(
             "is empty; the readiness ping needs a prompt, e.g. \"The capital of France is\"",
         ));
     }
+    for (i, &tokens) in r.warmup_prompt_tokens.iter().enumerate() {
+        range(
+            problems,
+            &format!("{}[{i}]", key("readiness.warmup_prompt_tokens")),
+            tokens.into(),
+            1,
+            1_048_576,
+            "tokens",
+        );
+    }
+    if r.warmup_prompt_tokens.len() > 64 {
+        problems.push(problem(
+            key("readiness.warmup_prompt_tokens"),
+            format!(
+                "lists {} lengths; every one delays Ready by a compile: list the engine's padded prefill lengths (at most 64)",
+                r.warmup_prompt_tokens.len()
+            ),
+        ));
+    }
     let s = &m.restart;
     range(
         problems,
@@ -743,6 +763,18 @@ fn check_model(
             ));
         }
     }
+    if let Some((grace, why)) = openai_worker_stop_grace(&m.worker) {
+        if s.stop_timeout_secs <= grace {
+            problems.push(problem(
+                key("restart.stop_timeout_secs"),
+                format!(
+                    "{} s is not above the worker's own engine stop grace of {grace} s ({why}): the daemon would SIGKILL tt-worker-openai while its engine shuts down (a TT mesh close cut short leaves the cards needing a reset); set it to at least {}",
+                    s.stop_timeout_secs,
+                    grace + 5
+                ),
+            ));
+        }
+    }
     range(
         problems,
         &key("max_queue"),
@@ -775,6 +807,42 @@ fn check_model(
         3600,
         "s",
     );
+}
+
+/// When the worker is tt-worker-openai: the seconds it gives its engine
+/// from SIGTERM to SIGKILL (`--stop-timeout-secs`, else its engine's
+/// default: 60 for `--engine vllm-tt`, 15 otherwise, as
+/// openai-worker/src/cli.rs says) and where that number comes from.
+fn openai_worker_stop_grace(worker: &[String]) -> Option<(u64, String)> {
+    let program = worker.first()?;
+    if Path::new(program).file_name()? != "tt-worker-openai" {
+        return None;
+    }
+    let own = worker[1..].iter().take_while(|a| a.as_str() != "--");
+    let mut engine = "vllm".to_string();
+    let mut given = None;
+    let mut args = own.peekable();
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) => (f, Some(v.to_string())),
+            None => (arg.as_str(), None),
+        };
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| args.peek().map(|v| v.to_string()))
+        };
+        match flag {
+            "--engine" => engine = value().unwrap_or(engine),
+            "--stop-timeout-secs" => given = value().and_then(|v| v.parse::<u64>().ok()),
+            _ => {}
+        }
+    }
+    Some(match given {
+        Some(secs) => (secs, format!("--stop-timeout-secs {secs}")),
+        None if engine == "vllm-tt" => (60, "the default of --engine vllm-tt".into()),
+        None => (15, format!("the default of --engine {engine}")),
+    })
 }
 
 fn check_env_name(key: &str, var: &str, problems: &mut Vec<Problem>) {
