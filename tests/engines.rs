@@ -881,3 +881,174 @@ fn a_vllm_start_up_failure_is_reported_with_vllms_own_error_not_as_oom() {
         "{said}"
     );
 }
+
+/// A vLLM-TT table over the stand-in writing a tt_transformers cache of
+/// `layers` weights files plus KV buffers shaped by `max_num_seqs`.
+fn vllm_tt_cache_table(checkpoint: &Path, layers: u32, max_num_seqs: u32) -> String {
+    format!(
+        "\n[models.m]\ntp = 1\ncards = [\"{card}\"]\ncheckpoint = \"{checkpoint}\"\nworker = [\"{worker}\", \"--engine\", \"vllm-tt\", \"--stop-timeout-secs\", \"2\", \"--\", \"python3\", \"{standin}\", \"serve\", \"{{checkpoint}}\", \"--port\", \"{{port}}\", \"--max-model-len\", \"4096\", \"--max-num-seqs\", \"{max_num_seqs}\"]\ndrain_timeout_secs = 5\nenv = {{ STANDIN_TT_CACHE = \"{layers}\" }}\n[models.m.restart]\nmax_attempts = 1\nstop_timeout_secs = 5\n",
+        card = FakeHw::bdf(0),
+        checkpoint = checkpoint.display(),
+        worker = bin("tt-worker-openai").display(),
+        standin = standin().display(),
+    )
+}
+
+fn files_named(dir: &Path, needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                stack.push(e.path());
+            } else if e.file_name().to_string_lossy().contains(needle) {
+                out.push(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// tt_transformers writes its paged-attention KV buffers into the weights
+/// cache, named by the scheduler's shape (not in the variant key): the
+/// vllm-tt preset declares them, so a warm start after tuning
+/// `--max-num-seqs` is served, while a warm start that generates a
+/// weights file is still refused.
+#[test]
+fn a_vllm_tt_warm_start_may_write_new_kv_buffers_but_not_new_weights() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = checkpoint(dir.path());
+    let mut daemon = start(&hw, vllm_tt_cache_table(&ckpt, 2, 8));
+    let slot = daemon.wait_slot_state("m", "ready");
+    assert_eq!(slot["cache_mode"], "cold");
+    let cache = daemon.dir.join("cache/m");
+    let marker_path = walk_files(&cache)
+        .into_iter()
+        .find(|p| p.ends_with(".tt-serving-complete.json"))
+        .expect("the cold start wrote the marker");
+    let marker = std::fs::read_to_string(&marker_path).unwrap();
+    assert!(marker.contains("layers.1.attention"), "{marker}");
+    assert!(
+        !marker.contains("paged_attention"),
+        "KV buffers are not weights: {marker}"
+    );
+
+    // Tuned scheduler: new KV buffer names, same weights: warm and served.
+    daemon.terminate();
+    let opts = DaemonOptions {
+        extra: vllm_tt_cache_table(&ckpt, 2, 16),
+        ..Default::default()
+    };
+    daemon.rewrite_config(&hw, &opts);
+    daemon.spawn(&[]);
+    let slot = daemon.wait_slot_state("m", "ready");
+    assert_eq!(slot["cache_mode"], "warm", "{slot:#}");
+    assert_eq!(
+        files_named(&cache, "kcache_paged_attention").len(),
+        2,
+        "both shapes' buffers are kept for the engine"
+    );
+    rt_generate_ok(&daemon);
+
+    // A warm start that generates a weights file serves placeholders: refused.
+    daemon.terminate();
+    let opts = DaemonOptions {
+        extra: vllm_tt_cache_table(&ckpt, 3, 16),
+        ..Default::default()
+    };
+    daemon.rewrite_config(&hw, &opts);
+    daemon.spawn(&[]);
+    let slot = wait_until("the guard to refuse the warm start", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "failed").then_some(slot)
+    });
+    let reason = slot["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("warm start generated cache files")
+            && reason.contains("layers.2.attention"),
+        "{reason}"
+    );
+    assert!(!reason.contains("paged_attention"), "{reason}");
+    assert!(
+        files_named(&cache, "layers.2.attention").is_empty(),
+        "deleted"
+    );
+}
+
+fn walk_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+fn rt_generate_ok(daemon: &Daemon) {
+    let answer = runtime()
+        .block_on(generate(&daemon.inference_address(), "m", "Hello", 3))
+        .expect("served through the daemon");
+    assert_eq!(answer.last.usage.map(|u| u.completion_tokens), Some(3));
+}
+
+/// `readiness.warmup_prompt_tokens`: each length runs once before Ready,
+/// shown in the slot's reason, and a length past the engine's context is
+/// refused by name instead of served.
+#[test]
+fn a_warm_up_runs_each_listed_prompt_length_before_ready_and_shows_which() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = checkpoint(dir.path());
+    let table = standin_table(
+        "m",
+        &ckpt,
+        "env = { STANDIN_PREFILL_SECS = \"1\" }\n[models.m.readiness]\nwarmup_prompt_tokens = [16, 512]\n",
+    );
+    let mut daemon = start(&hw, table);
+    let warming = wait_until("the second warm-up length to show", || {
+        let slot = daemon.slot("m");
+        let reason = slot["reason"].as_str().unwrap_or("").to_string();
+        assert_ne!(slot["state"], "ready", "Ready before the warm-up: {reason}");
+        reason
+            .contains("warm-up: a prompt of 512 tokens (2/2)")
+            .then_some(slot)
+    });
+    assert_eq!(warming["state"], "verifying");
+    daemon.wait_slot_state("m", "ready");
+    let log = daemon.log_text();
+    assert_eq!(log.matches("warm-up length done").count(), 2, "{log}");
+    // The stand-in counts one token per word: the prompt had 512.
+    assert!(
+        log.contains("prompt_tokens=512") || log.contains("\"prompt_tokens\":512"),
+        "{log}"
+    );
+
+    daemon.terminate();
+    let opts = DaemonOptions {
+        extra: standin_table(
+            "m",
+            &ckpt,
+            "[models.m.readiness]\nwarmup_prompt_tokens = [8192]\n[models.m.restart]\nmax_attempts = 1\n",
+        ),
+        ..Default::default()
+    };
+    daemon.rewrite_config(&hw, &opts);
+    daemon.spawn(&[]);
+    let slot = wait_until("the start to be refused", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "failed").then_some(slot)
+    });
+    let reason = slot["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("warmup_prompt_tokens lists 8192") && reason.contains("4096"),
+        "{reason}"
+    );
+}

@@ -877,3 +877,52 @@ fn a_client_that_goes_away_frees_its_place_at_once() {
         (daemon.slot("m")["requests_in_flight"] == 0).then_some(())
     });
 }
+
+/// The worker's TT_VISIBLE_DEVICES, read from its environment.
+fn worker_visible_devices(daemon: &Daemon, slot: &str) -> String {
+    let pid = daemon.slot(slot)["worker_pid"]
+        .as_u64()
+        .expect("a worker pid");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("the worker's environ");
+    environ
+        .split(|b| *b == 0)
+        .filter_map(|kv| std::str::from_utf8(kv).ok())
+        .find_map(|kv| kv.strip_prefix("TT_VISIBLE_DEVICES="))
+        .expect("TT_VISIBLE_DEVICES is set")
+        .to_string()
+}
+
+#[test]
+fn visible_devices_index_names_the_device_node_and_refuses_a_host_numbered_out_of_pci_order() {
+    let hw = FakeHw::new(2);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let extra = "visible_devices = \"index\"\n[models.m.restart]\nmax_attempts = 1\n";
+    let mut daemon = start(&hw, model_table("m", 1, &[1], &model, extra));
+    daemon.wait_slot_state("m", "ready");
+    assert_eq!(worker_visible_devices(&daemon, "m"), "1");
+    daemon.terminate();
+
+    // Renumber the host: the second card in PCI order becomes
+    // /dev/tenstorrent/0. Old and new tt-umd would now read "1" as
+    // different cards, so the daemon names none.
+    let (card0, card1) = (FakeHw::bdf(0), FakeHw::bdf(1));
+    hw.root.unplug(&card0).unwrap();
+    hw.root.unplug(&card1).unwrap();
+    assert_eq!(hw.root.plug(&card1).unwrap(), 0);
+    assert_eq!(hw.root.plug(&card0).unwrap(), 1);
+    daemon.spawn(&[]);
+    let slot = wait_until("the start to be refused", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "failed").then_some(slot)
+    });
+    let reason = slot["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("PCI order") && reason.contains("visible_devices = \"bdf\""),
+        "{reason}"
+    );
+    assert!(
+        slot["worker_pid"].is_null() || slot["worker_pid"] == 0,
+        "{slot}"
+    );
+}

@@ -100,6 +100,28 @@ impl EngineKind {
         }
     }
 
+    /// Files the engine writes into the tensor cache at every start that
+    /// are not weights (Info `runtime_cache_files`: globs relative to
+    /// TT_CACHE_DIR; the weights go to `weights/`, TT_CACHE_PATH). The
+    /// daemon's warm-start guard lets these pass and still refuses any
+    /// other new file.
+    pub fn runtime_cache_files(self) -> &'static [&'static str] {
+        match self {
+            // tt_transformers allocates vLLM's paged KV cache as tensors
+            // cached in <TT_CACHE_PATH>/<device>/, beside the weights'
+            // tensor_cache_* dir, named
+            // `empty_{k,v}cache_paged_attention(<blocks>, <kv heads>,
+            // <block size>, <head dim>)_dtype_..._layout_TILE.tensorbin`,
+            // blocks from --max-num-seqs and --block-size (tt-metal
+            // models/tt_transformers/tt/generator_vllm.py at 0015d62,
+            // allocate_vllm_kv_cache; tenstorrent/vllm 22be241
+            // tt_model_runner.py): a tuned scheduler writes new ones on a
+            // warm start of unchanged weights.
+            EngineKind::VllmTt => &["weights/*empty_*cache_paged_attention*"],
+            EngineKind::Vllm | EngineKind::LlamaServer => &[],
+        }
+    }
+
     /// The Prometheus gauges of running and waiting requests.
     pub fn load_gauges(self) -> (&'static str, &'static str) {
         match self {
@@ -125,7 +147,9 @@ impl EngineKind {
 /// In the engine's arguments `{port}` becomes a free loopback port the worker
 /// picked, `{checkpoint}` the model's checkpoint (TT_WORKER_MODEL), `{tp}`
 /// its tensor parallelism (TT_WORKER_TP) and `{cache_dir}` the cache
-/// variant's directory (TT_CACHE_DIR). The engine gets the worker's
+/// variant's directory (TT_CACHE_DIR); an argument that is exactly
+/// `{devices}` becomes `--device <node>` for each of the slot's cards
+/// (TT_WORKER_DEVICES), for `docker run`/`podman run`. The engine gets the worker's
 /// environment plus TT_CACHE_PATH={cache_dir}/weights (the tensor cache),
 /// TT_METAL_CACHE=<model cache dir>/kernels-<variant> (compiled kernels,
 /// outside the variant; an existing TT_METAL_CACHE is kept) and, on a cold
@@ -202,6 +226,11 @@ pub struct Cli {
     /// Card PCI addresses, comma-separated, one per rank.
     #[arg(long, env = "TT_VISIBLE_DEVICES")]
     pub visible_devices: Option<String>,
+    /// The cards' device nodes, comma-separated, rank order (the daemon
+    /// sets it at each start); an engine argument `{devices}` becomes
+    /// `--device <node>` for each, for a container runtime.
+    #[arg(long, env = "TT_WORKER_DEVICES")]
+    pub devices: Option<String>,
     /// The engine's command line (after `--`).
     #[arg(last = true, required = true, num_args = 1.., value_name = "ENGINE")]
     pub engine_argv: Vec<String>,
@@ -238,6 +267,8 @@ pub struct Settings {
     pub cache_mode: CacheMode,
     /// BDF per rank.
     pub bdfs: Vec<String>,
+    /// Device node per rank (`{devices}`).
+    pub devices: Vec<String>,
     /// The engine's command line before substitution.
     pub engine_argv: Vec<String>,
 }
@@ -298,6 +329,22 @@ impl Cli {
                 "TT_VISIBLE_DEVICES lists {} card(s) ({devices:?}) but TT_WORKER_TP is {}; give exactly one BDF per rank",
                 bdfs.len(),
                 self.tp
+            )));
+        }
+        let devices: Vec<String> = self
+            .devices
+            .as_deref()
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+        if self.engine_argv.iter().any(|a| a == DEVICES) && devices.len() != bdfs.len() {
+            return Err(UsageError(format!(
+                "the engine command has `{DEVICES}` but TT_WORKER_DEVICES lists {} device node(s) for {} card(s); the daemon sets it (tt-servingd 0.1 with the device-node contract), or export it to run by hand",
+                devices.len(),
+                bdfs.len()
             )));
         }
         let cache_mode = match self.cache_mode.as_deref() {
@@ -363,6 +410,7 @@ impl Cli {
                 .ok_or_else(|| missing("TT_CACHE_DIR (--cache-dir)"))?,
             cache_mode,
             bdfs,
+            devices,
             engine_argv,
         })
     }
@@ -404,20 +452,33 @@ fn tt_engine_argv(mut argv: Vec<String>, tp: u32) -> Result<Vec<String>, UsageEr
     Ok(argv)
 }
 
+/// The engine argument that becomes `--device <node>` per card.
+pub const DEVICES: &str = "{devices}";
+
 impl Settings {
     /// The engine's command line with the placeholders filled in. Other
     /// text in braces (JSON in an engine option, say) is left alone.
     pub fn engine_command(&self, port: u16) -> Vec<String> {
         let cache_dir = self.cache_dir.display().to_string();
-        self.engine_argv
-            .iter()
-            .map(|a| {
+        let mut argv = Vec::with_capacity(self.engine_argv.len());
+        for a in &self.engine_argv {
+            // One `--device` per slot card, never the whole /dev/tenstorrent:
+            // a container given every card can open another slot's.
+            if a == DEVICES {
+                for node in &self.devices {
+                    argv.push("--device".to_string());
+                    argv.push(node.clone());
+                }
+                continue;
+            }
+            argv.push(
                 a.replace("{port}", &port.to_string())
                     .replace("{checkpoint}", &self.checkpoint)
                     .replace("{tp}", &self.tp.to_string())
-                    .replace("{cache_dir}", &cache_dir)
-            })
-            .collect()
+                    .replace("{cache_dir}", &cache_dir),
+            );
+        }
+        argv
     }
 }
 
@@ -585,5 +646,48 @@ mod tests {
         assert_eq!(k, Path::new("/var/cache/tt/qwen/kernels-abc123"));
         assert!(!k.starts_with("/var/cache/tt/qwen/abc123"));
         assert!(kernel_cache_dir(Path::new("/")).is_err());
+    }
+
+    #[test]
+    fn devices_become_one_device_option_per_card_and_need_the_daemons_list() {
+        let mut args = vec!["--devices", "/dev/tenstorrent/3,/dev/tenstorrent/1"];
+        args.extend(with_contract(&[
+            "--",
+            "podman",
+            "run",
+            "{devices}",
+            "img",
+            "--port",
+            "{port}",
+        ]));
+        let s = cli(&args).unwrap();
+        assert_eq!(
+            s.engine_command(9),
+            [
+                "podman",
+                "run",
+                "--device",
+                "/dev/tenstorrent/3",
+                "--device",
+                "/dev/tenstorrent/1",
+                "img",
+                "--port",
+                "9"
+            ]
+        );
+        // Without the daemon's list the placeholder cannot be filled: refused.
+        let e = cli(&with_contract(&[
+            "--",
+            "podman",
+            "run",
+            "{devices}",
+            "--port",
+            "{port}",
+        ]))
+        .unwrap_err();
+        assert!(
+            e.contains("TT_WORKER_DEVICES") && e.contains("{devices}"),
+            "{e}"
+        );
     }
 }

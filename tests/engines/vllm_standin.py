@@ -45,6 +45,11 @@ Behaviour switched by environment variables:
   its head, with nothing in between (a long prompt's prefill).
 - STANDIN_IGNORE_SIGTERM=1: SIGTERM is logged and ignored.
 - STANDIN_PRINT_ENV=A,B: print `standin env A=value` for each at start.
+- STANDIN_TT_CACHE=N: at load, as tt_transformers does under TT_CACHE_PATH:
+  write each of N layers' weights file unless it is there (ttnn.as_tensor
+  with a cache_file_name generates a missing file), and at every start the
+  paged-attention KV buffers, named by the scheduler's shape
+  (`empty_{k,v}cache_paged_attention<shape>`).
 - VLLM_API_KEY=K: as vLLM, every /v1 request needs `Authorization: Bearer K`
   (401 otherwise).
 """
@@ -400,6 +405,33 @@ def watch_core(proc, loading):
     os._exit(0)
 
 
+def write_tt_cache(opts):
+    # tt_transformers' layout (tt-metal models/tt_transformers/tt/model_config.py
+    # at 0039cbf: <TT_CACHE_PATH>/<device name by chip count: 1 P150, 2 P300>,
+    # weights in tensor_cache_bfp8/; generator_vllm.py at 0015d62
+    # allocate_vllm_kv_cache: the KV buffers beside them, named by the shape
+    # tuple, blocks = ceil((131072 + block_size * max_num_seqs) / block_size)).
+    layers = int(os.environ.get("STANDIN_TT_CACHE", "0"))
+    if layers == 0:
+        return
+    device = "P300" if os.environ.get("TT_WORKER_TP") == "2" else "P150"
+    root = os.path.join(os.environ["TT_CACHE_PATH"], device)
+    weights = os.path.join(root, "tensor_cache_bfp8")
+    os.makedirs(weights, exist_ok=True)
+    for layer in range(layers):
+        path = os.path.join(weights, f"layers.{layer}.attention.wqkv_dtype_BFLOAT8_B_layout_TILE.tensorbin")
+        if not os.path.exists(path):
+            with open(path, "wb") as f:
+                f.write(b"weights %d" % layer)
+    block = 64
+    blocks = -(-(131072 + block * opts["max_num_seqs"]) // block)
+    shape = (blocks, 8, block, 64)
+    for kv in ("k", "v"):
+        name = f"empty_{kv}cache_paged_attention{shape}_dtype_BFLOAT8_B_layout_TILE.tensorbin"
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(b"\0" * 64)
+
+
 def main():
     global STATE
     if sys.argv[1:2] == ["engine-core"]:
@@ -439,6 +471,7 @@ def main():
         if os.environ.get("STANDIN_HANG") == "load" and step == 2:
             while True:
                 time.sleep(3600)
+    write_tt_cache(opts)
     log("INFO", "gpu_model_runner.py:1843", "Model loading took 0.01 GiB and "
         f"{time.time() - START:.2f} seconds")
     loading[0] = False
