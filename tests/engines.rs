@@ -1052,3 +1052,56 @@ fn a_warm_up_runs_each_listed_prompt_length_before_ready_and_shows_which() {
         "{reason}"
     );
 }
+
+/// `{devices}` in the engine's command line becomes one `--device` per slot
+/// card (for `docker run`/`podman run`): the card's own node, never the
+/// whole /dev/tenstorrent, and it follows a renumbering.
+#[test]
+fn devices_in_the_engine_command_name_the_slots_own_device_nodes() {
+    let hw = FakeHw::new(2);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = checkpoint(dir.path());
+    let table = format!(
+        "\n[models.m]\ntp = 1\ncards = [\"{card}\"]\ncheckpoint = \"{checkpoint}\"\nworker = [\"{worker}\", \"--\", \"python3\", \"{standin}\", \"serve\", \"{{checkpoint}}\", \"--port\", \"{{port}}\", \"{{devices}}\"]\ndrain_timeout_secs = 5\n",
+        card = FakeHw::bdf(1),
+        checkpoint = ckpt.display(),
+        worker = bin("tt-worker-openai").display(),
+        standin = standin().display(),
+    );
+    let mut daemon = start(&hw, table);
+    daemon.wait_slot_state("m", "ready");
+    let devices_of = |daemon: &Daemon| {
+        let worker = worker_pid(daemon, "m");
+        let (pid, _) = engine_process(worker, |args| {
+            args.iter().any(|a| a.ends_with("vllm_standin.py"))
+        })
+        .expect("the engine under the worker");
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).to_string())
+            .collect();
+        args.windows(2)
+            .filter(|w| w[0] == "--device")
+            .map(|w| w[1].clone())
+            .collect::<Vec<_>>()
+    };
+    let node = |i: u32| {
+        hw.root
+            .dev_root()
+            .join(format!("tenstorrent/{i}"))
+            .display()
+            .to_string()
+    };
+    assert_eq!(devices_of(&daemon), vec![node(1)]);
+
+    // Renumbered by a hot-plug: the next start passes the new node.
+    daemon.terminate();
+    let (card0, card1) = (FakeHw::bdf(0), FakeHw::bdf(1));
+    hw.root.unplug(&card0).unwrap();
+    hw.root.unplug(&card1).unwrap();
+    assert_eq!(hw.root.plug(&card1).unwrap(), 0);
+    daemon.spawn(&[]);
+    daemon.wait_slot_state("m", "ready");
+    assert_eq!(devices_of(&daemon), vec![node(0)]);
+}
