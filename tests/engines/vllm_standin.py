@@ -209,7 +209,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("content-length", "0")
             self.end_headers()
         elif self.path == "/version":
-            self.send_json(200, {"version": "0.10.2+standin"})
+            self.send_json(200, {"version": "0.32.0+standin"})
         elif self.path == "/v1/models":
             self.send_json(200, {"object": "list", "data": [{
                 "id": s.name, "object": "model", "created": int(START),
@@ -439,7 +439,7 @@ def main():
         return
     opts = parse_args(sys.argv[1:])
     STATE = State(opts)
-    log("INFO", "api_server.py:1805", f"vLLM API server version 0.10.2+standin")
+    log("INFO", "api_server.py:1805", f"vLLM API server version 0.32.0+standin")
     log("INFO", "utils.py:326", f"non-default args: {{'model': '{opts['model']}', 'port': {opts['port']}, "
         f"'max_model_len': {opts['max_model_len']}}}")
     for name in filter(None, os.environ.get("STANDIN_PRINT_ENV", "").split(",")):
