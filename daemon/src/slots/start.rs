@@ -102,7 +102,10 @@ async fn start(
         deadline,
     )
     .await?;
-    warm_up(mgr, plan, &mut worker, &mut engine, deadline).await?;
+    // A build-only start never serves: its warm-up would be thrown away.
+    if !build_only {
+        warm_up(mgr, plan, &mut worker, &mut engine, deadline).await?;
+    }
     seal_cache(
         mgr,
         plan,
