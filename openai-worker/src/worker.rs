@@ -221,6 +221,7 @@ async fn life(s: Settings) -> Result<(), Failure> {
             cache_mode: s.cache_mode.as_str().to_string(),
             token_ids_field: s.token_ids_field.clone(),
             default_max_tokens: s.default_max_tokens,
+            supported_parameters: crate::openai::supported_parameters(s.kind, &s.engine_argv),
         },
         status.clone(),
         shutdown.clone(),
