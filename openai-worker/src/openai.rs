@@ -502,6 +502,38 @@ pub fn props_context(body: &str) -> Option<u32> {
         .and_then(|n| u32::try_from(n).ok())
 }
 
+/// llama-server's `/props` `chat_template_caps.supports_tool_calls`:
+/// whether the model's chat template renders tools and tool calls.
+pub fn template_calls_tools(body: &str) -> Option<bool> {
+    let value: Value = serde_json::from_str(body).ok()?;
+    value
+        .pointer("/chat_template_caps/supports_tool_calls")
+        .and_then(Value::as_bool)
+}
+
+/// The optional parameters the engine honours now that it is loaded:
+/// `declared` (from its command line, [`supported_parameters`]) less
+/// `tools` for a llama-server whose model's chat template cannot call
+/// tools (or that did not say): given tools such a template drops, it
+/// answers in prose even to `tool_choice: "required"` (seen with
+/// SmolLM2-135M-Instruct on llama-server 0.3.36 with `--jinja`).
+pub fn honoured_parameters(
+    kind: EngineKind,
+    declared: &[&'static str],
+    loaded: Option<&crate::status::Loaded>,
+) -> Vec<&'static str> {
+    let template_ok = loaded.and_then(|l| l.template_calls_tools) == Some(true);
+    declared
+        .iter()
+        .copied()
+        .filter(|p| {
+            *p != tt_serving_proto::parameters::TOOLS
+                || kind != EngineKind::LlamaServer
+                || template_ok
+        })
+        .collect()
+}
+
 /// The engine's version: vLLM's `/version` (`{"version": ...}`) or
 /// llama-server's `/props` `build_info`.
 pub fn version(body: &str) -> Option<String> {
@@ -751,6 +783,31 @@ mod tests {
         let mut sorted = listed.clone();
         sorted.sort_by_key(|n| tt_serving_proto::parameters::OPTIONAL_PARAMETERS.iter().position(|o| o == n));
         assert_eq!(listed, sorted);
+    }
+
+    #[test]
+    fn llama_server_tools_need_a_chat_template_that_calls_them() {
+        use tt_serving_proto::parameters::TOOLS;
+        let declared = supported_parameters(EngineKind::LlamaServer, &argv(&["--jinja"]));
+        let loaded = |caps: &str| crate::status::Loaded {
+            template_calls_tools: template_calls_tools(caps),
+            ..Default::default()
+        };
+        // SmolLM2's template on llama-server 0.3.36.
+        let smol = loaded(
+            r#"{"chat_template_caps":{"supports_tool_calls":false,"supports_tools":false}}"#,
+        );
+        assert!(!honoured_parameters(EngineKind::LlamaServer, &declared, Some(&smol)).contains(&TOOLS));
+        let able = loaded(r#"{"chat_template_caps":{"supports_tool_calls":true}}"#);
+        assert!(honoured_parameters(EngineKind::LlamaServer, &declared, Some(&able)).contains(&TOOLS));
+        // A build that does not say is not trusted; vLLM is not affected.
+        let silent = loaded("{}");
+        assert!(!honoured_parameters(EngineKind::LlamaServer, &declared, Some(&silent)).contains(&TOOLS));
+        let vllm = supported_parameters(
+            EngineKind::Vllm,
+            &argv(&["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]),
+        );
+        assert!(honoured_parameters(EngineKind::Vllm, &vllm, None).contains(&TOOLS));
     }
 
     fn chat(text: &str) -> pb::GenerateRequest {

@@ -158,12 +158,14 @@ impl Engine for EngineService {
             engine_version: version,
             state: worker_state(self.status.phase()),
             progress: Some(self.progress()),
-            supported_parameters: self
-                .identity
-                .supported_parameters
-                .iter()
-                .map(|p| p.to_string())
-                .collect(),
+            supported_parameters: openai::honoured_parameters(
+                self.identity.kind,
+                &self.identity.supported_parameters,
+                self.status.loaded(),
+            )
+            .iter()
+            .map(|p| p.to_string())
+            .collect(),
             kv_cache: loaded.kv_cache,
         }))
     }
@@ -214,7 +216,11 @@ impl Engine for EngineService {
             model: loaded.model.clone(),
             token_ids_field: self.identity.token_ids_field.clone(),
             default_max_tokens: self.identity.default_max_tokens,
-            supported_parameters: self.identity.supported_parameters.clone(),
+            supported_parameters: openai::honoured_parameters(
+                self.identity.kind,
+                &self.identity.supported_parameters,
+                Some(loaded),
+            ),
             string_tool_choice_only: self.identity.kind == EngineKind::LlamaServer,
         };
         let plan = openai::plan(&generate, &style).map_err(RpcStatus::invalid_argument)?;
