@@ -281,6 +281,36 @@ mod tests {
             stop_token_ids: (0..rng.below(2)).map(|_| rng.below(100) as u32).collect(),
             logprobs: [None, None, Some(0), Some(50)][rng.below(4)],
             n: [0, 0, 1, 2][rng.below(4)],
+            response_format: [
+                None,
+                None,
+                Some(pb::ResponseFormat {
+                    r#type: 1,
+                    ..Default::default()
+                }),
+                Some(pb::ResponseFormat {
+                    r#type: 2,
+                    name: "s".into(),
+                    schema: ["{}", "{", "[]"][rng.below(3)].into(),
+                    strict: true,
+                }),
+                Some(pb::ResponseFormat {
+                    r#type: 9,
+                    ..Default::default()
+                }),
+            ][rng.below(5)]
+            .clone(),
+            tools: [
+                "",
+                "",
+                r#"[{"type":"function","function":{"name":"f"}}]"#,
+                "[",
+                "{}",
+            ][rng.below(5)]
+            .into(),
+            tool_choice: ["", "", r#""auto""#, r#"{"type":"function","function":{"name":"g"}}"#]
+                [rng.below(4)]
+            .into(),
         }
     }
 

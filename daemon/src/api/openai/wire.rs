@@ -364,6 +364,7 @@ impl Common {
 }
 
 /// What the handlers need from a parsed request.
+#[derive(Debug)]
 pub struct Parsed {
     /// The request for the router.
     pub request: pb::GenerateRequest,
