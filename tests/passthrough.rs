@@ -154,8 +154,18 @@ fn tool_calls_and_reasoning_reach_openai_clients_and_tools_are_refused_where_the
         standin_table("agent", 0, &checkpoint, &tools_flags)
             + &standin_table("plain", 1, &checkpoint, &[]),
     );
-    daemon.wait_slot_state("agent", "ready");
-    daemon.wait_slot_state("plain", "ready");
+    for slot in ["agent", "plain"] {
+        let ready = Instant::now() + Duration::from_secs(60);
+        while daemon.slot(slot)["state"] != "ready" {
+            assert!(
+                Instant::now() < ready,
+                "slot {slot} is not ready: {:#}\n{}",
+                daemon.slot(slot),
+                output_text(&daemon.ttctl(&["logs", slot]))
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
 
     // What each engine honours, as its command line configured it.
     let agent = supported(&daemon, "agent");

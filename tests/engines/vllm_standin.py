@@ -378,7 +378,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 if client_gone(sock):
                     raise Disconnected()
                 time.sleep(0.05)
-            call = tools[0] if tools and tool_choice != "none" and tools_on else None
+            tools = body.get("tools") if chat else None
+            tools_on = s.opts["auto_tools"] and s.opts["tool_call_parser"]
+            call = tools[0] if tools and body.get("tool_choice") != "none" and tools_on else None
             if call is not None:
                 self.stream_tool_call(call, event, choice, sock, delay)
                 produced = 3
