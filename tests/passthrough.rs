@@ -75,10 +75,7 @@ fn post(daemon: &Daemon, path: &str, body: &serde_json::Value) -> (u16, String) 
         .expect("run curl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or((&text, "0"));
-    (
-        code.trim().parse().unwrap_or(0),
-        body.to_string(),
-    )
+    (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
 /// A collected chat answer (200 expected).
@@ -125,19 +122,22 @@ fn supported(daemon: &Daemon, model: &str) -> Vec<String> {
         .arg(format!("http://{}/v1/models", openai_address(daemon)))
         .output()
         .expect("curl");
-    let models: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", output_text(&out)));
+    let models: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", output_text(&out)));
     models["data"]
         .as_array()
         .and_then(|d| d.iter().find(|m| m["id"] == model))
         .and_then(|m| m["supported_parameters"].as_array())
-        .map(|a| a.iter().filter_map(|p| p.as_str().map(String::from)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p.as_str().map(String::from))
+                .collect()
+        })
         .unwrap_or_else(|| panic!("{model} in {models}"))
 }
 
 #[test]
-fn tool_calls_and_reasoning_reach_openai_clients_and_tools_are_refused_where_the_engine_has_none()
-{
+fn tool_calls_and_reasoning_reach_openai_clients_and_tools_are_refused_where_the_engine_has_none() {
     let hw = FakeHw::new(2);
     let dir = tempfile::tempdir().unwrap();
     let checkpoint = dir.path().join("standin-model");
@@ -212,7 +212,9 @@ fn tool_calls_and_reasoning_reach_openai_clients_and_tools_are_refused_where_the
     let call = &message["tool_calls"][0];
     assert_eq!(call["type"], "function", "{answer}");
     assert!(
-        call["id"].as_str().is_some_and(|id| id.starts_with("chatcmpl-tool-")),
+        call["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("chatcmpl-tool-")),
         "{answer}"
     );
     assert_eq!(call["function"]["name"], "get_weather", "{answer}");
@@ -261,7 +263,10 @@ fn tool_calls_and_reasoning_reach_openai_clients_and_tools_are_refused_where_the
     let reasoning = message["reasoning_content"].as_str().unwrap_or_default();
     let content = message["content"].as_str().unwrap_or_default();
     assert!(!reasoning.is_empty() && !content.is_empty(), "{answer}");
-    assert!(!content.contains(reasoning.trim()), "thinking kept out of the answer: {answer}");
+    assert!(
+        !content.contains(reasoning.trim()),
+        "thinking kept out of the answer: {answer}"
+    );
     assert!(message.get("tool_calls").is_none(), "{answer}");
     let chunks = chat_stream(&daemon, think);
     let streamed: String = chunks
@@ -311,7 +316,10 @@ fn tool_calls_and_reasoning_reach_openai_clients_and_tools_are_refused_where_the
     assert_eq!(last.finish_reason, pb::FinishReason::ToolCalls as i32);
     assert_eq!(deltas[0].name, "get_weather");
     let joined: String = deltas.iter().map(|d| d.arguments.as_str()).collect();
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&joined).ok(), Some(arguments));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&joined).ok(),
+        Some(arguments)
+    );
 
     // The official SDK reads them as its users do.
     if let Some(python) = sdk_python() {
@@ -328,7 +336,10 @@ fn tool_calls_and_reasoning_reach_openai_clients_and_tools_are_refused_where_the
         assert_eq!(r["collected"]["name"], "get_weather", "{r}");
         assert_eq!(r["collected"]["finish"], "tool_calls", "{r}");
         assert_eq!(r["streamed"]["name"], "get_weather", "{r}");
-        assert_eq!(r["streamed"]["arguments"], r["collected"]["arguments"], "{r}");
+        assert_eq!(
+            r["streamed"]["arguments"], r["collected"]["arguments"],
+            "{r}"
+        );
         assert_eq!(r["streamed"]["finish"], "tool_calls", "{r}");
         assert!(
             r["reasoning"].as_str().is_some_and(|s| !s.is_empty()),
@@ -540,7 +551,10 @@ fn llama_server_honours_seeds_and_json_schemas_and_refuses_tools_its_template_ca
         }),
     );
     assert_eq!(code, 400, "{text}");
-    assert!(text.contains("tools: not supported by engine tt-worker-openai"), "{text}");
+    assert!(
+        text.contains("tools: not supported by engine tt-worker-openai"),
+        "{text}"
+    );
 }
 
 // ---- the real vLLM (TT_VLLM_PYTHON, TT_VLLM_MODEL) ----

@@ -293,14 +293,23 @@ mod tests {
                 })
                 .filter(|_| rng.below(2) == 0),
             tools: if json_fields {
-                ["", r#"[{"type":"function","function":{"name":"f"}}]"#, "[", "{}"][rng.below(4)]
-                    .into()
+                [
+                    "",
+                    r#"[{"type":"function","function":{"name":"f"}}]"#,
+                    "[",
+                    "{}",
+                ][rng.below(4)]
+                .into()
             } else {
                 String::new()
             },
             tool_choice: if json_fields {
-                ["", r#""auto""#, r#"{"type":"function","function":{"name":"g"}}"#][rng.below(3)]
-                    .into()
+                [
+                    "",
+                    r#""auto""#,
+                    r#"{"type":"function","function":{"name":"g"}}"#,
+                ][rng.below(3)]
+                .into()
             } else {
                 String::new()
             },

@@ -50,7 +50,8 @@ async fn tools_and_response_format_are_refused_by_name() {
     let e = run(&mut c, tools).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert!(
-        e.message().starts_with("tools: not supported by engine tt-worker"),
+        e.message()
+            .starts_with("tools: not supported by engine tt-worker"),
         "{}",
         e.message()
     );
@@ -61,7 +62,11 @@ async fn tools_and_response_format_are_refused_by_name() {
         });
     });
     let e = run(&mut c, json).await.unwrap_err();
-    assert!(e.message().starts_with("response_format: "), "{}", e.message());
+    assert!(
+        e.message().starts_with("response_format: "),
+        "{}",
+        e.message()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

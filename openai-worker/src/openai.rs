@@ -95,12 +95,11 @@ fn engine_calls_tools(kind: EngineKind, argv: &[String]) -> bool {
         EngineKind::Vllm | EngineKind::VllmTt => {
             has("--enable-auto-tool-choice") && has("--tool-call-parser")
         }
-        EngineKind::LlamaServer => {
-            argv.iter()
-                .rev()
-                .find(|a| *a == "--jinja" || *a == "--no-jinja")
-                .is_some_and(|a| a == "--jinja")
-        }
+        EngineKind::LlamaServer => argv
+            .iter()
+            .rev()
+            .find(|a| *a == "--jinja" || *a == "--no-jinja")
+            .is_some_and(|a| a == "--jinja"),
     }
 }
 
@@ -377,9 +376,12 @@ fn tool_call_pieces(value: Option<&Value>) -> Result<Vec<ToolCallPiece>, String>
     let Some(list) = value.filter(|v| !v.is_null()) else {
         return Ok(Vec::new());
     };
-    let list = list
-        .as_array()
-        .ok_or_else(|| format!("the engine sent delta.tool_calls that is not a list: {}", cut(&list.to_string(), 200)))?;
+    let list = list.as_array().ok_or_else(|| {
+        format!(
+            "the engine sent delta.tool_calls that is not a list: {}",
+            cut(&list.to_string(), 200)
+        )
+    })?;
     let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or_default().to_string();
     list.iter()
         .map(|call| {
@@ -781,7 +783,11 @@ mod tests {
         // Info lists them in field order.
         let listed = llama(&["llama-server", "--jinja"]);
         let mut sorted = listed.clone();
-        sorted.sort_by_key(|n| tt_serving_proto::parameters::OPTIONAL_PARAMETERS.iter().position(|o| o == n));
+        sorted.sort_by_key(|n| {
+            tt_serving_proto::parameters::OPTIONAL_PARAMETERS
+                .iter()
+                .position(|o| o == n)
+        });
         assert_eq!(listed, sorted);
     }
 
@@ -797,12 +803,19 @@ mod tests {
         let smol = loaded(
             r#"{"chat_template_caps":{"supports_tool_calls":false,"supports_tools":false}}"#,
         );
-        assert!(!honoured_parameters(EngineKind::LlamaServer, &declared, Some(&smol)).contains(&TOOLS));
+        assert!(
+            !honoured_parameters(EngineKind::LlamaServer, &declared, Some(&smol)).contains(&TOOLS)
+        );
         let able = loaded(r#"{"chat_template_caps":{"supports_tool_calls":true}}"#);
-        assert!(honoured_parameters(EngineKind::LlamaServer, &declared, Some(&able)).contains(&TOOLS));
+        assert!(
+            honoured_parameters(EngineKind::LlamaServer, &declared, Some(&able)).contains(&TOOLS)
+        );
         // A build that does not say is not trusted; vLLM is not affected.
         let silent = loaded("{}");
-        assert!(!honoured_parameters(EngineKind::LlamaServer, &declared, Some(&silent)).contains(&TOOLS));
+        assert!(
+            !honoured_parameters(EngineKind::LlamaServer, &declared, Some(&silent))
+                .contains(&TOOLS)
+        );
         let vllm = supported_parameters(
             EngineKind::Vllm,
             &argv(&["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]),
@@ -864,17 +877,26 @@ mod tests {
         assert!(refused.starts_with("tools: "), "{refused}");
         // llama-server would take a named choice as "auto": refused.
         let llama = RequestStyle {
-            supported_parameters: supported_parameters(EngineKind::LlamaServer, &argv(&["--jinja"])),
+            supported_parameters: supported_parameters(
+                EngineKind::LlamaServer,
+                &argv(&["--jinja"]),
+            ),
             string_tool_choice_only: true,
             ..style()
         };
         let refused = plan(&request, &llama).unwrap_err();
-        assert!(refused.starts_with("tool_choice: naming a function"), "{refused}");
+        assert!(
+            refused.starts_with("tool_choice: naming a function"),
+            "{refused}"
+        );
         let required = pb::GenerateRequest {
             tool_choice: r#""required""#.into(),
             ..request.clone()
         };
-        assert_eq!(plan(&required, &llama).unwrap().body["tool_choice"], "required");
+        assert_eq!(
+            plan(&required, &llama).unwrap().body["tool_choice"],
+            "required"
+        );
         let object = pb::GenerateRequest {
             response_format: Some(pb::ResponseFormat {
                 r#type: pb::ResponseFormatType::JsonObject as i32,
@@ -890,7 +912,9 @@ mod tests {
             tools: "[".into(),
             ..chat("x")
         };
-        assert!(plan(&bad, &tools_on).unwrap_err().starts_with("tools: not valid JSON"));
+        assert!(plan(&bad, &tools_on)
+            .unwrap_err()
+            .starts_with("tools: not valid JSON"));
     }
 
     #[test]

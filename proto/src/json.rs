@@ -134,7 +134,14 @@ mod tests {
         );
         assert_eq!(
             words::<FinishReason>(0..=5),
-            ["unknown", "stop", "length", "cancelled", "tool-calls", "unknown"]
+            [
+                "unknown",
+                "stop",
+                "length",
+                "cancelled",
+                "tool-calls",
+                "unknown"
+            ]
         );
     }
 

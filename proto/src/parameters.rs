@@ -68,10 +68,7 @@ pub fn requested(request: &GenerateRequest) -> Vec<&'static str> {
     ask(request.ignore_eos, IGNORE_EOS);
     ask(!request.stop_token_ids.is_empty(), STOP_TOKEN_IDS);
     ask(request.logprobs.is_some(), LOGPROBS);
-    ask(
-        request.sampling.is_some_and(|s| s.seed.is_some()),
-        SEED,
-    );
+    ask(request.sampling.is_some_and(|s| s.seed.is_some()), SEED);
     ask(response_format(request).is_some(), RESPONSE_FORMAT);
     ask(asks_for_tools(request), TOOLS);
     asked
@@ -178,7 +175,9 @@ fn tool_names(tools: &str) -> Result<Vec<String>, String> {
         ));
     };
     if list.is_empty() {
-        return Err(format!("{TOOLS}: the array is empty; give tools or leave it out"));
+        return Err(format!(
+            "{TOOLS}: the array is empty; give tools or leave it out"
+        ));
     }
     let mut names = Vec::with_capacity(list.len());
     for (i, tool) in list.iter().enumerate() {
@@ -246,7 +245,10 @@ fn cut(s: &str) -> String {
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    let mut out: String = s[..end].chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+    let mut out: String = s[..end]
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
     if end < s.len() {
         out.push_str("...");
     }
@@ -270,7 +272,8 @@ mod tests {
         }
     }
 
-    const WEATHER: &str = r#"[{"type":"function","function":{"name":"weather","parameters":{"type":"object"}}}]"#;
+    const WEATHER: &str =
+        r#"[{"type":"function","function":{"name":"weather","parameters":{"type":"object"}}}]"#;
 
     #[test]
     fn off_values_ask_for_nothing_and_each_field_names_itself() {
@@ -346,9 +349,15 @@ mod tests {
             Ok(())
         );
         let e = with(&|r| r.response_format = Some(schema("{nope"))).unwrap_err();
-        assert!(e.starts_with("response_format.schema: not valid JSON"), "{e}");
+        assert!(
+            e.starts_with("response_format.schema: not valid JSON"),
+            "{e}"
+        );
         let e = with(&|r| r.response_format = Some(schema("[1]"))).unwrap_err();
-        assert!(e.starts_with("response_format.schema: the JSON Schema must be"), "{e}");
+        assert!(
+            e.starts_with("response_format.schema: the JSON Schema must be"),
+            "{e}"
+        );
         let e = with(&|r| {
             r.response_format = Some(pb::ResponseFormat {
                 name: String::new(),
@@ -362,6 +371,8 @@ mod tests {
             tools: WEATHER.into(),
             ..Default::default()
         };
-        assert!(check(&prompt).unwrap_err().starts_with("tools: only for chat input"));
+        assert!(check(&prompt)
+            .unwrap_err()
+            .starts_with("tools: only for chat input"));
     }
 }

@@ -347,7 +347,10 @@ mod tests {
             ..chat(&["user"])
         });
         assert!(matches!(err, RouteError::Invalid(_)), "{err:?}");
-        assert!(err.message().starts_with("tools: not valid JSON"), "{err:?}");
+        assert!(
+            err.message().starts_with("tools: not valid JSON"),
+            "{err:?}"
+        );
         let err = refusal(&pb::GenerateRequest {
             response_format: Some(pb::ResponseFormat {
                 r#type: pb::ResponseFormatType::JsonSchema as i32,
@@ -358,7 +361,8 @@ mod tests {
             ..chat(&["user"])
         });
         assert!(
-            err.message().starts_with("response_format.schema: not valid JSON"),
+            err.message()
+                .starts_with("response_format.schema: not valid JSON"),
             "{err:?}"
         );
         let tools = r#"[{"type":"function","function":{"name":"f"}}]"#;

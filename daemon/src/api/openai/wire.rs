@@ -724,7 +724,8 @@ mod tests {
         }))
         .unwrap_err();
         assert_eq!(missing.param, "response_format.json_schema");
-        let tools = chat(serde_json::json!({"model": "m", "messages": [], "tools": {}})).unwrap_err();
+        let tools =
+            chat(serde_json::json!({"model": "m", "messages": [], "tools": {}})).unwrap_err();
         assert_eq!(tools.param, "tools");
     }
 }
