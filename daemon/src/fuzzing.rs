@@ -247,6 +247,7 @@ mod tests {
         let float = |rng: &mut Rng| -> f32 {
             [0.0, 0.7, 1.0, 1.5, -0.1, f32::NAN, f32::INFINITY, 2.0][rng.below(8)]
         };
+        let json_fields = rng.below(16) == 0;
         pb::GenerateRequest {
             model: match rng.below(8) {
                 0 => "x".repeat(65 + rng.below(1000)),
@@ -281,6 +282,37 @@ mod tests {
             stop_token_ids: (0..rng.below(2)).map(|_| rng.below(100) as u32).collect(),
             logprobs: [None, None, Some(0), Some(50)][rng.below(4)],
             n: [0, 0, 1, 2][rng.below(4)],
+            // The JSON-carrying fields, in one request of sixteen (each
+            // refusal they reach is one acceptance fewer).
+            response_format: json_fields
+                .then(|| pb::ResponseFormat {
+                    r#type: [1, 2, 2, 9][rng.below(4)],
+                    name: ["s", ""][rng.below(2)].into(),
+                    schema: ["{}", "{", "[]"][rng.below(3)].into(),
+                    strict: true,
+                })
+                .filter(|_| rng.below(2) == 0),
+            tools: if json_fields {
+                [
+                    "",
+                    r#"[{"type":"function","function":{"name":"f"}}]"#,
+                    "[",
+                    "{}",
+                ][rng.below(4)]
+                .into()
+            } else {
+                String::new()
+            },
+            tool_choice: if json_fields {
+                [
+                    "",
+                    r#""auto""#,
+                    r#"{"type":"function","function":{"name":"g"}}"#,
+                ][rng.below(3)]
+                .into()
+            } else {
+                String::new()
+            },
         }
     }
 

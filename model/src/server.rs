@@ -149,6 +149,7 @@ fn to_response(tokenizer: &Tokenizer, ev: Event) -> Result<pb::GenerateResponse,
                     }
                 })
                 .collect(),
+            ..Default::default()
         }),
         Event::Final(f) => pb::generate_response::Chunk::Final(pb::GenerationFinal {
             finish_reason: finish_reason(f.reason),

@@ -264,6 +264,27 @@ pub fn serve(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
     runtime.block_on(serve_async(args, faults))
 }
 
+/// The optional parameters tt-worker honours: every one but the guided
+/// decoding and tool calling of `response_format` and `tools`, which it
+/// does not have (so the daemon refuses them by name). `seed` is honoured:
+/// each sequence samples from its own generator seeded by the request,
+/// over logits that are the same bits alone or in a batch (the
+/// batch-invariant kernels of docs/ARCHITECTURE.md), so the same seed,
+/// prompt and settings give the same text.
+const HONOURED_PARAMETERS: [&str; 8] = {
+    use tt_serving_proto::parameters::*;
+    [
+        PRESENCE_PENALTY,
+        FREQUENCY_PENALTY,
+        REPETITION_PENALTY,
+        MIN_TOKENS,
+        IGNORE_EOS,
+        STOP_TOKEN_IDS,
+        LOGPROBS,
+        SEED,
+    ]
+};
+
 async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
     let status = Arc::new(Status::default());
     let banners = Arc::new(Banners::new(faults.skip_banner.clone()));
@@ -274,7 +295,7 @@ async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
             tp: args.tp as u32,
             bdfs: args.bdfs.clone(),
             cache_mode: args.cache_mode.as_str().to_string(),
-            supported_parameters: tt_serving_proto::parameters::OPTIONAL_PARAMETERS
+            supported_parameters: HONOURED_PARAMETERS
                 .iter()
                 .filter(|p| !faults.withhold_parameters.iter().any(|w| w == *p))
                 .map(|p| p.to_string())

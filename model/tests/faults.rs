@@ -171,7 +171,8 @@ async fn withheld_parameters_are_left_out_of_info_and_refused() {
             "repetition_penalty",
             "min_tokens",
             "ignore_eos",
-            "stop_token_ids"
+            "stop_token_ids",
+            "seed"
         ]
     );
     let e = run(&mut c, request_with("the cat", 4, |g| g.logprobs = Some(1)))

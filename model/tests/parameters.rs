@@ -9,7 +9,7 @@ use common::*;
 use tt_serving_proto::v1 as pb;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn info_declares_every_optional_parameter() {
+async fn info_declares_every_optional_parameter_but_guided_decoding_and_tools() {
     let cache = tempfile::tempdir().unwrap();
     let w = Worker::start(&Opts::new(&tiny_model(), 1, cache.path(), "cold")).await;
     let info = w
@@ -19,9 +19,53 @@ async fn info_declares_every_optional_parameter() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(
-        info.supported_parameters,
-        tt_serving_proto::parameters::OPTIONAL_PARAMETERS.to_vec()
+    use tt_serving_proto::parameters::{OPTIONAL_PARAMETERS, RESPONSE_FORMAT, TOOLS};
+    let expected: Vec<&str> = OPTIONAL_PARAMETERS
+        .into_iter()
+        .filter(|p| ![RESPONSE_FORMAT, TOOLS].contains(p))
+        .collect();
+    assert_eq!(info.supported_parameters, expected);
+    assert!(info.supported_parameters.iter().any(|p| p == "seed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_and_response_format_are_refused_by_name() {
+    let cache = tempfile::tempdir().unwrap();
+    let w = Worker::start(&Opts::new(&tiny_model(), 1, cache.path(), "cold")).await;
+    let mut c = w.client().await;
+    let chat = |f: &dyn Fn(&mut pb::GenerateRequest)| {
+        request_with("x", 4, |g| {
+            g.input = Some(pb::generate_request::Input::Chat(pb::ChatMessages {
+                messages: vec![pb::ChatMessage {
+                    role: "user".into(),
+                    content: "hi".into(),
+                }],
+            }));
+            f(g);
+        })
+    };
+    let tools = chat(&|g| {
+        g.tools = r#"[{"type":"function","function":{"name":"f"}}]"#.into();
+    });
+    let e = run(&mut c, tools).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message()
+            .starts_with("tools: not supported by engine tt-worker"),
+        "{}",
+        e.message()
+    );
+    let json = chat(&|g| {
+        g.response_format = Some(pb::ResponseFormat {
+            r#type: pb::ResponseFormatType::JsonObject as i32,
+            ..Default::default()
+        });
+    });
+    let e = run(&mut c, json).await.unwrap_err();
+    assert!(
+        e.message().starts_with("response_format: "),
+        "{}",
+        e.message()
     );
 }
 

@@ -7,6 +7,7 @@
 //! before `[DONE]` carries the token counts. Pure functions over JSON, so
 //! the tests pin them without an engine.
 
+use crate::cli::EngineKind;
 use serde_json::{json, Map, Value};
 use tt_serving_proto::v1 as pb;
 
@@ -48,7 +49,58 @@ pub struct RequestStyle {
     /// `max_tokens` for requests that leave it 0; `None` leaves it out.
     pub default_max_tokens: Option<u32>,
     /// The optional parameters the engine takes (the rest are refused).
-    pub supported_parameters: &'static [&'static str],
+    pub supported_parameters: Vec<&'static str>,
+    /// llama-server: `tool_choice` naming a function is refused, since it
+    /// reads `tool_choice` as a string only and takes anything else as
+    /// `auto` (llama.cpp `tools/server/server-common.cpp`,
+    /// `oaicompat_chat_params_parse`, `json_value` falling back to its
+    /// default on a wrong type).
+    pub string_tool_choice_only: bool,
+}
+
+/// The optional parameters an engine honours as it was started: the
+/// kind's fixed list (`EngineKind::supported_parameters`), plus `seed` and
+/// `response_format`, which vLLM and llama-server both honour (vLLM's
+/// `seed` and structured outputs; llama-server's `seed` and its grammar
+/// from a JSON schema), plus `tools` only when the command line turns tool
+/// calling on:
+///
+/// - vLLM: `--enable-auto-tool-choice` and `--tool-call-parser` (without
+///   them vLLM refuses `tool_choice: "auto"`, "requires
+///   --enable-auto-tool-choice and --tool-call-parser to be set", and a
+///   required or named choice "requires --tool-call-parser": vllm
+///   `renderers/online_renderer.py`);
+/// - llama-server: `--jinja` (without it llama-server refuses tools,
+///   "tools param requires --jinja flag": `server-common.cpp`; some
+///   builds turn jinja on by default, but only an explicit `--jinja` is
+///   trusted, and a later `--no-jinja` wins).
+pub fn supported_parameters(kind: EngineKind, argv: &[String]) -> Vec<&'static str> {
+    use tt_serving_proto::parameters as p;
+    let mut list: Vec<&'static str> = kind.supported_parameters().to_vec();
+    list.extend([p::SEED, p::RESPONSE_FORMAT]);
+    if engine_calls_tools(kind, argv) {
+        list.push(p::TOOLS);
+    }
+    // In field order, as Info lists them.
+    list.sort_by_key(|name| p::OPTIONAL_PARAMETERS.iter().position(|o| o == name));
+    list
+}
+
+fn engine_calls_tools(kind: EngineKind, argv: &[String]) -> bool {
+    let has = |flag: &str| {
+        argv.iter()
+            .any(|a| a == flag || a.strip_prefix(flag).is_some_and(|v| v.starts_with('=')))
+    };
+    match kind {
+        EngineKind::Vllm | EngineKind::VllmTt => {
+            has("--enable-auto-tool-choice") && has("--tool-call-parser")
+        }
+        EngineKind::LlamaServer => argv
+            .iter()
+            .rev()
+            .find(|a| *a == "--jinja" || *a == "--no-jinja")
+            .is_some_and(|a| a == "--jinja"),
+    }
 }
 
 /// Maps a request; `Err` is an `INVALID_ARGUMENT` message naming the field.
@@ -107,9 +159,6 @@ pub fn plan(request: &pb::GenerateRequest, style: &RequestStyle) -> Result<Plan,
     if sampling.top_k > 0 {
         body.insert("top_k".into(), json!(sampling.top_k));
     }
-    if let Some(seed) = sampling.seed {
-        body.insert("seed".into(), json!(seed));
-    }
     if !request.stop.is_empty() {
         body.insert("stop".into(), json!(request.stop));
     }
@@ -120,6 +169,7 @@ pub fn plan(request: &pb::GenerateRequest, style: &RequestStyle) -> Result<Plan,
     // engine does not take is refused (the daemon refuses it first, by the
     // list in Info: this is the same rule for a caller of the socket).
     use tt_serving_proto::parameters as p;
+    p::check(request)?;
     for name in p::requested(request) {
         if !style.supported_parameters.contains(&name) {
             return Err(format!(
@@ -133,6 +183,18 @@ pub fn plan(request: &pb::GenerateRequest, style: &RequestStyle) -> Result<Plan,
             p::MIN_TOKENS => json!(request.min_tokens),
             p::IGNORE_EOS => json!(true),
             p::STOP_TOKEN_IDS => json!(request.stop_token_ids),
+            p::SEED => json!(sampling.seed),
+            p::RESPONSE_FORMAT => response_format(request)?,
+            p::TOOLS => {
+                if !request.tool_choice.is_empty() {
+                    let choice = json_text("tool_choice", &request.tool_choice)?;
+                    if style.string_tool_choice_only && !choice.is_string() {
+                        return Err("tool_choice: naming a function is not honoured by llama-server (it takes it as \"auto\"); give only that tool with \"required\"".into());
+                    }
+                    body.insert("tool_choice".into(), choice);
+                }
+                json_text(p::TOOLS, &request.tools)?
+            }
             _ => continue,
         };
         body.insert(name.into(), value);
@@ -141,6 +203,30 @@ pub fn plan(request: &pb::GenerateRequest, style: &RequestStyle) -> Result<Plan,
         endpoint,
         body: Value::Object(body),
     })
+}
+
+/// OpenAI's `response_format` object for the request's format
+/// (`parameters::check` has checked the schema parses).
+fn response_format(request: &pb::GenerateRequest) -> Result<Value, String> {
+    let Some(format) = request.response_format.as_ref() else {
+        return Ok(Value::Null);
+    };
+    match pb::ResponseFormatType::try_from(format.r#type) {
+        Ok(pb::ResponseFormatType::JsonSchema) => Ok(json!({
+            "type": "json_schema",
+            "json_schema": {
+                "name": format.name,
+                "schema": json_text("response_format.schema", &format.schema)?,
+                "strict": format.strict,
+            },
+        })),
+        _ => Ok(json!({"type": "json_object"})),
+    }
+}
+
+/// A JSON text field parsed for the engine's body.
+fn json_text(field: &str, text: &str) -> Result<Value, String> {
+    serde_json::from_str(text).map_err(|e| format!("{field}: not valid JSON ({e})"))
 }
 
 /// An f32 as the decimal a person wrote (0.9, not 0.8999999761581421).
@@ -165,11 +251,30 @@ pub struct Usage {
     pub cached_prompt_tokens: u32,
 }
 
+/// A piece of a tool call, as the engine streamed it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ToolCallPiece {
+    /// Which call of the answer, from 0.
+    pub index: u32,
+    /// The call's id (its first piece).
+    pub id: String,
+    /// The function's name (its first piece).
+    pub name: String,
+    /// More of its arguments' text.
+    pub arguments: String,
+}
+
 /// One streamed chunk, as far as we use it.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Chunk {
     /// New text.
     pub text: String,
+    /// New reasoning text (chat: `delta.reasoning`, vLLM's name since it
+    /// renamed `reasoning_content`; `delta.reasoning_content`, older vLLM's
+    /// and llama-server's).
+    pub reasoning: String,
+    /// Pieces of tool calls (chat: `delta.tool_calls`).
+    pub tool_calls: Vec<ToolCallPiece>,
     /// The ids of the new tokens, when the engine returned them.
     pub token_ids: Vec<u32>,
     /// `finish_reason`, once the choice ended.
@@ -220,6 +325,14 @@ pub fn parse_event(data: &str, endpoint: Endpoint) -> Result<Event, String> {
             Endpoint::Chat => choice.get("delta").and_then(|d| d.get("content")),
         };
         chunk.text = text.and_then(Value::as_str).unwrap_or_default().to_string();
+        if let (Endpoint::Chat, Some(delta)) = (endpoint, choice.get("delta")) {
+            chunk.reasoning = ["reasoning", "reasoning_content"]
+                .iter()
+                .find_map(|k| delta.get(*k).and_then(Value::as_str))
+                .unwrap_or_default()
+                .to_string();
+            chunk.tool_calls = tool_call_pieces(delta.get("tool_calls"))?;
+        }
         chunk.finish_reason = choice
             .get("finish_reason")
             .and_then(Value::as_str)
@@ -252,6 +365,45 @@ pub fn parse_event(data: &str, endpoint: Endpoint) -> Result<Event, String> {
         });
     }
     Ok(Event::Chunk(chunk))
+}
+
+/// `delta.tool_calls`: `[{"index", "id"?, "type"?, "function"?: {"name"?,
+/// "arguments"?}}]`, every field but `index` optional (vLLM's
+/// `DeltaToolCall`, llama-server's `server_chat_msg_diff_to_json_oaicompat`).
+/// A piece without an index cannot be placed, so it fails the stream
+/// rather than being dropped.
+fn tool_call_pieces(value: Option<&Value>) -> Result<Vec<ToolCallPiece>, String> {
+    let Some(list) = value.filter(|v| !v.is_null()) else {
+        return Ok(Vec::new());
+    };
+    let list = list.as_array().ok_or_else(|| {
+        format!(
+            "the engine sent delta.tool_calls that is not a list: {}",
+            cut(&list.to_string(), 200)
+        )
+    })?;
+    let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or_default().to_string();
+    list.iter()
+        .map(|call| {
+            let index = call
+                .get("index")
+                .and_then(Value::as_u64)
+                .and_then(|i| u32::try_from(i).ok())
+                .ok_or_else(|| {
+                    format!(
+                        "the engine sent a tool call piece without its index: {}",
+                        cut(&call.to_string(), 200)
+                    )
+                })?;
+            let function = call.get("function");
+            Ok(ToolCallPiece {
+                index,
+                id: text(call.get("id")),
+                name: text(function.and_then(|f| f.get("name"))),
+                arguments: text(function.and_then(|f| f.get("arguments"))),
+            })
+        })
+        .collect()
 }
 
 fn ids(value: Option<&Value>) -> Option<Vec<u32>> {
@@ -352,6 +504,38 @@ pub fn props_context(body: &str) -> Option<u32> {
         .and_then(|n| u32::try_from(n).ok())
 }
 
+/// llama-server's `/props` `chat_template_caps.supports_tool_calls`:
+/// whether the model's chat template renders tools and tool calls.
+pub fn template_calls_tools(body: &str) -> Option<bool> {
+    let value: Value = serde_json::from_str(body).ok()?;
+    value
+        .pointer("/chat_template_caps/supports_tool_calls")
+        .and_then(Value::as_bool)
+}
+
+/// The optional parameters the engine honours now that it is loaded:
+/// `declared` (from its command line, [`supported_parameters`]) less
+/// `tools` for a llama-server whose model's chat template cannot call
+/// tools (or that did not say): given tools such a template drops, it
+/// answers in prose even to `tool_choice: "required"` (seen with
+/// SmolLM2-135M-Instruct on llama-server 0.3.36 with `--jinja`).
+pub fn honoured_parameters(
+    kind: EngineKind,
+    declared: &[&'static str],
+    loaded: Option<&crate::status::Loaded>,
+) -> Vec<&'static str> {
+    let template_ok = loaded.and_then(|l| l.template_calls_tools) == Some(true);
+    declared
+        .iter()
+        .copied()
+        .filter(|p| {
+            *p != tt_serving_proto::parameters::TOOLS
+                || kind != EngineKind::LlamaServer
+                || template_ok
+        })
+        .collect()
+}
+
 /// The engine's version: vLLM's `/version` (`{"version": ...}`) or
 /// llama-server's `/props` `build_info`.
 pub fn version(body: &str) -> Option<String> {
@@ -372,7 +556,8 @@ mod tests {
             model: "qwen".into(),
             token_ids_field: Some("return_token_ids".into()),
             default_max_tokens: None,
-            supported_parameters: crate::cli::EngineKind::Vllm.supported_parameters(),
+            supported_parameters: supported_parameters(EngineKind::Vllm, &[]),
+            string_tool_choice_only: false,
         }
     }
 
@@ -400,7 +585,7 @@ mod tests {
         let refused = plan(&logprobs, &style()).unwrap_err();
         assert!(refused.starts_with("logprobs: "), "{refused}");
         let llama = RequestStyle {
-            supported_parameters: crate::cli::EngineKind::LlamaServer.supported_parameters(),
+            supported_parameters: supported_parameters(EngineKind::LlamaServer, &[]),
             ..style()
         };
         let refused = plan(&request, &llama).unwrap_err();
@@ -569,5 +754,216 @@ mod tests {
         );
         assert_eq!(error_message(r#"{"error":{"message":"no"}}"#), "no");
         assert_eq!(error_message("plain"), "plain");
+    }
+
+    fn argv(args: &[&str]) -> Vec<String> {
+        args.iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn tools_are_declared_only_for_an_engine_started_with_tool_calling() {
+        use tt_serving_proto::parameters::{RESPONSE_FORMAT, SEED, TOOLS};
+        let plain = supported_parameters(EngineKind::Vllm, &argv(&["vllm", "serve", "m"]));
+        assert!(plain.contains(&SEED) && plain.contains(&RESPONSE_FORMAT));
+        assert!(!plain.contains(&TOOLS));
+        let parser_only = argv(&["vllm", "serve", "m", "--tool-call-parser", "hermes"]);
+        assert!(!supported_parameters(EngineKind::Vllm, &parser_only).contains(&TOOLS));
+        let tools = argv(&[
+            "vllm",
+            "serve",
+            "m",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser=hermes",
+        ]);
+        assert!(supported_parameters(EngineKind::VllmTt, &tools).contains(&TOOLS));
+        let llama = |args: &[&str]| supported_parameters(EngineKind::LlamaServer, &argv(args));
+        assert!(!llama(&["llama-server", "-m", "x"]).contains(&TOOLS));
+        assert!(llama(&["llama-server", "--jinja"]).contains(&TOOLS));
+        assert!(!llama(&["llama-server", "--jinja", "--no-jinja"]).contains(&TOOLS));
+        // Info lists them in field order.
+        let listed = llama(&["llama-server", "--jinja"]);
+        let mut sorted = listed.clone();
+        sorted.sort_by_key(|n| {
+            tt_serving_proto::parameters::OPTIONAL_PARAMETERS
+                .iter()
+                .position(|o| o == n)
+        });
+        assert_eq!(listed, sorted);
+    }
+
+    #[test]
+    fn llama_server_tools_need_a_chat_template_that_calls_them() {
+        use tt_serving_proto::parameters::TOOLS;
+        let declared = supported_parameters(EngineKind::LlamaServer, &argv(&["--jinja"]));
+        let loaded = |caps: &str| crate::status::Loaded {
+            template_calls_tools: template_calls_tools(caps),
+            ..Default::default()
+        };
+        // SmolLM2's template on llama-server 0.3.36.
+        let smol = loaded(
+            r#"{"chat_template_caps":{"supports_tool_calls":false,"supports_tools":false}}"#,
+        );
+        assert!(
+            !honoured_parameters(EngineKind::LlamaServer, &declared, Some(&smol)).contains(&TOOLS)
+        );
+        let able = loaded(r#"{"chat_template_caps":{"supports_tool_calls":true}}"#);
+        assert!(
+            honoured_parameters(EngineKind::LlamaServer, &declared, Some(&able)).contains(&TOOLS)
+        );
+        // A build that does not say is not trusted; vLLM is not affected.
+        let silent = loaded("{}");
+        assert!(
+            !honoured_parameters(EngineKind::LlamaServer, &declared, Some(&silent))
+                .contains(&TOOLS)
+        );
+        let vllm = supported_parameters(
+            EngineKind::Vllm,
+            &argv(&["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]),
+        );
+        assert!(honoured_parameters(EngineKind::Vllm, &vllm, None).contains(&TOOLS));
+    }
+
+    fn chat(text: &str) -> pb::GenerateRequest {
+        pb::GenerateRequest {
+            input: Some(pb::generate_request::Input::Chat(pb::ChatMessages {
+                messages: vec![pb::ChatMessage {
+                    role: "user".into(),
+                    content: text.into(),
+                }],
+            })),
+            ..Default::default()
+        }
+    }
+
+    const WEATHER: &str = r#"[{"type":"function","function":{"name":"weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]"#;
+
+    #[test]
+    fn seed_response_format_and_tools_reach_the_engine_as_openai_fields() {
+        let request = pb::GenerateRequest {
+            sampling: Some(pb::SamplingParams {
+                temperature: 1.0,
+                seed: Some(7),
+                ..Default::default()
+            }),
+            response_format: Some(pb::ResponseFormat {
+                r#type: pb::ResponseFormatType::JsonSchema as i32,
+                name: "city".into(),
+                schema: r#"{"type":"object","required":["name"]}"#.into(),
+                strict: true,
+            }),
+            tools: WEATHER.into(),
+            tool_choice: r#"{"type":"function","function":{"name":"weather"}}"#.into(),
+            ..chat("where?")
+        };
+        let tools_on = RequestStyle {
+            supported_parameters: supported_parameters(
+                EngineKind::Vllm,
+                &argv(&["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]),
+            ),
+            ..style()
+        };
+        let body = plan(&request, &tools_on).unwrap().body;
+        assert_eq!(body["seed"], 7);
+        assert_eq!(
+            body["response_format"],
+            json!({"type": "json_schema", "json_schema": {
+                "name": "city", "schema": {"type": "object", "required": ["name"]}, "strict": true,
+            }})
+        );
+        assert_eq!(body["tools"][0]["function"]["name"], "weather");
+        assert_eq!(body["tool_choice"]["function"]["name"], "weather");
+        // Refused by name where the engine was started without tool calling.
+        let refused = plan(&request, &style()).unwrap_err();
+        assert!(refused.starts_with("tools: "), "{refused}");
+        // llama-server would take a named choice as "auto": refused.
+        let llama = RequestStyle {
+            supported_parameters: supported_parameters(
+                EngineKind::LlamaServer,
+                &argv(&["--jinja"]),
+            ),
+            string_tool_choice_only: true,
+            ..style()
+        };
+        let refused = plan(&request, &llama).unwrap_err();
+        assert!(
+            refused.starts_with("tool_choice: naming a function"),
+            "{refused}"
+        );
+        let required = pb::GenerateRequest {
+            tool_choice: r#""required""#.into(),
+            ..request.clone()
+        };
+        assert_eq!(
+            plan(&required, &llama).unwrap().body["tool_choice"],
+            "required"
+        );
+        let object = pb::GenerateRequest {
+            response_format: Some(pb::ResponseFormat {
+                r#type: pb::ResponseFormatType::JsonObject as i32,
+                ..Default::default()
+            }),
+            ..chat("x")
+        };
+        assert_eq!(
+            plan(&object, &style()).unwrap().body["response_format"],
+            json!({"type": "json_object"})
+        );
+        let bad = pb::GenerateRequest {
+            tools: "[".into(),
+            ..chat("x")
+        };
+        assert!(plan(&bad, &tools_on)
+            .unwrap_err()
+            .starts_with("tools: not valid JSON"));
+    }
+
+    #[test]
+    fn reasoning_and_tool_call_pieces_are_read_in_both_engines_names() {
+        // vLLM 0.32: `reasoning` (vllm entrypoints/generate/base/protocol.py
+        // DeltaMessage); the first piece of a call has id, type and name.
+        let e = parse_event(
+            r#"{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"reasoning":"think"},"finish_reason":null}]}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        let Event::Chunk(c) = e else { panic!() };
+        assert_eq!((c.reasoning.as_str(), c.text.as_str()), ("think", ""));
+        let e = parse_event(
+            r#"{"choices":[{"index":0,"delta":{"reasoning_content":"old"}}]}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        let Event::Chunk(c) = e else { panic!() };
+        assert_eq!(c.reasoning, "old");
+        let e = parse_event(
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"id":"chatcmpl-tool-1","type":"function","index":0,"function":{"name":"weather","arguments":"{\"ci"}}]}}]}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        let Event::Chunk(c) = e else { panic!() };
+        assert_eq!(
+            c.tool_calls,
+            [ToolCallPiece {
+                index: 0,
+                id: "chatcmpl-tool-1".into(),
+                name: "weather".into(),
+                arguments: "{\"ci".into(),
+            }]
+        );
+        let e = parse_event(
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"ty\"}"}}]},"finish_reason":"tool_calls"}]}"#,
+            Endpoint::Chat,
+        )
+        .unwrap();
+        let Event::Chunk(c) = e else { panic!() };
+        assert_eq!(c.tool_calls[0].index, 1);
+        assert_eq!(c.tool_calls[0].arguments, "ty\"}");
+        assert_eq!(c.finish_reason.as_deref(), Some("tool_calls"));
+        assert!(parse_event(
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"function":{"arguments":"x"}}]}}]}"#,
+            Endpoint::Chat
+        )
+        .unwrap_err()
+        .contains("without its index"));
     }
 }

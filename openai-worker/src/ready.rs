@@ -42,17 +42,21 @@ impl Probe {
             return None;
         }
         let model = openai::first_model(&body)?;
-        let (context, version) = match self.kind {
+        let (context, version, template_calls_tools) = match self.kind {
             EngineKind::Vllm | EngineKind::VllmTt => {
                 let version = self
                     .read("/version")
                     .await
                     .and_then(|b| openai::version(&b));
-                (model.max_model_len, version)
+                (model.max_model_len, version, None)
             }
             EngineKind::LlamaServer => match self.read("/props").await {
-                Some(props) => (openai::props_context(&props), openai::version(&props)),
-                None => (None, None),
+                Some(props) => (
+                    openai::props_context(&props),
+                    openai::version(&props),
+                    openai::template_calls_tools(&props),
+                ),
+                None => (None, None, None),
             },
         };
         if context.is_none() {
@@ -76,6 +80,7 @@ impl Probe {
             engine_version: version,
             load_time: self.started.elapsed(),
             kv_cache,
+            template_calls_tools,
         })
     }
 

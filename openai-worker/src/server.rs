@@ -35,6 +35,10 @@ pub struct Identity {
     pub token_ids_field: Option<String>,
     /// `max_tokens` for requests leaving it 0.
     pub default_max_tokens: Option<u32>,
+    /// The optional parameters the engine honours as started
+    /// (`openai::supported_parameters`), listed in Info and checked again
+    /// on each request.
+    pub supported_parameters: Vec<&'static str>,
 }
 
 /// The service.
@@ -89,12 +93,14 @@ fn worker_state(p: Phase) -> i32 {
 }
 
 /// An engine's `finish_reason` in our words. vLLM says `abort` for a
-/// request it aborted; anything else that ended the text (tool calls, a
-/// content filter) ended it like a stop.
+/// request it aborted, and both engines `tool_calls` for a turn ended by
+/// calling tools; anything else that ended the text (a content filter)
+/// ended it like a stop.
 fn finish_reason(reason: &str) -> pb::FinishReason {
     match reason {
         "length" => pb::FinishReason::Length,
         "abort" | "cancelled" => pb::FinishReason::Cancelled,
+        "tool_calls" => pb::FinishReason::ToolCalls,
         _ => pb::FinishReason::Stop,
     }
 }
@@ -152,13 +158,14 @@ impl Engine for EngineService {
             engine_version: version,
             state: worker_state(self.status.phase()),
             progress: Some(self.progress()),
-            supported_parameters: self
-                .identity
-                .kind
-                .supported_parameters()
-                .iter()
-                .map(|p| p.to_string())
-                .collect(),
+            supported_parameters: openai::honoured_parameters(
+                self.identity.kind,
+                &self.identity.supported_parameters,
+                self.status.loaded(),
+            )
+            .iter()
+            .map(|p| p.to_string())
+            .collect(),
             kv_cache: loaded.kv_cache,
             runtime_cache_files: self
                 .identity
@@ -216,7 +223,12 @@ impl Engine for EngineService {
             model: loaded.model.clone(),
             token_ids_field: self.identity.token_ids_field.clone(),
             default_max_tokens: self.identity.default_max_tokens,
-            supported_parameters: self.identity.kind.supported_parameters(),
+            supported_parameters: openai::honoured_parameters(
+                self.identity.kind,
+                &self.identity.supported_parameters,
+                Some(loaded),
+            ),
+            string_tool_choice_only: self.identity.kind == EngineKind::LlamaServer,
         };
         let plan = openai::plan(&generate, &style).map_err(RpcStatus::invalid_argument)?;
         let body = serde_json::to_vec(&plan.body)
@@ -377,7 +389,11 @@ impl Relay {
             match openai::parse_event(&data, self.endpoint) {
                 Ok(Event::Done) => progress.done = true,
                 Ok(Event::Chunk(chunk)) => {
-                    if !chunk.text.is_empty() || !chunk.token_ids.is_empty() {
+                    if !chunk.text.is_empty()
+                        || !chunk.token_ids.is_empty()
+                        || !chunk.reasoning.is_empty()
+                        || !chunk.tool_calls.is_empty()
+                    {
                         progress.first_token.get_or_insert_with(Instant::now);
                         self.prefill.release();
                         progress.ids += chunk.token_ids.len() as u32;
@@ -388,6 +404,17 @@ impl Relay {
                                 text: chunk.text,
                                 token_ids: chunk.token_ids,
                                 logprobs: Vec::new(),
+                                reasoning: chunk.reasoning,
+                                tool_calls: chunk
+                                    .tool_calls
+                                    .into_iter()
+                                    .map(|c| pb::ToolCallDelta {
+                                        index: c.index,
+                                        id: c.id,
+                                        name: c.name,
+                                        arguments: c.arguments,
+                                    })
+                                    .collect(),
                             })),
                         };
                         if self.tx.send(Ok(delta)).await.is_err() {

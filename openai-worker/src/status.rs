@@ -39,6 +39,12 @@ pub struct Loaded {
     pub load_time: Duration,
     /// The engine's KV cache, when it says (vLLM's `cache_config_info`).
     pub kv_cache: Option<tt_serving_proto::v1::KvCacheInfo>,
+    /// llama-server: whether the model's chat template can call tools
+    /// (`/props` `chat_template_caps.supports_tool_calls`); `None` when the
+    /// engine does not say. llama-server given tools its template cannot
+    /// render answers in prose, even with `tool_choice: "required"`, so
+    /// `tools` is declared only when this is `Some(true)`.
+    pub template_calls_tools: Option<bool>,
 }
 
 /// The engine's load as `/metrics` showed it.

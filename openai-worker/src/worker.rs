@@ -221,6 +221,7 @@ async fn life(s: Settings) -> Result<(), Failure> {
             cache_mode: s.cache_mode.as_str().to_string(),
             token_ids_field: s.token_ids_field.clone(),
             default_max_tokens: s.default_max_tokens,
+            supported_parameters: crate::openai::supported_parameters(s.kind, &s.engine_argv),
         },
         status.clone(),
         shutdown.clone(),
@@ -300,6 +301,15 @@ async fn wait_ready(
                         cache_mode = s.cache_mode.as_str(),
                         "the engine is ready"
                     );
+                    if s.kind == cli::EngineKind::LlamaServer
+                        && crate::openai::supported_parameters(s.kind, &s.engine_argv)
+                            .contains(&tt_serving_proto::parameters::TOOLS)
+                        && loaded.template_calls_tools != Some(true)
+                    {
+                        tracing::warn!(
+                            "llama-server runs with --jinja, but the model's chat template cannot call tools (/props chat_template_caps.supports_tool_calls is not true): requests with tools are refused"
+                        );
+                    }
                     status.set_ready(loaded);
                     return Ok(());
                 }

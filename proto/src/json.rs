@@ -133,8 +133,15 @@ mod tests {
             ]
         );
         assert_eq!(
-            words::<FinishReason>(0..=4),
-            ["unknown", "stop", "length", "cancelled", "unknown"]
+            words::<FinishReason>(0..=5),
+            [
+                "unknown",
+                "stop",
+                "length",
+                "cancelled",
+                "tool-calls",
+                "unknown"
+            ]
         );
     }
 

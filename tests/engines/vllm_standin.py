@@ -21,7 +21,24 @@ It mirrors what vLLM shows a supervisor, on the wire and in its output:
   `vllm:num_requests_waiting` gauges that follow live requests: a client
   that disconnects is seen at once (its socket polled between tokens, as
   vLLM's ASGI server sees `http.disconnect`) and its request aborted;
-- SIGTERM: a clean shutdown, exit 0.
+- SIGTERM: a clean shutdown, exit 0;
+- chat output split as vLLM 0.32's parsers split it (SmolLM2 on the real
+  vLLM neither reasons nor calls tools, so tests see these shapes here):
+  with `--reasoning-parser NAME`, the first tokens come as
+  `delta.reasoning` (vLLM 0.32's `DeltaMessage.reasoning`, formerly
+  `reasoning_content`: vllm/entrypoints/generate/base/protocol.py), the
+  rest as `delta.content`; with `--enable-auto-tool-choice` and
+  `--tool-call-parser NAME`, a request whose `tools` are given (and
+  `tool_choice` is not "none") is answered by a call of its first tool,
+  streamed as the hermes parser streams it (vllm/tool_parsers/
+  hermes_tool_parser.py): a piece with `id` (`chatcmpl-tool-<hex>`,
+  vllm/renderers/chat_utils.py make_tool_call_id), `type` and
+  `function.name`, then pieces of `function.arguments`, each in a delta
+  with `"content": null`; the last chunk's `finish_reason` is
+  `tool_calls` (vllm/entrypoints/openai/chat_completion/serving.py). Tools
+  with `tool_choice` "auto" on a stand-in started without those options get
+  vLLM's 400 ('"auto" tool choice requires --enable-auto-tool-choice and
+  --tool-call-parser to be set', vllm/renderers/online_renderer.py).
 
 Behaviour switched by environment variables:
 
@@ -103,7 +120,8 @@ def parse_args(argv):
         print("usage: vllm_standin.py serve MODEL --port P [...]", file=sys.stderr)
         sys.exit(2)
     opts = {"model": argv[1], "port": 8000, "max_model_len": 4096,
-            "served_model_name": None, "max_num_seqs": 8, "host": "0.0.0.0"}
+            "served_model_name": None, "max_num_seqs": 8, "host": "0.0.0.0",
+            "reasoning_parser": None, "tool_call_parser": None, "auto_tools": False}
     rest = argv[2:]
     i = 0
     while i < len(rest):
@@ -119,6 +137,14 @@ def parse_args(argv):
             opts["max_num_seqs"] = int(value)
         elif key == "--host":
             opts["host"] = value
+        elif key == "--reasoning-parser":
+            opts["reasoning_parser"] = value
+        elif key == "--tool-call-parser":
+            opts["tool_call_parser"] = value
+        elif key == "--enable-auto-tool-choice":
+            opts["auto_tools"] = True
+            i += 1
+            continue
         elif not key.startswith("--") or value is None or value.startswith("--"):
             i += 1
             continue
@@ -281,6 +307,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if not body.get("stream"):
             self.send_json(400, error("the stand-in only streams"))
             return
+        tools = body.get("tools") if chat else None
+        tool_choice = body.get("tool_choice")
+        tools_on = STATE.opts["auto_tools"] and STATE.opts["tool_call_parser"]
+        if tools and tool_choice in (None, "auto") and not tools_on:
+            self.send_json(400, error('"auto" tool choice requires '
+                                      "--enable-auto-tool-choice and --tool-call-parser to be set"))
+            return
         self.stream(body, chat, request_id, prompt_ids, max_tokens)
 
     def stream(self, body, chat, request_id, prompt_ids, max_tokens):
@@ -313,9 +346,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             chunk.update(extra or {})
             self.write_chunk(f"data: {json.dumps(chunk)}\n\n")
 
-        def choice(text, token_ids, finish=None, first=False):
+        def choice(text, token_ids, finish=None, first=False, delta=None):
             c = {"index": 0}
-            if chat:
+            if delta is not None:
+                c["delta"] = delta
+            elif chat:
                 c["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
             else:
                 c["text"] = text
@@ -348,6 +383,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 if client_gone(sock):
                     raise Disconnected()
                 time.sleep(0.05)
+            tools = body.get("tools") if chat else None
+            tools_on = s.opts["auto_tools"] and s.opts["tool_call_parser"]
+            call = tools[0] if tools and body.get("tool_choice") != "none" and tools_on else None
+            if call is not None:
+                self.stream_tool_call(call, event, choice, sock, delay)
+                produced = 3
+                finish = "tool_calls"
+                max_tokens = 0
+            reasoning = 3 if chat and STATE.opts["reasoning_parser"] else 0
             for i in range(max_tokens):
                 time.sleep(delay)
                 if client_gone(sock):
@@ -364,8 +408,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     break
                 generated = candidate
                 produced += 1
+                if i < reasoning:
+                    # The reasoning parser's output (vllm/reasoning/
+                    # basic_parsers.py): thinking as `reasoning`, no content.
+                    event([choice("", [token_id(word.strip()) + i], delta={"reasoning": word})])
+                    generated = ""
+                    continue
                 event([choice(word, [token_id(word.strip()) + i], first=(i == 0 and not chat))])
-            event([choice("", [], finish=finish)])
+            # serving.py sends an empty DeltaMessage with the finish reason
+            # when the parser held the last piece back.
+            event([choice("", [], finish=finish, delta={} if call is not None else None)])
             if usage:
                 event([], {"usage": {"prompt_tokens": len(prompt_ids),
                                      "total_tokens": len(prompt_ids) + produced,
@@ -380,6 +432,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
             with s.lock:
                 s.running -= 1
             s.slots.release()
+
+    def stream_tool_call(self, tool, event, choice, sock, delay):
+        """A call of `tool` as vLLM's hermes parser streams it: the name
+        first, then the arguments (one string per property of the tool's
+        parameters) in two pieces."""
+        function = tool.get("function") or {}
+        props = ((function.get("parameters") or {}).get("properties") or {})
+        args = json.dumps({name: "standin" for name in props})
+        call_id = "chatcmpl-tool-" + uuid.uuid4().hex
+        pieces = [
+            {"id": call_id, "type": "function", "index": 0,
+             "function": {"name": function.get("name")}},
+            {"index": 0, "function": {"arguments": args[: len(args) // 2]}},
+            {"index": 0, "function": {"arguments": args[len(args) // 2:]}},
+        ]
+        for piece in pieces:
+            time.sleep(delay)
+            if client_gone(sock):
+                raise Disconnected()
+            event([choice("", [1], delta={"content": None, "tool_calls": [piece]})])
 
     def write_chunk(self, text):
         data = text.encode()

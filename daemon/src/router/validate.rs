@@ -81,7 +81,11 @@ pub fn validate_request(
         }
     }
     check_stops(&request.stop, limits)?;
-    check_parameters(request)
+    check_parameters(request)?;
+    // `response_format`, `tools` and `tool_choice` carry JSON text: checked
+    // here, at the door, so a malformed one is named before any engine
+    // sees it (the worker runs the same check for callers of its socket).
+    tt_serving_proto::parameters::check(request).map_err(RouteError::Invalid)
 }
 
 /// The optional parameters' engine-independent rules: `n` is 0 or 1, the
@@ -333,6 +337,58 @@ mod tests {
         assert_eq!(
             err.message(),
             "ignore_eos: not supported by engine (an engine that gave no engine_version) serving model m; leave it out"
+        );
+    }
+
+    #[test]
+    fn malformed_tools_and_schemas_are_refused_at_the_door_naming_the_field() {
+        let err = refusal(&pb::GenerateRequest {
+            tools: "[{\"type\": \"function\"".into(),
+            ..chat(&["user"])
+        });
+        assert!(matches!(err, RouteError::Invalid(_)), "{err:?}");
+        assert!(
+            err.message().starts_with("tools: not valid JSON"),
+            "{err:?}"
+        );
+        let err = refusal(&pb::GenerateRequest {
+            response_format: Some(pb::ResponseFormat {
+                r#type: pb::ResponseFormatType::JsonSchema as i32,
+                name: "x".into(),
+                schema: "not json".into(),
+                strict: false,
+            }),
+            ..chat(&["user"])
+        });
+        assert!(
+            err.message()
+                .starts_with("response_format.schema: not valid JSON"),
+            "{err:?}"
+        );
+        let tools = r#"[{"type":"function","function":{"name":"f"}}]"#;
+        assert!(validate_request(
+            &config(),
+            &pb::GenerateRequest {
+                tools: tools.into(),
+                ..chat(&["user"])
+            }
+        )
+        .is_ok());
+        // And an engine that does not list `tools` refuses them by name.
+        let err = check_engine_supports(
+            &pb::GenerateRequest {
+                tools: tools.into(),
+                ..chat(&["user"])
+            },
+            &EngineFacts {
+                version: "tt-worker-openai 0.1.0 (vllm 0.32.0)".into(),
+                supported_parameters: vec!["seed".into(), "response_format".into()],
+            },
+        )
+        .expect_err("refused");
+        assert_eq!(
+            err.message(),
+            "tools: not supported by engine tt-worker-openai 0.1.0 (vllm 0.32.0) serving model m; leave it out"
         );
     }
 

@@ -192,26 +192,23 @@ impl Head {
         })
     }
 
-    /// One streamed choice: new text (with its tokens' logprobs when asked
-    /// for), and the finish reason at the end.
+    /// One streamed choice: new output (with its tokens' logprobs when
+    /// asked for), and the finish reason at the end.
     fn choice(
         &self,
-        text: Option<&str>,
+        delta: Option<&pb::TokenDelta>,
         logprobs: serde_json::Value,
         finish: Option<&str>,
     ) -> serde_json::Value {
         match self.endpoint {
             Endpoint::Completion => serde_json::json!([{
                 "index": 0,
-                "text": text.unwrap_or(""),
+                "text": delta.map_or("", |d| d.text.as_str()),
                 "logprobs": logprobs,
                 "finish_reason": finish,
             }]),
             Endpoint::Chat => {
-                let delta = match text {
-                    Some(t) => serde_json::json!({ "content": t }),
-                    None => serde_json::json!({}),
-                };
+                let delta = delta.map_or_else(|| serde_json::json!({}), chat_delta);
                 serde_json::json!([{
                     "index": 0,
                     "delta": delta,
@@ -233,6 +230,83 @@ impl Head {
             Endpoint::Completion => wire::completion_logprobs(tokens, text_start),
             Endpoint::Chat => wire::chat_logprobs(tokens),
         }
+    }
+}
+
+/// A chat chunk's `delta` as OpenAI's SDKs read it: `content` when there
+/// is text (or logprobs for it), `reasoning_content` when the engine's
+/// reasoning parser split off thinking (the name DeepSeek's API and
+/// llama-server use, and vLLM before it renamed it `reasoning`), and
+/// `tool_calls` pieces: the first piece of a call with its `id`, `type`
+/// and `function.name`, every piece with `index` and
+/// `function.arguments`.
+fn chat_delta(d: &pb::TokenDelta) -> serde_json::Value {
+    let mut delta = serde_json::Map::new();
+    if !d.text.is_empty() || (d.reasoning.is_empty() && d.tool_calls.is_empty()) {
+        delta.insert("content".into(), serde_json::json!(d.text));
+    }
+    if !d.reasoning.is_empty() {
+        delta.insert("reasoning_content".into(), serde_json::json!(d.reasoning));
+    }
+    if !d.tool_calls.is_empty() {
+        let calls: Vec<serde_json::Value> = d
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let mut call = serde_json::json!({ "index": c.index });
+                let mut function = serde_json::json!({ "arguments": c.arguments });
+                if !c.id.is_empty() {
+                    call["id"] = serde_json::json!(c.id);
+                    call["type"] = serde_json::json!("function");
+                }
+                if !c.name.is_empty() {
+                    function["name"] = serde_json::json!(c.name);
+                }
+                call["function"] = function;
+                call
+            })
+            .collect();
+        delta.insert("tool_calls".into(), serde_json::Value::Array(calls));
+    }
+    serde_json::Value::Object(delta)
+}
+
+/// The whole tool calls of a collected answer, joined from their pieces
+/// by index: the first id and name given, the arguments concatenated.
+#[derive(Default)]
+struct ToolCalls(std::collections::BTreeMap<u32, (String, String, String)>);
+
+impl ToolCalls {
+    fn add(&mut self, pieces: &[pb::ToolCallDelta]) {
+        for p in pieces {
+            let (id, name, arguments) = self.0.entry(p.index).or_default();
+            if id.is_empty() {
+                id.clone_from(&p.id);
+            }
+            if name.is_empty() {
+                name.clone_from(&p.name);
+            }
+            arguments.push_str(&p.arguments);
+        }
+    }
+
+    /// `message.tool_calls`, or `None` when the model called nothing.
+    fn json(&self) -> Option<serde_json::Value> {
+        if self.0.is_empty() {
+            return None;
+        }
+        Some(serde_json::Value::Array(
+            self.0
+                .values()
+                .map(|(id, name, arguments)| {
+                    serde_json::json!({
+                        "id": id,
+                        "type": "function",
+                        "function": { "name": name, "arguments": arguments },
+                    })
+                })
+                .collect(),
+        ))
     }
 }
 
@@ -302,12 +376,15 @@ fn chunk_events(
 ) -> Vec<Event> {
     match chunk.chunk {
         Some(pb::generate_response::Chunk::Delta(d))
-            if !d.text.is_empty() || !d.logprobs.is_empty() =>
+            if !d.text.is_empty()
+                || !d.logprobs.is_empty()
+                || !d.reasoning.is_empty()
+                || !d.tool_calls.is_empty() =>
         {
             let logprobs = head.logprobs(&d.logprobs, *text_len);
             *text_len += d.text.len();
             vec![event(
-                &head.body(true, head.choice(Some(&d.text), logprobs, None)),
+                &head.body(true, head.choice(Some(&d), logprobs, None)),
             )]
         }
         Some(pb::generate_response::Chunk::Final(f)) => {
@@ -334,6 +411,8 @@ fn chunk_events(
 /// The whole answer as one JSON body.
 async fn collected(head: Head, mut stream: ChunkStream) -> Response {
     let mut text = String::new();
+    let mut reasoning = String::new();
+    let mut tool_calls = ToolCalls::default();
     let mut logprobs = Vec::new();
     let mut last = None;
     while let Some(chunk) = stream.next().await {
@@ -342,6 +421,8 @@ async fn collected(head: Head, mut stream: ChunkStream) -> Response {
                 chunk: Some(pb::generate_response::Chunk::Delta(d)),
             }) => {
                 text.push_str(&d.text);
+                reasoning.push_str(&d.reasoning);
+                tool_calls.add(&d.tool_calls);
                 logprobs.extend(d.logprobs);
             }
             Ok(pb::GenerateResponse {
@@ -364,14 +445,101 @@ async fn collected(head: Head, mut stream: ChunkStream) -> Response {
         Endpoint::Completion => serde_json::json!([{
             "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
         }]),
-        Endpoint::Chat => serde_json::json!([{
-            "index": 0,
-            "message": { "role": "assistant", "content": text },
-            "logprobs": logprobs,
-            "finish_reason": finish,
-        }]),
+        Endpoint::Chat => {
+            // OpenAI's message: `content` null when the turn is only tool
+            // calls; `reasoning_content` and `tool_calls` only when there
+            // are some.
+            let calls = tool_calls.json();
+            let mut message = serde_json::json!({
+                "role": "assistant",
+                "content": if text.is_empty() && calls.is_some() {
+                    serde_json::Value::Null
+                } else {
+                    serde_json::json!(text)
+                },
+            });
+            if !reasoning.is_empty() {
+                message["reasoning_content"] = serde_json::json!(reasoning);
+            }
+            if let Some(calls) = calls {
+                message["tool_calls"] = calls;
+            }
+            serde_json::json!([{
+                "index": 0,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": finish,
+            }])
+        }
     };
     let mut body = head.body(false, choice);
     body["usage"] = serde_json::json!(Usage::of(&last));
     axum::Json(body).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(index: u32, id: &str, name: &str, arguments: &str) -> pb::ToolCallDelta {
+        pb::ToolCallDelta {
+            index,
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    #[test]
+    fn chat_deltas_carry_reasoning_and_tool_calls_as_openai_sdks_read_them() {
+        let text = pb::TokenDelta {
+            text: "hi".into(),
+            ..Default::default()
+        };
+        assert_eq!(chat_delta(&text), serde_json::json!({"content": "hi"}));
+        let thinking = pb::TokenDelta {
+            reasoning: "hmm".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            chat_delta(&thinking),
+            serde_json::json!({"reasoning_content": "hmm"})
+        );
+        let first = pb::TokenDelta {
+            tool_calls: vec![piece(0, "call-1", "weather", "")],
+            ..Default::default()
+        };
+        assert_eq!(
+            chat_delta(&first),
+            serde_json::json!({"tool_calls": [{
+                "index": 0, "id": "call-1", "type": "function",
+                "function": {"name": "weather", "arguments": ""},
+            }]})
+        );
+        let more = pb::TokenDelta {
+            tool_calls: vec![piece(0, "", "", "{\"city\"")],
+            ..Default::default()
+        };
+        assert_eq!(
+            chat_delta(&more),
+            serde_json::json!({"tool_calls": [{
+                "index": 0, "function": {"arguments": "{\"city\""},
+            }]})
+        );
+    }
+
+    #[test]
+    fn collected_tool_calls_join_their_pieces_by_index() {
+        let mut calls = ToolCalls::default();
+        assert_eq!(calls.json(), None);
+        calls.add(&[piece(0, "a", "weather", "{\"ci")]);
+        calls.add(&[piece(1, "b", "time", "{}"), piece(0, "", "", "ty\": 1}")]);
+        assert_eq!(
+            calls.json(),
+            Some(serde_json::json!([
+                {"id": "a", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": 1}"}},
+                {"id": "b", "type": "function", "function": {"name": "time", "arguments": "{}"}},
+            ]))
+        );
+    }
 }

@@ -144,6 +144,89 @@ pub struct ChatRequest {
     pub messages: Vec<ChatMessageIn>,
     /// The newer name of `max_tokens`.
     pub max_completion_tokens: Option<u32>,
+    /// JSON output (`GenerateRequest.response_format`).
+    pub response_format: Option<ResponseFormatIn>,
+    /// The functions the model may call, passed on as JSON text
+    /// (`GenerateRequest.tools`; the router checks their shape).
+    pub tools: Option<serde_json::Value>,
+    /// `"none"`, `"auto"`, `"required"` or a named function, passed on as
+    /// JSON text (`GenerateRequest.tool_choice`).
+    pub tool_choice: Option<serde_json::Value>,
+}
+
+/// `response_format`: `{"type": "text" | "json_object"}` or `{"type":
+/// "json_schema", "json_schema": {...}}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseFormatIn {
+    /// `text`, `json_object` or `json_schema`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The schema, with `"type": "json_schema"`.
+    pub json_schema: Option<JsonSchemaIn>,
+}
+
+/// `response_format.json_schema`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaIn {
+    /// The schema's name.
+    pub name: String,
+    /// What the output is for; OpenAI shows it to the model, our engines
+    /// do not, so it is accepted and not sent.
+    pub description: Option<String>,
+    /// The JSON Schema itself.
+    pub schema: Option<serde_json::Value>,
+    /// OpenAI's strict mode.
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
+
+impl ResponseFormatIn {
+    /// Into the proto's `ResponseFormat`; `None` for free text.
+    fn parse(self) -> Result<Option<pb::ResponseFormat>, Refused> {
+        use pb::ResponseFormatType as T;
+        let (kind, schema) = match (self.kind.as_str(), self.json_schema) {
+            ("text", None) => return Ok(None),
+            ("json_object", None) => (T::JsonObject, None),
+            ("json_schema", Some(schema)) => (T::JsonSchema, Some(schema)),
+            ("json_schema", None) => {
+                return Err(refuse(
+                    "response_format.json_schema",
+                    "give the schema: {\"name\": ..., \"schema\": {...}}",
+                ))
+            }
+            ("text" | "json_object", Some(_)) => {
+                return Err(refuse(
+                    "response_format.json_schema",
+                    "only with \"type\": \"json_schema\"",
+                ))
+            }
+            (other, _) => {
+                return Err(refuse(
+                    "response_format.type",
+                    &format!(
+                        "`{}` is not a response format; use text, json_object or json_schema",
+                        crate::echo::echo(other)
+                    ),
+                ))
+            }
+        };
+        let mut format = pb::ResponseFormat {
+            r#type: kind as i32,
+            ..Default::default()
+        };
+        if let Some(s) = schema {
+            format.name = s.name;
+            format.strict = s.strict.unwrap_or(false);
+            // OpenAI's schema is optional; absent means any JSON object.
+            format.schema = s
+                .schema
+                .unwrap_or_else(|| serde_json::json!({"type": "object"}))
+                .to_string();
+        }
+        Ok(Some(format))
+    }
 }
 
 /// The fields both endpoints know ([`Common`]).
@@ -173,7 +256,14 @@ const COMMON_FIELDS: &[&str] = &[
 pub const COMPLETION_FIELDS: &[&str] = &["model", "prompt", "echo", "best_of", "suffix"];
 
 /// Fields only `/v1/chat/completions` knows ([`ChatRequest`]).
-pub const CHAT_FIELDS: &[&str] = &["model", "messages", "max_completion_tokens"];
+pub const CHAT_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "max_completion_tokens",
+    "response_format",
+    "tools",
+    "tool_choice",
+];
 
 /// Split a body into the endpoint's own fields and the [`Common`] ones, so
 /// each is read with its own struct (serde keeps the path of a type error
@@ -274,6 +364,7 @@ impl Common {
 }
 
 /// What the handlers need from a parsed request.
+#[derive(Debug)]
 pub struct Parsed {
     /// The request for the router.
     pub request: pb::GenerateRequest,
@@ -388,6 +479,23 @@ impl ChatRequest {
         }
         let (stream, include_usage) = streaming(&common);
         let max_completion_tokens = self.max_completion_tokens;
+        let response_format = match self.response_format {
+            Some(f) => f.parse()?,
+            None => None,
+        };
+        // Passed on as JSON text; `tt_serving_proto::parameters::check`
+        // (the router's validation) names what is wrong inside, and the
+        // router refuses them by name where the engine does not list
+        // `tools`.
+        let tools = match self.tools {
+            None | Some(serde_json::Value::Null) => String::new(),
+            Some(v @ serde_json::Value::Array(_)) => v.to_string(),
+            Some(_) => return Err(refuse("tools", "give a list of tools")),
+        };
+        let tool_choice = match self.tool_choice {
+            None | Some(serde_json::Value::Null) => String::new(),
+            Some(v) => v.to_string(),
+        };
         // Chat: `logprobs` is a boolean, `top_logprobs` the alternatives.
         let logprobs =
             match &common.logprobs {
@@ -412,6 +520,9 @@ impl ChatRequest {
         };
         common.apply(&mut request);
         request.logprobs = logprobs;
+        request.response_format = response_format;
+        request.tools = tools;
+        request.tool_choice = tool_choice;
         if let Some(max) = max_completion_tokens {
             request.max_tokens = max;
         }
@@ -519,6 +630,7 @@ pub fn chat_logprobs(tokens: &[pb::TokenLogprob]) -> serde_json::Value {
 pub fn finish_reason(reason: i32) -> &'static str {
     match pb::FinishReason::try_from(reason) {
         Ok(pb::FinishReason::Length) => "length",
+        Ok(pb::FinishReason::ToolCalls) => "tool_calls",
         // A cancelled request has no client left to read this.
         _ => "stop",
     }
@@ -559,5 +671,61 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(Usage::of(&silent).prompt_tokens_details.cached_tokens, 0);
+    }
+
+    fn chat(body: serde_json::Value) -> Result<Parsed, Refused> {
+        let (own, common) = split_fields(body, CHAT_FIELDS)?;
+        let common: Common = serde_json::from_value(common).map_err(|e| Refused {
+            param: String::new(),
+            message: e.to_string(),
+        })?;
+        let request: ChatRequest = serde_json::from_value(own).map_err(|e| Refused {
+            param: String::new(),
+            message: e.to_string(),
+        })?;
+        request.parse(common)
+    }
+
+    #[test]
+    fn response_format_and_tools_become_the_proto_fields() {
+        let parsed = chat(serde_json::json!({
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "seed": 3,
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "city", "schema": {"type": "object"}, "strict": true}},
+            "tools": [{"type": "function", "function": {"name": "weather"}}],
+            "tool_choice": "required",
+        }))
+        .unwrap();
+        let r = parsed.request;
+        assert_eq!(r.sampling.and_then(|s| s.seed), Some(3));
+        let format = r.response_format.unwrap();
+        assert_eq!(format.r#type, pb::ResponseFormatType::JsonSchema as i32);
+        assert_eq!((format.name.as_str(), format.strict), ("city", true));
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&format.schema).unwrap(),
+            serde_json::json!({"type": "object"})
+        );
+        assert_eq!(r.tool_choice, "\"required\"");
+        assert!(r.tools.contains("weather"));
+        let text = chat(serde_json::json!({
+            "model": "m", "messages": [], "response_format": {"type": "text"},
+        }))
+        .unwrap();
+        assert!(text.request.response_format.is_none());
+        let bad = chat(serde_json::json!({
+            "model": "m", "messages": [], "response_format": {"type": "yaml"},
+        }))
+        .unwrap_err();
+        assert_eq!(bad.param, "response_format.type");
+        let missing = chat(serde_json::json!({
+            "model": "m", "messages": [], "response_format": {"type": "json_schema"},
+        }))
+        .unwrap_err();
+        assert_eq!(missing.param, "response_format.json_schema");
+        let tools =
+            chat(serde_json::json!({"model": "m", "messages": [], "tools": {}})).unwrap_err();
+        assert_eq!(tools.param, "tools");
     }
 }
