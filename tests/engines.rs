@@ -895,19 +895,33 @@ fn vllm_tt_cache_table(checkpoint: &Path, layers: u32, max_num_seqs: u32) -> Str
 }
 
 fn files_named(dir: &Path, needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            if e.path().is_dir() {
-                stack.push(e.path());
-            } else if e.file_name().to_string_lossy().contains(needle) {
-                out.push(e.file_name().to_string_lossy().into_owned());
-            }
-        }
-    }
+    let mut out: Vec<String> = walk_files(dir)
+        .into_iter()
+        .filter_map(|p| Some(p.file_name()?.to_string_lossy().into_owned()))
+        .filter(|name| name.contains(needle))
+        .collect();
     out.sort();
     out
+}
+
+/// Stop the daemon, give it `extra` as its model tables, start it again.
+fn restart_with(daemon: &mut Daemon, hw: &FakeHw, extra: String) {
+    daemon.terminate();
+    let opts = DaemonOptions {
+        extra,
+        ..Default::default()
+    };
+    daemon.rewrite_config(hw, &opts);
+    daemon.spawn(&[]);
+}
+
+/// Wait for slot `m` to be Failed; its reason.
+fn failed_reason(daemon: &Daemon, what: &str) -> String {
+    let slot = wait_until(what, || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "failed").then_some(slot)
+    });
+    slot["reason"].as_str().unwrap_or("").to_string()
 }
 
 /// tt_transformers writes its paged-attention KV buffers into the weights
@@ -936,13 +950,7 @@ fn a_vllm_tt_warm_start_may_write_new_kv_buffers_but_not_new_weights() {
     );
 
     // Tuned scheduler: new KV buffer names, same weights: warm and served.
-    daemon.terminate();
-    let opts = DaemonOptions {
-        extra: vllm_tt_cache_table(&ckpt, 2, 16),
-        ..Default::default()
-    };
-    daemon.rewrite_config(&hw, &opts);
-    daemon.spawn(&[]);
+    restart_with(&mut daemon, &hw, vllm_tt_cache_table(&ckpt, 2, 16));
     let slot = daemon.wait_slot_state("m", "ready");
     assert_eq!(slot["cache_mode"], "warm", "{slot:#}");
     assert_eq!(
@@ -953,18 +961,8 @@ fn a_vllm_tt_warm_start_may_write_new_kv_buffers_but_not_new_weights() {
     rt_generate_ok(&daemon);
 
     // A warm start that generates a weights file serves placeholders: refused.
-    daemon.terminate();
-    let opts = DaemonOptions {
-        extra: vllm_tt_cache_table(&ckpt, 3, 16),
-        ..Default::default()
-    };
-    daemon.rewrite_config(&hw, &opts);
-    daemon.spawn(&[]);
-    let slot = wait_until("the guard to refuse the warm start", || {
-        let slot = daemon.slot("m");
-        (slot["state"] == "failed").then_some(slot)
-    });
-    let reason = slot["reason"].as_str().unwrap_or("");
+    restart_with(&mut daemon, &hw, vllm_tt_cache_table(&ckpt, 3, 16));
+    let reason = failed_reason(&daemon, "the guard to refuse the warm start");
     assert!(
         reason.contains("warm start generated cache files")
             && reason.contains("layers.2.attention"),
@@ -1031,22 +1029,16 @@ fn a_warm_up_runs_each_listed_prompt_length_before_ready_and_shows_which() {
         "{log}"
     );
 
-    daemon.terminate();
-    let opts = DaemonOptions {
-        extra: standin_table(
+    restart_with(
+        &mut daemon,
+        &hw,
+        standin_table(
             "m",
             &ckpt,
             "[models.m.readiness]\nwarmup_prompt_tokens = [8192]\n[models.m.restart]\nmax_attempts = 1\n",
         ),
-        ..Default::default()
-    };
-    daemon.rewrite_config(&hw, &opts);
-    daemon.spawn(&[]);
-    let slot = wait_until("the start to be refused", || {
-        let slot = daemon.slot("m");
-        (slot["state"] == "failed").then_some(slot)
-    });
-    let reason = slot["reason"].as_str().unwrap_or("");
+    );
+    let reason = failed_reason(&daemon, "the start to be refused");
     assert!(
         reason.contains("warmup_prompt_tokens lists 8192") && reason.contains("4096"),
         "{reason}"

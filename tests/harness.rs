@@ -621,3 +621,34 @@ pub async fn generate(
     let last = last.ok_or_else(|| tonic::Status::internal("stream ended without a final chunk"))?;
     Ok(Generated { text, tokens, last })
 }
+
+/// A Python with the `openai` SDK: `TT_GRPCIO_PYTHON` (CI sets it from
+/// `scripts/grpcio-python.sh`, which installs grpcio and openai), else that
+/// script's venv under ~/.cache/tt-serving. CI requires it; elsewhere a
+/// missing SDK skips loudly (None).
+pub fn sdk_python() -> Option<PathBuf> {
+    let candidates = std::env::var_os("TT_GRPCIO_PYTHON")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(
+            std::env::var_os("HOME")
+                .map(|h| Path::new(&h).join(".cache/tt-serving/grpcio-venv/bin/python")),
+        );
+    for python in candidates {
+        let ok = Command::new(&python)
+            .args(["-c", "import openai"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Some(python);
+        }
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("CI must provide the openai SDK: .ci/run exports TT_GRPCIO_PYTHON=$(scripts/grpcio-python.sh)");
+    }
+    eprintln!("SKIPPED: no Python with the openai SDK; run `export TT_GRPCIO_PYTHON=$(scripts/grpcio-python.sh)`");
+    None
+}

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tt_serving_tests::chaos_support as chaos;
 use tt_serving_tests::{
-    model_table, output_text, tiny_model, wait_until, Daemon, DaemonOptions, FakeHw,
+    model_table, output_text, sdk_python, tiny_model, wait_until, Daemon, DaemonOptions, FakeHw,
 };
 
 const TOKEN: &str = "sk-openai-test-token-1234";
@@ -148,36 +148,6 @@ fn stream_in_background(base: &str, body: &str) -> std::process::Child {
         .stderr(Stdio::null())
         .spawn()
         .expect("start curl")
-}
-
-/// The test Python with `openai` installed: `TT_GRPCIO_PYTHON` (CI sets it
-/// from `scripts/grpcio-python.sh`, which installs grpcio and openai).
-/// CI requires it; elsewhere a missing SDK skips loudly.
-fn sdk_python() -> Option<PathBuf> {
-    let candidates = std::env::var_os("TT_GRPCIO_PYTHON")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(
-            std::env::var_os("HOME")
-                .map(|h| Path::new(&h).join(".cache/tt-serving/grpcio-venv/bin/python")),
-        );
-    for python in candidates {
-        let ok = Command::new(&python)
-            .args(["-c", "import openai"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return Some(python);
-        }
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("CI must provide the openai SDK: .ci/run exports TT_GRPCIO_PYTHON=$(scripts/grpcio-python.sh)");
-    }
-    eprintln!("SKIPPED: no Python with the openai SDK; run `export TT_GRPCIO_PYTHON=$(scripts/grpcio-python.sh)`");
-    None
 }
 
 /// The real model when CI provides it (words the SDK checks can read),

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tt_serving_proto::v1 as pb;
-use tt_serving_tests::{bin, output_text, Daemon, DaemonOptions, FakeHw};
+use tt_serving_tests::{bin, output_text, sdk_python, Daemon, DaemonOptions, FakeHw};
 
 fn standin() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("engines/vllm_standin.py")
@@ -382,36 +382,6 @@ except openai.BadRequestError as e:
     out["refused"] = {"status": e.status_code, "param": (e.body or {}).get("param")}
 print(json.dumps(out))
 "#;
-
-/// A Python with the `openai` SDK (`TT_GRPCIO_PYTHON`, or the venv
-/// `scripts/grpcio-python.sh` makes); without one the SDK half is skipped
-/// loudly (CI requires it).
-fn sdk_python() -> Option<PathBuf> {
-    let candidates = std::env::var_os("TT_GRPCIO_PYTHON")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(
-            std::env::var_os("HOME")
-                .map(|h| Path::new(&h).join(".cache/tt-serving/grpcio-venv/bin/python")),
-        );
-    for python in candidates {
-        let ok = Command::new(&python)
-            .args(["-c", "import openai"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            return Some(python);
-        }
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("CI must provide the openai SDK: .ci/run exports TT_GRPCIO_PYTHON=$(scripts/grpcio-python.sh)");
-    }
-    eprintln!("SKIPPED (SDK half): no Python with the openai SDK; run `export TT_GRPCIO_PYTHON=$(scripts/grpcio-python.sh)`");
-    None
-}
 
 // ---- the real llama-server (TT_LLAMA_SERVER, TT_SMOLLM2_GGUF) ----
 

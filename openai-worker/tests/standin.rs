@@ -42,7 +42,7 @@ async fn info_is_loading_with_moving_progress_then_ready_with_the_context_length
     assert_eq!(ready.model_name, "standin-model");
     assert!(ready.load_time_ms >= 2000, "{}", ready.load_time_ms);
     assert!(
-        ready.engine_version.contains("(vllm 0.10.2+standin)"),
+        ready.engine_version.contains("(vllm 0.32.0+standin)"),
         "{}",
         ready.engine_version
     );
