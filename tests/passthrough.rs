@@ -385,21 +385,6 @@ print(json.dumps(out))
 
 // ---- the real llama-server (TT_LLAMA_SERVER, TT_SMOLLM2_GGUF) ----
 
-fn llama() -> Option<(PathBuf, PathBuf)> {
-    let server = std::env::var_os("TT_LLAMA_SERVER").filter(|s| !s.is_empty());
-    let model = std::env::var_os("TT_SMOLLM2_GGUF").filter(|s| !s.is_empty());
-    match (server, model) {
-        (Some(s), Some(m)) => Some((s.into(), m.into())),
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("CI must set TT_LLAMA_SERVER (scripts/llama-server.sh) and TT_SMOLLM2_GGUF")
-        }
-        _ => {
-            eprintln!("SKIPPED: set TT_LLAMA_SERVER=$(scripts/llama-server.sh) and TT_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh)");
-            None
-        }
-    }
-}
-
 /// SmolLM2 on llama-server, `flags` added to its command line.
 fn llama_table(server: &Path, model: &Path, flags: &[&str]) -> String {
     let mut argv = vec![
@@ -484,7 +469,7 @@ fn json_by_schema(daemon: &Daemon, model: &str) -> serde_json::Value {
 
 #[test]
 fn llama_server_honours_seeds_and_json_schemas_and_refuses_tools_its_template_cannot_call() {
-    let Some((server, model)) = llama() else {
+    let Some((server, model)) = tt_serving_tests::real_llama_server() else {
         return;
     };
     let hw = FakeHw::new(1);
@@ -529,24 +514,9 @@ fn llama_server_honours_seeds_and_json_schemas_and_refuses_tools_its_template_ca
 
 // ---- the real vLLM (TT_VLLM_PYTHON, TT_VLLM_MODEL) ----
 
-fn vllm() -> Option<(PathBuf, PathBuf)> {
-    let python = std::env::var_os("TT_VLLM_PYTHON").filter(|s| !s.is_empty());
-    let model = std::env::var_os("TT_VLLM_MODEL").filter(|s| !s.is_empty());
-    match (python, model) {
-        (Some(p), Some(m)) => Some((p.into(), m.into())),
-        _ if std::env::var_os("CI").is_some() => panic!(
-            "CI must set TT_VLLM_PYTHON=$(scripts/vllm.sh) and TT_VLLM_MODEL=$(scripts/vllm.sh --model-dir)"
-        ),
-        _ => {
-            eprintln!("SKIPPED: set TT_VLLM_PYTHON=$(scripts/vllm.sh) and TT_VLLM_MODEL=$(scripts/vllm.sh --model-dir)");
-            None
-        }
-    }
-}
-
 #[test]
 fn the_real_vllm_honours_seeds_and_json_schemas_through_the_daemon() {
-    let Some((python, model)) = vllm() else {
+    let Some((python, model)) = tt_serving_tests::real_vllm() else {
         return;
     };
     let hw = FakeHw::new(1);
