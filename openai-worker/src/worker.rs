@@ -81,8 +81,12 @@ pub fn run(settings: Settings) -> Result<(), Failure> {
         // accounted for (engine.rs).
         libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: relaying a token is a few microseconds of work, and a
+    // second runtime thread only added cross-thread wake-ups (futex calls,
+    // context switches) to every token: bench-cpu measured 4.4 context
+    // switches per token with two threads, 2 with one (docs/PERFORMANCE.md,
+    // "CPU per relayed token").
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Failure::new(1, format!("cannot start the async runtime: {e}")))?;
