@@ -219,41 +219,55 @@ pub struct SseSplitter {
     data: Option<String>,
 }
 
+/// One whole line (without its `\n`): a blank line ends the event being
+/// built, a `data:` line adds to it.
+fn take_line(data: &mut Option<String>, line: &[u8], events: &mut Vec<String>) {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.is_empty() {
+        if let Some(done) = data.take() {
+            events.push(done);
+        }
+    } else if let Some(value) = line.strip_prefix(b"data:") {
+        let value = value.strip_prefix(b" ").unwrap_or(value);
+        let value = String::from_utf8_lossy(value);
+        match data {
+            Some(d) => {
+                d.push('\n');
+                d.push_str(&value);
+            }
+            None => *data = Some(value.into_owned()),
+        }
+    }
+}
+
 /// A line longer than this is not SSE from a sane engine.
 const MAX_SSE_LINE: usize = 16 << 20;
 
 impl SseSplitter {
-    /// Feeds a piece of the body; returns the events it completed.
-    pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<String>, String> {
+    /// Feeds a piece of the body; returns the events it completed. Whole
+    /// lines inside the piece are read in place; only a line cut by the
+    /// piece's end is kept for the next.
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<Vec<String>, String> {
         let mut events = Vec::new();
-        for &b in bytes {
-            if b != b'\n' {
-                self.line.push(b);
-                if self.line.len() > MAX_SSE_LINE {
-                    return Err(format!(
-                        "the engine sent a stream line longer than {MAX_SSE_LINE} bytes"
-                    ));
-                }
-                continue;
+        while !bytes.is_empty() {
+            let end = bytes.iter().position(|b| *b == b'\n');
+            let piece = &bytes[..end.unwrap_or(bytes.len())];
+            if self.line.len() + piece.len() > MAX_SSE_LINE {
+                return Err(format!(
+                    "the engine sent a stream line longer than {MAX_SSE_LINE} bytes"
+                ));
             }
-            if self.line.last() == Some(&b'\r') {
-                self.line.pop();
-            }
-            let line = String::from_utf8_lossy(&self.line).into_owned();
-            self.line.clear();
-            if line.is_empty() {
-                if let Some(data) = self.data.take() {
-                    events.push(data);
-                }
-            } else if let Some(value) = line.strip_prefix("data:") {
-                let value = value.strip_prefix(' ').unwrap_or(value);
-                match &mut self.data {
-                    Some(data) => {
-                        data.push('\n');
-                        data.push_str(value);
-                    }
-                    None => self.data = Some(value.to_string()),
-                }
+            let Some(end) = end else {
+                self.line.extend_from_slice(piece);
+                break;
+            };
+            bytes = &bytes[end + 1..];
+            if self.line.is_empty() {
+                take_line(&mut self.data, piece, &mut events);
+            } else {
+                self.line.extend_from_slice(piece);
+                take_line(&mut self.data, &self.line, &mut events);
+                self.line.clear();
             }
         }
         Ok(events)
@@ -283,6 +297,9 @@ mod tests {
         }
         assert_eq!(events, ["{\"a\":1}", "{\"b\":\n2}", "[DONE]"]);
         assert_eq!(s.finish(), None);
+        // The same body in one piece, as a fast engine's reads bring it.
+        let mut s = SseSplitter::default();
+        assert_eq!(s.feed(body).unwrap(), events);
     }
 
     #[test]

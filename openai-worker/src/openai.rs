@@ -305,6 +305,14 @@ pub fn parse_event(data: &str, endpoint: Endpoint) -> Result<Event, String> {
     if data == "[DONE]" {
         return Ok(Event::Done);
     }
+    match plain_chunk(data, endpoint) {
+        Some(chunk) => Ok(Event::Chunk(chunk)),
+        None => parse_tree(data, endpoint),
+    }
+}
+
+/// The general path of `parse_event`: the event as a JSON tree.
+fn parse_tree(data: &str, endpoint: Endpoint) -> Result<Event, String> {
     let value: Value = serde_json::from_str(data).map_err(|e| {
         format!(
             "the engine sent a stream event that is not JSON ({e}): {}",
@@ -365,6 +373,136 @@ pub fn parse_event(data: &str, endpoint: Endpoint) -> Result<Event, String> {
         });
     }
     Ok(Event::Chunk(chunk))
+}
+
+/// The fields of an ordinary chunk, borrowed from the event's text where it
+/// has no escapes: the per-token fast path of `parse_event`, which builds
+/// no JSON tree. Any other shape (an error, tool calls, a field of a type
+/// this does not expect, a duplicated key) fails to match here and is read
+/// by the general path, which decides what it means.
+#[derive(serde::Deserialize)]
+struct WireChunk<'a> {
+    #[serde(borrow, default)]
+    choices: Option<Vec<WireChoice<'a>>>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    tokens: Option<Vec<u32>>,
+    #[serde(default)]
+    timings: Option<WireTimings>,
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+    #[serde(borrow, default)]
+    object: Option<std::borrow::Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct WireChoice<'a> {
+    #[serde(borrow, default)]
+    text: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    delta: Option<WireDelta<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    tokens: Option<Vec<u32>>,
+}
+
+#[derive(serde::Deserialize)]
+struct WireDelta<'a> {
+    #[serde(borrow, default)]
+    content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(serde::Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<WireDetails>,
+}
+
+#[derive(serde::Deserialize)]
+struct WireDetails {
+    /// Outer `None`: absent (the general path then reads llama-server's
+    /// `timings.cache_n`); `Some(None)`: null, which counts as 0 there.
+    #[serde(default, deserialize_with = "present")]
+    cached_tokens: Option<Option<u64>>,
+}
+
+/// A field that is there, null or not (`Option<Option<T>>`).
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+#[derive(serde::Deserialize)]
+struct WireTimings {
+    #[serde(default)]
+    cache_n: Option<u64>,
+}
+
+fn saturating_u32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// An ordinary chunk read without a JSON tree, or `None` for the general
+/// path (see `WireChunk`).
+fn plain_chunk(data: &str, endpoint: Endpoint) -> Option<Chunk> {
+    let wire: WireChunk = serde_json::from_str(data).ok()?;
+    if wire.error.is_some() || wire.object.as_deref() == Some("error") {
+        return None;
+    }
+    let mut chunk = Chunk::default();
+    if let Some(choice) = wire.choices.and_then(|c| c.into_iter().next()) {
+        let delta = choice.delta.as_ref();
+        if endpoint == Endpoint::Chat && delta.is_some_and(|d| d.tool_calls.is_some()) {
+            return None;
+        }
+        let text = match endpoint {
+            Endpoint::Completions => choice.text.as_deref(),
+            Endpoint::Chat => delta.and_then(|d| d.content.as_deref()),
+        };
+        chunk.text = text.unwrap_or_default().to_string();
+        if let (Endpoint::Chat, Some(d)) = (endpoint, delta) {
+            chunk.reasoning = d
+                .reasoning
+                .as_deref()
+                .or(d.reasoning_content.as_deref())
+                .unwrap_or_default()
+                .to_string();
+        }
+        chunk.finish_reason = choice.finish_reason.as_deref().map(String::from);
+        chunk.token_ids = choice.token_ids.or(choice.tokens).unwrap_or_default();
+    }
+    if chunk.token_ids.is_empty() {
+        chunk.token_ids = wire.tokens.unwrap_or_default();
+    }
+    if let Some(usage) = wire.usage {
+        let cached = match usage.prompt_tokens_details.and_then(|d| d.cached_tokens) {
+            Some(given) => given,
+            None => wire.timings.and_then(|t| t.cache_n),
+        };
+        chunk.usage = Some(Usage {
+            prompt_tokens: usage.prompt_tokens.map_or(0, saturating_u32),
+            completion_tokens: usage.completion_tokens.map_or(0, saturating_u32),
+            cached_prompt_tokens: cached.map_or(0, saturating_u32),
+        });
+    }
+    Some(chunk)
 }
 
 /// `delta.tool_calls`: `[{"index", "id"?, "type"?, "function"?: {"name"?,
@@ -704,6 +842,47 @@ mod tests {
         let Event::Chunk(c) = e else { panic!() };
         assert_eq!(c.usage.map(|u| u.cached_prompt_tokens), Some(592));
         assert_eq!(parse_event("[DONE]", Endpoint::Chat).unwrap(), Event::Done);
+    }
+
+    #[test]
+    fn the_fast_path_reads_every_ordinary_chunk_as_the_general_path_does() {
+        let cases = [
+            r#"{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" the","logprobs":null,"finish_reason":null,"stop_reason":null,"token_ids":[279]}],"usage":null}"#,
+            r#"{"choices":[{"index":0,"text":"a\"b\u00e9\n","finish_reason":"length","token_ids":[]}],"tokens":[5,6]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4,"total_tokens":12,"prompt_tokens_details":{"cached_tokens":3}}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":null}},"timings":{"cache_n":5}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4,"prompt_tokens_details":null},"timings":{"cache_n":5}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4,"prompt_tokens_details":{}},"timings":{"cache_n":5}}"#,
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"hi","reasoning":null,"reasoning_content":"hmm"},"tokens":[1,2]}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"reasoning":"think"},"finish_reason":null,"token_ids":[9]}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"x","tool_calls":null}}],"usage":{"prompt_tokens":99999999999,"completion_tokens":1}}"#,
+            r#"{"content":" w","tokens":[12],"stop":false}"#,
+        ];
+        for data in cases {
+            for endpoint in [Endpoint::Completions, Endpoint::Chat] {
+                let fast = plain_chunk(data, endpoint)
+                    .unwrap_or_else(|| panic!("not on the fast path: {data}"));
+                assert_eq!(
+                    Ok(Event::Chunk(fast)),
+                    parse_tree(data, endpoint),
+                    "{data} as {endpoint:?}"
+                );
+            }
+        }
+        // What the fast path leaves to the general one.
+        for data in [
+            r#"{"error":{"message":"boom","code":400}}"#,
+            r#"{"object":"error","message":"old vLLM"}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0}]}}]}"#,
+            r#"{"choices":[{"index":0,"text":7}]}"#,
+            r#"{"choices":[{"index":0,"text":"a","token_ids":[1,-2]}]}"#,
+            r#"{"choices":[{"text":"a"}],"choices":[{"text":"b"}]}"#,
+            r#"[1,2]"#,
+        ] {
+            assert!(plain_chunk(data, Endpoint::Chat).is_none(), "{data}");
+            assert!(parse_event(data, Endpoint::Chat).is_ok(), "{data}");
+        }
     }
 
     #[test]
