@@ -12,7 +12,9 @@ pub async fn channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
         .connect_with_connector(tower::service_fn(move |_| {
             let socket = socket.clone();
             async move {
-                let stream = tokio::net::UnixStream::connect(socket).await?;
+                // Quiet: no wake-up per token when the worker reads what we
+                // wrote (see the type's doc).
+                let stream = tt_serving_proto::uds::QuietUnixStream::connect(&socket).await?;
                 Ok::<_, std::io::Error>(TokioIo::new(stream))
             }
         }))

@@ -19,7 +19,6 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
 use tt_serving_proto::v1::engine_server::EngineServer;
 
 /// Drain time granted to in-flight sequences on SIGTERM.
@@ -312,7 +311,7 @@ async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(EngineServer::new(service))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+            .serve_with_incoming_shutdown(tt_serving_proto::uds::incoming(listener), async {
                 let _ = stop_rx.await;
             }),
     );

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use tokio::net::UnixListener;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::Notify;
-use tokio_stream::wrappers::UnixListenerStream;
 use tt_serving_proto::v1::engine_server::EngineServer;
 use tt_serving_proto::CacheMode;
 
@@ -234,7 +233,7 @@ async fn life(s: Settings) -> Result<(), Failure> {
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(EngineServer::new(service))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+            .serve_with_incoming_shutdown(tt_serving_proto::uds::incoming(listener), async {
                 let _ = stopped.await;
             }),
     );

@@ -16,6 +16,7 @@
 
 pub mod json;
 pub mod parameters;
+pub mod uds;
 
 /// How a worker starts on its cache variant (`TT_CACHE_MODE`), as the
 /// daemon decides it and the worker obeys it.
