@@ -385,13 +385,12 @@ impl Metrics {
             .observe(after.as_secs_f64());
     }
 
-    /// `tokens` tokens arrived `gap` after the previous ones.
-    pub fn inter_token(&self, model: &str, gap: Duration, tokens: usize) {
-        let per_token = gap.as_secs_f64() / tokens.max(1) as f64;
-        let histogram = self.itl.get_or_create(&model_labels(model));
-        for _ in 0..tokens.max(1) {
-            histogram.observe(per_token);
-        }
+    /// The inter-token latency histogram of `model`, looked up once per
+    /// request: a stream observes it at every token, and the lookup (a
+    /// label set built, hashed and found under a lock) would cost more
+    /// than the observation.
+    pub fn inter_token(&self, model: &str) -> InterToken {
+        InterToken(self.itl.get_or_create(&model_labels(model)).clone())
     }
 
     /// End-to-end latency of a request.
@@ -597,6 +596,19 @@ pub struct CardGauges {
     pub temperature_c: Option<f64>,
     /// Board power, when readable.
     pub power_w: Option<f64>,
+}
+
+/// One model's inter-token histogram (`Metrics::inter_token`).
+pub struct InterToken(Histogram);
+
+impl InterToken {
+    /// `tokens` tokens arrived `gap` after the previous ones.
+    pub fn observe(&self, gap: Duration, tokens: usize) {
+        let per_token = gap.as_secs_f64() / tokens.max(1) as f64;
+        for _ in 0..tokens.max(1) {
+            self.0.observe(per_token);
+        }
+    }
 }
 
 fn model_labels(model: &str) -> ModelLabels {

@@ -26,9 +26,11 @@
 
 mod affinity;
 mod error;
+mod relay;
 mod validate;
 
 pub use error::RouteError;
+pub use relay::ChunkStream;
 pub use validate::{check_engine_supports, validate_request, CHAT_ROLES};
 
 use crate::config::ModelConfig;
@@ -39,7 +41,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 use tt_serving_proto::v1 as pb;
 
 /// Routes requests; one per daemon.
@@ -65,10 +67,6 @@ impl Drop for InFlight {
         self.slots.changed.notify_waiters();
     }
 }
-
-/// The stream handed back to the client.
-pub type ChunkStream =
-    tokio_stream::wrappers::ReceiverStream<Result<pb::GenerateResponse, RouteError>>;
 
 impl Router {
     /// A router over these slots.
@@ -420,117 +418,17 @@ impl Router {
             route.stats.affinity(placement == Placement::Affine);
         }
         let queued_us = arrived.elapsed().as_micros() as u64;
-        let slots = self.slots.clone();
-        let slot = route.slot.clone();
-        let stats = route.stats.clone();
-        let mut upstream = upstream;
-        let (tx, rx) = mpsc::channel(32);
-        tokio::spawn(async move {
-            let _guard = guard;
-            let metrics = crate::metrics::get();
-            let mut last_tokens: Option<Instant> = None;
-            let mut finished = false;
-            let forward = async {
-                loop {
-                    let next = tokio::select! {
-                        next = upstream.message() => next,
-                        // The client went away: dropping `upstream` cancels
-                        // the sequence in the worker (once it has the final
-                        // chunk, the request was answered).
-                        _ = tx.closed() => return if finished { "ok" } else { "cancelled" },
-                    };
-                    match next {
-                        Ok(Some(mut chunk)) => {
-                            match chunk.chunk.as_mut() {
-                                Some(pb::generate_response::Chunk::Delta(d)) => {
-                                    let now = Instant::now();
-                                    let n = d.token_ids.len().max(1);
-                                    match last_tokens {
-                                        None => {
-                                            metrics.first_token(&model, arrived.elapsed());
-                                            stats.first_token(arrived.elapsed());
-                                            stats.tokens(None, n);
-                                        }
-                                        Some(previous) => {
-                                            metrics.inter_token(&model, now - previous, n);
-                                            stats.tokens(Some(now - previous), n);
-                                        }
-                                    }
-                                    last_tokens = Some(now);
-                                }
-                                Some(pb::generate_response::Chunk::Final(f)) => {
-                                    f.slot = slot.clone();
-                                    if let Some(t) = f.timings.as_mut() {
-                                        t.queue_us += queued_us;
-                                    }
-                                    let usage = f.usage.unwrap_or_default();
-                                    // An engine cannot reuse more than the
-                                    // prompt; a count that says so would
-                                    // put the hit rate over 100%.
-                                    let cached = f
-                                        .timings
-                                        .map_or(0, |t| t.cached_prompt_tokens)
-                                        .min(usage.prompt_tokens);
-                                    metrics.tokens(
-                                        &model,
-                                        usage.prompt_tokens,
-                                        usage.completion_tokens,
-                                    );
-                                    metrics.prefix_cache(
-                                        &model,
-                                        &slot,
-                                        usage.prompt_tokens,
-                                        cached,
-                                    );
-                                    stats.prompt(usage.prompt_tokens, cached);
-                                    metrics.end_to_end(&model, arrived.elapsed());
-                                    stats.finished();
-                                }
-                                None => {}
-                            }
-                            finished |=
-                                matches!(chunk.chunk, Some(pb::generate_response::Chunk::Final(_)));
-                            if tx.send(Ok(chunk)).await.is_err() {
-                                return if finished { "ok" } else { "cancelled" };
-                            }
-                        }
-                        Ok(None) if finished => return "ok",
-                        // The stream ended without its final chunk.
-                        Ok(None) => return "worker_error",
-                        Err(status) => {
-                            let status = worker_error(&slot, status, || {
-                                lost_worker_hint(&slots, &model, &slot)
-                            });
-                            // Mid-stream, anything but a deadline is the
-                            // worker's failure, whatever the client is told.
-                            let outcome = match status.outcome() {
-                                "deadline" => "deadline",
-                                _ => "worker_error",
-                            };
-                            let _ = tx.send(Err(status)).await;
-                            return outcome;
-                        }
-                    }
-                }
-            };
-            let outcome = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, forward).await {
-                    Ok(outcome) => outcome,
-                    Err(_) => {
-                        let _ = tx
-                            .send(Err(RouteError::Deadline {
-                                message: "the request's deadline passed during generation".into(),
-                                hint: None,
-                            }))
-                            .await;
-                        "deadline"
-                    }
-                },
-                None => forward.await,
-            };
-            metrics.request(&model, outcome);
-        });
-        Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+        Ok(ChunkStream::new(relay::Routed {
+            upstream,
+            deadline,
+            guard,
+            slots: self.slots.clone(),
+            model,
+            slot: route.slot.clone(),
+            stats: route.stats.clone(),
+            arrived,
+            queued_us,
+        }))
     }
 }
 

@@ -11,7 +11,6 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -310,70 +309,147 @@ impl ToolCalls {
     }
 }
 
-fn event(value: &serde_json::Value) -> Event {
-    Event::default().data(value.to_string())
+/// One whole SSE event, `data: <json>` and its blank line.
+fn event(value: &serde_json::Value) -> Bytes {
+    let mut out = Vec::with_capacity(128);
+    out.extend_from_slice(b"data: ");
+    push_json(&mut out, value);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
 }
 
-/// Server-Sent Events as OpenAI sends them. The events are produced by a
-/// task reading the router's stream; when the client goes away the channel
-/// closes, the task drops the router's stream, and the worker cancels the
-/// sequence.
-fn streamed(
-    head: Head,
-    mut stream: ChunkStream,
-    include_usage: bool,
-) -> Sse<impl tokio_stream::Stream<Item = Result<Event, std::convert::Infallible>>> {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(32);
-    tokio::spawn(async move {
-        // A chat stream opens with the assistant's role.
-        if head.endpoint == Endpoint::Chat {
-            let first = serde_json::json!([{
-                "index": 0,
-                "delta": { "role": "assistant", "content": "" },
-                "logprobs": null,
-                "finish_reason": null,
-            }]);
-            if tx.send(event(&head.body(true, first))).await.is_err() {
-                return;
+/// Appends `value` as JSON. Serialising our own values into memory cannot
+/// fail; were it ever to, the chunk carries `null` rather than a half
+/// value.
+fn push_json(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
+    let mark = out.len();
+    if serde_json::to_writer(&mut *out, value).is_err() {
+        out.truncate(mark);
+        out.extend_from_slice(b"null");
+    }
+}
+
+/// Writes streamed chunks straight into bytes. What every chunk repeats
+/// (`data: {"id":..,"object":..,"created":..,"model":..,"choices":`) is
+/// rendered once per request; a plain text delta (no logprobs, reasoning
+/// or tool calls: nearly every token) is written after it with only its
+/// text escaped, so no JSON tree is built and dropped per token. Anything
+/// else is rendered from its JSON value, as the collected answer is.
+struct ChunkWriter {
+    prefix: Vec<u8>,
+}
+
+impl ChunkWriter {
+    fn new(head: &Head) -> ChunkWriter {
+        let mut prefix = Vec::with_capacity(96 + head.id.len() + head.model.len());
+        prefix.extend_from_slice(b"data: {\"id\":");
+        push_json(&mut prefix, &head.id);
+        prefix.extend_from_slice(b",\"object\":");
+        push_json(&mut prefix, head.endpoint.object(true));
+        prefix.extend_from_slice(b",\"created\":");
+        prefix.extend_from_slice(head.created.to_string().as_bytes());
+        prefix.extend_from_slice(b",\"model\":");
+        push_json(&mut prefix, &head.model);
+        prefix.extend_from_slice(b",\"choices\":");
+        ChunkWriter { prefix }
+    }
+
+    /// One event: the prefix, `choices`, any further top-level fields
+    /// (`,"usage":{..}`), and the end.
+    fn push(&self, out: &mut Vec<u8>, choices: impl FnOnce(&mut Vec<u8>), rest: &[u8]) {
+        out.extend_from_slice(&self.prefix);
+        choices(out);
+        out.extend_from_slice(rest);
+        out.extend_from_slice(b"}\n\n");
+    }
+
+    /// A delta's event.
+    fn delta(&self, head: &Head, out: &mut Vec<u8>, d: &pb::TokenDelta, text_start: usize) {
+        let plain = d.logprobs.is_empty() && d.reasoning.is_empty() && d.tool_calls.is_empty();
+        match (plain, head.endpoint) {
+            (true, Endpoint::Completion) => self.push(
+                out,
+                |o| {
+                    o.extend_from_slice(b"[{\"index\":0,\"text\":");
+                    push_json(o, d.text.as_str());
+                    o.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":null}]");
+                },
+                b"",
+            ),
+            (true, Endpoint::Chat) => self.push(
+                out,
+                |o| {
+                    o.extend_from_slice(b"[{\"index\":0,\"delta\":{\"content\":");
+                    push_json(o, d.text.as_str());
+                    o.extend_from_slice(b"},\"logprobs\":null,\"finish_reason\":null}]");
+                },
+                b"",
+            ),
+            (false, _) => {
+                let logprobs = head.logprobs(&d.logprobs, text_start);
+                let choice = head.choice(Some(d), logprobs, None);
+                self.push(out, |o| push_json(o, &choice), b"");
             }
         }
-        let mut text_len = 0;
-        loop {
-            // A client that left while the worker is quiet (a long prefill,
-            // a hang) is noticed here, not at the next token.
-            let chunk = tokio::select! {
-                chunk = stream.next() => chunk,
-                () = tx.closed() => return,
-            };
-            let Some(chunk) = chunk else { return };
-            let events = match chunk {
-                Ok(chunk) => chunk_events(&head, chunk, include_usage, &mut text_len),
-                Err(e) => {
-                    // The status line is sent: the error goes in the
-                    // stream, as OpenAI's SDKs read it, and the stream ends
-                    // without [DONE].
-                    let _ = tx.send(event(&ApiError::from(e).event_json())).await;
-                    return;
-                }
-            };
-            for e in events {
-                if tx.send(e).await.is_err() {
-                    return;
-                }
-            }
-        }
+    }
+}
+
+/// Server-Sent Events as OpenAI sends them, rendered as the connection
+/// takes them from the router's stream: no task or channel of its own
+/// between the router and the socket. When the client goes away the
+/// connection drops the body, with it the router's stream, and the worker
+/// cancels the sequence.
+fn streamed(head: Head, stream: ChunkStream, include_usage: bool) -> Response {
+    let writer = ChunkWriter::new(&head);
+    // A chat stream opens with the assistant's role.
+    let opening = (head.endpoint == Endpoint::Chat).then(|| {
+        let mut out = Vec::new();
+        writer.push(
+            &mut out,
+            |o| {
+                o.extend_from_slice(
+                    br#"[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]"#,
+                )
+            },
+            b"",
+        );
+        Bytes::from(out)
     });
-    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok))
+    let mut text_len = 0;
+    let events = stream.filter_map(move |chunk| {
+        let bytes = match chunk {
+            Ok(chunk) => chunk_events(&head, &writer, chunk, include_usage, &mut text_len),
+            // The status line is sent: the error goes in the stream, as
+            // OpenAI's SDKs read it, and the stream ends without [DONE]
+            // (the router's stream ends after an error).
+            Err(e) => event(&ApiError::from(e).event_json()),
+        };
+        // An empty piece would read as the body's end in chunked framing.
+        (!bytes.is_empty()).then_some(Ok::<_, std::convert::Infallible>(bytes))
+    });
+    let body = axum::body::Body::from_stream(
+        tokio_stream::iter(opening.map(Ok::<_, std::convert::Infallible>)).chain(events),
+    );
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, "text/event-stream"),
+            (axum::http::header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
 }
 
-/// The events of one router chunk: a text delta, or the finish (then the
-/// usage chunk when asked for, then `[DONE]`).
+/// The events of one router chunk, in one piece of the body: a text delta,
+/// or the finish (then the usage chunk when asked for, then `[DONE]`).
 fn chunk_events(
     head: &Head,
+    writer: &ChunkWriter,
     chunk: pb::GenerateResponse,
     include_usage: bool,
     text_len: &mut usize,
-) -> Vec<Event> {
+) -> Bytes {
+    let mut out = Vec::new();
     match chunk.chunk {
         Some(pb::generate_response::Chunk::Delta(d))
             if !d.text.is_empty()
@@ -381,31 +457,27 @@ fn chunk_events(
                 || !d.reasoning.is_empty()
                 || !d.tool_calls.is_empty() =>
         {
-            let logprobs = head.logprobs(&d.logprobs, *text_len);
+            out.reserve(writer.prefix.len() + d.text.len() + 64);
+            writer.delta(head, &mut out, &d, *text_len);
             *text_len += d.text.len();
-            vec![event(
-                &head.body(true, head.choice(Some(&d), logprobs, None)),
-            )]
         }
         Some(pb::generate_response::Chunk::Final(f)) => {
-            let mut events = vec![event(&head.body(
-                true,
-                head.choice(
-                    None,
-                    serde_json::Value::Null,
-                    Some(wire::finish_reason(f.finish_reason)),
-                ),
-            ))];
+            let finish = head.choice(
+                None,
+                serde_json::Value::Null,
+                Some(wire::finish_reason(f.finish_reason)),
+            );
+            writer.push(&mut out, |o| push_json(o, &finish), b"");
             if include_usage {
-                let mut usage = head.body(true, serde_json::json!([]));
-                usage["usage"] = serde_json::json!(Usage::of(&f));
-                events.push(event(&usage));
+                let mut usage = b",\"usage\":".to_vec();
+                push_json(&mut usage, &Usage::of(&f));
+                writer.push(&mut out, |o| o.extend_from_slice(b"[]"), &usage);
             }
-            events.push(Event::default().data("[DONE]"));
-            events
+            out.extend_from_slice(b"data: [DONE]\n\n");
         }
-        _ => Vec::new(),
+        _ => {}
     }
+    Bytes::from(out)
 }
 
 /// The whole answer as one JSON body.
