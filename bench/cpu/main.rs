@@ -418,6 +418,8 @@ fn main() {
                 "[openai]\nlisten = \"127.0.0.1:0\"\n{}",
                 slot_table(&args, work.path())
             ),
+            // The default tick: the idle cost a production daemon has.
+            tick_ms: 1000,
             ..Default::default()
         },
     );
