@@ -227,6 +227,20 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// nginx, stopped when dropped (a panicking run too): SIGTERM is its fast
+/// shutdown, which takes its worker with it.
+struct Nginx(Child);
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.0.wait();
+    }
+}
+
 fn find_nginx(given: Option<&Path>) -> Option<PathBuf> {
     if let Some(p) = given {
         return Some(p.to_path_buf());
@@ -240,22 +254,31 @@ fn find_nginx(given: Option<&Path>) -> Option<PathBuf> {
 }
 
 /// nginx as a streaming reverse proxy in front of the engine: one worker,
-/// upstream keep-alive, no buffering (each upstream chunk goes out at once).
-fn start_nginx(binary: &Path, dir: &Path, engine_port: u16) -> (Child, u16) {
+/// no buffering (each upstream chunk goes out at once), a new upstream
+/// connection per request as tt-worker-openai makes one (llama-server's
+/// HTTP library closes kept-alive connections after 5 requests or 5 s, and
+/// nginx answers 502 rather than send a POST again).
+fn start_nginx(binary: &Path, dir: &Path, engine_port: u16) -> (Nginx, u16) {
     let port = free_port();
     let d = dir.display();
     std::fs::create_dir_all(dir.join("logs")).expect("nginx dir");
     let conf = format!(
-        "daemon off;\nmaster_process on;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\nevents {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  upstream engine {{ server 127.0.0.1:{engine_port}; keepalive 256; }}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://engine;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_read_timeout 600s;\n    }}\n  }}\n}}\n"
+        "daemon off;\nmaster_process on;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\nevents {{ worker_connections 4096; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n  upstream engine {{ server 127.0.0.1:{engine_port}; }}\n  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://engine;\n      proxy_http_version 1.1;\n      proxy_buffering off;\n      proxy_read_timeout 600s;\n    }}\n  }}\n}}\n"
     );
     std::fs::write(dir.join("nginx.conf"), conf).expect("nginx.conf");
+    // Its output to the error log, not our pipes: an nginx left running
+    // must not hold a caller's pipe open.
     let child = Command::new(binary)
         .arg("-p")
         .arg(dir)
         .arg("-c")
         .arg(dir.join("nginx.conf"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+    let child = Nginx(child);
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "nginx did not listen on {port}");
@@ -273,11 +296,28 @@ async fn http_once(client: &HttpClient, base: &str, prompt: &str, tokens: u32) -
         "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
     })
     .to_string();
-    let request = hyper::Request::post(format!("{base}/v1/completions"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .expect("request");
-    let response = client.request(request).await.expect("HTTP request");
+    let request = || {
+        hyper::Request::post(format!("{base}/v1/completions"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.clone())))
+            .expect("request")
+    };
+    // A pooled connection the server closed meanwhile (llama-server ends
+    // idle keep-alive connections) fails before the request was read: send
+    // it again on a new one.
+    let mut tries = 0;
+    let response = loop {
+        match client.request(request()).await {
+            Ok(r) => break r,
+            Err(e)
+                if tries < 3
+                    && (e.is_connect() || format!("{e:?}").contains("IncompleteMessage")) =>
+            {
+                tries += 1
+            }
+            Err(e) => panic!("HTTP request to {base}: {e:?}"),
+        }
+    };
     assert_eq!(response.status(), 200, "HTTP status from {base}");
     let mut body = response.into_body();
     // The client's own work stays small: only the usage is looked for.
@@ -447,7 +487,7 @@ fn main() {
     }
     let nginx_pids = nginx
         .as_ref()
-        .map(|(c, _)| descendants(c.id()))
+        .map(|(c, _)| descendants(c.0.id()))
         .unwrap_or_default();
     let watched = Watched {
         roles: vec![
@@ -615,12 +655,5 @@ fn main() {
             writeln!(out, "{line}").expect("write result");
         }
     }
-    if let Some((mut child, _)) = nginx {
-        // SIGTERM: nginx's fast shutdown, which takes its worker with it.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = child.wait();
-    }
+    drop(nginx);
 }
