@@ -569,6 +569,23 @@ impl Daemon {
         })
     }
 
+    /// Waits up to `limit` (longer than the usual deadline: a real engine
+    /// such as vLLM takes 30-100 s to start here) until a slot is Ready.
+    pub fn wait_slot_ready_within(&self, name: &str, limit: Duration) -> Value {
+        let deadline = Instant::now() + limit;
+        loop {
+            let slot = self.slot(name);
+            if slot["state"] == "ready" {
+                return slot;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the slot is not ready after {limit:?}: {slot:#}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// Path of a slot worker's engine socket.
     pub fn worker_socket(&self, slot: &str) -> PathBuf {
         self.dir

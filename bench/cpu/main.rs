@@ -463,15 +463,7 @@ fn main() {
             ..Default::default()
         },
     );
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while daemon.slot("m")["state"] != "ready" {
-        assert!(
-            Instant::now() < deadline,
-            "the slot is not ready: {:#}",
-            daemon.slot("m")
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    daemon.wait_slot_ready_within("m", Duration::from_secs(600));
     let worker = daemon.slot("m")["worker_pid"].as_u64().unwrap_or(0) as u32;
     let port = engine_port(worker).expect("an engine with --port under the worker");
     let engine_pids: Vec<u32> = descendants(worker).into_iter().skip(1).collect();

@@ -264,16 +264,7 @@ fn main() {
             ..Default::default()
         },
     );
-    // vLLM takes 30-100 s to start here: longer than the harness's wait.
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while daemon.slot("m")["state"] != "ready" {
-        assert!(
-            Instant::now() < deadline,
-            "the slot is not ready: {:#}",
-            daemon.slot("m")
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    daemon.wait_slot_ready_within("m", Duration::from_secs(600));
     let grpc = daemon.inference_address();
     let direct = engine
         .as_ref()

@@ -367,24 +367,27 @@ impl ChunkWriter {
     fn delta(&self, head: &Head, out: &mut Vec<u8>, d: &pb::TokenDelta, text_start: usize) {
         let plain = d.logprobs.is_empty() && d.reasoning.is_empty() && d.tool_calls.is_empty();
         match (plain, head.endpoint) {
-            (true, Endpoint::Completion) => self.push(
-                out,
-                |o| {
-                    o.extend_from_slice(b"[{\"index\":0,\"text\":");
-                    push_json(o, d.text.as_str());
-                    o.extend_from_slice(b",\"logprobs\":null,\"finish_reason\":null}]");
-                },
-                b"",
-            ),
-            (true, Endpoint::Chat) => self.push(
-                out,
-                |o| {
-                    o.extend_from_slice(b"[{\"index\":0,\"delta\":{\"content\":");
-                    push_json(o, d.text.as_str());
-                    o.extend_from_slice(b"},\"logprobs\":null,\"finish_reason\":null}]");
-                },
-                b"",
-            ),
+            (true, endpoint) => {
+                let (open, close): (&[u8], &[u8]) = match endpoint {
+                    Endpoint::Completion => (
+                        br#"[{"index":0,"text":"#,
+                        br#","logprobs":null,"finish_reason":null}]"#,
+                    ),
+                    Endpoint::Chat => (
+                        br#"[{"index":0,"delta":{"content":"#,
+                        br#"},"logprobs":null,"finish_reason":null}]"#,
+                    ),
+                };
+                self.push(
+                    out,
+                    |o| {
+                        o.extend_from_slice(open);
+                        push_json(o, d.text.as_str());
+                        o.extend_from_slice(close);
+                    },
+                    b"",
+                );
+            }
             (false, _) => {
                 let logprobs = head.logprobs(&d.logprobs, text_start);
                 let choice = head.choice(Some(d), logprobs, None);
