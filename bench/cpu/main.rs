@@ -39,7 +39,7 @@ struct Args {
     engine: EngineKind,
     /// llama-server's binary (`scripts/llama-server.sh` prints it), for
     /// `--engine llama-server`.
-    #[arg(long)]
+    #[arg(long, required_if_eq("engine", "llama-server"))]
     llama_server: Option<PathBuf>,
     /// llama-server's compute threads.
     #[arg(long, default_value_t = 2)]
@@ -48,10 +48,10 @@ struct Args {
     #[arg(long)]
     model: Option<PathBuf>,
     /// The Python of a venv with vLLM (`scripts/vllm.sh`), for `--engine vllm`.
-    #[arg(long)]
+    #[arg(long, required_if_eq("engine", "vllm"))]
     vllm: Option<PathBuf>,
     /// The Hugging Face directory vLLM serves (`scripts/vllm.sh --model-dir`).
-    #[arg(long)]
+    #[arg(long, required_if_eq("engine", "vllm"))]
     vllm_model: Option<PathBuf>,
     /// Concurrent streams per round, one setting after another.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
@@ -447,6 +447,13 @@ fn main() {
         return;
     }
     let args = Args::parse();
+    if args.engine == EngineKind::LlamaServer
+        && args.model.is_none()
+        && std::env::var_os("TT_SMOLLM2_GGUF").is_none()
+    {
+        eprintln!("bench-cpu: --engine llama-server needs a GGUF: give --model PATH or set TT_SMOLLM2_GGUF (scripts/fetch-smollm2.sh prints it)");
+        std::process::exit(2);
+    }
     let tick_us = 1e6 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let work = tempfile::tempdir().expect("temp dir");
