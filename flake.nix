@@ -52,12 +52,8 @@
 
           cargoLock.lockFile = ./Cargo.lock;
 
-          # .cargo/config.toml builds for the local CPU; a package must run
-          # on any x86-64-v3 (AVX2/FMA) host, which candle's quantized
-          # kernels need to be fast. RUSTFLAGS takes precedence over the file.
-          env = lib.optionalAttrs stdenv.hostPlatform.isx86_64 {
-            RUSTFLAGS = "-C target-cpu=x86-64-v3";
-          };
+          # Portable x86-64, no target-cpu: one build runs on every host it
+          # is deployed to; tt-worker's kernels choose AVX2 at run time.
 
           # The workspace tests start the daemon, workers and fake hardware
           # as processes and take flock(1) locks; .ci/run runs them. The VM
