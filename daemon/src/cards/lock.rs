@@ -101,12 +101,15 @@ pub struct LockPolicy {
 }
 
 impl LockPolicy {
-    /// The daemon's: 0660 with the admin group, 0600 (root's group) when
-    /// there is none; existing files are repaired.
+    /// The daemon's: 0660 with the admin group, 0600 when there is none
+    /// (the group then grants nothing and is left alone: a daemon that is
+    /// not root may not give a file to root's group, and warned at every
+    /// lock when it tried, as under the NixOS unit); existing files are
+    /// repaired.
     pub fn daemon(admin_gid: Option<u32>) -> LockPolicy {
         LockPolicy {
             mode: if admin_gid.is_some() { 0o660 } else { 0o600 },
-            group: Some(admin_gid.unwrap_or(0)),
+            group: admin_gid,
             repair: true,
         }
     }
