@@ -431,6 +431,16 @@ in
           }; the daemon runs as ${cfg.user} without CAP_NET_BIND_SERVICE. Use a port from 1024 to 65535 (the default is 50051), or put a proxy in front.";
         }
         {
+          # ProtectProc=, ProcSubset= and LoadCredential= (the secrets) came
+          # in systemd 247; an older systemd ignores them with a warning and
+          # the daemon would start without its hardening or its tokens.
+          assertion =
+            !(config.systemd.package ? version) || lib.versionAtLeast config.systemd.package.version "247";
+          message = "services.tenstorrent-serving needs systemd 247 or later (this system has ${
+            config.systemd.package.version or "?"
+          }): the unit's ProtectProc=, ProcSubset= and LoadCredential= would be ignored. Use a NixOS release with systemd 247 or newer.";
+        }
+        {
           assertion = (cfg.tls.certFile == null) == (cfg.tls.keyFile == null);
           message = "services.tenstorrent-serving.tls: set both certFile and keyFile for TLS on the public port, or neither for plaintext.";
         }
@@ -528,11 +538,20 @@ in
         environment.HOME = d.state_dir;
         unitConfig.RequiresMountsFor = lib.optional cfg.hugepages.enable cfg.hugepages.mountPoint;
         serviceConfig = {
-          # systemd sends SIGHUP on reload and waits for RELOADING=1 then
-          # READY=1, so `systemctl reload` returns once the reload is done.
-          Type = "notify-reload";
+          # Type=notify, not notify-reload: systemd 252 does not know
+          # notify-reload (the unit then ran as Type=simple, seen in a
+          # guest), and a notify-reload service cannot fail a reload: a
+          # refused config still gave `systemctl reload` exit 0. Instead
+          # ExecReload= asks the daemon over the control socket and waits
+          # for its report: `ttctl reload` exits 1 when the daemon refuses
+          # the file or a changed slot does not come up, and so
+          # `systemctl reload` (and `nixos-rebuild switch`) fail. "+": run
+          # as root, whom the control socket admits for a reload (the
+          # service's own user is not an admin). TimeoutStartSec= bounds it.
+          Type = "notify";
           NotifyAccess = "main";
           ExecStart = "${cfg.package}/bin/tt-servingd run --config /etc/tt-serving/config.toml";
+          ExecReload = "+${cfg.package}/bin/ttctl --socket ${d.control_socket} reload";
           User = cfg.user;
           Group = cfg.group;
           # Membership lets the daemon hand the control socket to the group.
@@ -557,6 +576,11 @@ in
           # Only the daemon gets SIGTERM: it drains its slots and stops the
           # workers itself. Killing a live engine directly wedges its cards.
           KillMode = "mixed";
+          # Said, not left to the default (with Delegate=yes systemd's is
+          # `continue`): a kernel OOM kill inside a slot's cgroup is the
+          # daemon's to handle (it reports the evidence and restarts the
+          # slot); it must not stop the unit and every other slot with it.
+          OOMPolicy = "continue";
           # The daemon puts each slot's worker, and everything the engine
           # starts (children that leave its process group included), in a
           # cgroup of its own below the unit's: a slot is killed whole

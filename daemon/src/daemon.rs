@@ -316,7 +316,7 @@ async fn wait_for_signal(trigger: shutdown::ShutdownTrigger) {
     trigger.trigger();
 }
 
-/// SIGHUP (also what `systemctl reload` sends under Type=notify-reload)
+/// SIGHUP (by hand; `systemctl reload` runs `ttctl reload` instead)
 /// reloads the config. Signals that arrive during a reload are merged into
 /// one more reload after it, which reads the file as it is then.
 async fn reload_on_sighup(state: Arc<DaemonState>, mut hangups: tokio::signal::unix::Signal) {

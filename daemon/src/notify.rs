@@ -1,4 +1,4 @@
-//! Telling systemd what the daemon is doing (`Type=notify-reload`).
+//! Telling systemd what the daemon is doing (`Type=notify`).
 //!
 //! Startup is long and lumpy (resets, later cold cache builds), so besides
 //! READY=1 the daemon keeps systemd informed: STATUS= with a one-line summary,

@@ -83,7 +83,8 @@ def example(d, out_toml):
     u = d["unit"]
     sc = u["serviceConfig"]
     want = {
-        "Type": "notify-reload",
+        "Type": "notify",
+        "OOMPolicy": "continue",
         "NotifyAccess": "main",
         "Restart": "on-failure",
         "DevicePolicy": "closed",
@@ -96,6 +97,8 @@ def example(d, out_toml):
         "KillMode": "mixed",
         "Delegate": "yes",
         "ExecStart": f"{pkg}/bin/tt-servingd run --config /etc/tt-serving/config.toml",
+        # The reload's outcome reaches `systemctl reload`'s exit status.
+        "ExecReload": f"+{pkg}/bin/ttctl --socket {s['daemon']['control_socket']} reload",
     }
     for k, v in want.items():
         check(sc.get(k) == v, f"serviceConfig.{k} = {sc.get(k)!r}, want {v!r}")
