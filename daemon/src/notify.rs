@@ -23,8 +23,9 @@ pub fn ready(status: &str) {
     send(&[NotifyState::Ready, NotifyState::Status(status)]);
 }
 
-/// RELOADING=1 with the monotonic time (Type=notify-reload: systemd then
-/// holds `systemctl reload` until the next READY=1).
+/// RELOADING=1 with the monotonic time (`systemctl status` shows the unit
+/// reloading until the next READY=1; the reload's outcome reaches
+/// `systemctl reload` through the unit's `ExecReload=ttctl reload`).
 pub fn reloading(status: &str) {
     match NotifyState::monotonic_usec_now() {
         Ok(now) => send(&[NotifyState::Reloading, now, NotifyState::Status(status)]),
