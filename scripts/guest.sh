@@ -40,7 +40,7 @@ esac
 DIR="${TT_GUEST_DIR:-${HOME}/.cache/tt-serving/guest-${SUITE}}"
 MIRROR="${TT_GUEST_MIRROR:-http://deb.debian.org/debian}"
 # Bump when the image's contents change, so cached guests are rebuilt.
-LAYOUT=1
+LAYOUT=2
 
 need() {
     command -v "$1" >/dev/null || {
@@ -65,7 +65,7 @@ build() {
     # minbase: required packages only (apt, passwd, util-linux, ...); then
     # systemd as PID 1, udev for devices, the kernel with its initrd.
     debootstrap --variant=minbase \
-        --include=systemd,systemd-sysv,udev,dbus,kmod,procps,linux-image-amd64,initramfs-tools \
+        --include=systemd,systemd-sysv,udev,dbus,kmod,procps,jq,linux-image-amd64,initramfs-tools \
         "${SUITE}" "${root}" "${MIRROR}" >"${work}/debootstrap.log" 2>&1 || {
         echo "guest: debootstrap failed; the end of ${work}/debootstrap.log:" >&2
         tail -n 20 "${work}/debootstrap.log" >&2
