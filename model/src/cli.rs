@@ -79,6 +79,13 @@ pub struct Cli {
     /// one sequence of the full context shortens the context served.
     #[arg(long, env = "TTW_KV_BUDGET_MIB", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     pub kv_budget_mib: u32,
+    /// Make the whole KV budget resident at load, before the worker reports
+    /// itself ready: the memory is claimed (and charged to the slot's
+    /// memory cgroup) up front, so a `memory_max_mib` too small for the
+    /// budget fails the start with an OOM kill instead of killing the worker
+    /// under its first long request.
+    #[arg(long, env = "TTW_KV_PREFAULT", value_parser = BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
+    pub kv_prefault: bool,
     /// Tools that are not part of serving.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -132,6 +139,8 @@ pub struct ServeArgs {
     pub prefix_cache: bool,
     /// `TTW_KV_BUDGET_MIB`.
     pub kv_budget_mib: usize,
+    /// `TTW_KV_PREFAULT`.
+    pub kv_prefault: bool,
 }
 
 /// An argument problem (exit status 2).
@@ -194,6 +203,7 @@ impl Cli {
             kv_f16: self.kv_f16,
             prefix_cache: self.prefix_cache,
             kv_budget_mib: self.kv_budget_mib as usize,
+            kv_prefault: self.kv_prefault,
         })
     }
 }

@@ -416,6 +416,26 @@ impl KvCache {
         }
     }
 
+    /// Writes one zero per page of the pool, so every page is resident (and
+    /// charged to the process's memory cgroup) now rather than when a block
+    /// is first used. Returns the bytes made resident.
+    fn prefault(&mut self) -> usize {
+        fn touch<T: Copy + Default>(v: &mut [T]) -> usize {
+            let per_page = (4096 / std::mem::size_of::<T>()).max(1);
+            for i in (0..v.len()).step_by(per_page) {
+                // Volatile: a plain store of the zero the page already reads
+                // as could be dropped by the optimiser (calloc is known to it).
+                // SAFETY: i < v.len(), so the pointer is in bounds and aligned.
+                unsafe { std::ptr::write_volatile(v.as_mut_ptr().add(i), T::default()) };
+            }
+            std::mem::size_of_val(v)
+        }
+        match &mut self.store {
+            KvStore::F32 { k, v } => touch(k) + touch(v),
+            KvStore::F16 { k, v } => touch(k) + touch(v),
+        }
+    }
+
     /// Offset of `(block, layer, head)`'s first position.
     fn base(&self, block: u32, layer: usize, head: usize) -> usize {
         (((block as usize * self.layers + layer) * self.heads + head) * BLOCK_TOKENS) * self.dim
@@ -514,6 +534,12 @@ fn projection(
 }
 
 impl Rank {
+    /// Makes the rank's whole KV pool resident now (`--kv-prefault`);
+    /// returns its bytes.
+    pub fn prefault_kv(&mut self) -> usize {
+        self.kv.prefault()
+    }
+
     /// Builds a rank from its loaded tensors, with a KV pool of `kv_blocks`
     /// blocks, serving positions up to `ctx`.
     pub fn new(

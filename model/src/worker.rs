@@ -147,6 +147,13 @@ fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Lo
             rope.clone(),
         )?);
     }
+    if args.kv_prefault {
+        let bytes: usize = ranks.iter_mut().map(Rank::prefault_kv).sum();
+        tracing::info!(
+            mib = bytes >> 20,
+            "KV pool prefaulted (TTW_KV_PREFAULT): resident now"
+        );
+    }
     let t_ranks = started.elapsed();
     tracing::debug!(
         ?t_header,

@@ -47,8 +47,16 @@ wait_for() { # SECONDS COMMAND...: poll until COMMAND succeeds
     done
 }
 journal() { journalctl -u $unit --no-pager -o cat; }
+metrics() { # the daemon's /metrics (no curl in the guest: bash's /dev/tcp)
+    exec 3<>/dev/tcp/127.0.0.1/9464 || return 1
+    printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+    cat <&3
+    exec 3<&-
+}
+save_journal() { journalctl --no-pager -o short-monotonic >"$out/journal.txt" 2>&1; sync; }
+# The journal reaches the host however the scenario ends.
+trap save_journal EXIT
 finish() {
-    journalctl --no-pager -o short-monotonic >"$out/journal.txt" 2>&1
     echo done >>"$out/results"
     exit 0
 }
@@ -60,10 +68,11 @@ uname -r >>"$out/versions"
 mkdir -p $bin /srv/models /etc/tt-serving /etc/systemd/system/$unit.d
 cp $share/bin/* $bin/ && chmod 0755 $bin/*
 cp $share/model.gguf /srv/models/smollm2.gguf && chmod 0644 /srv/models/smollm2.gguf
-useradd --system --user-group --home-dir /var/lib/tt-serving --shell /usr/sbin/nologin tt-serving
-# The module's tmpfiles rules: the lock dir and tt-umd's listener dir.
-printf 'd /run/lock/tenstorrent 0755 tt-serving tt-serving - -\nd /tmp/tt_umd_listeners 1777 root root - -\n' \
-    >/etc/tmpfiles.d/tt-serving.conf
+# The module's users, groups and tmpfiles rules, as rendered from
+# module.nix (tests/guest/host.nix; tests/nix/render-guest.py).
+cp $share/sysusers.conf /etc/sysusers.d/tt-serving.conf
+systemd-sysusers /etc/sysusers.d/tt-serving.conf
+cp $share/tmpfiles.conf /etc/tmpfiles.d/tt-serving.conf
 systemd-tmpfiles --create /etc/tmpfiles.d/tt-serving.conf
 cp $share/tenstorrent-serving.service /etc/systemd/system/$unit
 cp $share/config.toml /etc/tt-serving/config.toml
@@ -72,7 +81,10 @@ cp $share/config.toml /etc/tt-serving/config.toml
 # in it. The module's ProtectControlGroups= for this systemd.
 "$bin/tt-fakehw" create --root /var/lib/tt-fakehw --cards 1 --tt-fakehw-bin "$bin/tt-fakehw" >/dev/null
 chown -R tt-serving:tt-serving /var/lib/tt-fakehw
-"$bin/tt-fakehw" firmware --root /var/lib/tt-fakehw --detach >/dev/null
+# The card's firmware as the service's user: the files it creates (the
+# fake's lock among them) are then the daemon's to open, as a real card's
+# device node is the service user's by the udev rule.
+runuser -u tt-serving -- "$bin/tt-fakehw" firmware --root /var/lib/tt-fakehw --detach >/dev/null
 sysv=$(systemctl --version | awk 'NR==1 {print $2}')
 pcg=false
 [ "$sysv" -ge 257 ] && pcg=private
@@ -86,6 +98,17 @@ else
 fi
 
 # --- start: active only at READY, with the slot Ready ---------------------
+# What the unit's status line says while it starts, polled (systemd keeps
+# only the latest STATUS=).
+(
+    last=
+    while :; do
+        now=$(systemctl show -P StatusText $unit 2>/dev/null)
+        [ -n "$now" ] && [ "$now" != "$last" ] && echo "$now" >>"$out/status-progress" && last=$now
+        sleep 0.2
+    done
+) &
+status_poll=$!
 if timed start systemctl start $unit; then
     ok start "systemctl start returned 0"
 else
@@ -96,12 +119,35 @@ check active "ActiveState=$(systemctl show -P ActiveState $unit) Type=$(systemct
     test "$(systemctl show -P ActiveState $unit)/$(systemctl show -P Type $unit)" = active/notify
 status_text=$(systemctl show -P StatusText $unit)
 check ready-at-start "STATUS=$status_text; slot state $(slot_field state)" test "$(slot_field state)" = ready
-check status-progress "STATUS lines during start: $(journal | grep -c 'resetting\|starting') lines" \
-    test -n "$status_text"
+sleep 0.5
+kill $status_poll
+check status-progress "STATUS lines seen during the start: $(tr '\n' '|' <"$out/status-progress")" \
+    test "$(wc -l <"$out/status-progress")" -ge 2
 check delegate "slot cgroup $(ls -d $cgroot/slot-* 2>/dev/null | tr '\n' ' ') memory.current $(cat $cgroot/slot-*/memory.current 2>/dev/null)" \
     sh -c "test -d $cgroot/daemon && ls -d $cgroot/slot-* >/dev/null 2>&1 && test \"\$(cat $cgroot/slot-*/memory.current)\" -gt 0"
 mem=$(slot_field worker_rss_bytes)
 check memory-accounted "ttctl status worker_rss_bytes=$mem" test "${mem:-0}" -gt 0
+# --- the hardening leaves every path the daemon and engines need ---------
+main=$(systemctl show -P MainPID $unit)
+in_unit() { nsenter -t "$main" -m -- "$@"; } # the unit's mount namespace
+check path-state "StateDirectory /var/lib/tt-serving: $(ls /var/lib/tt-serving | tr '\n' ' ')" \
+    test -d /var/lib/tt-serving/workers
+check path-cache "CacheDirectory: tensor cache files $(find /var/cache/tt-serving -type f | wc -l)" \
+    sh -c "test \"\$(find /var/cache/tt-serving -type f | wc -l)\" -gt 0"
+check path-runtime "RuntimeDirectory: $(ls -l /run/tt-serving/control.sock 2>&1 | cut -c1-60)" test -S /run/tt-serving/control.sock
+check path-locks "ReadWritePaths lock dir: $(ls /run/lock/tenstorrent | tr '\n' ' ')" \
+    sh -c 'ls /run/lock/tenstorrent | grep -q .'
+echo probe >/tmp/tt_umd_listeners/host-probe
+echo probe >/tmp/host-only-probe
+check path-umd-listeners "BindPaths: the unit sees the host's /tmp/tt_umd_listeners, and a private /tmp otherwise" \
+    sh -c "nsenter -t $main -m -- test -f /tmp/tt_umd_listeners/host-probe && ! nsenter -t $main -m -- test -e /tmp/host-only-probe"
+echo probe >/dev/shm/host-probe
+check path-shm "PrivateIPC=false: the unit's /dev/shm is the host's (tt-umd's TT_UMD_LOCK.* are shared)" \
+    in_unit test -f /dev/shm/host-probe
+rm -f /dev/shm/host-probe /tmp/tt_umd_listeners/host-probe /tmp/host-only-probe
+check path-system-ro "ProtectSystem=strict: /usr is read-only in the unit" \
+    sh -c "nsenter -t $main -m -- sh -c 'touch /usr/probe' 2>/dev/null && exit 1 || exit 0"
+
 warn=$(journal | grep -c 'cannot give the lock file' || true)
 check no-lock-warning "'cannot give the lock file' lines: $warn" test "$warn" = 0
 
@@ -112,7 +158,8 @@ else
     fail reload-unchanged "returned non-zero: $(journal | tail -n 3 | tr '\n' ' ')"
 fi
 cp /etc/tt-serving/config.toml /etc/tt-serving/config.good
-sed -i 's/^# memory_max_mib$/memory_max_mib = 1/' /etc/tt-serving/config.toml
+model_key() { sed -i "/^\[models\.smollm2\]\$/a $1" /etc/tt-serving/config.toml; }
+model_key 'memory_max_mib = 1'
 if systemctl reload $unit 2>"$out/reload-refused.txt"; then
     fail reload-refused "systemctl reload returned 0 for a config the daemon refuses (memory_max_mib = 1)"
 else
@@ -122,19 +169,29 @@ check still-serving "after the refused reload: $(systemctl show -P ActiveState $
     test "$(systemctl show -P ActiveState $unit)/$(slot_field state)" = active/ready
 
 # --- a real OOM kill, told apart from an outside SIGKILL ------------------
-# 64 MiB (the least the daemon accepts) is below what the model's worker
-# needs.
+# 64 MiB (the least the daemon accepts) with the worker's 512 MiB KV pool
+# made resident at load (TTW_KV_PREFAULT): the kernel OOM-kills the worker
+# at every start, the slot gives up after its two attempts, and the reload
+# must fail.
 cp /etc/tt-serving/config.good /etc/tt-serving/config.toml
-sed -i 's/^# memory_max_mib$/memory_max_mib = 64/' /etc/tt-serving/config.toml
+model_key 'memory_max_mib = 64'
+model_key 'env = { TTW_KV_PREFAULT = "1" }'
+printf '[models.smollm2.restart]\nmax_attempts = 2\nbackoff_ms = 500\n' >>/etc/tt-serving/config.toml
 if timed reload-oom systemctl reload $unit 2>"$out/reload-oom.txt"; then
-    fail reload-oom "systemctl reload returned 0 though the new definition's slot was OOM-killed"
+    fail reload-oom "systemctl reload returned 0 though the new definition's slot was OOM-killed at every start"
 else
-    ok reload-oom "systemctl reload failed for a slot that does not come up"
+    ok reload-oom "systemctl reload failed: the new definition's slot did not come up"
 fi
 events=$(cat $cgroot/slot-*/memory.events 2>/dev/null | tr '\n' ' ')
 err=$(slot_field last_error)
-check oom-reported "last_error: ${err:0:240}; memory.events: $events" \
+check oom-reported "last_error: ${err:0:240}; memory.events: ${events:-no slot cgroup}" \
     sh -c "echo \"\$1\" | grep -q 'killed by the OOM killer'" _ "$err"
+check oom-kernel "kernel: $(journalctl -k --no-pager -o cat | grep -m1 'Memory cgroup out of memory' | cut -c1-160)" \
+    sh -c "journalctl -k --no-pager -o cat | grep -q 'Memory cgroup out of memory'"
+check oom-journal "daemon journal: $(journal | grep -m1 'worker killed by the OOM killer' | cut -c1-200)" \
+    sh -c "journalctl -u $unit --no-pager -o cat | grep -q 'worker killed by the OOM killer'"
+oom_metric=$(metrics | grep -m1 'worker_restarts.*cause="oom"')
+check oom-metric "metric: ${oom_metric:-no worker_restarts sample with cause=\"oom\"}" test -n "$oom_metric"
 cp /etc/tt-serving/config.good /etc/tt-serving/config.toml
 if systemctl reload $unit; then ok reload-restored "the good file reloads"; else fail reload-restored "the good file did not reload"; fi
 slot_ready() { test "$(slot_field state)" = ready; }
@@ -149,6 +206,26 @@ else
     fail sigkill-not-oom "no worker pid in ttctl status"
 fi
 
+# --- the watchdog: a stopped daemon is killed and replaced ----------------
+old_main=$(systemctl show -P MainPID $unit)
+old_worker=$(slot_field worker_pid)
+restarts_before=$(systemctl show -P NRestarts $unit)
+new_main() { local p; p=$(systemctl show -P MainPID $unit); [ "$p" != 0 ] && [ "$p" != "$old_main" ]; }
+kill -STOP "$old_main"
+if timed watchdog-replaced wait_for 200 new_main; then
+    ok watchdog-replaced "MainPID $old_main -> $(systemctl show -P MainPID $unit), NRestarts $restarts_before -> $(systemctl show -P NRestarts $unit); $(journalctl -u $unit --no-pager -o cat | grep -m1 -i 'watchdog timeout' | cut -c1-120)"
+else
+    fail watchdog-replaced "MainPID still $(systemctl show -P MainPID $unit) 200 s after SIGSTOP"
+fi
+check watchdog-old-gone "old daemon $old_main and worker ${old_worker:-?}" \
+    sh -c "! kill -0 $old_main 2>/dev/null && ! kill -0 ${old_worker:-0} 2>/dev/null"
+timed watchdog-ready wait_for 300 slot_ready
+check watchdog-ready "after the restart: $(systemctl show -P ActiveState $unit), slot $(slot_field state)" slot_ready
+check watchdog-card-reset "the new daemon reset the card: $(journal | grep 'resetting cards' | tail -n 1 | cut -c1-120)" \
+    test "$(journal | grep -c 'resetting cards')" -ge 2
+left_cgroups=$(cd $cgroot && ls -d */ 2>/dev/null | tr '\n' ' ')
+check watchdog-no-stale-cgroup "cgroups under the unit: $left_cgroups" test "$left_cgroups" = "daemon/ slot-smollm2/ "
+
 # --- stop: clean, nothing left, IPC files kept ----------------------------
 # A tt-umd lock file as the engines leave it in /dev/shm (owned by the
 # service's user): RemoveIPC= would delete it at the stop.
@@ -158,6 +235,6 @@ left=$(pgrep -u tt-serving -a | grep -v tt-fakehw || true)
 check nothing-left "processes of tt-serving after the stop: ${left:-none}" test -z "$left"
 check cgroup-gone "unit cgroup after the stop: $(ls -d $cgroot 2>/dev/null || echo gone)" test ! -d $cgroot
 check ipc-kept "/dev/shm after the stop: $(ls /dev/shm | tr '\n' ' ')" test -f /dev/shm/TT_UMD_LOCK.CHIP_IN_USE_0_PCIe
-check clean-exit "journal: $(journal | grep -m1 'clean' | cut -c1-160)" \
+check clean-exit "Result=$(systemctl show -P Result $unit); journal: $(journal | grep 'stopped cleanly' | tail -n 1 | cut -c1-120)" \
     test "$(systemctl show -P Result $unit)" = success
 finish

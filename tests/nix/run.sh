@@ -143,6 +143,69 @@ for ex in examples/*.nix; do
 done
 check_host tests/nix/vm-host.nix host
 
+# The systemd guest's files (tests/guest/) are the module's rendering of
+# tests/guest/host.nix, never a hand-written copy: rendered here and
+# compared; TT_NIX_WRITE_GUEST=1 writes them instead.
+check_host tests/guest/host.nix host
+guest_out="$out/guest"
+rm -rf "$guest_out"
+if res=$(python3 tests/nix/render-guest.py "$guest_out" <"$out/host.json" 2>&1); then
+    if [ "${TT_NIX_WRITE_GUEST:-}" = 1 ]; then
+        cp "$guest_out"/* tests/guest/
+        pass "tests/guest/: written from module.nix (TT_NIX_WRITE_GUEST=1)"
+    else
+        stale=
+        for f in "$guest_out"/*; do
+            if ! diff -u "tests/guest/$(basename "$f")" "$f" >"$out/guest-$(basename "$f").diff" 2>&1; then
+                stale="$stale $(basename "$f")"
+                sed 's/^/    /' "$out/guest-$(basename "$f").diff" | head -40
+            fi
+        done
+        if [ -z "$stale" ]; then
+            pass "tests/guest/: the unit, config, tmpfiles and sysusers files are what module.nix renders for tests/guest/host.nix"
+        else
+            fail "tests/guest/:$stale differ from what module.nix renders for tests/guest/host.nix; rewrite them with TT_NIX_WRITE_GUEST=1 tests/nix/run.sh"
+        fi
+    fi
+else
+    fail "tests/guest/host.nix: rendering the guest's files"
+    printf '%s\n' "$res" | sed 's/^/    /'
+fi
+
+# The systemd generations: ProtectControlGroups= is "private" from 257 (a
+# writable cgroup namespace), false before; below 247 the module refuses.
+for v in 252.39:false 256.8:false 257.9:private; do
+    version=${v%%:*}
+    want=${v#*:}
+    # The host file says 252; mkForce another version over it.
+    got=$(nix-instantiate --store dummy:// --eval --strict --json -E "
+      let lib = import $lib; e = lib.evalModules { modules = [
+        (import $root/tests/nix/stubs.nix { })
+        $root/module.nix
+        $root/tests/guest/host.nix
+        { _module.args.pkgs = import $root/tests/nix/pkgs.nix { inherit lib; withTtSmi = true; };
+          systemd.package = lib.mkForce { version = \"$version\"; }; }
+      ]; }; in e.config.systemd.services.tenstorrent-serving.serviceConfig.ProtectControlGroups" 2>&1)
+    if [ "$got" = "$want" ] || [ "$got" = "\"$want\"" ]; then
+        pass "systemd $version: ProtectControlGroups=$want"
+    else
+        fail "systemd $version: ProtectControlGroups is $got, want $want"
+    fi
+done
+if json=$(nix-instantiate --store dummy:// --eval --strict --json -E "
+      let lib = import $lib; e = lib.evalModules { modules = [
+        (import $root/tests/nix/stubs.nix { })
+        $root/module.nix
+        $root/tests/guest/host.nix
+        { _module.args.pkgs = import $root/tests/nix/pkgs.nix { inherit lib; withTtSmi = true; };
+          systemd.package = lib.mkForce { version = \"246\"; }; }
+      ]; }; in map (a: a.message) (builtins.filter (a: !a.assertion) e.config.assertions)" 2>&1) &&
+    grep -q "needs systemd 247 or later" <<<"$json"; then
+    pass "systemd 246: refused by the module's assertion"
+else
+    fail "systemd 246: no assertion failure naming systemd 247: $json"
+fi
+
 # An older nixpkgs: no hardware.tenstorrent option, no tt-smi package.
 if json=$(eval_json tests/nix/eval.nix --argstr libPath "$lib" --argstr example "$root/examples/minimal.nix" \
     --arg withTenstorrentOption false --arg withTtSmi false 2>&1) &&

@@ -161,6 +161,14 @@ in
       type = types.listOf types.str;
       default = [ ];
     };
+    # NixOS's systemd package; the module reads only its version. The
+    # default: NixOS 24.11's systemd. A host file may set another.
+    systemd.package = mkOption {
+      type = types.attrsOf types.anything;
+      default = {
+        version = "256.8";
+      };
+    };
   }
   // lib.optionalAttrs withTenstorrentOption {
     hardware.tenstorrent.enable = mkOption {

@@ -283,10 +283,19 @@ async fn wait_loaded(
         }
         tokio::select! {
             exit = worker.wait() => {
-                return Err(Outcome::start_failed(
-                    format!("worker {} while loading; last output: {}", exit.describe(), log_tail(worker)),
-                    exit.leaves_cards_dirty(),
-                ));
+                let reason = format!("worker {} while loading; last output: {}", exit.describe(), log_tail(worker));
+                // An OOM kill counts as one in the restart metric whenever
+                // it happens: a limit too small for the model shows there.
+                // (start_and_serve counts a cold start's failure as a
+                // failed cache build by the start_failed cause; this one
+                // counts itself.)
+                if exit.oom_in_slot().is_none() {
+                    return Err(Outcome::start_failed(reason, exit.leaves_cards_dirty()));
+                }
+                if mgr.view(&plan.slot).is_some_and(|v| v.cache_mode == Some(CacheMode::Cold)) {
+                    crate::metrics::get().cache_build(&plan.model, false, Duration::ZERO);
+                }
+                return Err(Outcome::Failed { reason, dirty: exit.leaves_cards_dirty(), cause: "oom" });
             }
             cmd = commands.recv() => return Err(stop_worker(mgr, plan, worker, None, cmd).await),
             _ = tokio::time::sleep(poll) => {}

@@ -146,7 +146,7 @@ impl Exit {
 
     /// Whether the slot's own OOM counter says the OOM killer struck in it
     /// while the daemon had not asked the worker to stop.
-    fn oom_in_slot(&self) -> Option<(u64, u64)> {
+    pub fn oom_in_slot(&self) -> Option<(u64, u64)> {
         match (self.oom?, &self.cause) {
             (_, ExitCause::RequestedStop) => None,
             (OomEvidence::Slot { before, after }, _) if after > before => Some((before, after)),
