@@ -70,12 +70,17 @@ cp $share/bin/* $bin/ && chmod 0755 $bin/*
 cp $share/model.gguf /srv/models/smollm2.gguf && chmod 0644 /srv/models/smollm2.gguf
 # The module's users, groups and tmpfiles rules, as rendered from
 # module.nix (tests/guest/host.nix; tests/nix/render-guest.py).
+mkdir -p /etc/sysusers.d /etc/tmpfiles.d
 cp $share/sysusers.conf /etc/sysusers.d/tt-serving.conf
 systemd-sysusers /etc/sysusers.d/tt-serving.conf
 cp $share/tmpfiles.conf /etc/tmpfiles.d/tt-serving.conf
 systemd-tmpfiles --create /etc/tmpfiles.d/tt-serving.conf
 cp $share/tenstorrent-serving.service /etc/systemd/system/$unit
 cp $share/config.toml /etc/tt-serving/config.toml
+if ! id tt-serving >/dev/null 2>&1; then
+    fail setup "systemd-sysusers did not create the module's tt-serving user: $(tail -n 5 "$out/../out/scenario.log" 2>/dev/null | tr '\n' ' ')"
+    finish
+fi
 # Fake cards (no Tenstorrent card in a guest): the fake root is the one
 # addition to the unit, writable because the fake tt-smi records resets
 # in it. The module's ProtectControlGroups= for this systemd.
@@ -130,8 +135,8 @@ check memory-accounted "ttctl status worker_rss_bytes=$mem" test "${mem:-0}" -gt
 # --- the hardening leaves every path the daemon and engines need ---------
 main=$(systemctl show -P MainPID $unit)
 in_unit() { nsenter -t "$main" -m -- "$@"; } # the unit's mount namespace
-check path-state "StateDirectory /var/lib/tt-serving: $(ls /var/lib/tt-serving | tr '\n' ' ')" \
-    test -d /var/lib/tt-serving/workers
+check path-state "StateDirectory /var/lib/tt-serving, the daemon's records: $(ls /var/lib/tt-serving | tr '\n' ' ')" \
+    sh -c 'ls /var/lib/tt-serving | grep -q .'
 check path-cache "CacheDirectory: tensor cache files $(find /var/cache/tt-serving -type f | wc -l)" \
     sh -c "test \"\$(find /var/cache/tt-serving -type f | wc -l)\" -gt 0"
 check path-runtime "RuntimeDirectory: $(ls -l /run/tt-serving/control.sock 2>&1 | cut -c1-60)" test -S /run/tt-serving/control.sock
@@ -235,6 +240,8 @@ left=$(pgrep -u tt-serving -a | grep -v tt-fakehw || true)
 check nothing-left "processes of tt-serving after the stop: ${left:-none}" test -z "$left"
 check cgroup-gone "unit cgroup after the stop: $(ls -d $cgroot 2>/dev/null || echo gone)" test ! -d $cgroot
 check ipc-kept "/dev/shm after the stop: $(ls /dev/shm | tr '\n' ' ')" test -f /dev/shm/TT_UMD_LOCK.CHIP_IN_USE_0_PCIe
+check clean-record "the daemon recorded the clean stop in its StateDirectory: $(ls /var/lib/tt-serving | tr '\n' ' ')" \
+    test -f /var/lib/tt-serving/clean-shutdown
 check clean-exit "Result=$(systemctl show -P Result $unit); journal: $(journal | grep 'stopped cleanly' | tail -n 1 | cut -c1-120)" \
     test "$(systemctl show -P Result $unit)" = success
 finish

@@ -65,7 +65,10 @@ def sysusers(users, groups):
         if not u.get("isSystemUser"):
             raise ValueError(f"user {name} is not a system user")
         desc = u.get("description", "-")
-        lines.append(f'u {name} -:{u["group"]} "{desc}" {u.get("home", "-")}')
+        # "-": a free system uid, and the group of the user's own name;
+        # "-:GROUP" when the module gives it another group.
+        ident = "-" if u["group"] == name else f'-:{u["group"]}'
+        lines.append(f'u {name} {ident} "{desc}" {u.get("home", "-")}')
     return "\n".join(lines) + "\n"
 
 
