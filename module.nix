@@ -526,8 +526,8 @@ in
         ]
         ++ lib.optional cfg.hugepages.enable "tenstorrent-hugepages.service";
         wants = lib.optional cfg.hugepages.enable "tenstorrent-hugepages.service";
-        # A switch that changes only models reloads the daemon (SIGHUP,
-        # Type=notify-reload): unchanged slots keep serving, changed ones
+        # A switch that changes only models reloads the daemon (ExecReload=
+        # `ttctl reload`, which waits for the outcome): unchanged slots keep serving, changed ones
         # restart, removed ones stop, added ones start. Every other section
         # (daemon, hardware, reset, inference, limits, ...) restarts it
         # instead. See docs/nixos.md.

@@ -211,6 +211,16 @@ else
     fail sigkill-not-oom "no worker pid in ttctl status"
 fi
 
+# The slot's memory after a restart counts the model's pages the new worker
+# maps again (the slot's cgroup outlives its workers): memory.current is at
+# least the worker's resident set.
+wait_for 300 slot_ready
+worker=$(slot_field worker_pid)
+rss_kib=$(awk '/^VmRSS:/ {print $2}' /proc/"${worker:-0}"/status 2>/dev/null)
+current=$(cat $cgroot/slot-smollm2/memory.current 2>/dev/null)
+check memory-whole-after-restart "slot memory.current ${current:-?} B, the new worker's VmRSS ${rss_kib:-?} KiB" \
+    test "${current:-0}" -ge "$((${rss_kib:-1} * 1024))"
+
 # --- the watchdog: a stopped daemon is killed and replaced ----------------
 old_main=$(systemctl show -P MainPID $unit)
 old_worker=$(slot_field worker_pid)

@@ -1,5 +1,5 @@
 //! Live reconfiguration: SIGHUP, `ttctl reload` and `systemctl reload`
-//! (Type=notify-reload) all land in [`reload`].
+//! (ExecReload= runs `ttctl reload`) all land in [`reload`].
 //!
 //! The new file is validated completely first; an invalid one is refused as
 //! a whole and the old config keeps serving. Otherwise the [`plan`] says,

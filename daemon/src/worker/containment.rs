@@ -197,11 +197,16 @@ impl Containment {
                     .root
                     .join(format!("{SLOT_PREFIX}{}", slot.replace('/', "_")));
                 if dir.exists() {
-                    // A previous worker's cgroup that could not be removed
-                    // (the daemon dropped it mid-kill): empty it; reuse it
-                    // if it will not go.
+                    // The slot's previous worker's cgroup, kept on purpose
+                    // (see `release`): empty it (a worker the daemon
+                    // dropped mid-kill) and reuse it, so the page cache the
+                    // slot's files hold (the model the next worker maps
+                    // again) stays charged to the slot. Removed, those
+                    // pages go to the unit's cgroup, the new worker's
+                    // memory.current leaves them out (about 97 MB for
+                    // SmolLM2, seen in the systemd guest) and memory.max
+                    // does not bound them.
                     kill_cgroup_sync(&dir);
-                    let _ = std::fs::remove_dir(&dir);
                 }
                 if let Err(e) = std::fs::create_dir(&dir) {
                     if e.kind() != std::io::ErrorKind::AlreadyExists {
@@ -256,6 +261,23 @@ impl Containment {
             left: Mutex::new(Vec::new()),
             inner,
         })
+    }
+
+    /// The slot ends (stopped, removed by a reload): remove its cgroup,
+    /// which stays between one worker and the next while the slot lives.
+    pub fn release(&self, slot: &str) {
+        let Kind::Cgroup(h) = &self.kind else {
+            return;
+        };
+        let dir = h
+            .root
+            .join(format!("{SLOT_PREFIX}{}", slot.replace('/', "_")));
+        if dir.exists() {
+            kill_cgroup_sync(&dir);
+            if let Err(e) = std::fs::remove_dir(&dir) {
+                tracing::debug!(cgroup = %dir.display(), error = %e, "slot cgroup not removed");
+            }
+        }
     }
 
     /// At a clean exit, after every worker stopped: remove the slot
@@ -676,8 +698,9 @@ impl Enclosure {
     }
 
     /// After the worker exited (and was reaped): kill what it left in the
-    /// slot and wait until it is gone (bounded), then remove the slot's
-    /// cgroup. Returns what was left, as `pid N (comm)`.
+    /// slot and wait until it is gone (bounded). The slot's cgroup stays
+    /// for its next worker (`Containment::release` removes it). Returns
+    /// what was left, as `pid N (comm)`.
     pub async fn sweep(&self) -> Vec<String> {
         // The worker is reaped: its pid is free for anyone now.
         self.root.store(0, Ordering::Relaxed);
@@ -717,25 +740,7 @@ impl Enclosure {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        self.remove();
         self.left.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Remove the slot's cgroup (once empty); nothing in the process tree.
-    fn remove(&self) {
-        if let Inner::Cgroup { dir, .. } = &self.inner {
-            if let Err(e) = std::fs::remove_dir(dir) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::debug!(cgroup = %dir.display(), error = %e, "slot cgroup not removed yet");
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Enclosure {
-    fn drop(&mut self) {
-        self.remove();
     }
 }
 
