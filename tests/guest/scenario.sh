@@ -213,13 +213,16 @@ fi
 
 # The slot's memory after a restart counts the model's pages the new worker
 # maps again (the slot's cgroup outlives its workers): memory.current is at
-# least the worker's resident set.
+# least 3/4 of the worker's resident set. (Not all of it: pages of the
+# tt-worker executable are charged to whoever read the file first, the cp
+# above. With the slot's cgroup made anew per worker it was 23 MB of a
+# 125 MB resident set; kept, 125 of 129 MB.)
 wait_for 300 slot_ready
 worker=$(slot_field worker_pid)
 rss_kib=$(awk '/^VmRSS:/ {print $2}' /proc/"${worker:-0}"/status 2>/dev/null)
 current=$(cat $cgroot/slot-smollm2/memory.current 2>/dev/null)
 check memory-whole-after-restart "slot memory.current ${current:-?} B, the new worker's VmRSS ${rss_kib:-?} KiB" \
-    test "${current:-0}" -ge "$((${rss_kib:-1} * 1024))"
+    test "$((${current:-0} * 4))" -ge "$((${rss_kib:-1} * 1024 * 3))"
 
 # --- the watchdog: a stopped daemon is killed and replaced ----------------
 old_main=$(systemctl show -P MainPID $unit)

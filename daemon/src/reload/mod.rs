@@ -244,6 +244,10 @@ async fn apply(
     let aborted = slots.stop_slots(&stops, old.stop_limit()).await;
     for slot in plan.slots(Action::Stop) {
         slots.remove_slot(&slot);
+        // Gone from the config: its cgroup goes too. A slot restarted
+        // under the same name keeps its cgroup (and the page cache charged
+        // to it).
+        crate::worker::containment::get().release(&slot);
         results.insert(
             slot.clone(),
             if aborted.contains(&slot) {

@@ -176,7 +176,6 @@ fn stopped(mgr: &Arc<SlotManager>, slot: &str) {
         v.worker_rss_bytes = 0;
     });
     mgr.transition(slot, SlotState::Stopped, "stopped on request");
-    crate::worker::containment::get().release(slot);
 }
 
 /// After a failed attempt: back off and retry, or give up and wait for an

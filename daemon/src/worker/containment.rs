@@ -193,9 +193,7 @@ impl Containment {
         let marker = format!("{MARKER_VAR}={marker}").into_bytes();
         let inner = match &self.kind {
             Kind::Cgroup(h) => {
-                let dir = h
-                    .root
-                    .join(format!("{SLOT_PREFIX}{}", slot.replace('/', "_")));
+                let dir = h.slot_dir(slot);
                 if dir.exists() {
                     // The slot's previous worker's cgroup, kept on purpose
                     // (see `release`): empty it (a worker the daemon
@@ -263,15 +261,16 @@ impl Containment {
         })
     }
 
-    /// The slot ends (stopped, removed by a reload): remove its cgroup,
-    /// which stays between one worker and the next while the slot lives.
+    /// The slot is gone from the config (a reload removed it): remove its
+    /// cgroup. Until then it stays from one worker to the next, across
+    /// reloads that restart the slot under its name too: the page cache
+    /// charged to it (the model's files) must not be handed to the parent,
+    /// where the slot's next worker would map it uncounted.
     pub fn release(&self, slot: &str) {
         let Kind::Cgroup(h) = &self.kind else {
             return;
         };
-        let dir = h
-            .root
-            .join(format!("{SLOT_PREFIX}{}", slot.replace('/', "_")));
+        let dir = h.slot_dir(slot);
         if dir.exists() {
             kill_cgroup_sync(&dir);
             if let Err(e) = std::fs::remove_dir(&dir) {
@@ -304,6 +303,12 @@ impl Containment {
 }
 
 impl Hierarchy {
+    /// The cgroup of `slot` (a `/` in its name becomes `_`).
+    fn slot_dir(&self, slot: &str) -> PathBuf {
+        self.root
+            .join(format!("{SLOT_PREFIX}{}", slot.replace('/', "_")))
+    }
+
     /// Find the daemon's cgroup, make the slots' root in it, move the
     /// daemon into its leaf, and hand the memory controller down when it
     /// can.
