@@ -158,7 +158,7 @@ boot() {
         -drive "file=${DIR}/disk.img,format=raw,if=virtio,snapshot=on" \
         -virtfs "local,path=${share},mount_tag=host,security_model=none,id=host" \
         </dev/null >"${share}/out/qemu.log" 2>&1 || rc=$?
-    echo "guest: ${SUITE} ran $((SECONDS - started)) s (qemu exit ${rc})" >&2
+    echo "guest: $(cat "${DIR}/systemd-version" 2>/dev/null || echo "${SUITE}") guest ran $((SECONDS - started)) s (qemu exit ${rc})" >&2
     return "${rc}"
 }
 

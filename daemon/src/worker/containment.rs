@@ -255,6 +255,12 @@ impl Containment {
             marker,
             root: AtomicU32::new(0),
             peak_seen: AtomicU64::new(0),
+            peak_before: match &inner {
+                Inner::Cgroup {
+                    dir, memory: true, ..
+                } => read_u64(&dir.join("memory.peak")).unwrap_or(0),
+                _ => 0,
+            },
             oom_before: oom_counter(&inner),
             left: Mutex::new(Vec::new()),
             inner,
@@ -491,6 +497,10 @@ pub struct Enclosure {
     root: AtomicU32,
     /// The highest memory seen, where the kernel keeps no peak.
     peak_seen: AtomicU64,
+    /// The slot cgroup's `memory.peak` when this worker started: the
+    /// cgroup outlives its workers, and Linux before 6.12 cannot reset the
+    /// peak, so only a peak above this one is this worker's.
+    peak_before: u64,
     /// The OOM kill counter when the worker started.
     oom_before: Option<OomCounter>,
     /// What the sweep found left running, kept across sweeps (a wait
@@ -662,7 +672,9 @@ impl Enclosure {
         let peak = match &self.inner {
             Inner::Cgroup {
                 dir, memory: true, ..
-            } => read_u64(&dir.join("memory.peak")).unwrap_or(seen),
+            } => read_u64(&dir.join("memory.peak"))
+                .filter(|p| *p > self.peak_before)
+                .unwrap_or(seen),
             _ => seen,
         };
         Memory { current, peak }
@@ -1019,6 +1031,7 @@ mod tests {
             marker: Vec::new(),
             root: AtomicU32::new(0),
             peak_seen: AtomicU64::new(0),
+            peak_before: 0,
             oom_before: oom_counter(&inner),
             left: Mutex::new(Vec::new()),
             inner,
@@ -1045,6 +1058,26 @@ mod tests {
                 after: 2
             })
         );
+        // The next worker in the same cgroup: the 2 MB peak was its
+        // predecessor's, so its own is the highest seen until the cgroup's
+        // peak grows past it.
+        let next = Enclosure {
+            peak_before: 2_000_000,
+            peak_seen: AtomicU64::new(0),
+            slot: "m".into(),
+            marker: Vec::new(),
+            root: AtomicU32::new(0),
+            oom_before: None,
+            left: Mutex::new(Vec::new()),
+            inner: Inner::Cgroup {
+                dir: slot.clone(),
+                memory: true,
+                procs: Mutex::new(None),
+            },
+        };
+        assert_eq!(next.memory().peak, 600_000);
+        put("memory.peak", "2500000\n");
+        assert_eq!(next.memory().peak, 2_500_000);
         // Before Linux 5.19 there is no memory.peak: the highest seen.
         std::fs::remove_file(slot.join("memory.peak")).unwrap();
         put("memory.current", "700000\n");
