@@ -55,7 +55,8 @@ fn assert_restored(d: &Daemon) {
     );
 }
 
-fn ab(d: &Daemon, out: &Path, extra: &[&str]) -> Command {
+/// `ttctl ab` of `m` at batch 1 with prompts of `prompt` tokens.
+fn ab(d: &Daemon, out: &Path, prompt: &str, extra: &[&str]) -> Command {
     let mut c = Command::new(bin("ttctl"));
     c.arg("--socket")
         .arg(&d.socket)
@@ -65,7 +66,7 @@ fn ab(d: &Daemon, out: &Path, extra: &[&str]) -> Command {
             "--batch",
             "1",
             "--prompt-tokens",
-            "40",
+            prompt,
             "--warmup",
             "0",
         ])
@@ -82,9 +83,13 @@ fn arms_alternate_prove_their_flags_and_the_definition_comes_back() {
     let d = daemon(&hw, dir.path());
     let config_before = std::fs::read_to_string(&d.config).unwrap();
     let out = dir.path().join("ab.jsonl");
+    // 120 tokens: the tiny vocabulary splits the clock-picked nonce words
+    // into a few tokens more or less, which at 40 left a round 3 of 40
+    // tokens short and invalid (more than 5% off).
     let run = ab(
         &d,
         &out,
+        "120",
         &[
             "--arm",
             "base:",
@@ -101,7 +106,7 @@ fn arms_alternate_prove_their_flags_and_the_definition_comes_back() {
     let text = output_text(&run);
     assert!(run.status.success(), "{text}");
     assert!(
-        text.contains("f16 vs base at B=1 prompt=40 (2 rounds)"),
+        text.contains("f16 vs base at B=1 prompt=120 (2 rounds)"),
         "{text}"
     );
     assert!(text.contains("ratio"), "{text}");
@@ -191,6 +196,7 @@ fn an_arm_whose_flag_does_not_engage_is_refused_and_the_definition_comes_back() 
     let run = ab(
         &d,
         &out,
+        "40",
         &[
             "--arm",
             "base:",
@@ -219,6 +225,7 @@ fn start_long_ab(d: &Daemon, out: &Path) -> Child {
     let child = ab(
         d,
         out,
+        "40",
         &[
             "--arm",
             "base:",
