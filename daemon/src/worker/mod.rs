@@ -433,7 +433,7 @@ impl Worker {
                 ExitCause::Code(-1)
             }
         };
-        // Read before the sweep removes the slot's cgroup.
+        // Read before the sweep kills what the worker left in the slot.
         let oom = self.enclosure.oom_evidence();
         let memory_peak = self.enclosure.memory().peak;
         let leftovers = self.enclosure.sweep().await;
