@@ -49,16 +49,30 @@ need() {
     }
 }
 
+# DIR MARK: fails unless DIR is absent or holds MARK (this script's own).
+mine() {
+    if [[ -e "$1" && ! -e "$1/$2" ]]; then
+        echo "guest: $1 exists and is not a guest this script built (no $2 in it); refusing to replace it. Point TT_GUEST_DIR at a new directory, or remove it yourself" >&2
+        exit 1
+    fi
+}
+
 build() {
+    local work="${DIR}.partial"
+    # Only ever delete what this script made: a guest carries `layout`,
+    # a build in progress `.tt-guest-partial`. Anything else at those paths
+    # (a mistyped TT_GUEST_DIR) is refused, never removed.
+    mine "${DIR}" layout
+    mine "${work}" .tt-guest-partial
     need debootstrap debootstrap
     need mkfs.ext4 e2fsprogs
     [[ "$(id -u)" == 0 ]] || {
         echo "guest: building the guest root needs root (debootstrap, chroot)" >&2
         exit 1
     }
-    local work="${DIR}.partial"
     rm -rf "${work}"
     mkdir -p "${work}"
+    : >"${work}/.tt-guest-partial"
     local root="${work}/root"
     local started=${SECONDS}
     echo "guest: debootstrap ${SUITE} from ${MIRROR} into ${root}" >&2
@@ -124,6 +138,7 @@ EOF
     mkfs.ext4 -q -F -L tt-guest -d "${root}" "${work}/disk.img"
     rm -rf "${root}"
     echo "${LAYOUT}" >"${work}/layout"
+    rm -f "${work}/.tt-guest-partial"
     rm -rf "${DIR}"
     mv "${work}" "${DIR}"
     echo "guest: built ${DIR} (systemd $(cat "${DIR}/systemd-version")) in $((SECONDS - started)) s" >&2

@@ -138,3 +138,25 @@ fn the_module_unit_under_real_systemd() {
         "only {checks} checks ran in the guest; the scenario stopped early"
     );
 }
+
+/// `scripts/guest.sh` replaces only a guest it built: pointed at any other
+/// directory it refuses, names it, and leaves every file there.
+#[test]
+fn the_guest_script_refuses_to_replace_a_directory_it_did_not_build() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kept = dir.path().join("notes.txt");
+    std::fs::write(&kept, "mine").expect("write a file");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/guest.sh");
+    let run = Command::new("bash")
+        .arg(&script)
+        .env("TT_GUEST_DIR", dir.path())
+        .output()
+        .expect("run scripts/guest.sh");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is not a guest this script built") && stderr.contains("refusing"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&kept).ok().as_deref(), Some("mine"));
+}
