@@ -40,6 +40,16 @@ struct Prepared {
     spec: WorkerSpec,
 }
 
+/// A cold start that failed is a failed cache build.
+fn count_failed_cold_start(mgr: &SlotManager, plan: &SlotPlan) {
+    if mgr
+        .view(&plan.slot)
+        .is_some_and(|v| v.cache_mode == Some(CacheMode::Cold))
+    {
+        crate::metrics::get().cache_build(&plan.model, false, Duration::ZERO);
+    }
+}
+
 /// A start attempt, with `ttctl cache build`'s reply when one asked for
 /// this start (it builds cold and stops instead of serving).
 pub(super) async fn start_and_serve(
@@ -56,12 +66,7 @@ pub(super) async fn start_and_serve(
         ..
     } = &outcome
     {
-        if mgr
-            .view(&plan.slot)
-            .is_some_and(|v| v.cache_mode == Some(CacheMode::Cold))
-        {
-            crate::metrics::get().cache_build(&plan.model, false, Duration::ZERO);
-        }
+        count_failed_cold_start(mgr, plan);
     }
     if let Some(reply) = build {
         let _ = reply.send(match &outcome {
@@ -286,15 +291,12 @@ async fn wait_loaded(
                 let reason = format!("worker {} while loading; last output: {}", exit.describe(), log_tail(worker));
                 // An OOM kill counts as one in the restart metric whenever
                 // it happens: a limit too small for the model shows there.
-                // (start_and_serve counts a cold start's failure as a
-                // failed cache build by the start_failed cause; this one
-                // counts itself.)
+                // (start_and_serve counts a start_failed cold start as a
+                // failed cache build; this one counts itself.)
                 if exit.oom_in_slot().is_none() {
                     return Err(Outcome::start_failed(reason, exit.leaves_cards_dirty()));
                 }
-                if mgr.view(&plan.slot).is_some_and(|v| v.cache_mode == Some(CacheMode::Cold)) {
-                    crate::metrics::get().cache_build(&plan.model, false, Duration::ZERO);
-                }
+                count_failed_cold_start(mgr, plan);
                 return Err(Outcome::Failed { reason, dirty: exit.leaves_cards_dirty(), cause: "oom" });
             }
             cmd = commands.recv() => return Err(stop_worker(mgr, plan, worker, None, cmd).await),
