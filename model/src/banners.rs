@@ -39,7 +39,7 @@ impl Banners {
         engaged.push(flag.to_string());
         // Flush at once: the daemon scans stdout while we keep running.
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{flag} engaged");
+        let _ = writeln!(out, "{}", tt_worker_contract::banner::line(flag));
         let _ = out.flush();
     }
 

@@ -1,53 +1,22 @@
-//! The command-line contract the daemon (and any stand-in engine) honours.
-//!
-//! Every option can also come from the environment, which is how the daemon
-//! passes them. Bad arguments print a clear error and exit with status 2.
+//! tt-worker's command line: the worker contract's options (flattened from
+//! tt-worker-contract) and the engine's own, each also read from the
+//! environment, which is how the daemon passes them. Bad arguments print a
+//! clear error and exit with status 2.
 
 use crate::cache::CacheMode;
 use clap::builder::BoolishValueParser;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use std::path::PathBuf;
-
-/// `warm` or `cold`, as given on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum CacheModeArg {
-    /// Map the existing tensor cache; never read the checkpoint's tensors.
-    Warm,
-    /// Build the tensor cache from the checkpoint.
-    Cold,
-}
-
-impl From<CacheModeArg> for CacheMode {
-    fn from(m: CacheModeArg) -> Self {
-        match m {
-            CacheModeArg::Warm => CacheMode::Warm,
-            CacheModeArg::Cold => CacheMode::Cold,
-        }
-    }
-}
+use tt_worker_contract::{names, Contract, ContractArgs};
 
 /// tt-worker: serves one GGUF Llama model over engine.proto on a unix socket.
 #[derive(Debug, Parser)]
-#[command(name = "tt-worker", version, subcommand_negates_reqs = true)]
+#[command(name = "tt-worker", version)]
 pub struct Cli {
-    /// Unix socket to serve engine.proto on.
-    #[arg(long, env = "TT_WORKER_SOCKET", required = true)]
-    pub socket: Option<PathBuf>,
-    /// The GGUF checkpoint.
-    #[arg(long, env = "TT_WORKER_MODEL", required = true)]
-    pub model: Option<PathBuf>,
-    /// Tensor-parallel degree (ranks, one card each).
-    #[arg(long, env = "TT_WORKER_TP", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub tp: u32,
-    /// Directory of this variant's tensor cache.
-    #[arg(long, env = "TT_CACHE_DIR", required = true)]
-    pub cache_dir: Option<PathBuf>,
-    /// `cold` builds the cache from the checkpoint, `warm` maps it.
-    #[arg(long, env = "TT_CACHE_MODE", value_enum, required = true)]
-    pub cache_mode: Option<CacheModeArg>,
-    /// Card PCI addresses, comma-separated, one per rank.
-    #[arg(long, env = "TT_VISIBLE_DEVICES", required = true)]
-    pub visible_devices: Option<String>,
+    /// The contract the daemon passes every worker (socket, checkpoint,
+    /// tp, cache dir and mode, cards).
+    #[command(flatten)]
+    pub contract: ContractArgs,
     /// Sequences decoded together.
     #[arg(long, env = "TT_WORKER_MAX_BATCH", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub max_batch: u32,
@@ -109,6 +78,8 @@ pub enum Command {
 /// Validated serving arguments.
 #[derive(Debug, Clone)]
 pub struct ServeArgs {
+    /// The contract as validated (what the engine.proto service reports).
+    pub contract: Contract,
     /// Socket path.
     pub socket: PathBuf,
     /// Checkpoint.
@@ -143,57 +114,28 @@ pub struct ServeArgs {
     pub kv_prefault: bool,
 }
 
-/// An argument problem (exit status 2).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
+pub use tt_worker_contract::UsageError;
 
 impl Cli {
     /// Checks the serving arguments against each other and the filesystem.
     pub fn serve_args(self) -> Result<ServeArgs, UsageError> {
-        let missing = |what: &str| UsageError(format!("missing {what}"));
-        let tp = self.tp as usize;
-        let model = self
-            .model
-            .ok_or_else(|| missing("--model / TT_WORKER_MODEL"))?;
+        let contract = self.contract.validate()?;
+        let model = PathBuf::from(&contract.model);
         if !model.is_file() {
             return Err(UsageError(format!(
-                "--model {}: no such file (for the test model run scripts/fetch-smollm2.sh)",
+                "--model / {} {}: no such file (for the test model run scripts/fetch-smollm2.sh)",
+                names::MODEL,
                 model.display()
             )));
         }
-        let devices = self
-            .visible_devices
-            .ok_or_else(|| missing("TT_VISIBLE_DEVICES"))?;
-        let bdfs: Vec<String> = devices
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
-        // One card per rank: a mismatch means the daemon and the worker
-        // disagree about the slot, and running anyway would bind ranks to
-        // the wrong cards.
-        if bdfs.len() != tp {
-            return Err(UsageError(format!(
-                "TT_VISIBLE_DEVICES lists {} card(s) ({devices:?}) but --tp is {tp}; give exactly one BDF per rank",
-                bdfs.len()
-            )));
-        }
         Ok(ServeArgs {
-            socket: self
-                .socket
-                .ok_or_else(|| missing("--socket / TT_WORKER_SOCKET"))?,
+            socket: contract.socket.clone(),
             model,
-            tp,
-            cache_dir: self
-                .cache_dir
-                .ok_or_else(|| missing("--cache-dir / TT_CACHE_DIR"))?,
-            cache_mode: self
-                .cache_mode
-                .ok_or_else(|| missing("--cache-mode / TT_CACHE_MODE"))?
-                .into(),
-            bdfs,
+            tp: contract.tp as usize,
+            cache_dir: contract.cache_dir.clone(),
+            cache_mode: contract.cache_mode,
+            bdfs: contract.bdfs.clone(),
+            contract,
             max_batch: self.max_batch as usize,
             max_queue: self.max_queue as usize,
             max_seq_len: self.max_seq_len.map(|n| n as usize),

@@ -3,19 +3,11 @@
 //! by the RPC handlers; everything is atomics or short locks so `Health`
 //! stays cheap even while a step runs.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// Where the worker is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// Reading weights or building the cache.
-    Loading = 1,
-    /// Serving.
-    Ready = 2,
-    /// Shutting down: finishing in-flight work, admitting none.
-    Draining = 3,
-}
+pub use tt_worker_contract::Phase;
+use tt_worker_contract::PhaseCell;
 
 /// Load progress, as `LoadProgress` reports it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -63,7 +55,7 @@ pub struct KvInfo {
 /// Shared worker status.
 #[derive(Debug)]
 pub struct Status {
-    phase: AtomicU8,
+    phase: PhaseCell,
     progress: Mutex<Progress>,
     /// Sequences in the batch.
     pub active: AtomicU32,
@@ -88,7 +80,7 @@ pub struct Status {
 impl Default for Status {
     fn default() -> Self {
         Self {
-            phase: AtomicU8::new(Phase::Loading as u8),
+            phase: PhaseCell::default(),
             progress: Mutex::new(Progress::default()),
             active: AtomicU32::new(0),
             in_flight: AtomicU32::new(0),
@@ -103,12 +95,7 @@ impl Default for Status {
 }
 
 /// Milliseconds since the Unix epoch.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use tt_serving_proto::time::now_unix_ms as unix_ms;
 
 impl Status {
     /// Sequences admitted but not yet in the batch.
@@ -119,16 +106,12 @@ impl Status {
 
     /// Current phase.
     pub fn phase(&self) -> Phase {
-        match self.phase.load(Ordering::Acquire) {
-            2 => Phase::Ready,
-            3 => Phase::Draining,
-            _ => Phase::Loading,
-        }
+        self.phase.get()
     }
 
     /// Moves to `phase`.
     pub fn set_phase(&self, phase: Phase) {
-        self.phase.store(phase as u8, Ordering::Release);
+        self.phase.set(phase);
     }
 
     /// Records load progress.

@@ -9,41 +9,19 @@ use crate::gguf::Checkpoint;
 use crate::kv::{self, BlockPool};
 use crate::model::{self, KvDtype, Rank, Rope};
 use crate::scheduler::{self, Engaged, SchedulerConfig};
-use crate::server::{self, EngineService, Identity, Ready};
-use crate::state::{KvInfo, LoadedInfo, Phase, Status};
+use crate::server::{Ready, TtWorker};
+use crate::state::{KvInfo, LoadedInfo, Status};
 use crate::tokenizer::Tokenizer;
 use crate::tp::Ranks;
 use crate::weights::{self, DtypePolicy};
 use anyhow::Context;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::UnixListener;
-use tt_serving_proto::v1::engine_server::EngineServer;
+use tt_worker_contract::{process, Backend, Server, StopRequest};
 
 /// Drain time granted to in-flight sequences on SIGTERM.
 const SIGTERM_DRAIN: Duration = Duration::from_secs(5);
-/// How long the server may take to close connections after a drain.
-const SERVER_STOP_GRACE: Duration = Duration::from_secs(2);
-
-/// Dies with the parent: a daemon that crashed must not leave a worker
-/// holding its cards. SIGKILL, as the daemon itself sets before exec (this
-/// covers other parents): with the parent gone there is no client left to
-/// drain for, and a drain can be held up by a step that never ends. The
-/// kernel ties this signal to the parent *thread*, so `main` also watches
-/// for being reparented.
-fn die_with_parent() {
-    // SAFETY: prctl with PR_SET_PDEATHSIG only sets a process attribute.
-    unsafe {
-        libc::prctl(
-            libc::PR_SET_PDEATHSIG,
-            libc::SIGKILL as libc::c_ulong,
-            0,
-            0,
-            0,
-        );
-    }
-}
 
 /// The matmul pools (ours, [`crate::pool`], and candle's for the dtypes our
 /// kernels do not take) span every core. With several ranks that pool would
@@ -237,26 +215,14 @@ fn write_stray_file(dir: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("test fault: cannot write {}", path.display()))
 }
 
-fn bind(socket: &Path) -> anyhow::Result<UnixListener> {
-    if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the socket directory {}", dir.display()))?;
-    }
-    // A socket left by a previous worker of this slot would make bind fail;
-    // only a socket is removed, never some other file at that path.
-    if let Ok(meta) = std::fs::symlink_metadata(socket) {
-        use std::os::unix::fs::FileTypeExt;
-        if meta.file_type().is_socket() {
-            let _ = std::fs::remove_file(socket);
-        }
-    }
-    UnixListener::bind(socket)
-        .with_context(|| format!("cannot bind the worker socket {}", socket.display()))
-}
-
 /// Runs the worker until it is shut down; `Ok` means exit status 0.
 pub fn serve(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
-    die_with_parent();
+    // Dies with the parent: a daemon that crashed must not leave a worker
+    // holding its cards. SIGKILL, as the daemon itself sets before exec
+    // (this covers other parents): with the parent gone there is no client
+    // left to drain for, and a drain can be held up by a step that never
+    // ends. `main` also watches for being reparented.
+    process::set_parent_death_signal(libc::SIGKILL);
     if let Some(code) = faults.exit_at_start {
         eprintln!("tt-worker: test fault TTW_FAULT_EXIT_AT_START: exiting with status {code}");
         std::process::exit(code);
@@ -294,46 +260,35 @@ const HONOURED_PARAMETERS: [&str; 8] = {
 async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
     let status = Arc::new(Status::default());
     let banners = Arc::new(Banners::new(faults.skip_banner.clone()));
-    let ready: Arc<OnceLock<Ready>> = Arc::new(OnceLock::new());
-    let shutdown = Arc::new(tokio::sync::Notify::new());
-    let service = EngineService::new(
-        Identity {
-            tp: args.tp as u32,
-            bdfs: args.bdfs.clone(),
-            cache_mode: args.cache_mode.as_str().to_string(),
-            supported_parameters: HONOURED_PARAMETERS
-                .iter()
-                .filter(|p| !faults.withhold_parameters.iter().any(|w| w == *p))
-                .map(|p| p.to_string())
-                .collect(),
-        },
+    let backend = Arc::new(TtWorker::new(
+        HONOURED_PARAMETERS
+            .iter()
+            .filter(|p| !faults.withhold_parameters.iter().any(|w| w == *p))
+            .map(|p| p.to_string())
+            .collect(),
         status.clone(),
         banners.clone(),
-        ready.clone(),
-        shutdown.clone(),
-    );
-    let listener = bind(&args.socket)?;
+    ));
+    let mut server = Server::start(&args.contract, backend.clone())?;
     tracing::info!(socket = %args.socket.display(), "serving engine.proto; loading {}", args.model.display());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(EngineServer::new(service))
-            .serve_with_incoming_shutdown(tt_serving_proto::uds::incoming(listener), async {
-                let _ = stop_rx.await;
-            }),
-    );
-
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
 
     let load_args = args.clone();
     let load_status = status.clone();
     let load_faults = faults.clone();
     let loading = tokio::task::spawn_blocking(move || load(&load_args, &load_status, &load_faults));
     let loaded = tokio::select! {
-        r = loading => r.context("the load task panicked")??,
-        _ = sigterm.recv() => { cleanup(&args.socket); return Ok(()); }
-        _ = sigint.recv() => { cleanup(&args.socket); return Ok(()); }
+        r = loading => match r.context("the load task panicked") {
+            Ok(Ok(loaded)) => loaded,
+            Ok(Err(e)) | Err(e) => {
+                server.close().await;
+                return Err(e);
+            }
+        },
+        why = server.stop_requested() => {
+            tracing::info!(?why, "asked to stop while loading; exiting");
+            server.close().await;
+            return Ok(());
+        }
     };
     let mut flags = Vec::new();
     if args.mlp_down_q8 {
@@ -370,26 +325,22 @@ async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
         "ready"
     );
     status.set_loaded(loaded.info);
-    let _ = ready.set(Ready {
+    backend.set_ready(Ready {
         engine,
         tokenizer,
         template: loaded.template,
         context: loaded.context,
         default_max_tokens: args.default_max_tokens,
     });
-    status.set_phase(Phase::Ready);
 
     // Serve until a Shutdown call has drained us, or a signal arrives.
-    tokio::select! {
-        _ = shutdown.notified() => {}
-        _ = sigterm.recv() => { server::drain(&status, &ready, SIGTERM_DRAIN).await; }
-        _ = sigint.recv() => { server::drain(&status, &ready, SIGTERM_DRAIN).await; }
+    if let StopRequest::Signal(why) = server.stop_requested().await {
+        tracing::info!("{why}: draining for up to {}s", SIGTERM_DRAIN.as_secs());
+        backend.drain(SIGTERM_DRAIN).await;
     }
-    let _ = stop_tx.send(());
-    // The Shutdown call's own response is in flight; give the server a
-    // moment to send it and close, but never wait on a stuck client.
-    let _ = tokio::time::timeout(SERVER_STOP_GRACE, server).await;
-    cleanup(&args.socket);
+    // The Shutdown call's own response is in flight; the close gives the
+    // server a moment to send it, but never waits on a stuck client.
+    server.close().await;
     if status
         .engine_stuck
         .load(std::sync::atomic::Ordering::Acquire)
@@ -400,8 +351,4 @@ async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
     }
     tracing::info!("drained; exiting");
     Ok(())
-}
-
-fn cleanup(socket: &Path) {
-    let _ = std::fs::remove_file(socket);
 }

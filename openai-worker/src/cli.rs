@@ -11,6 +11,7 @@ use clap::{Parser, ValueEnum};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tt_serving_proto::CacheMode;
+use tt_worker_contract::{names, Contract, ContractArgs};
 
 /// The engines the worker knows the defaults of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -207,30 +208,10 @@ pub struct Cli {
     /// The container runtime's command.
     #[arg(long, value_name = "PROGRAM", default_value = "docker")]
     pub container_runtime: String,
-    /// Unix socket to serve engine.proto on.
-    #[arg(long, env = "TT_WORKER_SOCKET")]
-    pub socket: Option<PathBuf>,
-    /// The checkpoint, substituted for `{checkpoint}`.
-    #[arg(long, env = "TT_WORKER_MODEL")]
-    pub model: Option<String>,
-    /// Tensor-parallel degree, substituted for `{tp}`.
-    #[arg(long, env = "TT_WORKER_TP", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub tp: u32,
-    /// The cache variant's directory, substituted for `{cache_dir}`.
-    #[arg(long, env = "TT_CACHE_DIR")]
-    pub cache_dir: Option<PathBuf>,
-    /// `cold` builds the tensor cache (forces the engine to read the
-    /// checkpoint), `warm` uses it.
-    #[arg(long, env = "TT_CACHE_MODE", value_parser = ["warm", "cold"])]
-    pub cache_mode: Option<String>,
-    /// Card PCI addresses, comma-separated, one per rank.
-    #[arg(long, env = "TT_VISIBLE_DEVICES")]
-    pub visible_devices: Option<String>,
-    /// The cards' device nodes, comma-separated, rank order (the daemon
-    /// sets it at each start); an engine argument `{devices}` becomes
-    /// `--device <node>` for each, for a container runtime.
-    #[arg(long, env = "TT_WORKER_DEVICES")]
-    pub devices: Option<String>,
+    /// The contract the daemon passes every worker (socket, checkpoint,
+    /// tp, cache dir and mode, cards, device nodes).
+    #[command(flatten)]
+    pub contract: ContractArgs,
     /// The engine's command line (after `--`).
     #[arg(last = true, required = true, num_args = 1.., value_name = "ENGINE")]
     pub engine_argv: Vec<String>,
@@ -255,6 +236,8 @@ pub struct Settings {
     pub default_max_tokens: Option<u32>,
     /// Container name and runtime.
     pub container: Option<Container>,
+    /// The contract as validated.
+    pub contract: Contract,
     /// The socket to serve on.
     pub socket: PathBuf,
     /// The checkpoint.
@@ -282,19 +265,11 @@ pub struct Container {
     pub runtime: String,
 }
 
-/// An argument problem (exit status 2).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct UsageError(pub String);
+pub use tt_worker_contract::UsageError;
 
 impl Cli {
     /// Checks the arguments and the contract's environment.
     pub fn settings(self) -> Result<Settings, UsageError> {
-        let missing = |what: &str| {
-            UsageError(format!(
-                "missing {what}: the daemon sets it; to run by hand, export it or pass the option"
-            ))
-        };
         let health_path = self
             .health_path
             .unwrap_or_else(|| self.engine.default_health_path().to_string());
@@ -313,50 +288,17 @@ impl Cli {
             Some(f) => Some(f),
             None => Some(self.engine.default_token_ids_field().to_string()),
         };
-        let devices = self
-            .visible_devices
-            .ok_or_else(|| missing("TT_VISIBLE_DEVICES"))?;
-        let bdfs: Vec<String> = devices
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
-        // One card per rank, as tt-worker insists: a mismatch means the
-        // daemon and the worker disagree about the slot.
-        if bdfs.len() != self.tp as usize {
+        let contract = self.contract.validate()?;
+        if self.engine_argv.iter().any(|a| a == DEVICES)
+            && contract.devices.len() != contract.bdfs.len()
+        {
             return Err(UsageError(format!(
-                "TT_VISIBLE_DEVICES lists {} card(s) ({devices:?}) but TT_WORKER_TP is {}; give exactly one BDF per rank",
-                bdfs.len(),
-                self.tp
+                "the engine command has `{DEVICES}` but {} lists {} device node(s) for {} card(s); the daemon sets it (tt-servingd 0.1 with the device-node contract), or export it to run by hand",
+                names::DEVICES,
+                contract.devices.len(),
+                contract.bdfs.len()
             )));
         }
-        let devices: Vec<String> = self
-            .devices
-            .as_deref()
-            .unwrap_or("")
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
-        if self.engine_argv.iter().any(|a| a == DEVICES) && devices.len() != bdfs.len() {
-            return Err(UsageError(format!(
-                "the engine command has `{DEVICES}` but TT_WORKER_DEVICES lists {} device node(s) for {} card(s); the daemon sets it (tt-servingd 0.1 with the device-node contract), or export it to run by hand",
-                devices.len(),
-                bdfs.len()
-            )));
-        }
-        let cache_mode = match self.cache_mode.as_deref() {
-            Some("cold") => CacheMode::Cold,
-            Some("warm") => CacheMode::Warm,
-            Some(other) => {
-                return Err(UsageError(format!(
-                    "TT_CACHE_MODE={other:?}: expected `warm` or `cold`"
-                )))
-            }
-            None => return Err(missing("TT_CACHE_MODE")),
-        };
         let container = match self.container {
             Some(name) if name.is_empty() => {
                 return Err(UsageError(
@@ -382,7 +324,7 @@ impl Cli {
             )));
         }
         let engine_argv = if self.engine == EngineKind::VllmTt {
-            tt_engine_argv(self.engine_argv, self.tp)?
+            tt_engine_argv(self.engine_argv, contract.tp)?
         } else {
             self.engine_argv
         };
@@ -398,19 +340,14 @@ impl Cli {
             sigterm_drain: Duration::from_secs(self.sigterm_drain_secs),
             default_max_tokens: self.default_max_tokens,
             container,
-            socket: self
-                .socket
-                .ok_or_else(|| missing("TT_WORKER_SOCKET (--socket)"))?,
-            checkpoint: self
-                .model
-                .ok_or_else(|| missing("TT_WORKER_MODEL (--model)"))?,
-            tp: self.tp,
-            cache_dir: self
-                .cache_dir
-                .ok_or_else(|| missing("TT_CACHE_DIR (--cache-dir)"))?,
-            cache_mode,
-            bdfs,
-            devices,
+            socket: contract.socket.clone(),
+            checkpoint: contract.model.clone(),
+            tp: contract.tp,
+            cache_dir: contract.cache_dir.clone(),
+            cache_mode: contract.cache_mode,
+            bdfs: contract.bdfs.clone(),
+            devices: contract.devices.clone(),
+            contract,
             engine_argv,
         })
     }

@@ -118,7 +118,7 @@ impl OutputScan {
             *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
                 segment.chars().take(LAST_LINE_CHARS).collect();
         }
-        if let Some(flag) = banner(&text) {
+        if let Some(flag) = tt_worker_contract::banner::flag_in_line(&text) {
             let mut banners = self.banners.lock().unwrap_or_else(|e| e.into_inner());
             banners.insert(flag.to_string());
         }
@@ -140,19 +140,6 @@ impl OutputScan {
     fn stream_closed(&self) {
         self.closed.send_modify(|n| *n += 1);
     }
-}
-
-/// The flag of a `<FLAG> engaged` banner: a line ending in ` engaged`, the
-/// word before it made of the characters an environment variable's name
-/// has. The daemon's own rule for its log capture (`worker/banners.rs`),
-/// word for word: `Info` reports these and the daemon merges them with what
-/// it saw, so a looser rule here would weaken its fail-closed check.
-fn banner(line: &str) -> Option<&str> {
-    let before = line.trim_end().strip_suffix(" engaged")?;
-    let flag = before
-        .rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .next()?;
-    (!flag.is_empty()).then_some(flag)
 }
 
 /// How many of the engine's last error lines are kept.

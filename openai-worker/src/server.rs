@@ -10,13 +10,14 @@ use crate::cli::EngineKind;
 use crate::http::{self, SseSplitter};
 use crate::openai::{self, Endpoint, Event, RequestStyle, Usage};
 use crate::status::{InFlight, Phase, Status};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status as RpcStatus};
 use tt_serving_proto::v1 as pb;
-use tt_serving_proto::v1::engine_server::Engine;
+use tt_worker_contract::service::LOADING;
+use tt_worker_contract::{Backend, DrainReport, GenerateError, TokenStream};
 
 /// Facts known before the engine is ready, reported by `Info`.
 #[derive(Debug, Clone)]
@@ -25,12 +26,6 @@ pub struct Identity {
     pub kind: EngineKind,
     /// The engine's port on loopback.
     pub port: u16,
-    /// TP degree.
-    pub tp: u32,
-    /// Card BDF per rank.
-    pub bdfs: Vec<String>,
-    /// `warm` or `cold`.
-    pub cache_mode: String,
     /// The token-ids field and default `max_tokens`.
     pub token_ids_field: Option<String>,
     /// `max_tokens` for requests leaving it 0.
@@ -41,26 +36,16 @@ pub struct Identity {
     pub supported_parameters: Vec<&'static str>,
 }
 
-/// The service.
-pub struct EngineService {
+/// The backend: the engine's HTTP API behind the worker contract.
+pub struct OpenAiBackend {
     identity: Identity,
     status: Arc<Status>,
-    /// Fired once a `Shutdown` call has drained the worker.
-    shutdown: Arc<tokio::sync::Notify>,
 }
 
-impl EngineService {
-    /// A service over `status`.
-    pub fn new(
-        identity: Identity,
-        status: Arc<Status>,
-        shutdown: Arc<tokio::sync::Notify>,
-    ) -> Self {
-        Self {
-            identity,
-            status,
-            shutdown,
-        }
+impl OpenAiBackend {
+    /// A backend over `status`.
+    pub fn new(identity: Identity, status: Arc<Status>) -> Self {
+        Self { identity, status }
     }
 
     fn progress(&self) -> pb::LoadProgress {
@@ -84,14 +69,6 @@ impl EngineService {
     }
 }
 
-fn worker_state(p: Phase) -> i32 {
-    match p {
-        Phase::Loading => pb::WorkerState::Loading as i32,
-        Phase::Ready => pb::WorkerState::Ready as i32,
-        Phase::Draining => pb::WorkerState::Draining as i32,
-    }
-}
-
 /// An engine's `finish_reason` in our words. vLLM says `abort` for a
 /// request it aborted, and both engines `tool_calls` for a turn ended by
 /// calling tools; anything else that ended the text (a content filter)
@@ -105,50 +82,38 @@ fn finish_reason(reason: &str) -> pb::FinishReason {
     }
 }
 
-/// An engine's refusal (a non-200 answer) as a gRPC status.
-fn refusal(code: hyper::StatusCode, message: &str) -> RpcStatus {
+/// An engine's refusal (a non-200 answer) in the contract's terms.
+fn refusal(code: hyper::StatusCode, message: &str) -> GenerateError {
     let message = format!("the engine refused the request ({code}): {message}");
     match code.as_u16() {
-        400 | 413 | 422 => RpcStatus::invalid_argument(message),
-        429 => RpcStatus::resource_exhausted(message),
-        503 => RpcStatus::unavailable(message),
-        _ => RpcStatus::internal(message),
+        400 | 413 | 422 => GenerateError::Invalid(message),
+        429 => GenerateError::Busy(message),
+        503 => GenerateError::Unavailable(message),
+        _ => GenerateError::Failed(message),
     }
 }
 
-type GenerateStream = std::pin::Pin<
-    Box<dyn tokio_stream::Stream<Item = Result<pb::GenerateResponse, RpcStatus>> + Send + 'static>,
->;
+impl Backend for OpenAiBackend {
+    fn phase(&self) -> Phase {
+        self.status.phase()
+    }
 
-#[tonic::async_trait]
-impl Engine for EngineService {
-    async fn info(
-        &self,
-        _: Request<pb::InfoRequest>,
-    ) -> Result<Response<pb::InfoResponse>, RpcStatus> {
+    fn progress(&self) -> pb::LoadProgress {
+        OpenAiBackend::progress(self)
+    }
+
+    fn info(&self) -> pb::InfoResponse {
         let loaded = self.status.loaded().cloned().unwrap_or_default();
         let engine = match &loaded.engine_version {
             Some(v) => format!("{} {v}", self.identity.kind.name()),
             None => self.identity.kind.name().to_string(),
         };
         let version = format!("tt-worker-openai {} ({engine})", env!("CARGO_PKG_VERSION"));
-        Ok(Response::new(pb::InfoResponse {
+        pb::InfoResponse {
             model_name: loaded.model.clone(),
             architecture: String::new(),
             parameter_count: loaded.parameters,
-            tp: self.identity.tp,
-            ranks: self
-                .identity
-                .bdfs
-                .iter()
-                .enumerate()
-                .map(|(rank, bdf)| pb::RankBinding {
-                    rank: rank as u32,
-                    bdf: bdf.clone(),
-                })
-                .collect(),
             context_length: loaded.context_length,
-            cache_mode: self.identity.cache_mode.clone(),
             // The engine writes its tensor cache itself; the daemon's
             // cache guard reads the variant dir.
             cache_files_read: Vec::new(),
@@ -156,8 +121,6 @@ impl Engine for EngineService {
             load_time_ms: loaded.load_time.as_millis() as u64,
             banners_engaged: self.status.output.banners(),
             engine_version: version,
-            state: worker_state(self.status.phase()),
-            progress: Some(self.progress()),
             supported_parameters: openai::honoured_parameters(
                 self.identity.kind,
                 &self.identity.supported_parameters,
@@ -174,51 +137,38 @@ impl Engine for EngineService {
                 .iter()
                 .map(|p| p.to_string())
                 .collect(),
-        }))
+            ..Default::default()
+        }
     }
 
-    async fn health(
-        &self,
-        _: Request<pb::HealthRequest>,
-    ) -> Result<Response<pb::HealthResponse>, RpcStatus> {
+    fn health(&self) -> pb::HealthResponse {
         let (running, waiting) = self.status.load(self.identity.port, self.identity.kind);
-        Ok(Response::new(pb::HealthResponse {
-            state: worker_state(self.status.phase()),
+        pb::HealthResponse {
             active_sequences: running,
             queued_sequences: waiting,
             last_progress_unix_ms: self
                 .status
                 .last_token_unix_ms
                 .load(std::sync::atomic::Ordering::Acquire),
-            progress: Some(self.progress()),
             prefill_tokens: self.status.prefill_tokens(),
             // vLLM's share of blocks in use, from its metrics; it does not
             // export the blocks only its prefix cache holds.
             kv_blocks_in_use: self.status.kv_blocks_in_use(),
             kv_blocks_cached: 0,
-        }))
+            ..Default::default()
+        }
     }
-
-    type GenerateStream = GenerateStream;
 
     async fn generate(
         &self,
-        request: Request<pb::EngineGenerateRequest>,
-    ) -> Result<Response<Self::GenerateStream>, RpcStatus> {
-        let arrived = Instant::now();
-        match self.status.phase() {
-            Phase::Loading => return Err(RpcStatus::unavailable("the engine is still loading")),
-            Phase::Draining => return Err(RpcStatus::unavailable("the worker is shutting down")),
-            Phase::Ready => {}
-        }
+        generate: pb::GenerateRequest,
+        request_id: String,
+        arrived: Instant,
+    ) -> Result<TokenStream, GenerateError> {
         let loaded = self
             .status
             .loaded()
-            .ok_or_else(|| RpcStatus::unavailable("the engine is still loading"))?;
-        let request = request.into_inner();
-        let generate = request.request.ok_or_else(|| {
-            RpcStatus::invalid_argument("EngineGenerateRequest.request is missing")
-        })?;
+            .ok_or_else(|| GenerateError::Unavailable(LOADING.into()))?;
         let style = RequestStyle {
             model: loaded.model.clone(),
             token_ids_field: self.identity.token_ids_field.clone(),
@@ -230,9 +180,9 @@ impl Engine for EngineService {
             ),
             string_tool_choice_only: self.identity.kind == EngineKind::LlamaServer,
         };
-        let plan = openai::plan(&generate, &style).map_err(RpcStatus::invalid_argument)?;
+        let plan = openai::plan(&generate, &style).map_err(GenerateError::Invalid)?;
         let body = serde_json::to_vec(&plan.body)
-            .map_err(|e| RpcStatus::internal(format!("cannot encode the engine request: {e}")))?;
+            .map_err(|e| GenerateError::Failed(format!("cannot encode the engine request: {e}")))?;
         let in_flight = self.status.begin_request();
         let prefill = self.status.begin_prefill(prompt_token_bound(&generate));
         let mut cancel = self.status.cancelled();
@@ -243,9 +193,9 @@ impl Engine for EngineService {
         // connection with it.
         let response = tokio::select! {
             r = http::send(self.identity.port, hyper::Method::POST, path, Some(body)) => r
-                .map_err(|e| RpcStatus::unavailable(format!("{e}; the engine may have died")))?,
+                .map_err(|e| GenerateError::Unavailable(format!("{e}; the engine may have died")))?,
             _ = cancel.wait_for(|c| *c) => {
-                return Err(RpcStatus::unavailable("the worker is shutting down"));
+                return Err(GenerateError::Unavailable(tt_worker_contract::service::DRAINING.into()));
             }
         };
         if !response.status.is_success() {
@@ -264,25 +214,17 @@ impl Engine for EngineService {
             tx,
             cancel,
             arrived,
-            request_id: request.request_id,
+            request_id,
             prefill,
             _in_flight: in_flight,
         };
         tokio::spawn(relay.run(response));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Box::pin(ReceiverStream::new(rx)))
     }
 
-    async fn shutdown(
-        &self,
-        request: Request<pb::ShutdownRequest>,
-    ) -> Result<Response<pb::ShutdownResponse>, RpcStatus> {
-        let timeout = Duration::from_millis(request.into_inner().drain_timeout_ms as u64);
-        let report = self.status.drain(timeout).await;
-        self.shutdown.notify_one();
-        Ok(Response::new(pb::ShutdownResponse {
-            finished: report.finished,
-            cancelled: report.cancelled,
-        }))
+    fn drain(&self, timeout: Duration) -> impl Future<Output = DrainReport> + Send {
+        let status = self.status.clone();
+        async move { status.drain(timeout).await }
     }
 }
 
@@ -290,7 +232,7 @@ impl Engine for EngineService {
 struct Relay {
     endpoint: Endpoint,
     status: Arc<Status>,
-    tx: mpsc::Sender<Result<pb::GenerateResponse, RpcStatus>>,
+    tx: mpsc::Sender<Result<pb::GenerateResponse, GenerateError>>,
     cancel: watch::Receiver<bool>,
     arrived: Instant,
     request_id: String,
@@ -333,7 +275,7 @@ enum Stop {
     /// The daemon dropped the call: close the engine's stream, say nothing.
     Gone,
     /// The stream failed: tell the daemon.
-    Failed(RpcStatus),
+    Failed(GenerateError),
 }
 
 impl Relay {
@@ -353,8 +295,8 @@ impl Relay {
             let events = match piece {
                 Some(Ok(bytes)) => sse
                     .feed(&bytes)
-                    .map_err(|e| Stop::Failed(RpcStatus::internal(e))),
-                Some(Err(e)) => Err(Stop::Failed(RpcStatus::unavailable(format!(
+                    .map_err(|e| Stop::Failed(GenerateError::Failed(e))),
+                Some(Err(e)) => Err(Stop::Failed(GenerateError::Unavailable(format!(
                     "the engine's stream broke: {e}; the engine may have died"
                 )))),
                 None => Ok(sse.finish().into_iter().collect()),
@@ -378,7 +320,7 @@ impl Relay {
                 tracing::debug!(request = %self.request_id, "the daemon dropped the stream; closed the engine's connection");
             }
             Err(Stop::Failed(status)) => {
-                tracing::warn!(request = %self.request_id, error = %status.message(), "generation failed");
+                tracing::warn!(request = %self.request_id, error = %status, "generation failed");
                 let _ = self.tx.send(Err(status)).await;
             }
         }
@@ -431,11 +373,11 @@ impl Relay {
                 Ok(Event::Error { message, code }) => {
                     let message = format!("the engine failed the request: {message}");
                     return Err(Stop::Failed(match code {
-                        Some(400) => RpcStatus::invalid_argument(message),
-                        _ => RpcStatus::internal(message),
+                        Some(400) => GenerateError::Invalid(message),
+                        _ => GenerateError::Failed(message),
                     }));
                 }
-                Err(e) => return Err(Stop::Failed(RpcStatus::internal(e))),
+                Err(e) => return Err(Stop::Failed(GenerateError::Failed(e))),
             }
         }
         Ok(())
@@ -445,8 +387,8 @@ impl Relay {
         let Some(reason) = progress.finish else {
             let _ = self
                 .tx
-                .send(Err(RpcStatus::unavailable(
-                    "the engine ended the stream without a finish reason; it may have died",
+                .send(Err(GenerateError::Unavailable(
+                    "the engine ended the stream without a finish reason; it may have died".into(),
                 )))
                 .await;
             return;

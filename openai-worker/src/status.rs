@@ -8,21 +8,13 @@ use crate::cli::EngineKind;
 use crate::http;
 use crate::metrics;
 use crate::output::OutputScan;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-/// Where the worker is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
-    /// The engine is starting.
-    Loading = 1,
-    /// Serving.
-    Ready = 2,
-    /// Shutting down: finishing in-flight work, admitting none.
-    Draining = 3,
-}
+use tt_worker_contract::PhaseCell;
+pub use tt_worker_contract::{DrainReport, Phase};
 
 /// What the engine told us once it was ready.
 #[derive(Debug, Clone, Default)]
@@ -72,7 +64,7 @@ const LOAD_STALE: Duration = Duration::from_secs(10);
 /// Shared worker state.
 #[derive(Debug)]
 pub struct Status {
-    phase: AtomicU8,
+    phase: PhaseCell,
     /// The engine's output, whose lines are the load progress.
     pub output: Arc<OutputScan>,
     loaded: OnceLock<Loaded>,
@@ -92,12 +84,7 @@ pub struct Status {
 }
 
 /// Milliseconds since the Unix epoch.
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use tt_serving_proto::time::now_unix_ms as unix_ms;
 
 /// A request in flight; the count drops when it is dropped.
 pub struct InFlight {
@@ -137,20 +124,11 @@ impl Drop for Prefill {
     }
 }
 
-/// What a drain did.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct DrainReport {
-    /// Requests that finished within the drain timeout.
-    pub finished: u32,
-    /// Requests cancelled at the timeout.
-    pub cancelled: u32,
-}
-
 impl Status {
     /// A loading worker reading `output`.
     pub fn new(output: Arc<OutputScan>) -> Self {
         Self {
-            phase: AtomicU8::new(Phase::Loading as u8),
+            phase: PhaseCell::default(),
             output,
             loaded: OnceLock::new(),
             in_flight: watch::Sender::new(0),
@@ -164,16 +142,12 @@ impl Status {
 
     /// Current phase.
     pub fn phase(&self) -> Phase {
-        match self.phase.load(Ordering::Acquire) {
-            2 => Phase::Ready,
-            3 => Phase::Draining,
-            _ => Phase::Loading,
-        }
+        self.phase.get()
     }
 
     /// Moves to `phase`.
     pub fn set_phase(&self, phase: Phase) {
-        self.phase.store(phase as u8, Ordering::Release);
+        self.phase.set(phase);
     }
 
     /// Publishes what the engine said when it became ready and moves to

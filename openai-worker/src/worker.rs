@@ -5,20 +5,13 @@
 use crate::cli::{self, Settings};
 use crate::engine::{Engine, Stopped};
 use crate::ready::Probe;
-use crate::server::{EngineService, Identity};
+use crate::server::{Identity, OpenAiBackend};
 use crate::status::Status;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::UnixListener;
-use tokio::signal::unix::{signal, Signal, SignalKind};
-use tokio::sync::Notify;
-use tt_serving_proto::v1::engine_server::EngineServer;
 use tt_serving_proto::CacheMode;
-
-/// How long the gRPC server may take to send its last answers (the
-/// Shutdown call's, say) once the engine is stopped.
-const SERVER_STOP_GRACE: Duration = Duration::from_secs(2);
+use tt_worker_contract::{names, Server, StopRequest};
 /// How often readiness is probed.
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// After vLLM said its EngineCore died, how long its API server gets to
@@ -135,31 +128,6 @@ fn engine_env(s: &Settings) -> Result<Vec<(String, String)>, Failure> {
     Ok(env)
 }
 
-fn bind(socket: &Path) -> Result<UnixListener, Failure> {
-    if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            Failure::new(
-                1,
-                format!("cannot create the socket directory {}: {e}", dir.display()),
-            )
-        })?;
-    }
-    // A socket left by a previous worker of this slot would make bind fail;
-    // only a socket is removed, never some other file at that path.
-    if let Ok(meta) = std::fs::symlink_metadata(socket) {
-        use std::os::unix::fs::FileTypeExt;
-        if meta.file_type().is_socket() {
-            let _ = std::fs::remove_file(socket);
-        }
-    }
-    UnixListener::bind(socket).map_err(|e| {
-        Failure::new(
-            1,
-            format!("cannot bind the worker socket {}: {e}", socket.display()),
-        )
-    })
-}
-
 /// A free loopback port for the engine. The port is released again before
 /// the engine binds it; another process taking it in between makes the
 /// engine fail to bind, and the worker exits naming the engine's exit.
@@ -168,30 +136,6 @@ fn free_port() -> Result<u16, Failure> {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(|e| Failure::new(1, format!("cannot find a free loopback port: {e}")))
-}
-
-/// SIGTERM and SIGINT, which both mean "drain and stop".
-struct Signals {
-    term: Signal,
-    int: Signal,
-}
-
-impl Signals {
-    fn new() -> Result<Self, Failure> {
-        let listen =
-            |kind| signal(kind).map_err(|e| Failure::new(1, format!("cannot handle signals: {e}")));
-        Ok(Self {
-            term: listen(SignalKind::terminate())?,
-            int: listen(SignalKind::interrupt())?,
-        })
-    }
-
-    async fn stop_requested(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.term.recv() => "SIGTERM",
-            _ = self.int.recv() => "SIGINT",
-        }
-    }
 }
 
 /// Why serving ended.
@@ -204,52 +148,41 @@ enum End {
 
 async fn life(s: Settings) -> Result<(), Failure> {
     let env = engine_env(&s)?;
-    let listener = bind(&s.socket)?;
+    let bound = Server::bind(&s.contract)
+        .map_err(|e| Failure::new(names::EXIT_FAILURE.into(), e.to_string()))?;
     let port = free_port()?;
     let argv = s.engine_command(port);
     tracing::info!(socket = %s.socket.display(), engine = s.kind.name(), port, ?argv, "starting the engine");
     let started = Instant::now();
-    let engine = Engine::spawn(&argv, &env, s.container.clone()).map_err(|e| {
-        let _ = std::fs::remove_file(&s.socket);
-        Failure::new(1, e.to_string())
-    })?;
+    let engine = match Engine::spawn(&argv, &env, s.container.clone()) {
+        Ok(engine) => engine,
+        Err(e) => {
+            bound.abandon();
+            return Err(Failure::new(names::EXIT_FAILURE.into(), e.to_string()));
+        }
+    };
     let status = Arc::new(Status::new(engine.output.clone()));
-    let shutdown = Arc::new(Notify::new());
-    let service = EngineService::new(
+    let backend = Arc::new(OpenAiBackend::new(
         Identity {
             kind: s.kind,
             port,
-            tp: s.tp,
-            bdfs: s.bdfs.clone(),
-            cache_mode: s.cache_mode.as_str().to_string(),
             token_ids_field: s.token_ids_field.clone(),
             default_max_tokens: s.default_max_tokens,
             supported_parameters: crate::openai::supported_parameters(s.kind, &s.engine_argv),
         },
         status.clone(),
-        shutdown.clone(),
-    );
-    let (stop_server, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(EngineServer::new(service))
-            .serve_with_incoming_shutdown(tt_serving_proto::uds::incoming(listener), async {
-                let _ = stopped.await;
-            }),
-    );
-    let mut signals = Signals::new()?;
+    ));
+    let mut server = bound.serve(&s.contract, backend);
 
-    let end = match wait_ready(&s, &engine, &status, &shutdown, &mut signals, port, started).await {
-        Ok(()) => serve(&s, &engine, &status, &shutdown, &mut signals).await,
+    let end = match wait_ready(&s, &engine, &status, &mut server, port, started).await {
+        Ok(()) => serve(&s, &engine, &status, &mut server).await,
         Err(end) => end,
     };
     let result = match end {
         End::Stop => stop_engine(&s, &engine).await,
         End::Died(failure) => Err(failure),
     };
-    let _ = stop_server.send(());
-    let _ = tokio::time::timeout(SERVER_STOP_GRACE, server).await;
-    let _ = std::fs::remove_file(&s.socket);
+    server.close().await;
     result
 }
 
@@ -259,8 +192,7 @@ async fn wait_ready(
     s: &Settings,
     engine: &Engine,
     status: &Status,
-    shutdown: &Notify,
-    signals: &mut Signals,
+    server: &mut Server,
     port: u16,
     started: Instant,
 ) -> Result<(), End> {
@@ -276,11 +208,12 @@ async fn wait_ready(
         tokio::select! {
             exit = engine.wait() => return Err(End::Died(died(engine, exit).await)),
             gone = engine.output.subprocess_died() => return Err(End::Died(core_died(s, engine, gone).await)),
-            why = signals.stop_requested() => {
-                tracing::info!("{why} while the engine was loading; stopping it");
+            why = server.stop_requested() => {
+                if let StopRequest::Signal(why) = why {
+                    tracing::info!("{why} while the engine was loading; stopping it");
+                }
                 return Err(End::Stop);
             }
-            _ = shutdown.notified() => return Err(End::Stop),
             _ = &mut deadline => {
                 // The last line before the stop says where the load hung.
                 let last = engine.output.last_line();
@@ -323,19 +256,14 @@ async fn wait_ready(
 
 /// Ready: serves until a Shutdown call (which drained already), a signal
 /// (drain here) or the engine's death.
-async fn serve(
-    s: &Settings,
-    engine: &Engine,
-    status: &Status,
-    shutdown: &Notify,
-    signals: &mut Signals,
-) -> End {
+async fn serve(s: &Settings, engine: &Engine, status: &Status, server: &mut Server) -> End {
     tokio::select! {
-        _ = shutdown.notified() => End::Stop,
-        why = signals.stop_requested() => {
-            tracing::info!("{why}: draining for up to {}s", s.sigterm_drain.as_secs());
-            let report = status.drain(s.sigterm_drain).await;
-            tracing::info!(finished = report.finished, cancelled = report.cancelled, "drained");
+        why = server.stop_requested() => {
+            if let StopRequest::Signal(why) = why {
+                tracing::info!("{why}: draining for up to {}s", s.sigterm_drain.as_secs());
+                let report = status.drain(s.sigterm_drain).await;
+                tracing::info!(finished = report.finished, cancelled = report.cancelled, "drained");
+            }
             End::Stop
         }
         exit = engine.wait() => End::Died(died(engine, exit).await),

@@ -452,8 +452,8 @@ async fn the_engine_gets_the_cache_paths_and_a_cold_start_forces_the_model_load(
     let names = "TT_CACHE_PATH,TT_METAL_CACHE,TT_TRANSFORMERS_FORCE_MODEL_LOAD,TT_VISIBLE_DEVICES,MESH_DEVICE";
     let cold = Worker::start(&Opts::vllm().mode("cold").env("STANDIN_PRINT_ENV", names)).await;
     let out = cold.stdout();
-    let variant = cold.cache_dir.display().to_string();
-    let model_dir = cold.cache_dir.parent().unwrap().display().to_string();
+    let variant = cold.cache_dir().display().to_string();
+    let model_dir = cold.cache_dir().parent().unwrap().display().to_string();
     assert!(
         out.contains(&format!("standin env TT_CACHE_PATH={variant}/weights")),
         "{out}"
@@ -467,7 +467,7 @@ async fn the_engine_gets_the_cache_paths_and_a_cold_start_forces_the_model_load(
     assert!(out.contains("standin env TT_TRANSFORMERS_FORCE_MODEL_LOAD=1"));
     assert!(out.contains("standin env TT_VISIBLE_DEVICES=0000:01:00.0"));
     assert!(out.contains("standin env MESH_DEVICE=(1,1)"));
-    assert!(cold.cache_dir.join("weights").is_dir());
+    assert!(cold.cache_dir().join("weights").is_dir());
 
     let warm = Worker::start(&Opts::vllm().env("STANDIN_PRINT_ENV", names)).await;
     assert!(

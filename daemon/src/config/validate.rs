@@ -33,16 +33,7 @@ fn problem(key: impl Into<String>, message: impl Into<String>) -> Problem {
 
 /// Environment variables the daemon sets for every worker; a model may not
 /// override them through flags or env tables.
-pub const RESERVED_ENV: &[&str] = &[
-    "TT_VISIBLE_DEVICES",
-    "MESH_DEVICE",
-    "TT_WORKER_SOCKET",
-    "TT_WORKER_MODEL",
-    "TT_WORKER_TP",
-    "TT_CACHE_DIR",
-    "TT_CACHE_MODE",
-    "TT_WORKER_DEVICES",
-];
+pub const RESERVED_ENV: &[&str] = tt_worker_contract::names::RESERVED;
 
 const SECTIONS: &[&str] = &[
     "daemon",

@@ -545,14 +545,15 @@ fn worker_env(
     env.extend(secrets);
     env.extend(m.flags.clone());
     // The contract, last so nothing above can override it.
-    env.insert("TT_VISIBLE_DEVICES".into(), visible_devices.into());
-    env.insert("TT_WORKER_DEVICES".into(), device_nodes.into());
-    env.insert("MESH_DEVICE".into(), m.mesh_device());
-    env.insert("TT_WORKER_SOCKET".into(), plan.socket.display().to_string());
-    env.insert("TT_WORKER_MODEL".into(), m.checkpoint.display().to_string());
-    env.insert("TT_WORKER_TP".into(), m.tp.to_string());
-    env.insert("TT_CACHE_DIR".into(), variant.dir.display().to_string());
-    env.insert("TT_CACHE_MODE".into(), mode.as_str().into());
+    use tt_worker_contract::names;
+    env.insert(names::VISIBLE_DEVICES.into(), visible_devices.into());
+    env.insert(names::DEVICES.into(), device_nodes.into());
+    env.insert(names::MESH_DEVICE.into(), m.mesh_device());
+    env.insert(names::SOCKET.into(), plan.socket.display().to_string());
+    env.insert(names::MODEL.into(), m.checkpoint.display().to_string());
+    env.insert(names::TP.into(), m.tp.to_string());
+    env.insert(names::CACHE_DIR.into(), variant.dir.display().to_string());
+    env.insert(names::CACHE_MODE.into(), mode.as_str().into());
     env
 }
 

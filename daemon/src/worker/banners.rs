@@ -1,4 +1,5 @@
-//! Fail-closed banner checks.
+//! Fail-closed banner checks (the rule's line format and truthy values are
+//! tt-worker-contract's `banner`).
 //!
 //! The field lesson: flags were set, the server came up, and the feature was
 //! off (a file not mounted, a patch lost in a rebase). Each engine feature
@@ -9,22 +10,9 @@
 use crate::config::{BannerConfig, BannerMode};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// The flag named by a `<FLAG> engaged` line, if the line is one.
-pub fn banner_in_line(line: &str) -> Option<&str> {
-    let before = line.trim_end().strip_suffix(" engaged")?;
-    let flag = before
-        .rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .next()?;
-    (!flag.is_empty()).then_some(flag)
-}
-
-/// Truthy flag values, as engines commonly read them.
-pub fn is_truthy(value: &str) -> bool {
-    matches!(
-        value.trim().to_ascii_lowercase().as_str(),
-        "1" | "true" | "yes" | "on"
-    )
-}
+// The line format and the truthy rule are the contract's, shared with the
+// workers that print and relay banners.
+use tt_worker_contract::banner::is_truthy;
 
 /// Whether `name` matches `pattern`, where `*` matches any run of
 /// characters (`/` included) and everything else matches itself.
@@ -161,21 +149,6 @@ mod tests {
 
     fn set(names: &[&str]) -> BTreeSet<String> {
         names.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn finds_banners_in_log_lines() {
-        assert_eq!(
-            banner_in_line("QWEN36_SDPA_STREAMING engaged"),
-            Some("QWEN36_SDPA_STREAMING")
-        );
-        assert_eq!(
-            banner_in_line("[rank 0] TTW_KV_F16 engaged\n"),
-            Some("TTW_KV_F16")
-        );
-        assert_eq!(banner_in_line("2026-01-01 INFO: X engaged"), Some("X"));
-        assert_eq!(banner_in_line("engaged"), None);
-        assert_eq!(banner_in_line("TTW_KV_F16 engaged later"), None);
     }
 
     #[test]

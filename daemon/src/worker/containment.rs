@@ -71,7 +71,7 @@ const SLOT_PREFIX: &str = "slot-";
 /// waiting (a process in uninterruptible sleep dies when its I/O ends).
 const KILL_WAIT: Duration = Duration::from_secs(5);
 /// The environment variable that marks a slot's processes.
-pub const MARKER_VAR: &str = "TT_WORKER_SOCKET";
+pub const MARKER_VAR: &str = tt_worker_contract::names::SOCKET;
 
 static CONTAINMENT: OnceLock<Containment> = OnceLock::new();
 

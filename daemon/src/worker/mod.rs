@@ -530,7 +530,7 @@ async fn capture(
     loop {
         match lines.next_line().await {
             Ok(Some(text)) => {
-                if let Some(flag) = banners::banner_in_line(&text) {
+                if let Some(flag) = tt_worker_contract::banner::flag_in_line(&text) {
                     let mut set = engaged.lock().unwrap_or_else(|e| e.into_inner());
                     if set.insert(flag.to_string()) {
                         tracing::info!(slot = %slot, flag, "banner seen");

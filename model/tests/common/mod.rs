@@ -1,15 +1,17 @@
 //! Test harness: real `tt-worker` processes, real gRPC over real unix
-//! sockets, and the two models (the tiny generated one and SmolLM2).
-#![allow(dead_code)]
+//! sockets (tt-worker-contract's `testing` harness), and the two models
+//! (the tiny generated one and SmolLM2).
+#![allow(dead_code, unused_imports)]
 
-use hyper_util::rt::TokioIo;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
-use tonic::transport::{Channel, Endpoint, Uri};
+use std::time::Duration;
 use tt_serving_proto::v1 as pb;
-use tt_serving_proto::v1::engine_client::EngineClient;
+pub use tt_worker_contract::testing::{
+    bdfs, connect, greedy, prompt_request, run, with, Launch, Output, Worker,
+};
+use tt_worker_contract::testing::{contract_command, ContractEnv};
 
 /// The tiny model, generated once per test binary.
 pub fn tiny_model() -> PathBuf {
@@ -41,14 +43,6 @@ pub fn real_model() -> PathBuf {
              Run scripts/fetch-smollm2.sh and export TT_SMOLLM2_GGUF=\"$(scripts/fetch-smollm2.sh)\""
         ),
     }
-}
-
-/// BDFs for `tp` fake cards.
-pub fn bdfs(tp: usize) -> String {
-    (0..tp)
-        .map(|i| format!("0000:0{}:00.0", i + 1))
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// How to start a worker.
@@ -83,26 +77,18 @@ impl Opts {
     }
 }
 
-/// A running worker; killed on drop.
-pub struct Worker {
-    pub child: Child,
-    pub socket: PathBuf,
-    _dir: tempfile::TempDir,
-    stdout: PathBuf,
-    stderr: PathBuf,
-}
-
+/// tt-worker with `o`'s contract, serving on `socket`.
 pub fn command(o: &Opts, socket: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tt-worker"));
-    c.env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("TT_WORKER_SOCKET", socket)
-        .env("TT_WORKER_MODEL", &o.model)
-        .env("TT_WORKER_TP", o.tp.to_string())
-        .env("TT_CACHE_DIR", &o.cache_dir)
-        .env("TT_CACHE_MODE", o.mode)
-        .env("TT_VISIBLE_DEVICES", bdfs(o.tp))
-        .env("TT_WORKER_LOG", "info");
+    let mut c = contract_command(
+        Path::new(env!("CARGO_BIN_EXE_tt-worker")),
+        &ContractEnv {
+            socket,
+            model: o.model.as_os_str(),
+            tp: o.tp,
+            cache_dir: &o.cache_dir,
+            cache_mode: o.mode,
+        },
+    );
     for (k, v) in &o.env {
         c.env(k, v);
     }
@@ -110,160 +96,15 @@ pub fn command(o: &Opts, socket: &Path) -> Command {
     c
 }
 
-impl Worker {
-    /// Starts a worker without waiting for it.
-    pub fn spawn(o: &Opts) -> Worker {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("worker.sock");
-        let stdout = dir.path().join("stdout");
-        let stderr = dir.path().join("stderr");
-        let child = command(o, &socket)
-            .stdout(Stdio::from(std::fs::File::create(&stdout).unwrap()))
-            .stderr(Stdio::from(std::fs::File::create(&stderr).unwrap()))
-            .spawn()
-            .unwrap();
-        Worker {
-            child,
-            socket,
-            _dir: dir,
-            stdout,
-            stderr,
-        }
+impl Launch for Opts {
+    fn command(&self, dir: &Path) -> Command {
+        command(self, &dir.join(Worker::SOCKET))
     }
 
-    /// Starts a worker and waits until it reports READY.
-    pub async fn start(o: &Opts) -> Worker {
-        let mut w = Self::spawn(o);
-        w.wait_ready(Duration::from_secs(300)).await;
-        w
+    fn ready_timeout(&self) -> Duration {
+        // A cold start of the real model on a loaded two-core machine.
+        Duration::from_secs(300)
     }
-
-    pub fn stdout(&self) -> String {
-        std::fs::read_to_string(&self.stdout).unwrap_or_default()
-    }
-    pub fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    pub async fn client(&self) -> EngineClient<Channel> {
-        connect(&self.socket).await.unwrap()
-    }
-
-    pub async fn wait_ready(&mut self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                panic!("worker exited early with {st}; stderr:\n{}", self.stderr());
-            }
-            if self.socket.exists() {
-                if let Ok(mut c) = connect(&self.socket).await {
-                    if let Ok(info) = c.info(pb::InfoRequest {}).await {
-                        if info.get_ref().state == pb::WorkerState::Ready as i32 {
-                            return;
-                        }
-                    }
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "worker not ready in time; stderr:\n{}",
-                self.stderr()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "worker did not exit; stderr:\n{}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-pub async fn connect(socket: &Path) -> Result<EngineClient<Channel>, tonic::transport::Error> {
-    let path = socket.to_path_buf();
-    let channel = Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
-            }
-        }))
-        .await?;
-    Ok(EngineClient::new(channel))
-}
-
-/// A finished generation.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Output {
-    pub text: String,
-    pub ids: Vec<u32>,
-    /// One per id when the request asked for logprobs.
-    pub logprobs: Vec<pb::TokenLogprob>,
-    pub final_: pb::GenerationFinal,
-}
-
-pub fn prompt_request(prompt: &str, max_tokens: u32) -> pb::EngineGenerateRequest {
-    pb::EngineGenerateRequest {
-        request: Some(pb::GenerateRequest {
-            model: String::new(),
-            input: Some(pb::generate_request::Input::Prompt(prompt.into())),
-            max_tokens,
-            sampling: None,
-            stop: Vec::new(),
-            ..Default::default()
-        }),
-        request_id: format!("test-{prompt}"),
-    }
-}
-
-pub async fn run(
-    c: &mut EngineClient<Channel>,
-    req: pb::EngineGenerateRequest,
-) -> Result<Output, tonic::Status> {
-    let mut stream = c.generate(req).await?.into_inner();
-    let mut text = String::new();
-    let mut ids = Vec::new();
-    let mut logprobs = Vec::new();
-    while let Some(msg) = stream.message().await? {
-        match msg.chunk {
-            Some(pb::generate_response::Chunk::Delta(d)) => {
-                text.push_str(&d.text);
-                ids.extend(d.token_ids);
-                logprobs.extend(d.logprobs);
-            }
-            Some(pb::generate_response::Chunk::Final(f)) => {
-                assert!(
-                    stream.message().await?.is_none(),
-                    "chunks after the final one"
-                );
-                return Ok(Output {
-                    text,
-                    ids,
-                    logprobs,
-                    final_: f,
-                });
-            }
-            None => panic!("empty chunk"),
-        }
-    }
-    panic!("stream ended without a final chunk")
 }
 
 /// A raw-prompt request changed by `f` (to set the optional parameters).
@@ -272,11 +113,7 @@ pub fn request_with(
     max_tokens: u32,
     f: impl FnOnce(&mut pb::GenerateRequest),
 ) -> pb::EngineGenerateRequest {
-    let mut r = prompt_request(prompt, max_tokens);
-    if let Some(g) = r.request.as_mut() {
-        f(g);
-    }
-    r
+    with(prompt_request(prompt, max_tokens), f)
 }
 
 /// A one-turn chat request changed by `f`.
@@ -285,17 +122,8 @@ pub fn chat_request(
     max_tokens: u32,
     f: impl FnOnce(&mut pb::GenerateRequest),
 ) -> pb::EngineGenerateRequest {
-    request_with("", max_tokens, |g| {
-        g.input = Some(pb::generate_request::Input::Chat(pb::ChatMessages {
-            messages: vec![pb::ChatMessage {
-                role: "user".into(),
-                content: user.into(),
-            }],
-        }));
-        f(g)
-    })
-}
-
-pub async fn greedy(c: &mut EngineClient<Channel>, prompt: &str, max_tokens: u32) -> Output {
-    run(c, prompt_request(prompt, max_tokens)).await.unwrap()
+    with(
+        tt_worker_contract::testing::chat_request(&[("user", user)], max_tokens),
+        f,
+    )
 }

@@ -1,0 +1,48 @@
+//! The contract's names: the environment the daemon sets for every worker
+//! and the exit statuses it reads back. The daemon and every worker use
+//! these constants, so a rename is one edit and a compile error elsewhere.
+
+/// The unix socket the worker serves engine.proto on.
+pub const SOCKET: &str = "TT_WORKER_SOCKET";
+/// The checkpoint (a path for tt-worker; whatever the engine takes for
+/// tt-worker-openai).
+pub const MODEL: &str = "TT_WORKER_MODEL";
+/// Tensor-parallel degree: ranks, one card each.
+pub const TP: &str = "TT_WORKER_TP";
+/// The cache variant's directory.
+pub const CACHE_DIR: &str = "TT_CACHE_DIR";
+/// `warm` or `cold` ([`tt_serving_proto::CacheMode`]).
+pub const CACHE_MODE: &str = "TT_CACHE_MODE";
+/// The slot's cards by PCI address, comma-separated, rank order.
+pub const VISIBLE_DEVICES: &str = "TT_VISIBLE_DEVICES";
+/// The slot's cards' device nodes, comma-separated, rank order, resolved
+/// at each start (card numbers can change across a reset).
+pub const DEVICES: &str = "TT_WORKER_DEVICES";
+/// The mesh shape vLLM-TT reads (`(1,1)`, `(1,2)`).
+pub const MESH_DEVICE: &str = "MESH_DEVICE";
+/// The worker's log filter (tracing's `EnvFilter` syntax; default `info`).
+pub const LOG: &str = "TT_WORKER_LOG";
+
+/// Every variable the daemon sets for a worker: a model's flags and env
+/// tables may not override them, and a banner rule never counts them as
+/// feature flags.
+pub const RESERVED: &[&str] = &[
+    VISIBLE_DEVICES,
+    MESH_DEVICE,
+    SOCKET,
+    MODEL,
+    TP,
+    CACHE_DIR,
+    CACHE_MODE,
+    DEVICES,
+];
+
+/// Exit status of a worker that served and drained (or was stopped
+/// before it served) cleanly: its cards are clean.
+pub const EXIT_OK: u8 = 0;
+/// Exit status of a worker that failed: the daemon treats its cards as
+/// dirty and resets them.
+pub const EXIT_FAILURE: u8 = 1;
+/// Exit status for bad arguments or environment: the start is refused
+/// before any card is touched (clap exits with it too).
+pub const EXIT_USAGE: u8 = 2;
