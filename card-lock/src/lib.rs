@@ -14,9 +14,10 @@
 //! there is none, because `flock` works on any descriptor its caller could
 //! open: a world-readable lock file would let any local user keep the daemon
 //! away from a card. Lock files are opened without following links and only
-//! when they are plain files with one link (see `hostfs`).
+//! when they are plain files with one link (see [`nofollow`]).
 
-use crate::hostfs;
+pub mod nofollow;
+
 use fs2::FileExt;
 use std::fs::File;
 use std::io::{self, Read, Seek, Write};
@@ -177,7 +178,7 @@ fn open(path: &Path, policy: LockPolicy) -> Result<File, LockError> {
         path: path.to_path_buf(),
         source,
     };
-    match hostfs::open_in_place(path, policy.mode) {
+    match nofollow::open_in_place(path, policy.mode) {
         Ok(file) => {
             repair_mode(path, &file, policy);
             Ok(file)
@@ -186,8 +187,8 @@ fn open(path: &Path, policy: LockPolicy) -> Result<File, LockError> {
         // files when the mode lacks group write; flock works on a
         // read-only descriptor too.
         Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            let file = hostfs::open_read(path).map_err(io_error)?;
-            hostfs::check_plain(path, &file).map_err(io_error)?;
+            let file = nofollow::open_read(path).map_err(io_error)?;
+            nofollow::check_plain(path, &file).map_err(io_error)?;
             Ok(file)
         }
         Err(e) => Err(io_error(e)),
@@ -258,7 +259,7 @@ pub fn holder_of(path: &Path) -> Option<LockHolder> {
     let meta = std::fs::symlink_metadata(path).ok()?;
     let locker = flock_holder_pid(meta.ino(), meta.dev())?;
     let mut text = String::new();
-    if let Ok(mut f) = hostfs::open_read(path) {
+    if let Ok(mut f) = nofollow::open_read(path) {
         let _ = f.read_to_string(&mut text);
     }
     let field = |key: &str| {

@@ -1,17 +1,3 @@
-//! Wall-clock time as the daemon reports it (status, records, history):
-//! milliseconds since the Unix epoch. Durations and deadlines use
-//! `Instant`; this is only for timestamps people and scripts read.
+//! Wall-clock timestamps: the protocols' unit (`tt_serving_proto::time`).
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
-/// Milliseconds since the Unix epoch (0 for a time before it).
-pub fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
-/// Now, in milliseconds since the Unix epoch.
-pub fn now_unix_ms() -> u64 {
-    unix_ms(SystemTime::now())
-}
+pub use tt_serving_proto::time::{now_unix_ms, unix_ms};

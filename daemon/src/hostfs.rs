@@ -23,8 +23,8 @@
 //!    `unlink`, which removes a link, never its target.
 
 use crate::config::Config;
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::fs::OpenOptions;
+use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -347,74 +347,9 @@ pub fn create_dir_all_no_follow(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-fn not_plain(path: &Path, what: &str) -> io::Error {
-    io::Error::other(format!(
-        "{} is {what}; the daemon only writes plain files it can trust there. Remove it (it was not made by tt-servingd)",
-        path.display()
-    ))
-}
-
-/// Map ELOOP from `O_NOFOLLOW` to an error that says what was found.
-fn no_follow_error(path: &Path, e: io::Error) -> io::Error {
-    if e.raw_os_error() == Some(libc::ELOOP) {
-        not_plain(path, "a symbolic link")
-    } else {
-        e
-    }
-}
-
-/// Check that an open file is a regular file with exactly one link, so
-/// writing or truncating it changes only this path.
-pub fn check_plain(path: &Path, file: &File) -> io::Result<()> {
-    let meta = file.metadata()?;
-    if !meta.file_type().is_file() {
-        return Err(not_plain(path, "not a regular file"));
-    }
-    if meta.nlink() != 1 {
-        return Err(not_plain(
-            path,
-            &format!("a file with {} hard links", meta.nlink()),
-        ));
-    }
-    Ok(())
-}
-
-/// Open (creating with `mode` if absent) a file to write in place, never
-/// through a link, and only if it is a plain file with one link.
-pub fn open_in_place(path: &Path, mode: u32) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(mode)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| no_follow_error(path, e))?;
-    check_plain(path, &file)?;
-    Ok(file)
-}
-
-/// Open an existing file read-only without following a link.
-pub fn open_read(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| no_follow_error(path, e))
-}
-
-/// Read a whole file without following a link.
-pub fn read(path: &Path) -> io::Result<Vec<u8>> {
-    let mut out = Vec::new();
-    open_read(path)?.read_to_end(&mut out)?;
-    Ok(out)
-}
-
-/// Whether `path` is a regular file (a link there is not).
-pub fn is_plain_file(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file())
-}
+// Opening files without following links is shared with the card locks
+// (tt-card-lock), which ttctl uses too.
+pub use tt_card_lock::nofollow::{check_plain, is_plain_file, open_in_place, open_read, read};
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 

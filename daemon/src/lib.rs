@@ -1,4 +1,4 @@
-//! tt-servingd, the tt-serving daemon, and ttctl, its operator tool.
+//! tt-servingd, the tt-serving daemon.
 //!
 //! Layout, in layers: a module imports only from layers above it in this
 //! list, never from its callers (no import cycle between modules).
@@ -30,8 +30,11 @@
 //!    health and reflection on the public port), the metrics endpoint;
 //!    [`preflight`]: `check-config`'s checks of the host.
 //! 8. [`daemon`]: startup order, the tick loop, signals and clean
-//!    shutdown; [`demo`]: `tt-servingd demo`; [`ctl`]: `ttctl`, the
-//!    operator's client.
+//!    shutdown; [`demo`]: `tt-servingd demo`.
+//!
+//! `ttctl`, the operator's client, is its own crate (`ttctl/`): it needs
+//! only the protocols, the card lock (`tt-card-lock`) and the contract's
+//! truthy rule.
 
 pub mod api;
 pub mod borrow;
@@ -40,7 +43,6 @@ pub mod cache;
 pub mod cards;
 pub mod clock;
 pub mod config;
-pub mod ctl;
 pub mod daemon;
 pub mod demo;
 pub mod echo;

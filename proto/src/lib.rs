@@ -11,11 +11,15 @@
 //!   output) and the words ttctl prints for their enums ([`Word`]).
 //! - [`CacheMode`]: `TT_CACHE_MODE`, the one worker-environment value
 //!   both the daemon and the worker interpret.
+//! - [`time`]: timestamps as the protocols carry them (Unix ms).
+//! - [`uds`]: gRPC over unix sockets: the quiet stream, the server's
+//!   incoming connections, a client channel.
 //! - [`parameters`]: the optional `GenerateRequest` parameters, by the names
 //!   engines list in `Info`, and which of them a request asks for.
 
 pub mod json;
 pub mod parameters;
+pub mod time;
 pub mod uds;
 
 /// How a worker starts on its cache variant (`TT_CACHE_MODE`), as the

@@ -156,6 +156,24 @@ pub fn incoming(
         .map(|accepted| accepted.and_then(QuietUnixStream::new))
 }
 
+/// Connects a tonic channel to the unix socket at `path` (the control
+/// socket, a worker's socket), over a [`QuietUnixStream`]. The URI is a
+/// placeholder that tonic requires; the connector ignores it.
+pub async fn channel(
+    path: &std::path::Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let socket = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                let stream = QuietUnixStream::connect(&socket).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

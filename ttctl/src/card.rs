@@ -97,11 +97,11 @@ pub(super) async fn borrow(
     // (reset them, start a worker) while any of them runs.
     let mut locks = Vec::new();
     for bdf in &bdfs {
-        let lock = crate::cards::lock::try_lock(
+        let lock = tt_card_lock::try_lock(
             &lock_dir,
             bdf,
             &purpose,
-            crate::cards::lock::LockPolicy::borrower(),
+            tt_card_lock::LockPolicy::borrower(),
         )
         .map_err(|e| {
             Failure::Failed(format!("the daemon lent {bdf} but its lock is taken: {e}"))
@@ -151,13 +151,13 @@ pub(super) async fn borrow(
     // A process of the job that escaped (left ttctl's tree) but kept the
     // inherited lock still holds the cards; the daemon waits for it.
     for bdf in &bdfs {
-        if let Err(crate::cards::lock::LockError::Held {
+        if let Err(tt_card_lock::LockError::Held {
             holder: Some(h), ..
-        }) = crate::cards::lock::try_lock(
+        }) = tt_card_lock::try_lock(
             &lock_dir,
             bdf,
             "ttctl card borrow (check)",
-            crate::cards::lock::LockPolicy::borrower(),
+            tt_card_lock::LockPolicy::borrower(),
         ) {
             super::note(
                 err,
@@ -225,7 +225,7 @@ async fn end_leftovers() -> Vec<String> {
     let described: Vec<String> = found
         .iter()
         .map(|pid| {
-            let (_, command) = crate::cards::lock::process_identity(*pid);
+            let (_, command) = tt_card_lock::process_identity(*pid);
             format!("pid {pid} ({command})")
         })
         .collect();

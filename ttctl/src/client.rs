@@ -1,7 +1,7 @@
 //! Reaching the daemon: connecting to its control socket, and [`Daemon`],
 //! the one client every command calls through.
 //!
-//! The channel itself comes from [`crate::uds::channel`], the one place that
+//! The channel itself comes from [`tt_serving_proto::uds::channel`], the one place that
 //! builds gRPC channels over unix sockets. What this module adds is the
 //! operator's view: the connection is made eagerly, under a deadline, so
 //! that the most common mistakes (daemon not running, not in the socket's
@@ -120,7 +120,7 @@ impl ConnectError {
 
 /// Connect to the Control service on the unix socket at `path`.
 pub async fn connect(path: &Path) -> Result<ControlClient<Channel>, ConnectError> {
-    match tokio::time::timeout(CONNECT_TIMEOUT, crate::uds::channel(path)).await {
+    match tokio::time::timeout(CONNECT_TIMEOUT, tt_serving_proto::uds::channel(path)).await {
         Err(_elapsed) => Err(ConnectError::TimedOut {
             path: path.to_path_buf(),
         }),

@@ -1,10 +1,10 @@
 //! `ttctl`, the operator's tool for tt-servingd. Everything lives in
-//! [`tt_servingd::ctl`]; this file only parses the command line and runs it.
+//! the library ([`ttctl`]); this file only parses the command line and runs it.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use tt_servingd::ctl::{self, Cli};
+use ttctl::{self as ctl, Cli};
 
 // One thread is plenty for a client that waits on one socket.
 #[tokio::main(flavor = "current_thread")]

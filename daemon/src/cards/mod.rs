@@ -9,7 +9,8 @@
 
 pub mod discovery;
 pub mod driver;
-pub mod lock;
+// The lock file format is shared with ttctl and scripts: its own crate.
+pub use tt_card_lock as lock;
 pub mod reset;
 
 use crate::bus::StatusBus;

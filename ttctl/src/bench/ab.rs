@@ -16,7 +16,7 @@ use tt_serving_proto::v1::{trial_request, TrialArm, TrialDone, TrialEvent, Trial
 use super::super::client::{Answers, Daemon};
 use super::super::{emit, note, AbArgs, Arm, Failure};
 use super::{measure_rung, record, records_path, Calibrations, Workload};
-use crate::worker::banners::is_truthy;
+use tt_worker_contract::banner::is_truthy;
 
 /// How a run ended before its summary.
 enum Stop {
@@ -149,7 +149,7 @@ fn arm_problems(rec: &Value, arm: &Arm, expected: &BTreeMap<String, String>) -> 
 }
 
 /// `ttctl ab MODEL --arm ... --arm ...`.
-pub(in crate::ctl) async fn run(
+pub(crate) async fn run(
     daemon: &mut Daemon,
     args: &AbArgs,
     out: &mut (dyn Write + Send),
@@ -181,7 +181,7 @@ pub(in crate::ctl) async fn run(
         })?;
     let (path, default) = records_path(&args.workload)?;
     let workload = Workload::from_args(&args.workload);
-    let started = crate::clock::unix_ms(SystemTime::now());
+    let started = tt_serving_proto::time::unix_ms(SystemTime::now());
     let run_id = record::run_id(started);
     let purpose = format!("ttctl ab (pid {}, run {run_id})", std::process::id());
 
@@ -276,7 +276,8 @@ async fn measure_arms(
         ..workload.clone()
     };
     let mut calibrations = Calibrations::default();
-    let mut next_request = (crate::clock::unix_ms(SystemTime::now()) / 1000) as u32 & 0x7fff;
+    let mut next_request =
+        (tt_serving_proto::time::unix_ms(SystemTime::now()) / 1000) as u32 & 0x7fff;
     let mut order = 0u32;
     if !args.workload.json {
         let _ = emit(
@@ -461,7 +462,7 @@ pub fn summarize(
                 "kind": "ab_summary",
                 "run": run_id,
                 "model": model,
-                "unix_ms": crate::clock::unix_ms(SystemTime::now()),
+                "unix_ms": tt_serving_proto::time::unix_ms(SystemTime::now()),
                 "base": {"arm": base.name, "flags": base.flags},
                 "cand": {"arm": cand.name, "flags": cand.flags},
                 "workload": {"batch": rung.batch, "prompt_tokens": rung.prompt_tokens,
@@ -585,7 +586,7 @@ mod tests {
     fn bad_arms_are_usage_errors_naming_the_problem() {
         use clap::Parser;
         let parse = |arm: &str| {
-            crate::ctl::Cli::try_parse_from(["ttctl", "ab", "m", "--arm", "base:", "--arm", arm])
+            crate::Cli::try_parse_from(["ttctl", "ab", "m", "--arm", "base:", "--arm", arm])
                 .map(|_| ())
                 .map_err(|e| (e.exit_code(), e.to_string()))
         };

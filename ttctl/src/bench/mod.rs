@@ -83,7 +83,7 @@ pub(super) async fn run(
     let args = &args.workload;
     let (path, default) = records_path(args)?;
     let workload = Workload::from_args(args);
-    let started = crate::clock::unix_ms(SystemTime::now());
+    let started = tt_serving_proto::time::unix_ms(SystemTime::now());
     let run_id = record::run_id(started);
     let mut calibrations = Calibrations::default();
     // Request numbers pick the prompts' nonces; starting from the run's
@@ -454,7 +454,7 @@ impl RungResult {
             "id": format!("{run_id}-b{}-p{}", rung.batch, rung.prompt_tokens),
             "run": run_id,
             "model": model,
-            "unix_ms": crate::clock::unix_ms(SystemTime::now()),
+            "unix_ms": tt_serving_proto::time::unix_ms(SystemTime::now()),
             "workload": {"batch": rung.batch, "prompt_tokens": rung.prompt_tokens,
                          "output_tokens": rung.output_tokens, "ignore_eos": true,
                          "repeats": workload.repeats, "warmup": workload.warmup,

@@ -40,7 +40,7 @@ pub fn cache_json(cache: &ListCacheResponse) -> CacheJson<'_> {
 
 /// `value` as JSON ending in a newline: indented for one answer, on one
 /// line for each snapshot of a watch. `what` names it in the error.
-pub(in crate::ctl) fn json_text(
+pub(crate) fn json_text(
     value: &impl Serialize,
     pretty: bool,
     what: &str,

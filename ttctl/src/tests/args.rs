@@ -56,8 +56,8 @@ fn new_commands_parse_with_their_defaults() {
     );
     assert_eq!(args.max_tokens, 64);
     assert!(!args.chat && args.stop.is_empty() && args.seed.is_none());
-    assert_eq!(crate::ctl::generate::request(&args).sampling, None);
-    let plain = crate::ctl::generate::request(&args);
+    assert_eq!(crate::generate::request(&args).sampling, None);
+    let plain = crate::generate::request(&args);
     assert!(tt_serving_proto::parameters::requested(&plain).is_empty());
 
     let cli = Cli::try_parse_from([
@@ -83,7 +83,7 @@ fn new_commands_parse_with_their_defaults() {
     let Command::Generate(args) = cli.command else {
         panic!("{cli:?}");
     };
-    let asked = crate::ctl::generate::request(&args);
+    let asked = crate::generate::request(&args);
     assert_eq!(asked.presence_penalty, -0.5);
     assert_eq!(asked.stop_token_ids, [2, 7]);
     assert_eq!(

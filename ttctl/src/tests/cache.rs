@@ -1,6 +1,6 @@
 use super::fake::cache_listing;
 use super::*;
-use crate::ctl::cache::{check, NextStart};
+use crate::cache::{check, NextStart};
 
 #[tokio::test]
 async fn cache_ls_prints_the_table_or_json() {

@@ -1,6 +1,6 @@
 use super::*;
-use crate::ctl::client::Daemon;
-use crate::ctl::logs::run as logs_run;
+use crate::client::Daemon;
+use crate::logs::run as logs_run;
 
 const BACKLOG: &str = "loading weights\n\
                        warning: slow disk\n\

@@ -1,7 +1,7 @@
 use tt_serving_proto::v1::SlotState;
 
 use super::*;
-use crate::ctl::status::Frames;
+use crate::status::Frames;
 
 #[tokio::test]
 async fn status_prints_the_tables() {
