@@ -795,6 +795,60 @@ fn demo_mode_runs_a_tp2_slot_on_two_simulated_cards() {
     );
 }
 
+#[test]
+fn the_demo_keeps_its_state_in_the_users_state_dir_and_takes_smollm2_from_the_model_cache() {
+    let Some(model) = smollm2() else { return };
+    let model_dir = model.parent().expect("the model is in a directory");
+    let home = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let mut child = Command::new(tt_serving_tests::bin("tt-servingd"))
+        .args(["demo", "--listen", "127.0.0.1:0", "--openai-listen", ""])
+        .current_dir(cwd.path())
+        .env("HOME", home.path())
+        .env_remove("XDG_STATE_HOME")
+        .env("TT_MODELS_DIR", model_dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let state = home.path().join(".local/state/tt-serving/demo");
+    let config = wait_until("the demo's config in the state directory", || {
+        std::fs::read_to_string(state.join("config.toml"))
+            .ok()
+            .filter(|c| c.contains("[models.smollm2]"))
+    });
+    // The model file the test command cached, not a second download.
+    assert!(
+        config.contains(&format!("checkpoint = \"{}\"", model.display())),
+        "{config}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_until("the demo to stop", || child.try_wait().ok().flatten());
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(
+        err.contains(&format!(
+            "demo: state (fake cards, tensor cache, config) in {}",
+            state.display()
+        )),
+        "the demo names where its state is: {err}"
+    );
+    assert!(!err.contains("fetching"), "no download: {err}");
+    let left: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().collect();
+    assert!(left.is_empty(), "nothing written where it ran: {left:?}");
+    assert!(
+        std::fs::read_dir(model_dir)
+            .unwrap()
+            .flatten()
+            .all(|e| !e.file_name().to_string_lossy().starts_with(".download-")),
+        "no download directory left in the model cache"
+    );
+}
+
 /// The real SmolLM2-135M-Instruct, from `scripts/fetch-smollm2.sh`. CI sets
 /// TT_SMOLLM2_GGUF and requires it; elsewhere a missing model skips loudly.
 fn smollm2() -> Option<std::path::PathBuf> {
