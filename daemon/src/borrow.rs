@@ -7,16 +7,47 @@
 //! the daemon takes the locks back, resets and proves the cards (the job may
 //! have left them in any state) and restarts the slots.
 
-use crate::slots::{SlotCommand, SlotState};
+use crate::cards::CardError;
+use crate::slots::{SlotCommand, SlotError, SlotState};
 use crate::state::DaemonState;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
+use tokio::sync::{mpsc, oneshot};
 use tt_serving_proto::v1 as pb;
 use tt_serving_proto::v1::borrow_event::Kind;
 
-fn event(kind: Kind, message: impl Into<String>) -> Result<pb::BorrowEvent, Status> {
+/// Why a loan did not start (the cards stay with the daemon).
+#[derive(Debug, thiserror::Error)]
+pub enum LoanError {
+    /// A card name that names no card.
+    #[error(transparent)]
+    Card(#[from] CardError),
+    /// No card named.
+    #[error("cards: name at least one card (index or BDF)")]
+    NoCards,
+    /// A slot on the cards could not be asked to drain.
+    #[error(transparent)]
+    Slot(#[from] SlotError),
+    /// The slots on the cards did not stop in time; they restart.
+    #[error(
+        "slots did not stop within {secs}s: {running}; the loan is abandoned and the slots restart"
+    )]
+    SlotsDidNotStop {
+        /// The stop limit.
+        secs: u64,
+        /// The slots still running, with their states.
+        running: String,
+    },
+    /// The cards could not be handed over (their locks).
+    #[error("{0}")]
+    NotLent(String),
+}
+
+/// How the borrower ended the loan: its job's exit code, or `None` when
+/// it went away without saying.
+pub type LoanEnd = Option<i32>;
+
+fn event(kind: Kind, message: impl Into<String>) -> Result<pb::BorrowEvent, LoanError> {
     Ok(pb::BorrowEvent {
         kind: kind as i32,
         message: message.into(),
@@ -24,13 +55,14 @@ fn event(kind: Kind, message: impl Into<String>) -> Result<pb::BorrowEvent, Stat
     })
 }
 
-/// Run one loan; events go to `tx`. Errors before the cards are lent are
-/// returned as a status on the stream.
+/// Run one loan; events go to `tx`. Errors before the cards are lent end
+/// the stream with a [`LoanError`]. The loan lasts until `ended` says the
+/// borrower is done (or is dropped: it went away).
 pub async fn run(
     state: Arc<DaemonState>,
     start: pb::BorrowStart,
-    mut inbound: Streaming<pb::BorrowRequest>,
-    tx: mpsc::Sender<Result<pb::BorrowEvent, Status>>,
+    ended: oneshot::Receiver<LoanEnd>,
+    tx: mpsc::Sender<Result<pb::BorrowEvent, LoanError>>,
 ) {
     let cards = state.cards().clone();
     let mut bdfs = Vec::new();
@@ -39,17 +71,13 @@ pub async fn run(
             Ok(bdf) if !bdfs.contains(&bdf) => bdfs.push(bdf),
             Ok(_) => {}
             Err(e) => {
-                let _ = tx.send(Err(Status::not_found(e.to_string()))).await;
+                let _ = tx.send(Err(e.into())).await;
                 return;
             }
         }
     }
     if bdfs.is_empty() {
-        let _ = tx
-            .send(Err(Status::invalid_argument(
-                "cards: name at least one card (index or BDF)",
-            )))
-            .await;
+        let _ = tx.send(Err(LoanError::NoCards)).await;
         return;
     }
     let slots = state.slot_manager().clone();
@@ -64,7 +92,7 @@ pub async fn run(
             .send(event(Kind::Progress, format!("draining slot {slot}")))
             .await;
         if let Err(e) = slots.command(slot, SlotCommand::Lend) {
-            let _ = tx.send(Err(Status::failed_precondition(e))).await;
+            let _ = tx.send(Err(e.into())).await;
             return;
         }
     }
@@ -84,11 +112,10 @@ pub async fn run(
         }
         if tokio::time::timeout_at(deadline, notified).await.is_err() {
             let _ = tx
-                .send(Err(Status::deadline_exceeded(format!(
-                    "slots did not stop within {}s: {}; the loan is abandoned and the slots restart",
-                    limit.as_secs(),
-                    running.join(", ")
-                ))))
+                .send(Err(LoanError::SlotsDidNotStop {
+                    secs: limit.as_secs(),
+                    running: running.join(", "),
+                }))
                 .await;
             for slot in &affected {
                 let _ = slots.command(slot, SlotCommand::Restart);
@@ -97,9 +124,7 @@ pub async fn run(
         }
     }
     if let Err(e) = cards.lend(&bdfs, &start.purpose) {
-        let _ = tx
-            .send(Err(Status::failed_precondition(e.to_string())))
-            .await;
+        let _ = tx.send(Err(LoanError::NotLent(e.to_string()))).await;
         for slot in &affected {
             let _ = slots.command(slot, SlotCommand::Restart);
         }
@@ -115,14 +140,12 @@ pub async fn run(
         .await;
 
     // The loan lasts until the borrower says done or goes away.
-    match inbound.message().await {
-        Ok(Some(pb::BorrowRequest {
-            step: Some(pb::borrow_request::Step::Done(done)),
-        })) => {
-            tracing::info!(cards = %bdfs.join(","), exit_code = done.exit_code, "borrower finished")
+    match ended.await {
+        Ok(Some(exit_code)) => {
+            tracing::info!(cards = %bdfs.join(","), exit_code, "borrower finished")
         }
-        other => {
-            tracing::warn!(cards = %bdfs.join(","), ?other, "borrower went away; taking the cards back")
+        Ok(None) | Err(_) => {
+            tracing::warn!(cards = %bdfs.join(","), "borrower went away; taking the cards back")
         }
     }
     cards.take_back(&bdfs);

@@ -8,6 +8,7 @@ use crate::config::Config;
 use crate::router::Router;
 use crate::shutdown::Shutdown;
 use crate::slots::{SlotManager, SlotState, SlotView};
+use std::collections::BTreeMap;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -28,7 +29,7 @@ pub struct DaemonState {
     openai_address: String,
     reloads: Reloads,
     shutdown: Shutdown,
-    trial: Mutex<Option<crate::trial::TrialMark>>,
+    trial: Mutex<Option<TrialMark>>,
 }
 
 /// The facts about this daemon process that status shows.
@@ -69,12 +70,12 @@ impl DaemonState {
     }
 
     /// The trial in force (`ttctl ab`), if any.
-    pub fn trial(&self) -> Option<crate::trial::TrialMark> {
+    pub fn trial(&self) -> Option<TrialMark> {
         self.trial.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Marks (or clears) the trial in force.
-    pub fn set_trial(&self, mark: Option<crate::trial::TrialMark>) {
+    pub fn set_trial(&self, mark: Option<TrialMark>) {
         *self.trial.lock().unwrap_or_else(|e| e.into_inner()) = mark;
         self.cards.bus().notify();
     }
@@ -226,5 +227,39 @@ impl Reloads {
         while history.len() > HISTORY {
             history.pop_front();
         }
+    }
+}
+
+/// What status shows on a model's slots while a trial runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrialMark {
+    /// The model on trial.
+    pub model: String,
+    /// The arm in force.
+    pub arm: String,
+    /// The arm's flags.
+    pub flags: BTreeMap<String, String>,
+    /// Who asked, and why.
+    pub purpose: String,
+}
+
+impl TrialMark {
+    /// One line for a slot's `trial` field.
+    pub fn describe(&self) -> String {
+        let flags: Vec<String> = self.flags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!(
+            "arm {} ({}){}",
+            self.arm,
+            if flags.is_empty() {
+                "configured flags".to_string()
+            } else {
+                flags.join(",")
+            },
+            if self.purpose.is_empty() {
+                String::new()
+            } else {
+                format!(" for {}", self.purpose)
+            }
+        )
     }
 }

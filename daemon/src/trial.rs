@@ -17,54 +17,55 @@
 
 use crate::config::{BannerMode, Config};
 use crate::reload::{self, Options};
-use crate::slots::SlotState;
-use crate::state::DaemonState;
-use std::collections::BTreeMap;
+use crate::slots::{SlotState, SlotView};
+use crate::state::{DaemonState, TrialMark};
 use std::sync::Arc;
 use tokio::sync::mpsc;
-use tonic::{Status, Streaming};
 use tt_serving_proto::v1 as pb;
 use tt_serving_proto::v1::trial_event::Kind;
 
-/// What status shows on a model's slots while a trial runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TrialMark {
-    /// The model on trial.
-    pub model: String,
-    /// The arm in force.
-    pub arm: String,
-    /// The arm's flags.
-    pub flags: BTreeMap<String, String>,
-    /// Who asked, and why.
-    pub purpose: String,
+/// What a trial reports as it goes; the API turns it into a
+/// `TrialEvent` (the slots as status shows them).
+#[derive(Debug, Clone)]
+pub struct ArmEvent {
+    /// What happened.
+    pub kind: Kind,
+    /// In words.
+    pub message: String,
+    /// The model's slots, once an arm is Ready.
+    pub slots: Vec<SlotView>,
+    /// Whether it went well.
+    pub ok: bool,
 }
 
-impl TrialMark {
-    /// One line for a slot's `trial` field.
-    pub fn describe(&self) -> String {
-        let flags: Vec<String> = self.flags.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        format!(
-            "arm {} ({}){}",
-            self.arm,
-            if flags.is_empty() {
-                "configured flags".to_string()
-            } else {
-                flags.join(",")
-            },
-            if self.purpose.is_empty() {
-                String::new()
-            } else {
-                format!(" for {}", self.purpose)
-            }
-        )
-    }
+/// Why a trial did not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TrialError {
+    /// The model is not in the config.
+    #[error("no model {model:?} in the config (configured: {known:?})")]
+    NoSuchModel {
+        /// The model asked for.
+        model: String,
+        /// The configured models.
+        known: Vec<String>,
+    },
 }
 
-fn event(kind: Kind, message: impl Into<String>) -> Result<pb::TrialEvent, Status> {
-    Ok(pb::TrialEvent {
-        kind: kind as i32,
+/// What the client sends after the first arm.
+#[derive(Debug, Clone)]
+pub enum Step {
+    /// The next arm.
+    Arm(pb::TrialArm),
+    /// The trial is over.
+    Done,
+}
+
+fn event(kind: Kind, message: impl Into<String>) -> Result<ArmEvent, TrialError> {
+    Ok(ArmEvent {
+        kind,
         message: message.into(),
-        ..Default::default()
+        slots: Vec::new(),
+        ok: false,
     })
 }
 
@@ -108,45 +109,19 @@ pub fn arm_config(base: &Config, arm: &pb::TrialArm) -> Result<Config, String> {
     Ok(config)
 }
 
-/// Reads the first arm, then runs the trial; events go to `tx`.
-pub async fn serve(
-    state: Arc<DaemonState>,
-    mut inbound: Streaming<pb::TrialRequest>,
-    tx: mpsc::Sender<Result<pb::TrialEvent, Status>>,
-) {
-    let first = match inbound.message().await {
-        Ok(Some(pb::TrialRequest {
-            step: Some(pb::trial_request::Step::Arm(arm)),
-        })) => arm,
-        Ok(_) => {
-            let _ = tx
-                .send(Err(Status::invalid_argument(
-                    "the first message of Trial must be an arm naming the model",
-                )))
-                .await;
-            return;
-        }
-        Err(_) => return,
-    };
-    tracing::info!(model = %crate::echo::echo(&first.model), arm = %crate::echo::echo(&first.name), purpose = %crate::echo::echo(&first.purpose), "trial requested over the control socket");
-    run(state, first, inbound, tx).await
-}
-
-/// Runs one trial from its first arm; events go to `tx`.
+/// Runs one trial from its first arm; the client's next steps come on
+/// `steps` (closed: the client went away); events go to `tx`.
 pub async fn run(
     state: Arc<DaemonState>,
     first: pb::TrialArm,
-    mut inbound: Streaming<pb::TrialRequest>,
-    tx: mpsc::Sender<Result<pb::TrialEvent, Status>>,
+    mut steps: mpsc::Receiver<Step>,
+    tx: mpsc::Sender<Result<ArmEvent, TrialError>>,
 ) {
+    tracing::info!(model = %crate::echo::echo(&first.model), arm = %crate::echo::echo(&first.name), purpose = %crate::echo::echo(&first.purpose), "trial requested over the control socket");
     let model = first.model.clone();
     if !state.config().models.contains_key(&model) {
         let known: Vec<String> = state.config().models.keys().cloned().collect();
-        let _ = tx
-            .send(Err(Status::not_found(format!(
-                "no model {model:?} in the config (configured: {known:?})"
-            ))))
-            .await;
+        let _ = tx.send(Err(TrialError::NoSuchModel { model, known })).await;
         return;
     }
     let turn = state.reloads().turn().await;
@@ -170,14 +145,10 @@ pub async fn run(
             }
         }
         // The next arm, or done, or the client's end.
-        match inbound.message().await {
-            Ok(Some(pb::TrialRequest {
-                step: Some(pb::trial_request::Step::Arm(arm)),
-            })) => next = Some(arm),
-            Ok(Some(pb::TrialRequest {
-                step: Some(pb::trial_request::Step::Done(_)),
-            })) => break,
-            Ok(_) | Err(_) => {
+        match steps.recv().await {
+            Some(Step::Arm(arm)) => next = Some(arm),
+            Some(Step::Done) => break,
+            None => {
                 tracing::warn!(%model, "the trial's client went away; restoring the configured definition");
                 break;
             }
@@ -193,7 +164,7 @@ async fn apply_arm(
     state: &Arc<DaemonState>,
     base: &Config,
     arm: &pb::TrialArm,
-) -> Result<pb::TrialEvent, Status> {
+) -> Result<ArmEvent, TrialError> {
     let config = match arm_config(base, arm) {
         Ok(c) => c,
         Err(e) => return event(Kind::ArmFailed, e),
@@ -242,14 +213,11 @@ async fn apply_arm(
             ),
         );
     }
-    Ok(pb::TrialEvent {
-        kind: Kind::ArmReady as i32,
+    Ok(ArmEvent {
+        kind: Kind::ArmReady,
         message: format!("arm {} is Ready on {} slot(s)", arm.name, slots.len()),
-        slots: slots
-            .iter()
-            .map(|v| crate::api::convert::slot_of(state, v))
-            .collect(),
         ok: true,
+        slots,
     })
 }
 
@@ -259,7 +227,7 @@ async fn restore(
     state: &Arc<DaemonState>,
     base: &Config,
     model: &str,
-) -> Result<pb::TrialEvent, Status> {
+) -> Result<ArmEvent, TrialError> {
     let options = Options {
         dry_run: false,
         wait: true,
@@ -302,8 +270,8 @@ async fn restore(
         )
     });
     tracing::info!(%model, ok, "trial over");
-    Ok(pb::TrialEvent {
-        kind: Kind::Restored as i32,
+    Ok(ArmEvent {
+        kind: Kind::Restored,
         message,
         slots: Vec::new(),
         ok,

@@ -5,16 +5,19 @@
 
 use super::auth::{AdminRule, Operation};
 use super::convert;
+use crate::borrow::LoanError;
 use crate::cache::CacheState;
 use crate::cards::reset::Phase;
 use crate::cards::CardError;
 use crate::echo::echo;
+use crate::slots::SlotError;
 use crate::state::DaemonState;
+use crate::trial::TrialError;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 use tt_serving_proto::v1 as pb;
 use tt_serving_proto::v1::control_server::Control;
@@ -83,7 +86,7 @@ impl Control for ControlService {
         self.state
             .slot_manager()
             .check_manual_reset(&bdf)
-            .map_err(Status::failed_precondition)?;
+            .map_err(slot_status)?;
         tracing::info!(card = %bdf, "reset requested over the control socket");
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -162,9 +165,7 @@ impl Control for ControlService {
                     known.join(", ")
                 ))
             })?;
-        let mut done = slots
-            .request_build(&slot)
-            .map_err(Status::failed_precondition)?;
+        let mut done = slots.request_build(&slot).map_err(slot_status)?;
         tracing::info!(model = %model, slot = %slot, "cache build requested over the control socket");
         let mut changes = self.state.subscribe();
         let (tx, rx) = mpsc::channel(64);
@@ -213,11 +214,65 @@ impl Control for ControlService {
         request: Request<tonic::Streaming<pb::TrialRequest>>,
     ) -> Result<Response<Self::TrialStream>, Status> {
         self.rule.authorize(&request, Operation::Trial)?;
-        let inbound = request.into_inner();
+        let mut inbound = request.into_inner();
         // The answer's headers go out at once: a client may send its first
         // arm only once the call is open.
         let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(crate::trial::serve(self.state.clone(), inbound, tx));
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            let first = match inbound.message().await {
+                Ok(Some(pb::TrialRequest {
+                    step: Some(pb::trial_request::Step::Arm(arm)),
+                })) => arm,
+                Ok(_) => {
+                    let _ = tx
+                        .send(Err(Status::invalid_argument(
+                            "the first message of Trial must be an arm naming the model",
+                        )))
+                        .await;
+                    return;
+                }
+                Err(_) => return,
+            };
+            let (steps, steps_rx) = mpsc::channel(1);
+            let (events, mut events_rx) = mpsc::channel(16);
+            // The client's later steps, until it says done or goes away
+            // (then the channel closes and the trial restores).
+            let reader = tokio::spawn(async move {
+                while let Ok(Some(pb::TrialRequest { step: Some(step) })) = inbound.message().await
+                {
+                    let step = match step {
+                        pb::trial_request::Step::Arm(arm) => crate::trial::Step::Arm(arm),
+                        pb::trial_request::Step::Done(_) => crate::trial::Step::Done,
+                    };
+                    if steps.send(step).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            let trial = tokio::spawn(crate::trial::run(state.clone(), first, steps_rx, events));
+            while let Some(event) = events_rx.recv().await {
+                let event = event
+                    .map(|e| pb::TrialEvent {
+                        kind: e.kind as i32,
+                        message: e.message,
+                        slots: e
+                            .slots
+                            .iter()
+                            .map(|v| convert::slot_of(&state, v))
+                            .collect(),
+                        ok: e.ok,
+                    })
+                    .map_err(trial_status);
+                if tx.send(event).await.is_err() {
+                    // The client is gone: the reader ends with its stream,
+                    // and the trial restores the definition by itself.
+                    break;
+                }
+            }
+            let _ = trial.await;
+            reader.abort();
+        });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -241,8 +296,21 @@ impl Control for ControlService {
         };
         tracing::info!(cards = %echo(&start.cards.join(",")), purpose = %echo(&start.purpose), "borrow requested over the control socket");
         let (tx, rx) = mpsc::channel(64);
-        tokio::spawn(crate::borrow::run(self.state.clone(), start, inbound, tx));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let (ended, end) = tokio::sync::oneshot::channel();
+        // The loan lasts until the borrower says done; a stream that ends
+        // or fails otherwise means it went away.
+        tokio::spawn(async move {
+            let exit = match inbound.message().await {
+                Ok(Some(pb::BorrowRequest {
+                    step: Some(pb::borrow_request::Step::Done(done)),
+                })) => Some(done.exit_code),
+                _ => None,
+            };
+            let _ = ended.send(exit);
+        });
+        tokio::spawn(crate::borrow::run(self.state.clone(), start, end, tx));
+        let stream = ReceiverStream::new(rx).map(|event| event.map_err(loan_status));
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn reload(
@@ -285,7 +353,7 @@ impl Control for ControlService {
             .state
             .slot_manager()
             .request_restart(&slot)
-            .map_err(Status::not_found)?;
+            .map_err(slot_status)?;
         tracing::info!(slot = %slot, "restart requested over the control socket");
         Ok(Response::new(pb::SlotReply {
             slot: Some(convert::slot(&view)),
@@ -451,6 +519,31 @@ impl Control for ControlService {
             path: dir.display().to_string(),
             bytes,
         }))
+    }
+}
+
+fn slot_status(err: SlotError) -> Status {
+    match &err {
+        SlotError::NoSuchSlot { .. } => Status::not_found(err.to_string()),
+        // The slot is there but cannot take requests now: retry later.
+        SlotError::SupervisorEnded(_) => Status::unavailable(err.to_string()),
+        SlotError::CardInUse { .. } => Status::failed_precondition(err.to_string()),
+    }
+}
+
+fn loan_status(err: LoanError) -> Status {
+    match err {
+        LoanError::Card(e) => card_status(e),
+        LoanError::Slot(e) => slot_status(e),
+        LoanError::NoCards => Status::invalid_argument(err.to_string()),
+        LoanError::SlotsDidNotStop { .. } => Status::deadline_exceeded(err.to_string()),
+        LoanError::NotLent(_) => Status::failed_precondition(err.to_string()),
+    }
+}
+
+fn trial_status(err: TrialError) -> Status {
+    match err {
+        TrialError::NoSuchModel { .. } => Status::not_found(err.to_string()),
     }
 }
 

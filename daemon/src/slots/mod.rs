@@ -7,6 +7,7 @@
 //! [`supervisor`] task drives its lifecycle; the router only reads.
 
 mod backoff;
+mod error;
 pub mod recovery;
 mod start;
 pub mod stats;
@@ -25,6 +26,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use tt_serving_proto::v1::engine_client::EngineClient;
 
+pub use error::SlotError;
 pub use recovery::Availability;
 
 /// Lifecycle states (see docs/ARCHITECTURE.md for the transitions).
@@ -538,16 +540,17 @@ impl SlotManager {
     /// The reset guard: a card may be reset by hand only while no slot
     /// holds a worker on it (resetting a card under a live engine wedges
     /// it). The error names the slot and what to do.
-    pub fn check_manual_reset(&self, bdf: &str) -> Result<(), String> {
+    pub fn check_manual_reset(&self, bdf: &str) -> Result<(), SlotError> {
         match self
             .snapshot()
             .into_iter()
             .find(|s| s.cards.iter().any(|c| c == bdf) && s.state.holds_worker())
         {
-            Some(slot) => Err(format!(
-                "card {bdf} is in use by slot {} ({:?}); the slot resets its own cards when its worker fails. To reset by hand, wait for the slot to fail or stop it first",
-                slot.name, slot.state
-            )),
+            Some(slot) => Err(SlotError::CardInUse {
+                bdf: bdf.to_string(),
+                slot: slot.name,
+                state: format!("{:?}", slot.state),
+            }),
             None => Ok(()),
         }
     }
@@ -614,43 +617,39 @@ impl SlotManager {
     }
 
     /// Send a command to a slot's supervisor.
-    pub fn command(&self, slot: &str, command: SlotCommand) -> Result<(), String> {
-        Self::send(&self.table(), slot, command)
+    pub fn command(&self, slot: &str, command: SlotCommand) -> Result<(), SlotError> {
+        Self::send(&self.table(), slot, command).map(|_| ())
     }
 
     /// Ask a slot's supervisor to restart it, and return the slot as the
     /// request found it. Taken under the table lock with the request
     /// queued, so every start counted after this snapshot's `starts` began
     /// after the request.
-    pub fn request_restart(&self, slot: &str) -> Result<SlotView, String> {
+    pub fn request_restart(&self, slot: &str) -> Result<SlotView, SlotError> {
         let table = self.table();
-        Self::send(&table, slot, SlotCommand::Restart)?;
-        let entry = table
-            .get(slot)
-            .ok_or_else(|| format!("slot {slot} vanished"))?;
+        let entry = Self::send(&table, slot, SlotCommand::Restart)?;
         let mut view = entry.view.clone();
         view.in_flight = entry.in_flight.load(Ordering::Relaxed);
         Ok(view)
     }
 
-    fn send(
-        table: &BTreeMap<String, SlotEntry>,
+    /// Sends `command` to the slot's supervisor; the slot's entry.
+    fn send<'t>(
+        table: &'t BTreeMap<String, SlotEntry>,
         slot: &str,
         command: SlotCommand,
-    ) -> Result<(), String> {
-        let entry = table.get(slot).ok_or_else(|| {
-            format!(
-                "no slot `{}`; slots: {}",
-                crate::echo::echo(slot),
-                table.keys().cloned().collect::<Vec<_>>().join(", ")
-            )
+    ) -> Result<&'t SlotEntry, SlotError> {
+        let entry = table.get(slot).ok_or_else(|| SlotError::NoSuchSlot {
+            name: crate::echo::echo(slot),
+            known: table.keys().cloned().collect::<Vec<_>>().join(", "),
         })?;
         entry
             .commands
             .as_ref()
-            .ok_or_else(|| format!("slot {slot} has no supervisor running"))?
+            .ok_or_else(|| SlotError::SupervisorEnded(slot.to_string()))?
             .send(command)
-            .map_err(|_| format!("slot {slot}'s supervisor has ended"))
+            .map_err(|_| SlotError::SupervisorEnded(slot.to_string()))?;
+        Ok(entry)
     }
 
     /// Ask a slot for a cold cache build instead of its next normal start;
@@ -658,7 +657,7 @@ impl SlotManager {
     pub fn request_build(
         &self,
         slot: &str,
-    ) -> Result<oneshot::Receiver<Result<String, String>>, String> {
+    ) -> Result<oneshot::Receiver<Result<String, String>>, SlotError> {
         let (tx, rx) = oneshot::channel();
         self.pending_builds
             .lock()
