@@ -801,6 +801,8 @@ fn the_demo_keeps_its_state_in_the_users_state_dir_and_takes_smollm2_from_the_mo
     let model_dir = model.parent().expect("the model is in a directory");
     let home = tempfile::tempdir().unwrap();
     let cwd = tempfile::tempdir().unwrap();
+    // A file, not a pipe: a full pipe nobody reads would stall the daemon.
+    let log = home.path().join("demo.log");
     let mut child = Command::new(tt_serving_tests::bin("tt-servingd"))
         .args(["demo", "--listen", "127.0.0.1:0", "--openai-listen", ""])
         .current_dir(cwd.path())
@@ -808,7 +810,7 @@ fn the_demo_keeps_its_state_in_the_users_state_dir_and_takes_smollm2_from_the_mo
         .env_remove("XDG_STATE_HOME")
         .env("TT_MODELS_DIR", model_dir)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
     let state = home.path().join(".local/state/tt-serving/demo");
@@ -828,8 +830,7 @@ fn the_demo_keeps_its_state_in_the_users_state_dir_and_takes_smollm2_from_the_mo
     )
     .unwrap();
     wait_until("the demo to stop", || child.try_wait().ok().flatten());
-    let mut err = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    let err = std::fs::read_to_string(&log).unwrap();
     assert!(
         err.contains(&format!(
             "demo: state (fake cards, tensor cache, config) in {}",

@@ -330,14 +330,10 @@ fn history_reuse(rounds: &[Round]) -> Option<(usize, usize)> {
     (all > 0).then_some((hits, all))
 }
 
-/// The `q`th percentile by nearest rank (NaN when empty).
+/// The `q`th percentile by nearest rank (NaN when empty), ttctl's
+/// definition.
 pub fn percentile(values: &mut [f64], q: f64) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(|a, b| a.total_cmp(b));
-    let rank = ((q / 100.0) * values.len() as f64).ceil() as usize;
-    values[rank.clamp(1, values.len()) - 1]
+    ttctl::stats::quantile(values, q / 100.0)
 }
 
 #[cfg(test)]

@@ -105,12 +105,9 @@ async fn collect(mut stream: tonic::Streaming<pb::GenerateResponse>, start: Inst
     }
 }
 
+/// The `p` quantile (0..=1) by nearest rank, ttctl's definition.
 fn percentile(values: &mut [f64], p: f64) -> f64 {
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(|a, b| a.total_cmp(b));
-    values[((values.len() - 1) as f64 * p).round() as usize]
+    ttctl::stats::quantile(values, p)
 }
 
 fn main() {

@@ -212,9 +212,9 @@ fn engine_port(daemon: &Daemon, engine: &Engine) -> u16 {
     panic!("no engine with a --port under worker {worker}");
 }
 
+/// The median by nearest rank, ttctl's definition.
 fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+    ttctl::stats::quantile(values, 0.5)
 }
 
 fn main() {

@@ -15,9 +15,11 @@
 //! | `TTW_FAULT_EXTRA_BANNER=FLAG`  | print `FLAG engaged` on the first step though FLAG's feature is not running |
 //! | `TTW_FAULT_WARM_EXTRA_FILE=1`  | a warm start writes a stray file into the cache dir |
 //! | `TTW_FAULT_CACHE_WRITE_ERROR=N` | the Nth cache file of a cold build fails half-written with ENOSPC (a full cache disk) |
+//! | `TTW_FAULT_HOLD_FILE=PATH`     | while PATH exists, the load does not go on and the engine takes no step: admitted requests stay in the batch, commands and a drain's deadline are still handled; removing the file releases it (tests hold a request by this, not by racing a clock) |
 //! | `TTW_FAULT_WITHHOLD_PARAMETERS=a,b` | Info leaves these optional GenerateRequest parameters out of `supported_parameters` and Generate refuses them, as an engine without them would |
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 
 /// The switch that enables every other fault variable.
 pub const SWITCH: &str = "TTW_TEST_FAULTS";
@@ -48,6 +50,8 @@ pub struct Faults {
     pub cache_write_error: Option<u64>,
     /// Optional parameters the worker behaves as if it lacked.
     pub withhold_parameters: Vec<String>,
+    /// While this file exists, loading and stepping wait.
+    pub hold_file: Option<PathBuf>,
 }
 
 /// Why the fault variables could not be read.
@@ -102,7 +106,13 @@ impl Faults {
                         .collect()
                 })
                 .unwrap_or_default(),
+            hold_file: text("TTW_FAULT_HOLD_FILE").map(PathBuf::from),
         })
+    }
+
+    /// Whether the hold file is there (the test has not released us yet).
+    pub fn held(&self) -> bool {
+        self.hold_file.as_ref().is_some_and(|p| p.exists())
     }
 }
 

@@ -384,6 +384,11 @@ impl Engine {
             if self.running.is_empty() {
                 continue;
             }
+            if self.faults.held() {
+                // Test fault: no step while held, everything else as usual.
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
             self.step();
         }
     }

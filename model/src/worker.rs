@@ -92,6 +92,9 @@ fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Lo
             if !pause.is_zero() {
                 std::thread::sleep(pause);
             }
+            while faults.held() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         },
         faults.cache_write_error,
     )?;

@@ -483,38 +483,19 @@ async fn admission_is_bounded_and_cancelled_streams_leave_the_batch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_short_work_and_cancels_at_the_deadline() {
     let cache = tempfile::tempdir().unwrap();
-    // The tiny model generates 250 tokens in a few ms: a 600 ms prefill
-    // step keeps the request running when the shutdown comes (and ends
-    // well within the drain's 1 s bound for a step in progress).
+    // The hold fault keeps the request in the batch, taking no step, until
+    // the shutdown's deadline cancels it: no race with the model's speed.
+    let hold = cache.path().join("hold");
     let opts = Opts::new(&tiny_model(), 1, cache.path(), "cold")
         .env("TTW_TEST_FAULTS", "1")
-        .env("TTW_FAULT_PREFILL_STALL_MS", "600");
+        .env("TTW_FAULT_HOLD_FILE", &hold.display().to_string());
     let mut w = Worker::start(&opts).await;
+    std::fs::write(&hold, b"").unwrap();
     let mut c = w.client().await;
     let mut c2 = w.client().await;
     let long = tokio::spawn(async move { run(&mut c2, prompt_request("the cat", 250)).await });
-    let admitted = std::time::Instant::now();
-    while c
-        .health(pb::HealthRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .active_sequences
-        == 0
-    {
-        assert!(
-            admitted.elapsed() < Duration::from_secs(10),
-            "never admitted"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let r = c
-        .shutdown(pb::ShutdownRequest {
-            drain_timeout_ms: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    wait_active(&mut c, 1).await;
+    let r = shutdown(&mut c, 0).await;
     assert_eq!((r.finished, r.cancelled), (0, 1));
     let out = long.await.unwrap().unwrap();
     assert_eq!(out.final_.finish_reason, pb::FinishReason::Cancelled as i32);
@@ -560,18 +541,25 @@ async fn bad_arguments_exit_2_with_a_clear_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn loading_state_is_visible_and_generate_is_unavailable_until_ready() {
     let cache = tempfile::tempdir().unwrap();
+    // Held at the first load step until the test has looked.
+    let hold = cache.path().join("hold");
+    std::fs::write(&hold, b"").unwrap();
     let o = Opts::new(&tiny_model(), 1, cache.path(), "cold")
         .env("TTW_TEST_FAULTS", "1")
-        .env("TTW_FAULT_SLOW_LOAD_MS", "3000");
+        .env("TTW_FAULT_HOLD_FILE", &hold.display().to_string());
     let mut w = Worker::spawn(&o);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !w.socket.exists() {
-        assert!(std::time::Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    w.wait_socket(Duration::from_secs(10)).await;
     let mut c = w.client().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let info = c.info(pb::InfoRequest {}).await.unwrap().into_inner();
+    // The header and plan come first; the hold stops the first tensor.
+    let since = std::time::Instant::now();
+    let info = loop {
+        let info = c.info(pb::InfoRequest {}).await.unwrap().into_inner();
+        if info.progress.as_ref().is_some_and(|p| p.total > 0) {
+            break info;
+        }
+        assert!(since.elapsed() < Duration::from_secs(10), "{info:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
     assert_eq!(info.state, pb::WorkerState::Loading as i32);
     let p = info.progress.unwrap();
     assert!(
@@ -582,15 +570,12 @@ async fn loading_state_is_visible_and_generate_is_unavailable_until_ready() {
     assert_eq!(h.state, pb::WorkerState::Loading as i32);
     let e = run(&mut c, prompt_request("the", 2)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable);
+    assert!(e.message().contains("loading"), "{e:?}");
+    std::fs::remove_file(&hold).unwrap();
     w.wait_ready(Duration::from_secs(30)).await;
-    assert!(
-        c.info(pb::InfoRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .load_time_ms
-            >= 3000
-    );
+    let info = c.info(pb::InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(info.state, pb::WorkerState::Ready as i32);
+    assert_eq!(greedy(&mut c, "the", 2).await.ids.len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -280,7 +280,7 @@ async fn shutdown_drains_then_stops_the_engines_whole_process_group() {
     // metrics) to show the request as active, even on a loaded machine.
     let running = tokio::spawn(async move { run(&mut c, prompt_request("finish me", 10)).await });
     let mut c = w.client().await;
-    wait_for_active(&mut c, 1).await;
+    wait_active(&mut c, 1).await;
     let report = c
         .shutdown(pb::ShutdownRequest {
             drain_timeout_ms: 10_000,
@@ -301,38 +301,14 @@ async fn shutdown_drains_then_stops_the_engines_whole_process_group() {
     assert!(!w.socket.exists());
 }
 
-async fn wait_for_active(
-    c: &mut tt_serving_proto::v1::engine_client::EngineClient<tonic::transport::Channel>,
-    n: u32,
-) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while c
-        .health(pb::HealthRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .active_sequences
-        != n
-    {
-        assert!(Instant::now() < deadline, "never {n} active");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_drain_timeout_cancels_what_is_still_running() {
     let mut w = Worker::start(&Opts::vllm().env("STANDIN_HANG", "generate")).await;
     let mut c = w.client().await;
     let stuck = tokio::spawn(async move { run(&mut c, prompt_request("never ends", 5)).await });
     let mut c = w.client().await;
-    wait_for_active(&mut c, 1).await;
-    let report = c
-        .shutdown(pb::ShutdownRequest {
-            drain_timeout_ms: 300,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    wait_active(&mut c, 1).await;
+    let report = shutdown(&mut c, 300).await;
     assert_eq!((report.finished, report.cancelled), (0, 1));
     let out = stuck.await.unwrap().unwrap();
     assert_eq!(out.final_.finish_reason, pb::FinishReason::Cancelled as i32);
@@ -524,14 +500,8 @@ async fn the_worker_and_its_engine_die_with_their_parent() {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let all = read("out") + &read("err");
-            if let Some(at) = all.find(marker) {
-                let digits: String = all[at + marker.len()..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_digit())
-                    .collect();
-                if let Ok(n) = digits.parse() {
-                    return n;
-                }
+            if let Some(n) = tt_worker_contract::testing::number_after(&all, marker) {
+                return n as i32;
             }
             assert!(Instant::now() < deadline, "no {marker}: {}", read("err"));
             std::thread::sleep(Duration::from_millis(20));

@@ -40,6 +40,9 @@
 
 mod args;
 mod bench;
+/// Quantiles by nearest rank: the one definition every benchmark of the
+/// project reports (`ttctl bench` and the drivers under `bench/`).
+pub use bench::stats;
 mod cache;
 mod card;
 mod client;

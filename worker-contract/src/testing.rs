@@ -206,14 +206,8 @@ impl Worker {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let all = format!("{}\n{}", self.stdout(), self.stderr());
-            if let Some(at) = all.find(marker) {
-                let digits: String = all[at + marker.len()..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_digit())
-                    .collect();
-                if let Ok(n) = digits.parse() {
-                    return n;
-                }
+            if let Some(n) = number_after(&all, marker) {
+                return n;
             }
             assert!(
                 Instant::now() < deadline,
@@ -230,6 +224,16 @@ impl Drop for Worker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The number `text` gives right after the first `marker`, if any.
+pub fn number_after(text: &str, marker: &str) -> Option<u32> {
+    let at = text.find(marker)?;
+    let digits: String = text[at + marker.len()..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    digits.parse().ok()
 }
 
 /// An engine.proto client on a unix socket.
@@ -340,4 +344,31 @@ pub async fn greedy(c: &mut EngineClient<Channel>, prompt: &str, max_tokens: u32
     run(c, prompt_request(prompt, max_tokens))
         .await
         .unwrap_or_else(|e| panic!("generation of {prompt:?} failed: {e}"))
+}
+
+/// Waits (up to 10 s) until Health shows `n` sequences in the batch.
+pub async fn wait_active(c: &mut EngineClient<Channel>, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let health = c
+            .health(pb::HealthRequest {})
+            .await
+            .unwrap_or_else(|e| panic!("Health failed: {e}"))
+            .into_inner();
+        if health.active_sequences == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never {n} active: {health:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A Shutdown call granting `drain_ms` to what is running; its report.
+pub async fn shutdown(c: &mut EngineClient<Channel>, drain_ms: u32) -> pb::ShutdownResponse {
+    c.shutdown(pb::ShutdownRequest {
+        drain_timeout_ms: drain_ms,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("Shutdown failed: {e}"))
+    .into_inner()
 }

@@ -3,20 +3,29 @@
 
 use crate::shutdown::Shutdown;
 use crate::state::DaemonState;
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::{Method, Request, Response, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use std::convert::Infallible;
+use hyper_util::service::TowerToHyperService;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
 /// The OpenMetrics text format, which Prometheus negotiates.
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const TEXT: &str = "text/plain; charset=utf-8";
 
-/// Serve until shutdown.
+/// Serve until shutdown. The routes are axum's; each connection is
+/// hyper's own so that a client must send its request head within 10 s
+/// (a scraper never needs longer, and idle half-requests cost nothing).
 pub async fn serve(listener: TcpListener, state: Arc<DaemonState>, shutdown: Shutdown) {
+    let app = Router::new()
+        .route("/metrics", get(metrics).fallback(only_get))
+        .fallback(not_found)
+        .with_state(state);
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -29,12 +38,8 @@ pub async fn serve(listener: TcpListener, state: Arc<DaemonState>, shutdown: Shu
             },
             _ = shutdown.clone().wait() => return,
         };
-        let state = state.clone();
+        let service = TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let state = state.clone();
-                async move { Ok::<_, Infallible>(respond(&state, &request)) }
-            });
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(Duration::from_secs(10))
@@ -46,33 +51,30 @@ pub async fn serve(listener: TcpListener, state: Arc<DaemonState>, shutdown: Shu
     }
 }
 
-fn respond<B>(state: &DaemonState, request: &Request<B>) -> Response<Full<Bytes>> {
-    let reply = |status: StatusCode, content_type: &str, body: String| {
-        let mut response = Response::new(Full::new(Bytes::from(body)));
-        *response.status_mut() = status;
-        if let Ok(value) = content_type.parse() {
-            response
-                .headers_mut()
-                .insert(hyper::header::CONTENT_TYPE, value);
-        }
-        response
-    };
-    match (request.method(), request.uri().path()) {
-        (&Method::GET, "/metrics") => {
-            let text = crate::metrics::get().render(&snapshot(state));
-            reply(StatusCode::OK, CONTENT_TYPE, text)
-        }
-        (_, "/metrics") => reply(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "text/plain; charset=utf-8",
-            "only GET /metrics is served here\n".into(),
+async fn metrics(State(state): State<Arc<DaemonState>>) -> Response {
+    let text = crate::metrics::get().render(&snapshot(&state));
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response()
+}
+
+async fn only_get() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::CONTENT_TYPE, TEXT)],
+        "only GET /metrics is served here\n",
+    )
+        .into_response()
+}
+
+async fn not_found(request: Request) -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, TEXT)],
+        format!(
+            "no {} here; Prometheus metrics are at /metrics\n",
+            crate::echo::echo(request.uri().path())
         ),
-        (_, path) => reply(
-            StatusCode::NOT_FOUND,
-            "text/plain; charset=utf-8",
-            format!("no {path} here; Prometheus metrics are at /metrics\n"),
-        ),
-    }
+    )
+        .into_response()
 }
 
 /// The state gauges' values from the slot and card tables as they are now.

@@ -16,8 +16,8 @@
 //! whose start differs (a container to pull, an engine with its own health
 //! endpoint) changes a phase here, not the loop around it.
 
-use super::supervisor::{
-    drain_and_stop, fail_after_stop, log_tail, stop_worker, Outcome, SlotPlan,
+use super::attempt::{
+    drain_and_stop, fail_after_stop, log_tail, stop_worker, Outcome, RestartCause, SlotPlan,
 };
 use super::{EngineFacts, KvMemory, SlotCommand, SlotManager, SlotState};
 use crate::cache::{BuildLock, CacheMode, RuntimeFiles, Variant};
@@ -62,7 +62,7 @@ pub(super) async fn start_and_serve(
         Ok(outcome) | Err(outcome) => outcome,
     };
     if let Outcome::Failed {
-        cause: "start_failed",
+        cause: RestartCause::StartFailed,
         ..
     } = &outcome
     {
@@ -70,9 +70,7 @@ pub(super) async fn start_and_serve(
     }
     if let Some(reply) = build {
         let _ = reply.send(match &outcome {
-            Outcome::Restart { reason, .. } if reason.starts_with("cache built") => {
-                Ok(reason.clone())
-            }
+            Outcome::Built { reason } => Ok(reason.clone()),
             Outcome::Failed { reason, .. } => Err(reason.clone()),
             _ => Err("the cache build was interrupted (stop, restart or loan)".into()),
         });
@@ -297,7 +295,7 @@ async fn wait_loaded(
                     return Err(Outcome::start_failed(reason, exit.leaves_cards_dirty()));
                 }
                 count_failed_cold_start(mgr, plan);
-                return Err(Outcome::Failed { reason, dirty: exit.leaves_cards_dirty(), cause: "oom" });
+                return Err(Outcome::Failed { reason, dirty: exit.leaves_cards_dirty(), cause: RestartCause::Exit("oom") });
             }
             cmd = commands.recv() => return Err(stop_worker(mgr, plan, worker, None, cmd).await),
             _ = tokio::time::sleep(poll) => {}
@@ -503,10 +501,7 @@ async fn stop_after_build(
             true,
         )
     } else {
-        Outcome::Restart {
-            reason,
-            dirty: false,
-        }
+        Outcome::Built { reason }
     }
 }
 

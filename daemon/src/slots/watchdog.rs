@@ -5,7 +5,7 @@
 //! (`UNANSWERED_HEALTH_POLLS` polls in a row), or has requests active
 //! without decode progress for `restart.stall_timeout_secs`.
 
-use super::supervisor::{drain_and_stop, log_tail, stop_worker, Outcome, SlotPlan};
+use super::attempt::{drain_and_stop, log_tail, stop_worker, Outcome, RestartCause, SlotPlan};
 use super::{SlotCommand, SlotManager, SlotState};
 use crate::config::UNANSWERED_HEALTH_POLLS;
 use crate::worker::Worker;
@@ -53,7 +53,7 @@ pub(super) async fn serve(
                 return Outcome::Failed {
                     reason: format!("worker {}; last output: {}", exit.describe(), log_tail(worker)),
                     dirty: exit.leaves_cards_dirty(),
-                    cause: exit.metric_cause(),
+                    cause: RestartCause::Exit(exit.metric_cause()),
                 };
             }
             cmd = commands.recv() => return stop_worker(mgr, plan, worker, Some(engine), cmd).await,
@@ -88,7 +88,7 @@ async fn check_cards(
     Some(Outcome::Failed {
         reason,
         dirty: true,
-        cause: "card_missing",
+        cause: RestartCause::CardMissing,
     })
 }
 
@@ -121,7 +121,7 @@ async fn check_rss(
         Outcome::Failed {
             reason,
             dirty: true,
-            cause: "rss",
+            cause: RestartCause::Rss,
         }
     } else {
         crate::metrics::get().worker_restart(&plan.slot, &plan.model, "rss");
@@ -239,7 +239,7 @@ async fn kill_hung(worker: &mut Worker, reason: String) -> Outcome {
     Outcome::Failed {
         reason,
         dirty: true,
-        cause: "watchdog",
+        cause: RestartCause::Watchdog,
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 use tt_serving_proto::v1 as pb;
 pub use tt_worker_contract::testing::{
-    bdfs, connect, greedy, prompt_request, run, with, Launch, Output, Worker,
+    bdfs, connect, greedy, prompt_request, run, shutdown, wait_active, with, Launch, Output, Worker,
 };
 use tt_worker_contract::testing::{contract_command, ContractEnv};
 

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 pub use tt_worker_contract::testing::{
-    chat_request, connect, prompt_request, run, Launch, Output, Worker,
+    chat_request, connect, prompt_request, run, shutdown, wait_active, Launch, Output, Worker,
 };
 use tt_worker_contract::testing::{contract_command, ContractEnv};
 
