@@ -13,11 +13,14 @@
 //! the `preflight` module, which uses the daemon's own readers for each rule.
 
 pub mod diff;
+mod problem;
+mod read;
 mod schema;
 pub(crate) mod validate;
 
+pub use problem::Problem;
 pub use schema::*;
-pub use validate::{parse_bdf, Problem, MAX_MODEL_NAME_BYTES, RESERVED_ENV};
+pub use validate::{parse_bdf, MAX_MODEL_NAME_BYTES, RESERVED_ENV};
 
 use std::path::Path;
 
@@ -108,7 +111,7 @@ pub struct Checked {
 /// cross-field rules, collecting every problem. Gives the same answer on
 /// every machine.
 pub fn check(text: &str) -> Checked {
-    let parsed = match validate::deserialize(text) {
+    let parsed = match read::deserialize(text) {
         Ok(parsed) => parsed,
         Err(problems) => {
             return Checked {
