@@ -1,0 +1,544 @@
+//! The cgroup v2 strategy: the daemon's own cgroup found and split into
+//! `daemon/` and one `slot-<name>/` per slot, the memory controller handed
+//! down, slot cgroups made, emptied, killed and removed, and the control
+//! files read (see the module above for the whole design).
+
+use super::procs::{self, Proc};
+use super::{sigkill, KILL_WAIT};
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The leaf the daemon moves itself into.
+pub(super) const DAEMON_LEAF: &str = "daemon";
+/// The prefix of a daemon's own root under a shared cgroup.
+const OWN_ROOT_PREFIX: &str = "tt-servingd-";
+/// The prefix of a slot's cgroup.
+const SLOT_PREFIX: &str = "slot-";
+
+#[derive(Debug)]
+pub(super) struct Hierarchy {
+    /// The daemon's cgroup when it started.
+    pub(super) origin: PathBuf,
+    /// Where slot cgroups are made.
+    pub(super) root: PathBuf,
+    /// `root` was made for this daemon under a cgroup it shares.
+    pub(super) own_root: bool,
+    /// Ok when slots' memory is accounted; the reason otherwise.
+    pub(super) memory: Result<(), String>,
+}
+
+impl Hierarchy {
+    /// The cgroup of `slot` (a `/` in its name becomes `_`).
+    fn slot_dir(&self, slot: &str) -> PathBuf {
+        self.root
+            .join(format!("{SLOT_PREFIX}{}", slot.replace('/', "_")))
+    }
+
+    /// Find the daemon's cgroup, make the slots' root in it, move the
+    /// daemon into its leaf, and hand the memory controller down when it
+    /// can.
+    pub(super) fn take() -> Result<Hierarchy, String> {
+        let own = read("/proc/self/cgroup")?;
+        let rel = self_cgroup(&own)
+            .ok_or("/proc/self/cgroup has no `0::` line (a cgroup v1 only host)".to_string())?;
+        let mountinfo = read("/proc/self/mountinfo")?;
+        let (mount, mount_root) = cgroup2_mount(&mountinfo).ok_or(
+            "no cgroup2 file system is mounted (none in /proc/self/mountinfo)".to_string(),
+        )?;
+        let origin = cgroup_dir(&mount, &mount_root, &rel).ok_or(format!(
+            "the daemon's cgroup {rel} is outside the cgroup2 mount at {} (which shows {mount_root})",
+            mount.display()
+        ))?;
+        if !origin.join("cgroup.procs").exists() {
+            return Err(format!("{} is not a cgroup directory", origin.display()));
+        }
+        let me = std::process::id();
+        let parent = origin.parent().map(Path::to_path_buf);
+        let in_leaf = origin.file_name().is_some_and(|n| n == DAEMON_LEAF)
+            && parent
+                .as_ref()
+                .is_some_and(|p| p.join("cgroup.procs").exists() && cgroup_pids(p).is_empty());
+        let (root, own_root) = if in_leaf {
+            (parent.unwrap_or_else(|| origin.clone()), false)
+        } else if cgroup_pids(&origin) == [me] {
+            (origin.clone(), false)
+        } else {
+            end_stale_roots(&origin);
+            (origin.join(format!("{OWN_ROOT_PREFIX}{me}")), true)
+        };
+        if !own_root {
+            // A previous run of this daemon, killed outright, left these.
+            for dir in children(&root, SLOT_PREFIX) {
+                tracing::warn!(cgroup = %dir.display(), "ending a slot cgroup a previous daemon left");
+                kill_cgroup_sync(&dir);
+                let _ = std::fs::remove_dir(&dir);
+            }
+        }
+        if own_root {
+            std::fs::create_dir(&root)
+                .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+        }
+        let leaf = root.join(DAEMON_LEAF);
+        if !in_leaf {
+            if let Err(e) = std::fs::create_dir(&leaf) {
+                if e.kind() != std::io::ErrorKind::AlreadyExists {
+                    if own_root {
+                        let _ = std::fs::remove_dir(&root);
+                    }
+                    return Err(format!("cannot create {}: {e}", leaf.display()));
+                }
+            }
+            if let Err(e) = write_file(&leaf.join("cgroup.procs"), &me.to_string()) {
+                let _ = std::fs::remove_dir(&leaf);
+                if own_root {
+                    let _ = std::fs::remove_dir(&root);
+                }
+                return Err(format!(
+                    "cannot move the daemon into {}: {e}",
+                    leaf.display()
+                ));
+            }
+        }
+        let memory = enable_memory(&root, own_root.then_some(origin.as_path()));
+        Ok(Hierarchy {
+            origin,
+            root,
+            own_root,
+            memory,
+        })
+    }
+
+    /// A fresh (or emptied) cgroup for the next worker of `slot`, with
+    /// `memory_max` bytes as its `memory.max`.
+    pub(super) fn enclose(
+        &self,
+        slot: &str,
+        memory_max: Option<u64>,
+    ) -> Result<SlotCgroup, String> {
+        let dir = self.slot_dir(slot);
+        if dir.exists() {
+            // The slot's previous worker's cgroup, kept on purpose
+            // (see `release`): empty it (a worker the daemon
+            // dropped mid-kill) and reuse it, so the page cache the
+            // slot's files hold (the model the next worker maps
+            // again) stays charged to the slot. Removed, those
+            // pages go to the unit's cgroup, the new worker's
+            // memory.current leaves them out (about 97 MB for
+            // SmolLM2, seen in the systemd guest) and memory.max
+            // does not bound them.
+            kill_cgroup_sync(&dir);
+        }
+        if let Err(e) = std::fs::create_dir(&dir) {
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(format!(
+                    "cannot create the slot's cgroup {}: {e}",
+                    dir.display()
+                ));
+            }
+        }
+        let memory = self.memory.is_ok();
+        if memory {
+            // "max" too: a reused cgroup may hold an older limit.
+            let max = memory_max.map_or("max".to_string(), |m| m.to_string());
+            write_file(&dir.join("memory.max"), &max)?;
+            // An OOM kill takes the whole slot: an engine that
+            // lost one process cannot serve anyway.
+            if let Err(e) = write_file(&dir.join("memory.oom.group"), "1") {
+                tracing::debug!(slot, error = %e, "memory.oom.group not set");
+            }
+        } else if memory_max.is_some() {
+            return Err(format!(
+                "a memory limit needs the memory controller in {}",
+                self.root.display()
+            ));
+        }
+        let procs = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(dir.join("cgroup.procs"))
+            .map_err(|e| format!("cannot open {}/cgroup.procs: {e}", dir.display()))?;
+        Ok(SlotCgroup {
+            dir,
+            memory,
+            procs: Mutex::new(Some(procs)),
+        })
+    }
+
+    /// The slot is gone from the config (a reload removed it): remove its
+    /// cgroup. Until then it stays from one worker to the next, across
+    /// reloads that restart the slot under its name too: the page cache
+    /// charged to it (the model's files) must not be handed to the parent,
+    /// where the slot's next worker would map it uncounted.
+    pub(super) fn release(&self, slot: &str) {
+        let dir = self.slot_dir(slot);
+        if dir.exists() {
+            kill_cgroup_sync(&dir);
+            if let Err(e) = std::fs::remove_dir(&dir) {
+                tracing::debug!(cgroup = %dir.display(), error = %e, "slot cgroup not removed");
+            }
+        }
+    }
+
+    /// At a clean exit, after every worker stopped: remove the slot
+    /// cgroups, and the daemon's own root when it made one.
+    pub(super) fn close(&self) {
+        for dir in children(&self.root, SLOT_PREFIX) {
+            kill_cgroup_sync(&dir);
+            let _ = std::fs::remove_dir(&dir);
+        }
+        if self.own_root {
+            // Back into the cgroup it came from, so its root can go.
+            let pid = std::process::id().to_string();
+            if write_file(&self.origin.join("cgroup.procs"), &pid).is_ok() {
+                let _ = std::fs::remove_dir(self.root.join(DAEMON_LEAF));
+                if let Err(e) = std::fs::remove_dir(&self.root) {
+                    tracing::debug!(root = %self.root.display(), error = %e, "cgroup root left in place");
+                }
+            }
+        }
+    }
+}
+
+/// Hand the memory controller down to the slots, or say why not.
+fn enable_memory(root: &Path, shared_parent: Option<&Path>) -> Result<(), String> {
+    let available = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+    if !available.split_whitespace().any(|c| c == "memory") {
+        let list = if available.trim().is_empty() {
+            "none".to_string()
+        } else {
+            available.trim().to_string()
+        };
+        let fix = match shared_parent {
+            Some(parent) => format!(
+                "; it must be enabled in {}/cgroup.subtree_control (or run the daemon under systemd with Delegate=yes)",
+                parent.display()
+            ),
+            None => "; with systemd, Delegate=yes enables it".into(),
+        };
+        return Err(format!(
+            "the memory controller is not available in {} (cgroup.controllers: {list}){fix}",
+            root.display()
+        ));
+    }
+    let enabled = std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
+    if enabled.split_whitespace().any(|c| c == "memory") {
+        return Ok(());
+    }
+    write_file(&root.join("cgroup.subtree_control"), "+memory").map_err(|e| {
+        format!(
+            "cannot enable the memory controller in {}/cgroup.subtree_control: {e}",
+            root.display()
+        )
+    })
+}
+
+/// Roots of daemons that died without cleaning up (`tt-servingd-<pid>`
+/// whose pid is gone): their slots are killed and the cgroups removed.
+fn end_stale_roots(shared: &Path) {
+    for dir in children(shared, OWN_ROOT_PREFIX) {
+        let alive = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix(OWN_ROOT_PREFIX))
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_none_or(|pid| Path::new("/proc").join(pid.to_string()).exists());
+        if alive {
+            continue;
+        }
+        for slot in children(&dir, SLOT_PREFIX) {
+            tracing::warn!(cgroup = %slot.display(), "ending a slot cgroup that a previous daemon, now dead, left");
+            kill_cgroup_sync(&slot);
+            let _ = std::fs::remove_dir(&slot);
+        }
+        let _ = std::fs::remove_dir(dir.join(DAEMON_LEAF));
+        if let Err(e) = std::fs::remove_dir(&dir) {
+            tracing::debug!(cgroup = %dir.display(), error = %e, "a dead daemon's cgroup left in place");
+        }
+    }
+}
+
+/// One worker's cgroup: the slot's, emptied and reused by each worker.
+#[derive(Debug)]
+pub(super) struct SlotCgroup {
+    dir: PathBuf,
+    /// Whether the memory controller accounts it.
+    memory: bool,
+    /// The slot's `cgroup.procs`, open for the pre-exec hook until the
+    /// worker is spawned.
+    procs: Mutex<Option<File>>,
+}
+
+impl SlotCgroup {
+    /// `cgroup.procs`, for the worker to join between fork and exec.
+    pub(super) fn join_fd(&self) -> Option<RawFd> {
+        self.procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(File::as_raw_fd)
+    }
+
+    /// The worker is spawned: the descriptor is no longer needed.
+    pub(super) fn started(&self) {
+        self.procs.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// The cgroup's processes now, zombies left out.
+    pub(super) fn members(&self) -> Vec<Proc> {
+        cgroup_pids(&self.dir)
+            .into_iter()
+            .filter_map(procs::stat)
+            .filter(|p| !p.is_zombie())
+            .collect()
+    }
+
+    /// Whether memory is accounted here (otherwise the caller sums RSS).
+    pub(super) fn accounts_memory(&self) -> bool {
+        self.memory
+    }
+
+    /// The working set: `memory.current` less inactive file cache.
+    pub(super) fn memory_current(&self) -> u64 {
+        let used = read_u64(&self.dir.join("memory.current")).unwrap_or(0);
+        let inactive_file = std::fs::read_to_string(self.dir.join("memory.stat"))
+            .ok()
+            .and_then(|s| stat_field(&s, "inactive_file"))
+            .unwrap_or(0);
+        used.saturating_sub(inactive_file)
+    }
+
+    /// `memory.peak`, where the kernel keeps one (Linux 5.19+).
+    pub(super) fn memory_peak(&self) -> Option<u64> {
+        read_u64(&self.dir.join("memory.peak"))
+    }
+
+    /// `memory.events` `oom_kill`.
+    pub(super) fn oom_kills(&self) -> Option<u64> {
+        std::fs::read_to_string(self.dir.join("memory.events"))
+            .ok()
+            .and_then(|s| stat_field(&s, "oom_kill"))
+    }
+
+    /// SIGKILL everything in it without waiting; how many there were.
+    pub(super) fn kill(&self) -> usize {
+        let n = cgroup_pids(&self.dir).len();
+        kill_cgroup(&self.dir);
+        n
+    }
+
+    #[cfg(test)]
+    pub(super) fn at(dir: PathBuf) -> SlotCgroup {
+        SlotCgroup {
+            dir,
+            memory: true,
+            procs: Mutex::new(None),
+        }
+    }
+}
+
+/// `cgroup.kill`, or SIGKILL to each process listed (before Linux 5.14).
+/// False when the daemon may not kill them.
+pub(super) fn kill_cgroup(dir: &Path) -> bool {
+    let kill = dir.join("cgroup.kill");
+    if kill.exists() && write_file(&kill, "1").is_ok() {
+        return true;
+    }
+    cgroup_pids(dir).into_iter().all(sigkill)
+}
+
+/// Kill a cgroup's processes and wait (blocking, bounded) until it is
+/// empty: for startup, shutdown and a slot's leftover cgroup.
+pub(super) fn kill_cgroup_sync(dir: &Path) {
+    let deadline = Instant::now() + KILL_WAIT;
+    while !cgroup_pids(dir).is_empty() && Instant::now() < deadline {
+        if !kill_cgroup(dir) {
+            tracing::warn!(cgroup = %dir.display(), "cannot kill the processes in this cgroup (not the daemon's to kill)");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The pids in a cgroup's `cgroup.procs` (empty when unreadable).
+pub(super) fn cgroup_pids(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Subdirectories of `dir` whose names start with `prefix`.
+pub(super) fn children(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// The path of the `0::` line of `/proc/self/cgroup` (cgroup v2).
+pub(super) fn self_cgroup(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim().to_string())
+}
+
+/// The mount point and root of the first `cgroup2` mount in
+/// `/proc/self/mountinfo`.
+pub(super) fn cgroup2_mount(text: &str) -> Option<(PathBuf, String)> {
+    text.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        if right.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        let fields: Vec<&str> = left.split_whitespace().collect();
+        Some((
+            PathBuf::from(unescape_mount(fields.get(4)?)),
+            unescape_mount(fields.get(3)?),
+        ))
+    })
+}
+
+/// mountinfo writes spaces, tabs, newlines and backslashes as octal.
+pub(super) fn unescape_mount(field: &str) -> String {
+    let mut out = Vec::new();
+    let bytes = field.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .and_then(|d| u8::from_str_radix(d, 8).ok());
+        match (bytes[i], octal) {
+            (b'\\', Some(b)) => {
+                out.push(b);
+                i += 4;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The directory of cgroup `rel` given the mount's point and root (a
+/// mount of a subtree shows that subtree's path as its root).
+pub(super) fn cgroup_dir(mount: &Path, mount_root: &str, rel: &str) -> Option<PathBuf> {
+    let root = mount_root.trim_end_matches('/');
+    let below = if root.is_empty() {
+        rel
+    } else if rel == root {
+        ""
+    } else {
+        rel.strip_prefix(root)?.strip_prefix('/')?
+    };
+    let below = below.trim_start_matches('/');
+    if below.split('/').any(|c| c == "..") {
+        return None;
+    }
+    Some(if below.is_empty() {
+        mount.to_path_buf()
+    } else {
+        mount.join(below)
+    })
+}
+
+/// A `key value` field of `memory.stat` or `memory.events`.
+pub(super) fn stat_field(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok())?
+    })
+}
+
+pub(super) fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+pub(super) fn read(path: &str) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))
+}
+
+/// Write a cgroup control file in one `write` (the kernel takes one
+/// command per write).
+pub(super) fn write_file(path: &Path, text: &str) -> Result<(), String> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    file.write_all(text.as_bytes())
+        .map_err(|e| format!("cannot write {text:?} to {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_v2_line_and_mount_name_the_daemons_cgroup_directory() {
+        let own = "9:name=systemd:/\n4:memory:/x\n0::/system.slice/tt.service\n";
+        assert_eq!(
+            self_cgroup(own).as_deref(),
+            Some("/system.slice/tt.service")
+        );
+        assert_eq!(self_cgroup("4:memory:/x\n"), None);
+        let mountinfo =
+            "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n\
+                         41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+        let (mount, root) = cgroup2_mount(mountinfo).unwrap();
+        assert_eq!(mount, PathBuf::from("/sys/fs/cgroup/unified"));
+        assert_eq!(root, "/");
+        assert_eq!(
+            cgroup_dir(&mount, &root, "/system.slice/tt.service"),
+            Some(PathBuf::from(
+                "/sys/fs/cgroup/unified/system.slice/tt.service"
+            ))
+        );
+        assert_eq!(cgroup_dir(&mount, &root, "/"), Some(mount.clone()));
+        // A mount of a subtree (a container's view without a namespace).
+        let sub = Path::new("/sys/fs/cgroup");
+        assert_eq!(
+            cgroup_dir(sub, "/docker/abc", "/docker/abc/x"),
+            Some(PathBuf::from("/sys/fs/cgroup/x"))
+        );
+        assert_eq!(
+            cgroup_dir(sub, "/docker/abc", "/docker/abc"),
+            Some(sub.to_path_buf())
+        );
+        assert_eq!(cgroup_dir(sub, "/docker/abc", "/docker/abcd"), None);
+        assert_eq!(cgroup_dir(sub, "/docker/abc", "/other"), None);
+        // Outside a cgroup namespace's root.
+        assert_eq!(cgroup_dir(sub, "/", "/../.."), None);
+    }
+
+    #[test]
+    fn mount_points_with_spaces_are_unescaped() {
+        let line = "41 31 0:38 / /mnt/cg\\040two rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(cgroup2_mount(line).unwrap().0, PathBuf::from("/mnt/cg two"));
+    }
+
+    #[test]
+    fn memory_stat_and_event_fields_are_read_by_name() {
+        let events = "low 0\nhigh 0\nmax 3\noom 2\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(stat_field(events, "oom_kill"), Some(1));
+        assert_eq!(stat_field(events, "oom"), Some(2));
+        assert_eq!(stat_field(events, "nope"), None);
+    }
+}
