@@ -188,9 +188,13 @@ pub(super) async fn stop_worker(
     }
 }
 
-/// The last lines of a worker's output, for failure reasons.
+/// The last lines of a worker's output, for failure reasons, and the
+/// worker's own last word when its engine's output came after it.
 pub(super) fn log_tail(worker: &Worker) -> String {
-    let lines: Vec<String> = worker.logs.tail(3).into_iter().map(|l| l.text).collect();
+    let mut lines: Vec<String> = worker.logs.tail(3).into_iter().map(|l| l.text).collect();
+    if let Some(word) = worker.last_word().filter(|w| !lines.contains(w)) {
+        lines.insert(0, word);
+    }
     if lines.is_empty() {
         "no output".into()
     } else {

@@ -240,6 +240,15 @@ pub struct Worker {
     /// of its failure, as a worker prints it on exit) may still be in the
     /// pipe when the exit is seen.
     captures: Vec<tokio::task::JoinHandle<()>>,
+    /// The program's file name: a worker's own failure line starts with
+    /// it (`tt-worker-openai: ...`).
+    program: String,
+}
+
+/// The newest of `lines` that starts with `<program>: `.
+fn last_word_in(lines: &[String], program: &str) -> Option<String> {
+    let prefix = format!("{program}: ");
+    lines.iter().rev().find(|t| t.starts_with(&prefix)).cloned()
 }
 
 /// How long the output of an exited worker may take to be read to its end.
@@ -392,7 +401,25 @@ impl Worker {
             enclosure,
             exit: None,
             captures,
+            program: spec
+                .command
+                .first()
+                .and_then(|p| std::path::Path::new(p).file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
         })
+    }
+
+    /// The worker's own last word: the newest of its last 64 lines that
+    /// starts with `<program>: ` (how tt-worker and tt-worker-openai say
+    /// why they exit). An engine's late output (vLLM's `resource_tracker`
+    /// warnings, from processes that outlive its API server) can follow it.
+    pub fn last_word(&self) -> Option<String> {
+        if self.program.is_empty() {
+            return None;
+        }
+        let lines: Vec<String> = self.logs.tail(64).into_iter().map(|l| l.text).collect();
+        last_word_in(&lines, &self.program)
     }
 
     /// Process id (also the process group id).
@@ -563,6 +590,24 @@ async fn capture(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_workers_last_word_is_found_under_its_engines_late_output() {
+        let lines: Vec<String> = [
+            "INFO engine starting",
+            "tt-worker-openai: vLLM's engine core failed to start: ValueError",
+            "resource_tracker: There appear to be 1 leaked semaphore objects",
+            "warnings.warn('resource_tracker: ...')",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            last_word_in(&lines, "tt-worker-openai").as_deref(),
+            Some("tt-worker-openai: vLLM's engine core failed to start: ValueError")
+        );
+        assert_eq!(last_word_in(&lines, "tt-worker"), None);
+    }
 
     fn killed() -> ExitCause {
         ExitCause::Signal {
