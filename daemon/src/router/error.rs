@@ -78,19 +78,56 @@ impl RouteError {
     }
 
     /// The request's outcome in the metrics (`tt_serving_requests_total`).
-    pub fn outcome(&self) -> &'static str {
+    pub fn outcome(&self) -> Outcome {
         match self {
-            RouteError::Invalid(_) => "invalid",
-            RouteError::UnknownModel(_) => "unknown_model",
-            RouteError::QueueFull(_) => "queue_full",
-            RouteError::Unavailable { .. } => "unavailable",
-            RouteError::Deadline { .. } => "deadline",
+            RouteError::Invalid(_) => Outcome::Invalid,
+            RouteError::UnknownModel(_) => Outcome::UnknownModel,
+            RouteError::QueueFull(_) => Outcome::QueueFull,
+            RouteError::Unavailable { .. } => Outcome::Unavailable,
+            RouteError::Deadline { .. } => Outcome::Deadline,
             RouteError::Worker { code, .. } => match code {
-                tonic::Code::InvalidArgument => "invalid",
-                tonic::Code::ResourceExhausted => "queue_full",
-                tonic::Code::DeadlineExceeded => "deadline",
-                _ => "worker_error",
+                tonic::Code::InvalidArgument => Outcome::Invalid,
+                tonic::Code::ResourceExhausted => Outcome::QueueFull,
+                tonic::Code::DeadlineExceeded => Outcome::Deadline,
+                _ => Outcome::WorkerError,
             },
+        }
+    }
+}
+
+/// How a routed request ended, as `tt_serving_requests_total` labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Answered to its final chunk.
+    Ok,
+    /// Refused as sent.
+    Invalid,
+    /// No such model.
+    UnknownModel,
+    /// The model's queue (or the worker's batch) was full.
+    QueueFull,
+    /// No Ready slot in time.
+    Unavailable,
+    /// The request's deadline passed.
+    Deadline,
+    /// The worker failed it or its stream ended early.
+    WorkerError,
+    /// The client went away first.
+    Cancelled,
+}
+
+impl Outcome {
+    /// The metric's label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Invalid => "invalid",
+            Outcome::UnknownModel => "unknown_model",
+            Outcome::QueueFull => "queue_full",
+            Outcome::Unavailable => "unavailable",
+            Outcome::Deadline => "deadline",
+            Outcome::WorkerError => "worker_error",
+            Outcome::Cancelled => "cancelled",
         }
     }
 }

@@ -29,7 +29,7 @@ mod error;
 mod relay;
 mod validate;
 
-pub use error::RouteError;
+pub use error::{Outcome, RouteError};
 pub use relay::ChunkStream;
 pub use validate::{check_engine_supports, validate_request, CHAT_ROLES};
 
@@ -234,7 +234,7 @@ impl Router {
         let result = self.admit(request, timeout).await;
         unanswered.armed = false;
         if let Err(e) = &result {
-            crate::metrics::get().request(&model, e.outcome());
+            crate::metrics::get().request(&model, e.outcome().label());
         }
         result
     }

@@ -10,6 +10,7 @@
 //! the client goes away its connection drops this stream, which drops the
 //! worker's and cancels the sequence there.
 
+use super::error::Outcome;
 use super::{lost_worker_hint, worker_error, InFlight, RouteError};
 use crate::metrics::{InterToken, Metrics};
 use crate::slots::stats::SlotStats;
@@ -39,7 +40,7 @@ pub struct ChunkStream {
     /// The final chunk went to the client: the request was answered.
     finished: bool,
     /// How it ended, once it has; recorded in the metrics on drop.
-    outcome: Option<&'static str>,
+    outcome: Option<Outcome>,
 }
 
 /// What `ChunkStream::new` needs of the routing.
@@ -139,7 +140,11 @@ impl Stream for ChunkStream {
             }
             Poll::Ready(None) => {
                 // Without its final chunk the stream ended early.
-                this.outcome = Some(if this.finished { "ok" } else { "worker_error" });
+                this.outcome = Some(if this.finished {
+                    Outcome::Ok
+                } else {
+                    Outcome::WorkerError
+                });
                 return Poll::Ready(None);
             }
             Poll::Ready(Some(Err(status))) => {
@@ -148,8 +153,8 @@ impl Stream for ChunkStream {
                 // Mid-stream, anything but a deadline is the worker's
                 // failure, whatever the client is told.
                 this.outcome = Some(match error.outcome() {
-                    "deadline" => "deadline",
-                    _ => "worker_error",
+                    Outcome::Deadline => Outcome::Deadline,
+                    _ => Outcome::WorkerError,
                 });
                 return Poll::Ready(Some(Err(error)));
             }
@@ -157,7 +162,7 @@ impl Stream for ChunkStream {
         }
         if let Some(deadline) = this.deadline.as_mut() {
             if deadline.as_mut().poll(cx).is_ready() {
-                this.outcome = Some("deadline");
+                this.outcome = Some(Outcome::Deadline);
                 return Poll::Ready(Some(Err(RouteError::Deadline {
                     message: "the request's deadline passed during generation".into(),
                     hint: None,
@@ -172,9 +177,11 @@ impl Drop for ChunkStream {
     fn drop(&mut self) {
         // Dropped before its end: the client went away (once it had the
         // final chunk, the request was answered).
-        let outcome = self
-            .outcome
-            .unwrap_or(if self.finished { "ok" } else { "cancelled" });
-        self.metrics.request(&self.model, outcome);
+        let outcome = self.outcome.unwrap_or(if self.finished {
+            Outcome::Ok
+        } else {
+            Outcome::Cancelled
+        });
+        self.metrics.request(&self.model, outcome.label());
     }
 }
