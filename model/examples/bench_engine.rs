@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint, Uri};
 use tt_serving_proto::v1 as pb;
 use tt_serving_proto::v1::engine_client::EngineClient;
+use tt_worker_contract::names;
 
 const PROMPTS: [&str; 8] = [
     "The capital of France is",
@@ -61,12 +62,12 @@ async fn start(
     let socket = dir.join(format!("w-{tp}-{mode}.sock"));
     let bdfs: Vec<String> = (0..tp).map(|i| format!("0000:0{}:00.0", i + 1)).collect();
     let child = Command::new(worker)
-        .env("TT_WORKER_SOCKET", &socket)
-        .env("TT_WORKER_MODEL", model)
-        .env("TT_WORKER_TP", tp.to_string())
-        .env("TT_CACHE_DIR", cache)
-        .env("TT_CACHE_MODE", mode)
-        .env("TT_VISIBLE_DEVICES", bdfs.join(","))
+        .env(names::SOCKET, &socket)
+        .env(names::MODEL, model)
+        .env(names::TP, tp.to_string())
+        .env(names::CACHE_DIR, cache)
+        .env(names::CACHE_MODE, mode)
+        .env(names::VISIBLE_DEVICES, bdfs.join(","))
         .env("TT_WORKER_MAX_SEQ_LEN", "2048")
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())

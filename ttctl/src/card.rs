@@ -133,7 +133,7 @@ pub(super) async fn borrow(
     }
     let exit = tokio::process::Command::new(program)
         .args(args)
-        .env("TT_VISIBLE_DEVICES", bdfs.join(","))
+        .env(tt_worker_contract::names::VISIBLE_DEVICES, bdfs.join(","))
         .status()
         .await;
     let leftovers = end_leftovers().await;

@@ -677,7 +677,8 @@ impl Resetter {
             .split_first()
             .ok_or_else(|| "empty probe command".to_string())?;
         let mut cmd = Command::new(program);
-        cmd.args(args).env("TT_VISIBLE_DEVICES", bdfs.join(","));
+        cmd.args(args)
+            .env(tt_worker_contract::names::VISIBLE_DEVICES, bdfs.join(","));
         let (code, output) =
             run_with_deadline(cmd, Duration::from_secs(self.cfg.probe_timeout_secs))
                 .await
