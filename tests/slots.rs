@@ -850,6 +850,26 @@ fn the_demo_keeps_its_state_in_the_users_state_dir_and_takes_smollm2_from_the_mo
     );
 }
 
+#[test]
+fn the_demo_without_home_or_dir_names_the_option_that_fixes_it() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = Command::new(tt_serving_tests::bin("tt-servingd"))
+        .args(["demo", "--listen", "127.0.0.1:0", "--openai-listen", ""])
+        .current_dir(cwd.path())
+        .env_remove("HOME")
+        .env_remove("XDG_STATE_HOME")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("HOME is not set") && err.contains("--dir"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().collect();
+    assert!(left.is_empty(), "nothing written where it ran: {left:?}");
+}
+
 /// The real SmolLM2-135M-Instruct, from `scripts/fetch-smollm2.sh`. CI sets
 /// TT_SMOLLM2_GGUF and requires it; elsewhere a missing model skips loudly.
 fn smollm2() -> Option<std::path::PathBuf> {

