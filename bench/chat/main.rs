@@ -33,6 +33,7 @@ use report::{Counters, Round, Summary};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use tt_card_lock::procs;
 use tt_serving_tests::{bin, tiny_model, Daemon, DaemonOptions, FakeHw};
 use workload::{run_round, system_prompt, Shape, Target};
 
@@ -179,17 +180,11 @@ fn tt_worker_table(name: &str, model: &Path, replicas: &[usize], extra: &str) ->
 }
 
 /// The load average when the driver started (the machine is shared).
-static LOAD_AT_START: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-
-fn loadavg() -> Option<String> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .map(|s| s.trim().to_string())
-}
+static LOAD_AT_START: std::sync::OnceLock<Vec<f64>> = std::sync::OnceLock::new();
 
 fn main() {
     let args = Args::parse();
-    LOAD_AT_START.get_or_init(loadavg);
+    LOAD_AT_START.get_or_init(procs::loadavg);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let work = tempfile::tempdir().expect("temp dir");
     let model = args
@@ -730,8 +725,8 @@ fn host() -> Value {
     json!({
         "cpu": cpu,
         "cores": std::thread::available_parallelism().map(|n| n.get()).ok(),
-        "loadavg_at_start": LOAD_AT_START.get().cloned().flatten(),
-        "loadavg_at_end": loadavg(),
+        "loadavg_at_start": LOAD_AT_START.get().cloned().unwrap_or_default(),
+        "loadavg_at_end": procs::loadavg(),
     })
 }
 

@@ -28,6 +28,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+use tt_card_lock::procs;
 use tt_serving_proto::v1 as pb;
 use tt_serving_tests::{tiny_model, Daemon, DaemonOptions, FakeHw};
 
@@ -132,39 +133,6 @@ struct Watched {
     roles: Vec<(&'static str, Vec<u32>)>,
 }
 
-/// utime+stime of a process and its reaped threads, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command's closing parenthesis: state is the first,
-    // utime the 12th and stime the 13th (proc(5): fields 14 and 15).
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    field(11) + field(12)
-}
-
-/// CPU time the scheduler measured for a process's live threads, in
-/// nanoseconds (`/proc/<pid>/task/*/schedstat`, first field). utime+stime
-/// are sampled at the timer tick, and a relay woken by a timer-paced engine
-/// runs right at the tick: sampling charges it whole ticks it did not use.
-/// Threads that exit between two readings take their time with them
-/// (tokio's blocking threads; none run on the hot path).
-fn cpu_ns(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
-}
-
 /// Both clocks of every watched role, at one moment.
 struct Snapshot {
     ns: Vec<u64>,
@@ -180,41 +148,16 @@ impl Watched {
                 .collect()
         };
         Snapshot {
-            ns: sum(cpu_ns),
-            ticks: sum(cpu_ticks),
+            ns: sum(procs::cpu_ns),
+            ticks: sum(procs::cpu_ticks),
         }
     }
 }
 
-fn descendants(pid: u32) -> Vec<u32> {
-    let mut pids = vec![pid];
-    let mut i = 0;
-    while i < pids.len() {
-        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", pids[i]))
-            .unwrap_or_default();
-        pids.extend(
-            children
-                .split_whitespace()
-                .filter_map(|p| p.parse::<u32>().ok()),
-        );
-        i += 1;
-    }
-    pids
-}
-
-fn cmdline(pid: u32) -> Vec<String> {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .unwrap_or_default()
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect()
-}
-
 /// The engine's `--port`, from the command lines under the worker.
 fn engine_port(worker: u32) -> Option<u16> {
-    descendants(worker).into_iter().skip(1).find_map(|pid| {
-        let args = cmdline(pid);
+    procs::tree(worker).into_iter().skip(1).find_map(|pid| {
+        let args = procs::cmdline(pid);
         let i = args.iter().position(|a| a == "--port")?;
         args.get(i + 1)?.parse().ok()
     })
@@ -454,7 +397,7 @@ fn main() {
         eprintln!("bench-cpu: --engine llama-server needs a GGUF: give --model PATH or set TT_SMOLLM2_GGUF (scripts/fetch-smollm2.sh prints it)");
         std::process::exit(2);
     }
-    let tick_us = 1e6 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let tick_us = 1e6 / procs::ticks_per_second() as f64;
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let work = tempfile::tempdir().expect("temp dir");
     let hw = FakeHw::new(1);
@@ -473,7 +416,7 @@ fn main() {
     daemon.wait_slot_ready_within("m", Duration::from_secs(600));
     let worker = daemon.slot("m")["worker_pid"].as_u64().unwrap_or(0) as u32;
     let port = engine_port(worker).expect("an engine with --port under the worker");
-    let engine_pids: Vec<u32> = descendants(worker).into_iter().skip(1).collect();
+    let engine_pids: Vec<u32> = procs::tree(worker).into_iter().skip(1).collect();
     let direct = format!("http://127.0.0.1:{port}");
     let nginx = if args.skip.iter().any(|s| s == "nginx") {
         None
@@ -486,7 +429,7 @@ fn main() {
     }
     let nginx_pids = nginx
         .as_ref()
-        .map(|(c, _)| descendants(c.0.id()))
+        .map(|(c, _)| procs::tree(c.0.id()))
         .unwrap_or_default();
     let watched = Watched {
         roles: vec![
@@ -645,7 +588,7 @@ fn main() {
                 "cpu_us_per_token": cpu, "cpu_source": "schedstat of live threads",
                 "cpu_us_per_token_tick_sampled": cpu_sampled, "idle_cpu_us_per_s": idle_us_per_s, "cpu_ns": tally.ns, "cpu_ticks": tally.ticks, "tick_us": tick_us,
                 "engine_version": engine_version,
-                "loadavg_at_end": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+                "loadavg_at_end": procs::loadavg(),
                 "daemon_version": env!("CARGO_PKG_VERSION"),
                 "git": std::process::Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok()
                     .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()),

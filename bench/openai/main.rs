@@ -24,6 +24,7 @@ use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use tt_card_lock::procs;
 use tt_serving_proto::v1 as pb;
 use tt_serving_tests::{model_table, tiny_model, Daemon, DaemonOptions, FakeHw};
 
@@ -184,20 +185,9 @@ async fn http_once(client: &HttpClient, base: &str, prompt: &str, tokens: u32) -
 /// The engine's `--port` under the slot's worker.
 fn engine_port(daemon: &Daemon, engine: &Engine) -> u16 {
     let worker = daemon.slot("m")["worker_pid"].as_u64().unwrap_or(0);
-    let mut pids = vec![worker.to_string()];
-    let mut i = 0;
-    while i < pids.len() {
-        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", pids[i]))
-            .unwrap_or_default();
-        pids.extend(children.split_whitespace().map(str::to_string));
-        i += 1;
-    }
-    for pid in pids {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let args: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
+    let worker = u32::try_from(worker).unwrap_or(0);
+    for pid in procs::tree(worker) {
+        let args = procs::cmdline(pid);
         if engine.is_engine(&args) {
             if let Some(port) = args
                 .iter()
@@ -357,7 +347,7 @@ fn main() {
             "ignore_eos": true,
             "llama_threads": args.llama_server.as_ref().map(|_| args.llama_threads),
             "engine_version": daemon.slot("m")["engine_version"].clone(),
-            "loadavg_at_end": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+            "loadavg_at_end": procs::loadavg(),
             "daemon_version": env!("CARGO_PKG_VERSION"),
             "unix_ms": tt_servingd::clock::unix_ms(std::time::SystemTime::now()),
         });

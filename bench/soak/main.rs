@@ -28,6 +28,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tt_card_lock::procs;
 use tt_serving_tests::chaos_support::{
     self as chaos, check_invariants, proc_counts, run_request, End, ProcCounts, RequestRecord,
     RequestSpec,
@@ -93,16 +94,6 @@ impl Rng {
 
 const MODELS: [&str; 2] = ["one", "two"];
 
-/// The 1, 5 and 15 minute load averages (the soak shares the machine).
-fn loadavg() -> Vec<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .filter_map(|v| v.parse().ok())
-        .collect()
-}
-
 fn counts_json(c: &ProcCounts) -> serde_json::Value {
     json!({"fds": c.fds, "threads": c.threads, "children": c.children, "rss_kib": c.rss_kib})
 }
@@ -148,7 +139,7 @@ fn main() {
         args.requests, args.concurrency, args.kill_every, args.seed
     );
 
-    let load_before = loadavg();
+    let load_before = procs::loadavg();
     let issued = Arc::new(AtomicUsize::new(0));
     let records: Arc<Mutex<Vec<(String, RequestRecord)>>> = Arc::new(Mutex::new(Vec::new()));
     let began = Instant::now();
@@ -236,7 +227,7 @@ fn main() {
         load.join().expect("load thread");
     });
     let load_secs = began.elapsed().as_secs_f64();
-    let load_after = loadavg();
+    let load_after = procs::loadavg();
     let records = Arc::try_unwrap(records)
         .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
         .unwrap_or_default();

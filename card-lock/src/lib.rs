@@ -17,6 +17,7 @@
 //! when they are plain files with one link (see [`nofollow`]).
 
 pub mod nofollow;
+pub mod procs;
 
 use fs2::FileExt;
 use std::fs::File;
@@ -257,7 +258,7 @@ pub fn try_lock(
 /// the file open. The purpose comes from the file's record.
 pub fn holder_of(path: &Path) -> Option<LockHolder> {
     let meta = std::fs::symlink_metadata(path).ok()?;
-    let locker = flock_holder_pid(meta.ino(), meta.dev())?;
+    let locker = procs::flock_holder(meta.dev(), meta.ino())?;
     let mut text = String::new();
     if let Ok(mut f) = nofollow::open_read(path) {
         let _ = f.read_to_string(&mut text);
@@ -273,101 +274,20 @@ pub fn holder_of(path: &Path) -> Option<LockHolder> {
         // A plain flock(1) holder leaves an older record in place.
         String::new()
     };
-    let pid = if process_has_open(locker, meta.dev(), meta.ino()) {
+    let pid = if procs::has_open(locker, meta.dev(), meta.ino()) {
         locker
     } else {
-        processes_with_open(meta.dev(), meta.ino())
+        procs::with_open(meta.dev(), meta.ino())
             .into_iter()
             .next()
             .unwrap_or(locker)
     };
-    let (user, command) = process_identity(pid);
+    let (user, command) = procs::identity(pid);
     Some(LockHolder {
         pid,
         purpose,
         user,
         command,
-    })
-}
-
-/// A process's user and command line from the real `/proc` (processes are
-/// not hardware, so this is not under `proc_root`).
-pub fn process_identity(pid: u32) -> (String, String) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let user = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<u32>().ok())
-        .map(|uid| {
-            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-                .ok()
-                .flatten()
-                .map(|u| u.name)
-                .unwrap_or_else(|| format!("uid {uid}"))
-        })
-        .unwrap_or_default();
-    let command = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|raw| {
-            let words: Vec<String> = raw
-                .split(|b| *b == 0)
-                .filter(|w| !w.is_empty())
-                .map(|w| String::from_utf8_lossy(w).into_owned())
-                .collect();
-            let line = words.join(" ");
-            // Status lines stay readable.
-            if line.chars().count() > 120 {
-                format!("{}…", line.chars().take(119).collect::<String>())
-            } else {
-                line
-            }
-        })
-        .unwrap_or_default();
-    (user, command)
-}
-
-fn process_has_open(pid: u32, dev: u64, ino: u64) -> bool {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return false;
-    };
-    fds.flatten()
-        .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino))
-}
-
-/// Every process with the file open, from the real `/proc`.
-pub fn processes_with_open(dev: u64, ino: u64) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut pids: Vec<u32> = entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| *pid != std::process::id() && process_has_open(*pid, dev, ino))
-        .collect();
-    pids.sort_unstable();
-    pids
-}
-
-/// Find the pid that took a flock on the file with this inode and device,
-/// from the real `/proc/locks` (locks are kernel objects, not hardware, so
-/// this is not under `proc_root`).
-fn flock_holder_pid(ino: u64, dev: u64) -> Option<u32> {
-    let text = std::fs::read_to_string("/proc/locks").ok()?;
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
-    text.lines().find_map(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        // "1: FLOCK ADVISORY WRITE <pid> <maj>:<min>:<ino> 0 EOF"; waiters
-        // carry a "->" after the id and are skipped.
-        if fields.len() < 6 || fields[1] != "FLOCK" {
-            return None;
-        }
-        let mut id = fields[5].split(':');
-        let maj = u32::from_str_radix(id.next()?, 16).ok()?;
-        let min = u32::from_str_radix(id.next()?, 16).ok()?;
-        let inode = id.next()?.parse::<u64>().ok()?;
-        (inode == ino && maj == major && min == minor)
-            .then(|| fields[4].parse::<u32>().ok())
-            .flatten()
     })
 }
 

@@ -212,20 +212,17 @@ async fn end_leftovers() -> Vec<String> {
     use nix::unistd::Pid;
     let me = std::process::id();
     let children = || -> Vec<u32> {
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        entries
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| parent_of(*pid) == Some(me))
+        tt_card_lock::procs::all()
+            .into_iter()
+            .filter(|p| p.ppid == me)
+            .map(|p| p.pid)
             .collect()
     };
     let found = children();
     let described: Vec<String> = found
         .iter()
         .map(|pid| {
-            let (_, command) = tt_card_lock::process_identity(*pid);
+            let (_, command) = tt_card_lock::procs::identity(*pid);
             format!("pid {pid} ({command})")
         })
         .collect();
@@ -257,11 +254,4 @@ fn reap_exited() {
             break;
         }
     }
-}
-
-/// A process's parent pid from `/proc/<pid>/stat`.
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(1)?.parse().ok()
 }

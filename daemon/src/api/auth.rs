@@ -10,7 +10,6 @@
 //! the request's extensions.
 
 use nix::unistd::{Gid, Group, Uid, User};
-use std::path::Path;
 use tonic::{Request, Status};
 
 /// The process at the other end of a control connection, as the kernel
@@ -46,7 +45,8 @@ impl Peer {
         // Pid 0: the peer lives in a pid namespace we cannot see into.
         let pid = cred.pid().filter(|p| *p > 0);
         let groups = pid
-            .and_then(|p| groups_from_proc(&Path::new("/proc").join(p.to_string()).join("status")))
+            .and_then(|p| u32::try_from(p).ok())
+            .and_then(tt_card_lock::procs::groups)
             .unwrap_or_else(|| groups_from_database(cred.uid(), cred.gid()));
         Some(Peer {
             uid: cred.uid(),
@@ -68,17 +68,6 @@ impl Peer {
             _ => format!("uid {}", self.uid),
         }
     }
-}
-
-/// The `Groups:` line of a `/proc/<pid>/status` file.
-fn groups_from_proc(status: &Path) -> Option<Vec<u32>> {
-    let text = std::fs::read_to_string(status).ok()?;
-    parse_groups_line(&text)
-}
-
-fn parse_groups_line(status: &str) -> Option<Vec<u32>> {
-    let line = status.lines().find_map(|l| l.strip_prefix("Groups:"))?;
-    line.split_whitespace().map(|g| g.parse().ok()).collect()
 }
 
 fn groups_from_database(uid: u32, gid: u32) -> Vec<u32> {
@@ -370,13 +359,17 @@ mod tests {
     }
 
     #[test]
-    fn groups_line_parses() {
-        let status =
-            "Name:\tttctl\nUid:\t1000\t1000\t1000\t1000\nGroups:\t27 100 4242 \nNgid:\t0\n";
-        assert_eq!(parse_groups_line(status), Some(vec![27, 100, 4242]));
-        assert_eq!(parse_groups_line("Groups:\t\n"), Some(vec![]));
-        assert_eq!(parse_groups_line("Name:\tx\n"), None);
-        assert_eq!(parse_groups_line("Groups:\t1 x\n"), None);
+    fn a_peers_groups_are_the_kernels_list_for_its_pid() {
+        let mut from_proc = tt_card_lock::procs::groups(std::process::id()).unwrap();
+        let mut from_kernel: Vec<u32> = nix::unistd::getgroups()
+            .unwrap()
+            .into_iter()
+            .map(Gid::as_raw)
+            .collect();
+        from_proc.sort_unstable();
+        from_kernel.sort_unstable();
+        from_kernel.dedup();
+        assert_eq!(from_proc, from_kernel);
     }
 
     #[test]

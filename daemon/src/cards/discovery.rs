@@ -9,6 +9,7 @@ use crate::config::HardwareConfig;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use tt_card_lock::procs;
 
 /// Where the driver's files are: the three roots from the config.
 #[derive(Debug, Clone)]
@@ -261,10 +262,8 @@ impl HardwareRoot {
             .filter(|pid| seen.insert(*pid))
             .map(|pid| CardProcess {
                 pid,
-                command: read_trimmed(&self.proc_root.join(format!("{pid}/comm")))
-                    .or_else(|_| read_trimmed(Path::new(&format!("/proc/{pid}/comm"))))
-                    .unwrap_or_default(),
-                holds_chip: self.maps_chip_lock(pid, index),
+                command: procs::stat(pid).map(|p| p.comm).unwrap_or_default(),
+                holds_chip: procs::maps_file(pid, &self.chip_lock_path(index)),
             })
             .collect()
     }
@@ -278,24 +277,6 @@ impl HardwareRoot {
     pub fn chip_lock_path(&self, index: u32) -> PathBuf {
         self.dev_root
             .join(format!("shm/TT_UMD_LOCK.CHIP_IN_USE_{index}_PCIe"))
-    }
-
-    /// Whether `pid` has the card's tt-umd chip lock mapped, from
-    /// `/proc/<pid>/maps` (the real /proc: the pids are the host's).
-    fn maps_chip_lock(&self, pid: u32, index: u32) -> bool {
-        let lock = self.chip_lock_path(index);
-        let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else {
-            return false;
-        };
-        let name = lock.to_string_lossy();
-        // "address perms offset dev inode path": the path is the rest.
-        maps.lines().any(|line| {
-            line.split_whitespace()
-                .skip(5)
-                .collect::<Vec<_>>()
-                .join(" ")
-                == name
-        })
     }
 }
 

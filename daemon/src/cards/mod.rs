@@ -744,7 +744,7 @@ impl CardManager {
                 }
             }
             for p in entry.view.processes.iter().filter(|p| p.holds_chip) {
-                let (user, command) = lock::process_identity(p.pid);
+                let (user, command) = tt_card_lock::procs::identity(p.pid);
                 let holder = LockHolder {
                     pid: p.pid,
                     user,
@@ -955,26 +955,5 @@ fn log_held_with_backoff(entry: &mut Entry) {
 /// what they started), by walking parents in the real `/proc`. Anything
 /// else with a card open is a foreign user of the card.
 pub fn is_daemon_or_descendant(pid: u32) -> bool {
-    let me = std::process::id();
-    let mut current = pid;
-    for _ in 0..64 {
-        if current == me {
-            return true;
-        }
-        if current <= 1 {
-            return false;
-        }
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{current}/stat")) else {
-            return false;
-        };
-        // "pid (comm) state ppid ...": comm may hold spaces and parens.
-        let Some(after) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-            return false;
-        };
-        match after.split_whitespace().nth(1).and_then(|p| p.parse().ok()) {
-            Some(parent) => current = parent,
-            None => return false,
-        }
-    }
-    false
+    tt_card_lock::procs::is_self_or_below(pid, std::process::id())
 }

@@ -16,7 +16,6 @@ pub mod banners;
 pub mod containment;
 pub mod env_file;
 pub mod logs;
-pub mod procs;
 
 use containment::{Enclosure, Memory, OomEvidence};
 use logs::{LogLine, LogRing, Stream};

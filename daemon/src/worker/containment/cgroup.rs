@@ -3,7 +3,6 @@
 //! down, slot cgroups made, emptied, killed and removed, and the control
 //! files read (see the module above for the whole design).
 
-use super::procs::{self, Proc};
 use super::{sigkill, KILL_WAIT};
 use std::fs::File;
 use std::io::Write;
@@ -12,6 +11,7 @@ use std::os::unix::io::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use tt_card_lock::procs::{self, Proc};
 
 /// The leaf the daemon moves itself into.
 pub(super) const DAEMON_LEAF: &str = "daemon";
@@ -43,13 +43,14 @@ impl Hierarchy {
     /// daemon into its leaf, and hand the memory controller down when it
     /// can.
     pub(super) fn take() -> Result<Hierarchy, String> {
-        let own = read("/proc/self/cgroup")?;
-        let rel = self_cgroup(&own)
+        let rel = procs::own_cgroup_v2()
+            .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?
             .ok_or("/proc/self/cgroup has no `0::` line (a cgroup v1 only host)".to_string())?;
-        let mountinfo = read("/proc/self/mountinfo")?;
-        let (mount, mount_root) = cgroup2_mount(&mountinfo).ok_or(
-            "no cgroup2 file system is mounted (none in /proc/self/mountinfo)".to_string(),
-        )?;
+        let (mount, mount_root) = procs::cgroup2_mount()
+            .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?
+            .ok_or(
+                "no cgroup2 file system is mounted (none in /proc/self/mountinfo)".to_string(),
+            )?;
         let origin = cgroup_dir(&mount, &mount_root, &rel).ok_or(format!(
             "the daemon's cgroup {rel} is outside the cgroup2 mount at {} (which shows {mount_root})",
             mount.display()
@@ -246,7 +247,7 @@ fn end_stale_roots(shared: &Path) {
             .and_then(|n| n.to_str())
             .and_then(|n| n.strip_prefix(OWN_ROOT_PREFIX))
             .and_then(|pid| pid.parse::<u32>().ok())
-            .is_none_or(|pid| Path::new("/proc").join(pid.to_string()).exists());
+            .is_none_or(procs::exists);
         if alive {
             continue;
         }
@@ -390,53 +391,6 @@ pub(super) fn children(dir: &Path, prefix: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-/// The path of the `0::` line of `/proc/self/cgroup` (cgroup v2).
-pub(super) fn self_cgroup(text: &str) -> Option<String> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(|p| p.trim().to_string())
-}
-
-/// The mount point and root of the first `cgroup2` mount in
-/// `/proc/self/mountinfo`.
-pub(super) fn cgroup2_mount(text: &str) -> Option<(PathBuf, String)> {
-    text.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        if right.split_whitespace().next()? != "cgroup2" {
-            return None;
-        }
-        let fields: Vec<&str> = left.split_whitespace().collect();
-        Some((
-            PathBuf::from(unescape_mount(fields.get(4)?)),
-            unescape_mount(fields.get(3)?),
-        ))
-    })
-}
-
-/// mountinfo writes spaces, tabs, newlines and backslashes as octal.
-pub(super) fn unescape_mount(field: &str) -> String {
-    let mut out = Vec::new();
-    let bytes = field.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .and_then(|d| std::str::from_utf8(d).ok())
-            .and_then(|d| u8::from_str_radix(d, 8).ok());
-        match (bytes[i], octal) {
-            (b'\\', Some(b)) => {
-                out.push(b);
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// The directory of cgroup `rel` given the mount's point and root (a
 /// mount of a subtree shows that subtree's path as its root).
 pub(super) fn cgroup_dir(mount: &Path, mount_root: &str, rel: &str) -> Option<PathBuf> {
@@ -471,10 +425,6 @@ pub(super) fn read_u64(path: &Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-pub(super) fn read(path: &str) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))
-}
-
 /// Write a cgroup control file in one `write` (the kernel takes one
 /// command per write).
 pub(super) fn write_file(path: &Path, text: &str) -> Result<(), String> {
@@ -492,19 +442,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_v2_line_and_mount_name_the_daemons_cgroup_directory() {
-        let own = "9:name=systemd:/\n4:memory:/x\n0::/system.slice/tt.service\n";
-        assert_eq!(
-            self_cgroup(own).as_deref(),
-            Some("/system.slice/tt.service")
-        );
-        assert_eq!(self_cgroup("4:memory:/x\n"), None);
-        let mountinfo =
-            "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n\
-                         41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
-        let (mount, root) = cgroup2_mount(mountinfo).unwrap();
-        assert_eq!(mount, PathBuf::from("/sys/fs/cgroup/unified"));
-        assert_eq!(root, "/");
+    fn the_mount_and_its_root_name_the_daemons_cgroup_directory() {
+        let (mount, root) = (PathBuf::from("/sys/fs/cgroup/unified"), "/".to_string());
         assert_eq!(
             cgroup_dir(&mount, &root, "/system.slice/tt.service"),
             Some(PathBuf::from(
@@ -526,12 +465,6 @@ mod tests {
         assert_eq!(cgroup_dir(sub, "/docker/abc", "/other"), None);
         // Outside a cgroup namespace's root.
         assert_eq!(cgroup_dir(sub, "/", "/../.."), None);
-    }
-
-    #[test]
-    fn mount_points_with_spaces_are_unescaped() {
-        let line = "41 31 0:38 / /mnt/cg\\040two rw - cgroup2 cgroup2 rw\n";
-        assert_eq!(cgroup2_mount(line).unwrap().0, PathBuf::from("/mnt/cg two"));
     }
 
     #[test]

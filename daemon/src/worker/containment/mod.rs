@@ -54,13 +54,13 @@
 //! file: `cgroup.rs` (the hierarchy, slot cgroups, control files) and
 //! `tree.rs` (the process-tree watch, strays of a previous daemon).
 
-use super::procs::{self, Proc};
 use crate::config::ContainmentMode;
 use std::os::unix::io::RawFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use tt_card_lock::procs::{self, Proc};
 
 mod cgroup;
 mod tree;
@@ -176,7 +176,7 @@ impl Containment {
         marker: &str,
         memory_max: Option<u64>,
     ) -> Result<Enclosure, String> {
-        let marker = format!("{MARKER_VAR}={marker}").into_bytes();
+        let marker = marker.as_bytes().to_vec();
         let inner = match &self.kind {
             Kind::Cgroup(h) => Inner::Cgroup(h.enclose(slot, memory_max)?),
             Kind::ProcessTree => {
@@ -225,7 +225,8 @@ impl Containment {
 #[derive(Debug)]
 pub struct Enclosure {
     slot: String,
-    /// `TT_WORKER_SOCKET=<socket>`, as it appears in the environment.
+    /// The worker's `TT_WORKER_SOCKET` value, which every process of the
+    /// slot inherits.
     marker: Vec<u8>,
     /// The worker's pid once spawned.
     root: AtomicU32,

@@ -4,11 +4,11 @@
 //! after its parent died), and, at kills, every process whose environment
 //! carries the slot's `TT_WORKER_SOCKET`.
 
-use super::procs::{self, Proc};
 use super::{sigkill, MARKER_VAR};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Mutex;
+use tt_card_lock::procs::{self, Proc};
 
 /// What the tree remembers of one worker's slot.
 #[derive(Debug, Default)]
@@ -39,7 +39,7 @@ impl Watch {
                 table
                     .iter()
                     .filter(|p| p.pid != me && p.pid != 1 && !p.is_zombie())
-                    .filter(|p| procs::has_env(p.pid, marker, false))
+                    .filter(|p| procs::env_var(p.pid, MARKER_VAR).as_deref() == Some(marker))
                     .map(|p| p.pid),
             );
         }
@@ -64,7 +64,7 @@ impl Watch {
 /// live `tt-servingd` (another daemon whose control socket shares the
 /// directory) is not a stray.
 pub(super) fn end_strays(socket_dir: &Path) {
-    let prefix = format!("{MARKER_VAR}={}/", socket_dir.display()).into_bytes();
+    let prefix = format!("{}/", socket_dir.display()).into_bytes();
     let me = std::process::id();
     let table = procs::all();
     let by_pid: BTreeMap<u32, &Proc> = table.iter().map(|p| (p.pid, p)).collect();
@@ -87,7 +87,7 @@ pub(super) fn end_strays(socket_dir: &Path) {
         if p.pid == me
             || p.pid == 1
             || p.is_zombie()
-            || !procs::has_env(p.pid, &prefix, true)
+            || !procs::env_var(p.pid, MARKER_VAR).is_some_and(|v| v.starts_with(&prefix))
             || under_a_daemon(p)
         {
             continue;
