@@ -717,11 +717,7 @@ fn record(
 
 /// The machine, for the record: CPU model, cores, load average.
 fn host() -> Value {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string());
+    let cpu = procs::cpu_model();
     json!({
         "cpu": cpu,
         "cores": std::thread::available_parallelism().map(|n| n.get()).ok(),

@@ -123,14 +123,7 @@ fn main() {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let host = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        })
-        .unwrap_or_default();
+    let host = tt_card_lock::procs::cpu_model().unwrap_or_default();
     let mut out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

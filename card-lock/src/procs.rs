@@ -344,6 +344,15 @@ pub fn loadavg() -> Vec<f64> {
         .unwrap_or_default()
 }
 
+/// The host's CPU model name (`/proc/cpuinfo`'s first `model name`), for
+/// benchmark records.
+pub fn cpu_model() -> Option<String> {
+    procfs::CpuInfo::current()
+        .ok()?
+        .model_name(0)
+        .map(str::to_string)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,6 +385,7 @@ mod tests {
         assert!(!cmdline(me.pid).is_empty());
         assert!(groups(me.pid).is_some());
         assert_eq!(loadavg().len(), 3);
+        assert!(cpu_model().is_some_and(|m| !m.is_empty()));
     }
 
     #[test]
