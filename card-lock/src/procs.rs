@@ -20,6 +20,9 @@
 
 use procfs::process::{FDTarget, MMapPath, Process};
 use procfs::Current;
+
+/// Why a `/proc` file could not be read.
+pub use procfs::ProcError;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::os::unix::fs::MetadataExt;

@@ -274,7 +274,7 @@ pub enum SpawnError {
         /// The slot.
         slot: String,
         /// What failed.
-        why: String,
+        why: containment::ContainmentError,
     },
 }
 

@@ -3,12 +3,13 @@
 //! down, slot cgroups made, emptied, killed and removed, and the control
 //! files read (see the module above for the whole design).
 
-use super::{sigkill, KILL_WAIT};
+use super::{sigkill, ContainmentError, KILL_WAIT};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tt_card_lock::procs::{self, Proc};
@@ -29,7 +30,7 @@ pub(super) struct Hierarchy {
     /// `root` was made for this daemon under a cgroup it shares.
     pub(super) own_root: bool,
     /// Ok when slots' memory is accounted; the reason otherwise.
-    pub(super) memory: Result<(), String>,
+    pub(super) memory: Result<(), ContainmentError>,
 }
 
 impl Hierarchy {
@@ -42,21 +43,22 @@ impl Hierarchy {
     /// Find the daemon's cgroup, make the slots' root in it, move the
     /// daemon into its leaf, and hand the memory controller down when it
     /// can.
-    pub(super) fn take() -> Result<Hierarchy, String> {
+    pub(super) fn take() -> Result<Hierarchy, ContainmentError> {
         let rel = procs::own_cgroup_v2()
-            .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?
-            .ok_or("/proc/self/cgroup has no `0::` line (a cgroup v1 only host)".to_string())?;
+            .map_err(ContainmentError::proc("/proc/self/cgroup"))?
+            .ok_or(ContainmentError::NoCgroupV2)?;
         let (mount, mount_root) = procs::cgroup2_mount()
-            .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?
-            .ok_or(
-                "no cgroup2 file system is mounted (none in /proc/self/mountinfo)".to_string(),
-            )?;
-        let origin = cgroup_dir(&mount, &mount_root, &rel).ok_or(format!(
-            "the daemon's cgroup {rel} is outside the cgroup2 mount at {} (which shows {mount_root})",
-            mount.display()
-        ))?;
+            .map_err(ContainmentError::proc("/proc/self/mountinfo"))?
+            .ok_or(ContainmentError::NoCgroup2Mount)?;
+        let Some(origin) = cgroup_dir(&mount, &mount_root, &rel) else {
+            return Err(ContainmentError::OutsideMount {
+                cgroup: rel,
+                mount,
+                mount_root,
+            });
+        };
         if !origin.join("cgroup.procs").exists() {
-            return Err(format!("{} is not a cgroup directory", origin.display()));
+            return Err(ContainmentError::NotACgroup(origin));
         }
         let me = std::process::id();
         let parent = origin.parent().map(Path::to_path_buf);
@@ -81,8 +83,10 @@ impl Hierarchy {
             }
         }
         if own_root {
-            std::fs::create_dir(&root)
-                .map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+            std::fs::create_dir(&root).map_err(|e| ContainmentError::Create {
+                path: root.clone(),
+                source: Arc::new(e),
+            })?;
         }
         let leaf = root.join(DAEMON_LEAF);
         if !in_leaf {
@@ -91,7 +95,10 @@ impl Hierarchy {
                     if own_root {
                         let _ = std::fs::remove_dir(&root);
                     }
-                    return Err(format!("cannot create {}: {e}", leaf.display()));
+                    return Err(ContainmentError::Create {
+                        path: leaf,
+                        source: Arc::new(e),
+                    });
                 }
             }
             if let Err(e) = write_file(&leaf.join("cgroup.procs"), &me.to_string()) {
@@ -99,10 +106,10 @@ impl Hierarchy {
                 if own_root {
                     let _ = std::fs::remove_dir(&root);
                 }
-                return Err(format!(
-                    "cannot move the daemon into {}: {e}",
-                    leaf.display()
-                ));
+                return Err(ContainmentError::MoveDaemon {
+                    leaf,
+                    source: Box::new(e),
+                });
             }
         }
         let memory = enable_memory(&root, own_root.then_some(origin.as_path()));
@@ -120,7 +127,7 @@ impl Hierarchy {
         &self,
         slot: &str,
         memory_max: Option<u64>,
-    ) -> Result<SlotCgroup, String> {
+    ) -> Result<SlotCgroup, ContainmentError> {
         let dir = self.slot_dir(slot);
         if dir.exists() {
             // The slot's previous worker's cgroup, kept on purpose
@@ -136,10 +143,10 @@ impl Hierarchy {
         }
         if let Err(e) = std::fs::create_dir(&dir) {
             if e.kind() != std::io::ErrorKind::AlreadyExists {
-                return Err(format!(
-                    "cannot create the slot's cgroup {}: {e}",
-                    dir.display()
-                ));
+                return Err(ContainmentError::Create {
+                    path: dir,
+                    source: Arc::new(e),
+                });
             }
         }
         let memory = self.memory.is_ok();
@@ -153,16 +160,16 @@ impl Hierarchy {
                 tracing::debug!(slot, error = %e, "memory.oom.group not set");
             }
         } else if memory_max.is_some() {
-            return Err(format!(
-                "a memory limit needs the memory controller in {}",
-                self.root.display()
-            ));
+            return Err(ContainmentError::LimitWithoutController(self.root.clone()));
         }
         let procs = std::fs::OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(dir.join("cgroup.procs"))
-            .map_err(|e| format!("cannot open {}/cgroup.procs: {e}", dir.display()))?;
+            .map_err(|e| ContainmentError::Open {
+                path: dir.join("cgroup.procs"),
+                source: Arc::new(e),
+            })?;
         Ok(SlotCgroup {
             dir,
             memory,
@@ -206,35 +213,28 @@ impl Hierarchy {
 }
 
 /// Hand the memory controller down to the slots, or say why not.
-fn enable_memory(root: &Path, shared_parent: Option<&Path>) -> Result<(), String> {
+fn enable_memory(root: &Path, shared_parent: Option<&Path>) -> Result<(), ContainmentError> {
     let available = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
     if !available.split_whitespace().any(|c| c == "memory") {
-        let list = if available.trim().is_empty() {
-            "none".to_string()
-        } else {
-            available.trim().to_string()
-        };
-        let fix = match shared_parent {
-            Some(parent) => format!(
-                "; it must be enabled in {}/cgroup.subtree_control (or run the daemon under systemd with Delegate=yes)",
-                parent.display()
-            ),
-            None => "; with systemd, Delegate=yes enables it".into(),
-        };
-        return Err(format!(
-            "the memory controller is not available in {} (cgroup.controllers: {list}){fix}",
-            root.display()
-        ));
+        return Err(ContainmentError::NoMemoryController {
+            root: root.to_path_buf(),
+            available: if available.trim().is_empty() {
+                "none".to_string()
+            } else {
+                available.trim().to_string()
+            },
+            shared_parent: shared_parent.map(Path::to_path_buf),
+        });
     }
     let enabled = std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
     if enabled.split_whitespace().any(|c| c == "memory") {
         return Ok(());
     }
     write_file(&root.join("cgroup.subtree_control"), "+memory").map_err(|e| {
-        format!(
-            "cannot enable the memory controller in {}/cgroup.subtree_control: {e}",
-            root.display()
-        )
+        ContainmentError::MemoryNotEnabled {
+            root: root.to_path_buf(),
+            source: Box::new(e),
+        }
     })
 }
 
@@ -427,14 +427,21 @@ pub(super) fn read_u64(path: &Path) -> Option<u64> {
 
 /// Write a cgroup control file in one `write` (the kernel takes one
 /// command per write).
-pub(super) fn write_file(path: &Path, text: &str) -> Result<(), String> {
+pub(super) fn write_file(path: &Path, text: &str) -> Result<(), ContainmentError> {
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        .map_err(|e| ContainmentError::Open {
+            path: path.to_path_buf(),
+            source: Arc::new(e),
+        })?;
     file.write_all(text.as_bytes())
-        .map_err(|e| format!("cannot write {text:?} to {}: {e}", path.display()))
+        .map_err(|e| ContainmentError::Write {
+            path: path.to_path_buf(),
+            text: text.to_string(),
+            source: Arc::new(e),
+        })
 }
 
 #[cfg(test)]

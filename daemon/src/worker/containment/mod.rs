@@ -63,7 +63,10 @@ use std::time::{Duration, Instant};
 use tt_card_lock::procs::{self, Proc};
 
 mod cgroup;
+mod error;
 mod tree;
+
+pub use error::ContainmentError;
 
 /// How long a kill may take to empty a slot before the daemon gives up
 /// waiting (a process in uninterruptible sleep dies when its I/O ends).
@@ -90,12 +93,15 @@ enum Kind {
 /// strays a previous daemon left: processes whose `TT_WORKER_SOCKET` lies
 /// in `socket_dir`. `cgroup` mode that cannot be had is an error naming
 /// why and the fix; `auto` then falls back to the process tree.
-pub fn init(mode: ContainmentMode, socket_dir: &Path) -> Result<&'static Containment, String> {
+pub fn init(
+    mode: ContainmentMode,
+    socket_dir: &Path,
+) -> Result<&'static Containment, ContainmentError> {
     let containment = choose(mode)?;
     match &containment.kind {
         Kind::Cgroup(h) => tracing::info!(
             root = %h.root.display(),
-            memory = h.memory.as_ref().err().map(String::as_str).unwrap_or("accounted"),
+            memory = h.memory.as_ref().err().map_or("accounted".to_string(), ToString::to_string),
             kill = if h.root.join(cgroup::DAEMON_LEAF).join("cgroup.kill").exists() { "cgroup.kill" } else { "SIGKILL to each process" },
             "containment: a cgroup v2 per slot"
         ),
@@ -116,7 +122,7 @@ pub fn get() -> &'static Containment {
     })
 }
 
-fn choose(mode: ContainmentMode) -> Result<Containment, String> {
+fn choose(mode: ContainmentMode) -> Result<Containment, ContainmentError> {
     if mode == ContainmentMode::ProcessTree {
         return Ok(Containment {
             kind: Kind::ProcessTree,
@@ -134,9 +140,9 @@ fn choose(mode: ContainmentMode) -> Result<Containment, String> {
             },
             kind: Kind::Cgroup(h),
         }),
-        Err(why) if mode == ContainmentMode::Cgroup => Err(format!(
-            "daemon.containment = \"cgroup\", but no writable cgroup v2 can hold the slots: {why}. Give the daemon a delegated cgroup (systemd: Delegate=yes, which the NixOS module sets; a container: a private cgroup namespace with /sys/fs/cgroup writable), or set daemon.containment = \"auto\" or \"process-tree\""
-        )),
+        Err(why) if mode == ContainmentMode::Cgroup => {
+            Err(ContainmentError::CgroupRequired(Box::new(why)))
+        }
         Err(why) => {
             tracing::warn!(
                 "no writable cgroup v2 for the slots ({why}); containing them by the process tree under /proc. For cgroups give the daemon a delegated cgroup (systemd: Delegate=yes)"
@@ -157,12 +163,11 @@ impl Containment {
     }
 
     /// Whether `memory_max_mib` can be enforced; the reason when not.
-    pub fn memory_limits(&self) -> Result<(), String> {
+    pub fn memory_limits(&self) -> Result<(), ContainmentError> {
         match &self.kind {
             Kind::Cgroup(h) => h.memory.clone(),
-            Kind::ProcessTree => Err(format!(
-                "the slots are contained by the {}",
-                self.description
+            Kind::ProcessTree => Err(ContainmentError::LimitWithoutCgroup(
+                self.description.clone(),
             )),
         }
     }
@@ -175,13 +180,15 @@ impl Containment {
         slot: &str,
         marker: &str,
         memory_max: Option<u64>,
-    ) -> Result<Enclosure, String> {
+    ) -> Result<Enclosure, ContainmentError> {
         let marker = marker.as_bytes().to_vec();
         let inner = match &self.kind {
             Kind::Cgroup(h) => Inner::Cgroup(h.enclose(slot, memory_max)?),
             Kind::ProcessTree => {
                 if memory_max.is_some() {
-                    return Err("a memory limit needs cgroup containment".into());
+                    return Err(ContainmentError::LimitWithoutCgroup(
+                        self.description.clone(),
+                    ));
                 }
                 Inner::Tree(tree::Watch::default())
             }
