@@ -506,7 +506,9 @@ fn repeated_start_failures_back_off_then_stay_failed_until_restarted() {
     // An operator restart tries again.
     let rt = runtime();
     rt.block_on(async {
-        let channel = tt_servingd::uds::channel(&daemon.socket).await.unwrap();
+        let channel = tt_serving_proto::uds::channel(&daemon.socket)
+            .await
+            .unwrap();
         let mut control = tt_serving_proto::v1::control_client::ControlClient::new(channel);
         control
             .restart_slot(tt_serving_proto::v1::SlotRequest { slot: "m".into() })

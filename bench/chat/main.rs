@@ -680,7 +680,7 @@ fn record(
             (a.key.to_string(), config)
         })
         .collect();
-    let unix_ms = tt_servingd::clock::unix_ms(std::time::SystemTime::now());
+    let unix_ms = tt_serving_proto::time::unix_ms(std::time::SystemTime::now());
     let id = format!(
         "{:x}{:04x}-{}",
         unix_ms / 1000,

@@ -592,7 +592,7 @@ fn main() {
                 "daemon_version": env!("CARGO_PKG_VERSION"),
                 "git": std::process::Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok()
                     .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()),
-                "unix_ms": tt_servingd::clock::unix_ms(std::time::SystemTime::now()),
+                "unix_ms": tt_serving_proto::time::unix_ms(std::time::SystemTime::now()),
             });
             writeln!(out, "{line}").expect("write result");
         }

@@ -45,7 +45,7 @@ struct Sample {
 }
 
 async fn stream_direct(socket: &std::path::Path, prompt: &str, tokens: u32) -> Sample {
-    let channel = tt_servingd::uds::channel(socket)
+    let channel = tt_serving_proto::uds::channel(socket)
         .await
         .expect("worker socket");
     let mut engine = pb::engine_client::EngineClient::new(channel);
@@ -133,7 +133,7 @@ fn main() {
         let mut line = value;
         line["model"] = json!(model_name);
         line["host_cpu"] = json!(host);
-        line["unix_ms"] = json!(tt_servingd::clock::unix_ms(std::time::SystemTime::now()));
+        line["unix_ms"] = json!(tt_serving_proto::time::unix_ms(std::time::SystemTime::now()));
         writeln!(out, "{line}").expect("write result");
     };
 
@@ -249,7 +249,7 @@ fn main() {
     // Recovery after kill -9, split by the slot's transitions.
     for _ in 0..args.recoveries {
         let (killed, seen) = rt.block_on(async {
-            let channel = tt_servingd::uds::channel(&daemon.socket)
+            let channel = tt_serving_proto::uds::channel(&daemon.socket)
                 .await
                 .expect("control socket");
             let mut control = pb::control_client::ControlClient::new(channel);
@@ -266,7 +266,7 @@ fn main() {
             // The worker serving now, from the same stream the transitions
             // come from.
             let pid = first.slots[0].worker_pid as i32;
-            let killed = tt_servingd::clock::unix_ms(std::time::SystemTime::now());
+            let killed = tt_serving_proto::time::unix_ms(std::time::SystemTime::now());
             nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,

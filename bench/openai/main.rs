@@ -349,7 +349,7 @@ fn main() {
             "engine_version": daemon.slot("m")["engine_version"].clone(),
             "loadavg_at_end": procs::loadavg(),
             "daemon_version": env!("CARGO_PKG_VERSION"),
-            "unix_ms": tt_servingd::clock::unix_ms(std::time::SystemTime::now()),
+            "unix_ms": tt_serving_proto::time::unix_ms(std::time::SystemTime::now()),
         });
         writeln!(out, "{line}").expect("write result");
     }

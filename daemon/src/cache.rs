@@ -427,7 +427,7 @@ impl Variant {
         };
         let marker = Marker {
             files,
-            created_unix_ms: crate::clock::unix_ms(std::time::SystemTime::now()),
+            created_unix_ms: tt_serving_proto::time::unix_ms(std::time::SystemTime::now()),
             arms,
         };
         let text = serde_json::to_vec_pretty(&marker).map_err(io::Error::other)?;

@@ -258,7 +258,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     api::remove_control_socket(&state.config().daemon.control_socket);
     crate::hostfs::write_atomic(
         &clean_record,
-        format!("{}\n", crate::clock::unix_ms(SystemTime::now())).as_bytes(),
+        format!("{}\n", tt_serving_proto::time::unix_ms(SystemTime::now())).as_bytes(),
         0o644,
     )
     .with_context(|| {

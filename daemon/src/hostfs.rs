@@ -349,7 +349,7 @@ pub fn create_dir_all_no_follow(path: &Path) -> io::Result<()> {
 
 // Opening files without following links is shared with the card locks
 // (tt-card-lock), which ttctl uses too.
-pub use tt_card_lock::nofollow::{check_plain, is_plain_file, open_in_place, open_read, read};
+pub use tt_card_lock::nofollow::{is_plain_file, open_in_place, read};
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 

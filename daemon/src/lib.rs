@@ -6,9 +6,8 @@
 //! 1. Foundations, which import nothing of ours but `config`:
 //!    - [`config`]: the TOML file, parsed strictly and validated as a
 //!      whole; [`config::diff`] compares model definitions.
-//!    - [`clock`]: timestamps; [`echo`]: quoting client input, bounded;
-//!      [`shutdown`]: the shutdown signal; [`notify`]: systemd
-//!      notifications; [`uds`]: gRPC over unix sockets; [`secrets`]:
+//!    - [`echo`]: quoting client input, bounded; [`shutdown`]: the
+//!      shutdown signal; [`notify`]: systemd notifications; [`secrets`]:
 //!      reading secret files; [`bus`]: the status bus that cards and slots
 //!      publish changes on.
 //!    - [`hostfs`]: writing on the host so that no planted link redirects
@@ -36,29 +35,27 @@
 //! only the protocols, the card lock (`tt-card-lock`) and the contract's
 //! truthy rule.
 
-pub mod api;
-pub mod borrow;
-pub mod bus;
-pub mod cache;
+mod api;
+mod borrow;
+mod bus;
+mod cache;
 pub mod cards;
-pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod demo;
-pub mod echo;
+mod echo;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
-pub mod hostfs;
-pub mod metrics;
-pub mod notify;
+mod hostfs;
+mod metrics;
+mod notify;
 pub mod preflight;
-pub mod reload;
-pub mod retry;
-pub mod router;
-pub mod secrets;
-pub mod shutdown;
-pub mod slots;
-pub mod state;
-pub mod trial;
-pub mod uds;
-pub mod worker;
+mod reload;
+mod retry;
+mod router;
+mod secrets;
+mod shutdown;
+mod slots;
+mod state;
+mod trial;
+mod worker;

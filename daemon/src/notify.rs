@@ -57,8 +57,3 @@ pub fn extend_timeout(by: Duration) {
 pub fn stopping(status: &str) {
     send(&[NotifyState::Stopping, NotifyState::Status(status)]);
 }
-
-/// The watchdog interval systemd expects, if WatchdogSec is set.
-pub fn watchdog_interval() -> Option<Duration> {
-    sd_notify::watchdog_enabled()
-}

@@ -178,7 +178,7 @@ async fn apply_arm(
     }));
     let report = pb::ReloadReport {
         trigger: format!("ttctl ab: arm {}", arm.name),
-        started_unix_ms: crate::clock::unix_ms(std::time::SystemTime::now()),
+        started_unix_ms: tt_serving_proto::time::unix_ms(std::time::SystemTime::now()),
         config_path: "(trial definition, not written)".into(),
         ..Default::default()
     };
@@ -242,7 +242,7 @@ async fn restore(
         );
         let report = pb::ReloadReport {
             trigger: "ttctl ab: trial over (config file invalid)".into(),
-            started_unix_ms: crate::clock::unix_ms(std::time::SystemTime::now()),
+            started_unix_ms: tt_serving_proto::time::unix_ms(std::time::SystemTime::now()),
             config_path: state.config_path().display().to_string(),
             ..Default::default()
         };

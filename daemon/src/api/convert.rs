@@ -1,9 +1,9 @@
 //! From the daemon's own types to the control protocol's messages.
 
 use crate::cards::{CardState, CardView};
-use crate::clock::unix_ms;
 use crate::slots::{SlotState, SlotView};
 use crate::state::DaemonState;
+use tt_serving_proto::time::unix_ms;
 use tt_serving_proto::v1 as pb;
 
 /// A card as the control protocol shows it.
@@ -190,7 +190,7 @@ pub fn status(state: &DaemonState) -> pb::StatusResponse {
         daemon: Some(pb::DaemonInfo {
             version: env!("CARGO_PKG_VERSION").to_string(),
             pid: std::process::id(),
-            started_unix_ms: crate::clock::unix_ms(state.started()),
+            started_unix_ms: tt_serving_proto::time::unix_ms(state.started()),
             config_path: state.config_path().display().to_string(),
             summary,
             driver_version: state

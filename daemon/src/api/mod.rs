@@ -22,7 +22,7 @@ pub mod route;
 pub(crate) mod tls;
 pub(crate) mod tokens;
 
-pub use auth::{group_id, AdminRule, Operation, Peer};
+pub use auth::{group_id, AdminRule};
 
 use crate::config::Config;
 use crate::shutdown::Shutdown;

@@ -3,7 +3,6 @@
 //! hint as `grpc-retry-pushback-ms`, gRFC A6). Both the public Inference
 //! service and the control socket's Generate route through here.
 
-use crate::retry::RetryHint;
 use crate::router::RouteError;
 use crate::state::DaemonState;
 use std::time::Duration;
@@ -52,16 +51,6 @@ pub fn status(error: RouteError) -> Status {
     status
 }
 
-/// The hint a status carries (what a gRPC client reads).
-pub fn hint_of(status: &Status) -> Option<RetryHint> {
-    let value = status.metadata().get(GRPC_PUSHBACK)?.to_str().ok()?;
-    let ms: i64 = value.parse().ok()?;
-    Some(match u64::try_from(ms) {
-        Ok(ms) => RetryHint::After(Duration::from_millis(ms)),
-        Err(_) => RetryHint::NotUntilFixed,
-    })
-}
-
 /// Parse a gRPC `grpc-timeout` header value (`100m`, `5S`, ...).
 pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
@@ -80,6 +69,17 @@ pub fn parse_grpc_timeout(value: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::retry::RetryHint;
+
+    /// The hint a status carries (what a gRPC client reads).
+    fn hint_of(status: &Status) -> Option<RetryHint> {
+        let value = status.metadata().get(GRPC_PUSHBACK)?.to_str().ok()?;
+        let ms: i64 = value.parse().ok()?;
+        Some(match u64::try_from(ms) {
+            Ok(ms) => RetryHint::After(Duration::from_millis(ms)),
+            Err(_) => RetryHint::NotUntilFixed,
+        })
+    }
 
     #[test]
     fn hints_travel_as_pushback_metadata_and_words() {

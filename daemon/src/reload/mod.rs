@@ -47,7 +47,7 @@ pub async fn reload_in_turn(
 ) -> pb::ReloadReport {
     let mut report = pb::ReloadReport {
         trigger: trigger.to_string(),
-        started_unix_ms: crate::clock::unix_ms(SystemTime::now()),
+        started_unix_ms: tt_serving_proto::time::unix_ms(SystemTime::now()),
         config_path: state.config_path().display().to_string(),
         ..Default::default()
     };
@@ -137,7 +137,7 @@ fn finish(
     mut report: pb::ReloadReport,
     options: Options,
 ) -> pb::ReloadReport {
-    report.finished_unix_ms = crate::clock::unix_ms(SystemTime::now());
+    report.finished_unix_ms = tt_serving_proto::time::unix_ms(SystemTime::now());
     // A dry run changed nothing, and read-only users may ask for one: kept
     // out of the history, so dry runs never push real reloads out of it.
     if !options.dry_run {

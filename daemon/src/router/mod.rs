@@ -29,9 +29,11 @@ mod error;
 mod relay;
 mod validate;
 
-pub use error::{Outcome, RouteError};
+pub use error::RouteError;
 pub use relay::ChunkStream;
-pub use validate::{check_engine_supports, validate_request, CHAT_ROLES};
+#[cfg(any(test, feature = "fuzzing"))]
+pub use validate::CHAT_ROLES;
+pub use validate::{check_engine_supports, validate_request};
 
 use crate::config::ModelConfig;
 use crate::retry::RetryHint;

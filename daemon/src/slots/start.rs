@@ -302,7 +302,7 @@ async fn wait_loaded(
         }
         poll = (poll * 2).min(Duration::from_millis(50));
         if client.is_none() {
-            client = crate::uds::channel(&plan.socket)
+            client = tt_serving_proto::uds::channel(&plan.socket)
                 .await
                 .ok()
                 .map(EngineClient::new);

@@ -53,15 +53,6 @@ pub struct StatsView {
     pub fallback: u64,
 }
 
-impl StatsView {
-    /// The share of prompt tokens the prefix cache supplied, in percent;
-    /// None before the first prompt token.
-    pub fn hit_rate_percent(&self) -> Option<f64> {
-        (self.prompt_tokens > 0)
-            .then(|| self.cached_prompt_tokens as f64 * 100.0 / self.prompt_tokens as f64)
-    }
-}
-
 fn push(window: &mut VecDeque<f64>, value: f64) {
     if window.len() == WINDOW {
         window.pop_front();
@@ -169,9 +160,8 @@ mod tests {
     }
 
     #[test]
-    fn the_hit_rate_is_the_share_of_prompt_tokens_from_the_prefix_cache() {
+    fn prompt_tokens_from_the_prefix_cache_and_affinity_are_counted() {
         let s = SlotStats::default();
-        assert_eq!(s.view().hit_rate_percent(), None);
         s.prompt(600, 0);
         s.prompt(640, 592);
         s.prompt(8, 8);
@@ -180,7 +170,6 @@ mod tests {
         s.affinity(false);
         let v = s.view();
         assert_eq!((v.prompt_tokens, v.cached_prompt_tokens), (1248, 600));
-        assert_eq!(v.hit_rate_percent(), Some(600.0 * 100.0 / 1248.0));
         assert_eq!((v.affine, v.fallback), (2, 1));
     }
 

@@ -134,7 +134,8 @@ pub struct Exit {
 
 impl Exit {
     /// An exit with no evidence and nothing left behind.
-    pub fn of(cause: ExitCause) -> Exit {
+    #[cfg(test)]
+    fn of(cause: ExitCause) -> Exit {
         Exit {
             cause,
             oom: None,
@@ -570,7 +571,7 @@ async fn capture(
                 };
                 tracing::info!(slot = %slot, stream = stream_name, "worker: {text}");
                 logs.push(LogLine {
-                    unix_ms: crate::clock::unix_ms(std::time::SystemTime::now()),
+                    unix_ms: tt_serving_proto::time::unix_ms(std::time::SystemTime::now()),
                     stream,
                     text,
                 });

@@ -109,10 +109,10 @@ async fn answer(
         id: format!(
             "{}-{}-{}",
             endpoint.id_prefix(),
-            crate::clock::unix_ms(front.state.started()),
+            tt_serving_proto::time::unix_ms(front.state.started()),
             NEXT_ID.fetch_add(1, Ordering::Relaxed)
         ),
-        created: crate::clock::now_unix_ms() / 1000,
+        created: tt_serving_proto::time::now_unix_ms() / 1000,
         model,
         endpoint,
     };

@@ -124,7 +124,7 @@ fn max_model_len(slots: &[crate::slots::SlotView], model: &str) -> Option<u32> {
 async fn models(State(front): State<Front>) -> Response {
     let config = front.state.config();
     let slots = front.state.slots();
-    let created = crate::clock::unix_ms(front.state.started()) / 1000;
+    let created = tt_serving_proto::time::unix_ms(front.state.started()) / 1000;
     let data: Vec<serde_json::Value> = config
         .models
         .iter()

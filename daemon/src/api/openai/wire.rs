@@ -58,7 +58,9 @@ pub struct Common {
     pub stop: Option<OneOrMany>,
     /// Completions per prompt: only 1.
     pub n: Option<u32>,
-    /// The caller's end user, for the caller's own accounting; not used.
+    /// The caller's end user, for the caller's own accounting; accepted
+    /// and not used.
+    #[expect(dead_code, reason = "accepted for OpenAI clients, not used")]
     pub user: Option<String>,
     /// OpenAI's presence penalty, in [-2, 2].
     pub presence_penalty: Option<f32>,
@@ -174,6 +176,7 @@ pub struct JsonSchemaIn {
     pub name: String,
     /// What the output is for; OpenAI shows it to the model, our engines
     /// do not, so it is accepted and not sent.
+    #[expect(dead_code, reason = "accepted for OpenAI clients, not sent")]
     pub description: Option<String>,
     /// The JSON Schema itself.
     pub schema: Option<serde_json::Value>,

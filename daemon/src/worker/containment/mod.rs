@@ -301,7 +301,8 @@ pub enum OomEvidence {
 
 impl OomEvidence {
     /// Whether the OOM killer killed something meanwhile.
-    pub fn moved(&self) -> bool {
+    #[cfg(test)]
+    fn moved(&self) -> bool {
         match *self {
             OomEvidence::Slot { before, after } | OomEvidence::Host { before, after } => {
                 after > before
