@@ -27,8 +27,6 @@ mod workload;
 
 use clap::Parser;
 use client::{get, prompt_tokens, HttpClient};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use report::{Counters, Round, Summary};
 use serde_json::{json, Value};
 use std::io::Write;
@@ -192,7 +190,7 @@ fn main() {
         .clone()
         .or_else(|| std::env::var_os("TT_SMOLLM2_GGUF").map(PathBuf::from))
         .unwrap_or_else(|| tiny_model(work.path()));
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let client: HttpClient = tt_bench::http::client();
     let shape = Shape {
         conversations: args.conversations,
         turns: args.turns,
@@ -715,15 +713,12 @@ fn record(
     })
 }
 
-/// The machine, for the record: CPU model, cores, load average.
+/// The machine, for the record: CPU model, cores, load averages at the
+/// start and now.
 fn host() -> Value {
-    let cpu = procs::cpu_model();
-    json!({
-        "cpu": cpu,
-        "cores": std::thread::available_parallelism().map(|n| n.get()).ok(),
-        "loadavg_at_start": LOAD_AT_START.get().cloned().unwrap_or_default(),
-        "loadavg_at_end": procs::loadavg(),
-    })
+    let mut host = tt_bench::host::record();
+    host["loadavg_at_start"] = json!(LOAD_AT_START.get().cloned().unwrap_or_default());
+    host
 }
 
 /// `git describe --always --dirty` of the working tree, if there is one.

@@ -19,17 +19,14 @@
 mod engine;
 
 use clap::Parser;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
+use tt_bench::http::{Connection, HttpClient};
+use tt_bench::{grpc, host, http};
 use tt_card_lock::procs;
-use tt_serving_proto::v1 as pb;
 use tt_serving_tests::{tiny_model, Daemon, DaemonOptions, FakeHw};
 
 #[derive(Parser)]
@@ -154,15 +151,6 @@ impl Watched {
     }
 }
 
-/// The engine's `--port`, from the command lines under the worker.
-fn engine_port(worker: u32) -> Option<u16> {
-    procs::tree(worker).into_iter().skip(1).find_map(|pid| {
-        let args = procs::cmdline(pid);
-        let i = args.iter().position(|a| a == "--port")?;
-        args.get(i + 1)?.parse().ok()
-    })
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -230,83 +218,21 @@ fn start_nginx(binary: &Path, dir: &Path, engine_port: u16) -> (Nginx, u16) {
     (child, port)
 }
 
-type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
-
-/// One streamed `/v1/completions`; the tokens its usage reports.
+/// One streamed `/v1/completions` on a pooled connection; the tokens its
+/// usage reports (read the cheap way: the client shares the cores).
 async fn http_once(client: &HttpClient, base: &str, prompt: &str, tokens: u32) -> u32 {
     let body = json!({
         "model": "m", "prompt": prompt, "max_tokens": tokens, "temperature": 0,
         "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
-    })
-    .to_string();
-    let request = || {
-        hyper::Request::post(format!("{base}/v1/completions"))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.clone())))
-            .expect("request")
-    };
-    // A pooled connection the server closed meanwhile (llama-server ends
-    // idle keep-alive connections) fails before the request was read: send
-    // it again on a new one.
-    let mut tries = 0;
-    let response = loop {
-        match client.request(request()).await {
-            Ok(r) => break r,
-            Err(e)
-                if tries < 3
-                    && (e.is_connect() || format!("{e:?}").contains("IncompleteMessage")) =>
-            {
-                tries += 1
-            }
-            Err(e) => panic!("HTTP request to {base}: {e:?}"),
-        }
-    };
-    assert_eq!(response.status(), 200, "HTTP status from {base}");
-    let mut body = response.into_body();
-    // The client's own work stays small: only the usage is looked for.
-    let needle = b"\"completion_tokens\":";
-    let mut tail: Vec<u8> = Vec::new();
-    let mut generated = 0;
-    while let Some(frame) = body.frame().await {
-        let Ok(data) = frame.expect("HTTP body").into_data() else {
-            continue;
-        };
-        tail.extend_from_slice(&data);
-        if let Some(at) = tail.windows(needle.len()).position(|w| w == needle) {
-            let digits: String = tail[at + needle.len()..]
-                .iter()
-                .skip_while(|b| **b == b' ')
-                .take_while(|b| b.is_ascii_digit())
-                .map(|b| *b as char)
-                .collect();
-            generated = digits.parse().unwrap_or(generated);
-        }
-        let keep = tail.len().saturating_sub(64);
-        tail.drain(..keep);
-    }
-    generated
+    });
+    let url = format!("{base}/v1/completions");
+    http::completion_tokens_only(http::post(client, &url, &body, Connection::Pooled).await).await
 }
 
 async fn grpc_once(channel: tonic::transport::Channel, prompt: String, tokens: u32) -> u32 {
-    let mut client = pb::inference_client::InferenceClient::new(channel);
-    let mut stream = client
-        .generate(pb::GenerateRequest {
-            model: "m".into(),
-            input: Some(pb::generate_request::Input::Prompt(prompt)),
-            max_tokens: tokens,
-            ignore_eos: true,
-            ..Default::default()
-        })
+    grpc::generate(channel, grpc::prompt_request(&prompt, tokens, true))
         .await
-        .expect("gRPC generate")
-        .into_inner();
-    let mut generated = 0;
-    while let Some(chunk) = stream.message().await.expect("gRPC stream") {
-        if let Some(pb::generate_response::Chunk::Final(f)) = chunk.chunk {
-            generated = f.usage.map(|u| u.completion_tokens).unwrap_or(0);
-        }
-    }
-    generated
+        .completion_tokens
 }
 
 /// What one arm cost at one streams setting, summed over its rounds.
@@ -415,7 +341,7 @@ fn main() {
     );
     daemon.wait_slot_ready_within("m", Duration::from_secs(600));
     let worker = daemon.slot("m")["worker_pid"].as_u64().unwrap_or(0) as u32;
-    let port = engine_port(worker).expect("an engine with --port under the worker");
+    let port = host::engine_port(worker, |_| true).expect("an engine with --port under the worker");
     let engine_pids: Vec<u32> = procs::tree(worker).into_iter().skip(1).collect();
     let direct = format!("http://127.0.0.1:{port}");
     let nginx = if args.skip.iter().any(|s| s == "nginx") {
@@ -451,19 +377,8 @@ fn main() {
     }
     arms.retain(|a| !args.skip.iter().any(|s| s == a.name()));
     let nginx_base = nginx.as_ref().map(|(_, p)| format!("http://127.0.0.1:{p}"));
-    let client: HttpClient = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(1024)
-        .build_http();
-    let channel = rt
-        .block_on(
-            tonic::transport::Endpoint::from_shared(format!(
-                "http://{}",
-                daemon.inference_address()
-            ))
-            .expect("gRPC address")
-            .connect(),
-        )
-        .expect("the daemon's gRPC port");
+    let client = http::pooled_client(1024);
+    let channel = rt.block_on(grpc::connect(&daemon.inference_address()));
     let mut out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -588,7 +503,7 @@ fn main() {
                 "cpu_us_per_token": cpu, "cpu_source": "schedstat of live threads",
                 "cpu_us_per_token_tick_sampled": cpu_sampled, "idle_cpu_us_per_s": idle_us_per_s, "cpu_ns": tally.ns, "cpu_ticks": tally.ticks, "tick_us": tick_us,
                 "engine_version": engine_version,
-                "loadavg_at_end": procs::loadavg(),
+                "host_at_end": host::record(),
                 "daemon_version": env!("CARGO_PKG_VERSION"),
                 "git": std::process::Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok()
                     .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string()),

@@ -14,7 +14,8 @@ use clap::Parser;
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
+use tt_bench::{grpc, stats};
 use tt_serving_proto::v1 as pb;
 use tt_serving_tests::{model_table, tiny_model, wait_until, Daemon, DaemonOptions, FakeHw};
 
@@ -38,19 +39,16 @@ struct Args {
 }
 
 /// One streamed request's client-side timings.
-struct Sample {
-    tokens: usize,
-    total: Duration,
-    gaps: Vec<Duration>,
-}
+type Sample = grpc::Answer;
 
+/// Straight to the worker's Engine service on its socket.
 async fn stream_direct(socket: &std::path::Path, prompt: &str, tokens: u32) -> Sample {
     let channel = tt_serving_proto::uds::channel(socket)
         .await
         .expect("worker socket");
     let mut engine = pb::engine_client::EngineClient::new(channel);
     let request = pb::EngineGenerateRequest {
-        request: Some(request(prompt, tokens)),
+        request: Some(grpc::prompt_request(prompt, tokens, false)),
         request_id: "bench".into(),
     };
     let start = Instant::now();
@@ -59,55 +57,18 @@ async fn stream_direct(socket: &std::path::Path, prompt: &str, tokens: u32) -> S
         .await
         .expect("direct generate")
         .into_inner();
-    collect(stream, start).await
+    grpc::read(stream, start).await
 }
 
+/// Through the daemon's public port, a new connection each.
 async fn stream_routed(address: &str, prompt: &str, tokens: u32) -> Sample {
-    let mut client = pb::inference_client::InferenceClient::connect(format!("http://{address}"))
-        .await
-        .expect("inference port");
-    let start = Instant::now();
-    let stream = client
-        .generate(request(prompt, tokens))
-        .await
-        .expect("routed generate")
-        .into_inner();
-    collect(stream, start).await
-}
-
-fn request(prompt: &str, tokens: u32) -> pb::GenerateRequest {
-    pb::GenerateRequest {
-        model: "m".into(),
-        input: Some(pb::generate_request::Input::Prompt(prompt.into())),
-        max_tokens: tokens,
-        ..Default::default()
-    }
-}
-
-async fn collect(mut stream: tonic::Streaming<pb::GenerateResponse>, start: Instant) -> Sample {
-    let mut tokens = 0;
-    let mut gaps = Vec::new();
-    let mut last = None;
-    while let Some(chunk) = stream.message().await.expect("stream") {
-        if let Some(pb::generate_response::Chunk::Delta(d)) = chunk.chunk {
-            let now = Instant::now();
-            if let Some(prev) = last {
-                gaps.push(now - prev);
-            }
-            last = Some(now);
-            tokens += d.token_ids.len();
-        }
-    }
-    Sample {
-        tokens,
-        total: start.elapsed(),
-        gaps,
-    }
+    let channel = grpc::connect(address).await;
+    grpc::generate(channel, grpc::prompt_request(prompt, tokens, false)).await
 }
 
 /// The `p` quantile (0..=1) by nearest rank, ttctl's definition.
 fn percentile(values: &mut [f64], p: f64) -> f64 {
-    ttctl::stats::quantile(values, p)
+    stats::quantile(values, p)
 }
 
 fn main() {
@@ -181,7 +142,7 @@ fn main() {
         }
     });
     let tps = |s: &[Sample]| {
-        let tokens: usize = s.iter().map(|x| x.tokens).sum();
+        let tokens: usize = s.iter().map(|x| x.delta_tokens).sum();
         let secs: f64 = s.iter().map(|x| x.total.as_secs_f64()).sum();
         tokens as f64 / secs
     };
@@ -229,7 +190,7 @@ fn main() {
             }
             let mut tokens = 0;
             for t in tasks {
-                tokens += t.await.expect("stream task").tokens;
+                tokens += t.await.expect("stream task").delta_tokens;
             }
             arms[routed_arm as usize].push(tokens as f64 / start.elapsed().as_secs_f64());
         }

@@ -16,16 +16,12 @@
 //! per streams setting, with the configuration, to `--out`.
 
 use clap::Parser;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
-use tt_card_lock::procs;
-use tt_serving_proto::v1 as pb;
+use tt_bench::http::{Connection, HttpClient};
+use tt_bench::{grpc, host, http, stats};
 use tt_serving_tests::{model_table, tiny_model, Daemon, DaemonOptions, FakeHw};
 
 #[derive(Parser)]
@@ -95,86 +91,46 @@ enum Arm {
     Http,
 }
 
-type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
-
+/// A request on the daemon's gRPC port, a new connection each (as the
+/// HTTP arms make one).
 async fn grpc_once(address: &str, prompt: &str, tokens: u32) -> Sample {
-    let mut client = pb::inference_client::InferenceClient::connect(format!("http://{address}"))
-        .await
-        .expect("inference port");
-    let start = Instant::now();
-    let mut stream = client
-        .generate(pb::GenerateRequest {
-            model: "m".into(),
-            input: Some(pb::generate_request::Input::Prompt(prompt.into())),
-            max_tokens: tokens,
-            ignore_eos: true,
-            ..Default::default()
-        })
-        .await
-        .expect("gRPC generate")
-        .into_inner();
-    let mut ttft = None;
-    let mut generated = 0;
-    while let Some(chunk) = stream.message().await.expect("gRPC stream") {
-        match chunk.chunk {
-            Some(pb::generate_response::Chunk::Delta(d)) if !d.text.is_empty() => {
-                ttft.get_or_insert_with(|| start.elapsed());
-            }
-            Some(pb::generate_response::Chunk::Final(f)) => {
-                generated = f.usage.map(|u| u.completion_tokens).unwrap_or(0);
-            }
-            _ => {}
-        }
-    }
+    let channel = grpc::connect(address).await;
+    let answer = grpc::generate(channel, grpc::prompt_request(prompt, tokens, true)).await;
     Sample {
-        tokens: generated,
-        ttft: ttft.unwrap_or_else(|| start.elapsed()),
+        tokens: answer.completion_tokens,
+        ttft: answer.ttft.unwrap_or(answer.total),
     }
 }
 
-/// A streamed `/v1/completions` as an OpenAI client makes it (a new
-/// connection per request, as the gRPC arm makes one), with `ignore_eos`
-/// so every answer is `tokens` long.
+/// A streamed `/v1/completions` as an OpenAI client makes it, with
+/// `ignore_eos` so every answer is `tokens` long.
 async fn http_once(client: &HttpClient, base: &str, prompt: &str, tokens: u32) -> Sample {
     let body = json!({
         "model": "m", "prompt": prompt, "max_tokens": tokens, "temperature": 0,
         "stream": true, "stream_options": {"include_usage": true}, "ignore_eos": true,
-    })
-    .to_string();
-    let request = hyper::Request::post(format!("{base}/v1/completions"))
-        .header("content-type", "application/json")
-        .header("connection", "close")
-        .body(Full::new(Bytes::from(body)))
-        .expect("request");
+    });
     let start = Instant::now();
-    let response = client.request(request).await.expect("HTTP request");
-    assert_eq!(response.status(), 200, "HTTP status");
-    let mut body = response.into_body();
-    let (mut pending, mut ttft, mut generated, mut chunks) = (Vec::new(), None, 0, 0);
-    while let Some(frame) = body.frame().await {
-        let Ok(data) = frame.expect("HTTP body").into_data() else {
-            continue;
-        };
-        pending.extend_from_slice(&data);
-        // Whole events only: `data: {...}\n\n`.
-        while let Some(end) = pending.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = pending.drain(..end + 2).collect();
-            let payload = event.strip_prefix(b"data: ").unwrap_or(&event);
-            let Ok(chunk) = serde_json::from_slice::<serde_json::Value>(payload) else {
-                continue; // [DONE]
-            };
-            if chunk["choices"][0]["text"]
-                .as_str()
-                .is_some_and(|t| !t.is_empty())
-            {
-                ttft.get_or_insert_with(|| start.elapsed());
-                chunks += 1;
-            }
-            if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
-                generated = n as u32;
-            }
+    let answer = http::post(
+        client,
+        &format!("{base}/v1/completions"),
+        &body,
+        Connection::Close,
+    )
+    .await;
+    let (mut ttft, mut generated, mut chunks) = (None, 0, 0);
+    http::for_each_event(answer, |chunk| {
+        if chunk["choices"][0]["text"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty())
+        {
+            ttft.get_or_insert_with(|| start.elapsed());
+            chunks += 1;
         }
-    }
+        if let Some(n) = chunk["usage"]["completion_tokens"].as_u64() {
+            generated = n as u32;
+        }
+    })
+    .await;
     Sample {
         // An engine that sends no usage: one token per text chunk.
         tokens: if generated > 0 { generated } else { chunks },
@@ -186,25 +142,13 @@ async fn http_once(client: &HttpClient, base: &str, prompt: &str, tokens: u32) -
 fn engine_port(daemon: &Daemon, engine: &Engine) -> u16 {
     let worker = daemon.slot("m")["worker_pid"].as_u64().unwrap_or(0);
     let worker = u32::try_from(worker).unwrap_or(0);
-    for pid in procs::tree(worker) {
-        let args = procs::cmdline(pid);
-        if engine.is_engine(&args) {
-            if let Some(port) = args
-                .iter()
-                .position(|a| a == "--port")
-                .and_then(|i| args.get(i + 1))
-                .and_then(|p| p.parse().ok())
-            {
-                return port;
-            }
-        }
-    }
-    panic!("no engine with a --port under worker {worker}");
+    host::engine_port(worker, |args| engine.is_engine(args))
+        .unwrap_or_else(|| panic!("no engine with a --port under worker {worker}"))
 }
 
 /// The median by nearest rank, ttctl's definition.
 fn median(values: &mut [f64]) -> f64 {
-    ttctl::stats::quantile(values, 0.5)
+    stats::quantile(values, 0.5)
 }
 
 fn main() {
@@ -277,7 +221,7 @@ fn main() {
             .as_str()
             .unwrap_or_default()
     );
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let client = http::client();
     let mut out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -347,7 +291,7 @@ fn main() {
             "ignore_eos": true,
             "llama_threads": args.llama_server.as_ref().map(|_| args.llama_threads),
             "engine_version": daemon.slot("m")["engine_version"].clone(),
-            "loadavg_at_end": procs::loadavg(),
+            "host_at_end": host::record(),
             "daemon_version": env!("CARGO_PKG_VERSION"),
             "unix_ms": tt_serving_proto::time::unix_ms(std::time::SystemTime::now()),
         });

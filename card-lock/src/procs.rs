@@ -343,7 +343,12 @@ pub fn cpu_ns(pid: u32) -> u64 {
 /// when it cannot be read.
 pub fn loadavg() -> Vec<f64> {
     procfs::LoadAverage::current()
-        .map(|l| vec![f64::from(l.one), f64::from(l.five), f64::from(l.fifteen)])
+        // The kernel prints two decimals; f32 to f64 would add digits.
+        .map(|l| {
+            [l.one, l.five, l.fifteen]
+                .map(|v| (f64::from(v) * 100.0).round() / 100.0)
+                .to_vec()
+        })
         .unwrap_or_default()
 }
 
