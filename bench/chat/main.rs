@@ -32,7 +32,7 @@ use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use tt_card_lock::procs;
-use tt_serving_tests::{bin, tiny_model, Daemon, DaemonOptions, FakeHw};
+use tt_serving_tests::{bin, Daemon, DaemonOptions, FakeHw};
 use workload::{run_round, system_prompt, Shape, Target};
 
 #[derive(Parser)]
@@ -185,11 +185,7 @@ fn main() {
     LOAD_AT_START.get_or_init(procs::loadavg);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let work = tempfile::tempdir().expect("temp dir");
-    let model = args
-        .model
-        .clone()
-        .or_else(|| std::env::var_os("TT_SMOLLM2_GGUF").map(PathBuf::from))
-        .unwrap_or_else(|| tiny_model(work.path()));
+    let (model, _) = tt_bench::host::model(args.model.as_deref(), work.path());
     let client: HttpClient = tt_bench::http::client();
     let shape = Shape {
         conversations: args.conversations,

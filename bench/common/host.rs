@@ -25,3 +25,21 @@ pub fn engine_port(worker: u32, is_engine: impl Fn(&[String]) -> bool) -> Option
         args.get(i + 1)?.parse().ok()
     })
 }
+
+/// The GGUF a driver serves: the one given, else `$TT_SMOLLM2_GGUF` (what
+/// `scripts/fetch-smollm2.sh` prints), else the tiny test model written
+/// into `work`. With its file name, for the records.
+pub fn model(
+    given: Option<&std::path::Path>,
+    work: &std::path::Path,
+) -> (std::path::PathBuf, String) {
+    let model = given
+        .map(std::path::Path::to_path_buf)
+        .or_else(|| std::env::var_os("TT_SMOLLM2_GGUF").map(std::path::PathBuf::from))
+        .unwrap_or_else(|| tt_serving_tests::tiny_model(work));
+    let name = model
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    (model, name)
+}

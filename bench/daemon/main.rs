@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use tt_bench::{grpc, stats};
 use tt_serving_proto::v1 as pb;
-use tt_serving_tests::{model_table, tiny_model, wait_until, Daemon, DaemonOptions, FakeHw};
+use tt_serving_tests::{model_table, wait_until, Daemon, DaemonOptions, FakeHw};
 
 #[derive(Parser)]
 struct Args {
@@ -75,15 +75,7 @@ fn main() {
     let args = Args::parse();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let work = tempfile::tempdir().expect("temp dir");
-    let model = args
-        .model
-        .clone()
-        .or_else(|| std::env::var_os("TT_SMOLLM2_GGUF").map(PathBuf::from))
-        .unwrap_or_else(|| tiny_model(work.path()));
-    let model_name = model
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let (model, model_name) = tt_bench::host::model(args.model.as_deref(), work.path());
     let host = tt_card_lock::procs::cpu_model().unwrap_or_default();
     let mut out = std::fs::OpenOptions::new()
         .create(true)

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tt_bench::http::{Connection, HttpClient};
 use tt_bench::{grpc, host, http, stats};
-use tt_serving_tests::{model_table, tiny_model, Daemon, DaemonOptions, FakeHw};
+use tt_serving_tests::{model_table, Daemon, DaemonOptions, FakeHw};
 
 #[derive(Parser)]
 struct Args {
@@ -155,15 +155,7 @@ fn main() {
     let args = Args::parse();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let work = tempfile::tempdir().expect("temp dir");
-    let model = args
-        .model
-        .clone()
-        .or_else(|| std::env::var_os("TT_SMOLLM2_GGUF").map(PathBuf::from))
-        .unwrap_or_else(|| tiny_model(work.path()));
-    let model_name = model
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let (model, model_name) = tt_bench::host::model(args.model.as_deref(), work.path());
     let hw = FakeHw::new(1);
     let engine = match (&args.llama_server, &args.vllm) {
         (Some(_), _) => Some(Engine::LlamaServer),
