@@ -78,7 +78,7 @@ async fn generate(
                     cached_prompt_tokens: f.timings.map_or(0, |t| t.cached_prompt_tokens),
                 })
             }
-            None => {}
+            _ => {}
         }
     }
     Err(tonic::Status::internal(

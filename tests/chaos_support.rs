@@ -449,7 +449,7 @@ pub async fn run_request(
                     match chunk.chunk {
                         Some(Chunk::Delta(d)) => tokens += d.token_ids.len(),
                         Some(Chunk::Final(_)) => return End::Answered { tokens },
-                        None => {}
+                        Some(Chunk::PromptLogprobs(_)) | None => {}
                     }
                     if spec.cancel_after.is_some_and(|n| chunks >= n) {
                         return End::Cancelled { chunks };

@@ -473,7 +473,7 @@ fn optional_parameters_are_served_or_refused_naming_the_parameter_and_the_engine
                     logprobs.extend(d.logprobs);
                 }
                 Some(Chunk::Final(f)) => last = Some(f),
-                None => {}
+                Some(Chunk::PromptLogprobs(_)) | None => {}
             }
         }
         assert_eq!(ids.len(), 6);

@@ -637,7 +637,7 @@ pub async fn generate(
                 tokens.extend(d.token_ids);
             }
             Some(Chunk::Final(f)) => last = Some(f),
-            None => {}
+            Some(Chunk::PromptLogprobs(_)) | None => {}
         }
     }
     let last = last.ok_or_else(|| tonic::Status::internal("stream ended without a final chunk"))?;

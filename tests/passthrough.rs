@@ -308,7 +308,7 @@ fn tool_calls_and_reasoning_reach_openai_clients_and_tools_are_refused_where_the
             match chunk.chunk {
                 Some(pb::generate_response::Chunk::Delta(d)) => deltas.extend(d.tool_calls),
                 Some(pb::generate_response::Chunk::Final(f)) => last = Some(f),
-                None => {}
+                _ => {}
             }
         }
         (deltas, last.expect("a final chunk"))

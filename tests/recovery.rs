@@ -75,7 +75,7 @@ async fn send(address: &str, deadline: Duration) -> (RequestRecord, Option<tonic
             match chunk.chunk {
                 Some(pb::generate_response::Chunk::Delta(d)) => tokens += d.token_ids.len(),
                 Some(pb::generate_response::Chunk::Final(_)) => return Ok(tokens),
-                None => {}
+                _ => {}
             }
         }
         Err(tonic::Status::unknown("stream ended without a final chunk"))

@@ -147,7 +147,7 @@ fn a_changed_model_restarts_while_the_other_keeps_its_stream_and_worker() {
             match chunk.chunk {
                 Some(Chunk::Delta(d)) => tokens += d.token_ids.len(),
                 Some(Chunk::Final(f)) => finish = Some(f),
-                None => {}
+                _ => {}
             }
         }
         (

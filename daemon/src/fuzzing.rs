@@ -65,6 +65,10 @@ fn check_request(config: &Config, request: &pb::GenerateRequest) {
             assert!(config.models.contains_key(&request.model), "{request:?}");
             let prompt_bytes: usize = match &request.input {
                 Some(pb::generate_request::Input::Prompt(p)) => p.len(),
+                Some(pb::generate_request::Input::PromptTokens(t)) => {
+                    assert!(!t.ids.is_empty(), "{request:?}");
+                    t.ids.len() * 4
+                }
                 Some(pb::generate_request::Input::Chat(c)) => {
                     assert!(!c.messages.is_empty(), "{request:?}");
                     assert!(
@@ -255,9 +259,14 @@ mod tests {
                 2 => "other".to_string(),
                 _ => "m".to_string(),
             },
-            input: match rng.below(4) {
+            input: match rng.below(5) {
                 0 => None,
                 1 => Some(pb::generate_request::Input::Prompt(text(rng, 100))),
+                2 => Some(pb::generate_request::Input::PromptTokens(
+                    pb::PromptTokens {
+                        ids: (0..rng.below(8)).map(|_| rng.below(1000) as u32).collect(),
+                    },
+                )),
                 _ => Some(pb::generate_request::Input::Chat(pb::ChatMessages {
                     messages: (0..rng.below(4))
                         .map(|_| pb::ChatMessage {
@@ -281,6 +290,8 @@ mod tests {
             ignore_eos: rng.below(4) == 0,
             stop_token_ids: (0..rng.below(2)).map(|_| rng.below(100) as u32).collect(),
             logprobs: [None, None, Some(0), Some(50)][rng.below(4)],
+            prompt_logprobs: [None, None, None, Some(1)][rng.below(4)],
+            prompt_only: rng.below(8) == 0,
             n: [0, 0, 1, 2][rng.below(4)],
             // The JSON-carrying fields, in one request of sixteen (each
             // refusal they reach is one acceptance fewer).

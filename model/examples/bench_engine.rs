@@ -108,7 +108,7 @@ async fn stream(
         match m.chunk {
             Some(pb::generate_response::Chunk::Delta(d)) => toks += d.token_ids.len() as u32,
             Some(pb::generate_response::Chunk::Final(f)) => return Ok((toks, f)),
-            None => {}
+            Some(pb::generate_response::Chunk::PromptLogprobs(_)) | None => {}
         }
     }
     anyhow::bail!("no final chunk")

@@ -98,6 +98,21 @@ pub struct StepSeq {
     pub tokens: Vec<u32>,
     /// Whether to compute logits for the last token.
     pub want_logits: bool,
+    /// Whether to compute logits for every token of `tokens` (the prompt's
+    /// log-probabilities): the LM head then runs on each row, not only the
+    /// last.
+    pub all_logits: bool,
+}
+
+impl StepSeq {
+    /// How many rows of logits the step returns for this sequence.
+    pub fn logit_rows(&self) -> usize {
+        if self.all_logits {
+            self.tokens.len()
+        } else {
+            usize::from(self.want_logits)
+        }
+    }
 }
 
 /// A linear layer `y = x Wᵀ` with `W` of shape `(out, in)`.
@@ -615,9 +630,9 @@ impl Rank {
         self.part.vocab.clone()
     }
 
-    /// Runs one step. Returns, for every sequence with `want_logits`, the
-    /// logits of its last token over this rank's vocabulary rows, row after
-    /// row.
+    /// Runs one step. Returns, for every sequence, its
+    /// [`StepSeq::logit_rows`] rows of logits (the last token's, or every
+    /// token's) over this rank's vocabulary, row after row.
     pub fn step(
         &mut self,
         seqs: &[StepSeq],
@@ -684,14 +699,14 @@ impl Rank {
             add_into(&mut x, &d);
         }
 
-        // Only the last token of each sequence that samples needs logits.
+        // Only the last token of each sequence that samples needs logits,
+        // unless the prompt's log-probabilities are asked for.
         let mut last = Vec::new();
         let mut row = 0;
         for s in seqs {
             row += s.tokens.len();
-            if s.want_logits {
-                last.extend_from_slice(&x[(row - 1) * h..row * h]);
-            }
+            let rows = s.logit_rows();
+            last.extend_from_slice(&x[(row - rows) * h..row * h]);
         }
         if last.is_empty() {
             return Ok(Vec::new());

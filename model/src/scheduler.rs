@@ -106,6 +106,9 @@ pub enum Event {
         /// One per id when the request asked for logprobs, else empty.
         logprobs: Vec<TokenLogprob>,
     },
+    /// The prompt's log-probabilities, one per prompt token (the first
+    /// with logprob 0 and no alternatives): sent once, before any delta.
+    Prompt(Vec<TokenLogprob>),
     /// The end.
     Final(FinalInfo),
     /// The engine failed while running this sequence.
@@ -128,6 +131,12 @@ pub struct Params {
     pub stop_token_ids: HashSet<u32>,
     /// `Some(n)`: report each token's logprob and the n most likely.
     pub logprobs: Option<usize>,
+    /// `Some(n)`: report each prompt token's logprob and the n most likely
+    /// (the prefix cache is not used for the prompt, whose every position
+    /// is computed).
+    pub prompt_logprobs: Option<usize>,
+    /// Generate nothing: end after the prompt's logprobs.
+    pub prompt_only: bool,
 }
 
 /// One generation request, tokenized and validated.
@@ -179,7 +188,7 @@ pub struct DrainReport {
 const DRAIN_ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 enum Command {
-    Submit(Submission),
+    Submit(Box<Submission>),
     Drain {
         deadline: Instant,
         done: oneshot::Sender<DrainReport>,
@@ -204,7 +213,7 @@ impl EngineHandle {
                 (n < cap).then_some(n + 1)
             })
             .map_err(|_| SubmitError::Full(self.capacity))?;
-        self.tx.send(Command::Submit(sub)).map_err(|_| {
+        self.tx.send(Command::Submit(Box::new(sub))).map_err(|_| {
             self.status.in_flight.fetch_sub(1, Ordering::AcqRel);
             SubmitError::Stopped
         })
@@ -268,9 +277,54 @@ struct Seq {
     text: OutputText,
     admitted: Instant,
     first_token: Option<Instant>,
+    /// The prompt's logprobs gathered so far (the request asked for them
+    /// and they are not sent yet).
+    prompt_logprobs: Option<Vec<TokenLogprob>>,
 }
 
 impl Seq {
+    /// Whether this step's rows of the prompt must all be computed: the
+    /// prompt's logprobs are asked for, not sent yet, and `fed` is still
+    /// inside the prompt.
+    fn collects_prompt(&self) -> bool {
+        self.prompt_logprobs.is_some() && self.fed < self.sub.prompt.len()
+    }
+
+    /// The logprob of prompt token `pos` from the logits that predicted it,
+    /// unless it was gathered before (a preempted sequence computes its
+    /// prompt again).
+    fn prompt_logprob(&mut self, pos: usize, logits: &[f32]) {
+        let n = self.sub.params.prompt_logprobs.unwrap_or(0);
+        let Some(gathered) = self.prompt_logprobs.as_mut() else {
+            return;
+        };
+        let Some(&token) = self.sub.prompt.get(pos) else {
+            return;
+        };
+        if gathered.len() != pos {
+            return;
+        }
+        let dist = Logprobs::new(logits, n);
+        gathered.push(TokenLogprob {
+            token,
+            logprob: dist.of(logits, token),
+            top: dist.top().to_vec(),
+        });
+    }
+
+    /// Once every prompt token has its logprob, send them (once).
+    fn send_prompt_logprobs_when_complete(&mut self) {
+        if self
+            .prompt_logprobs
+            .as_ref()
+            .is_some_and(|g| g.len() == self.sub.prompt.len())
+        {
+            if let Some(all) = self.prompt_logprobs.take() {
+                let _ = self.sub.events.send(Event::Prompt(all));
+            }
+        }
+    }
+
     /// Positions to compute before the next decode step: the prompt, or
     /// after a preemption everything but the last sampled token.
     fn target(&self) -> usize {
@@ -397,7 +451,7 @@ impl Engine {
         match cmd {
             Command::Submit(sub) => {
                 tracing::debug!(request_id = %sub.request_id, prompt = sub.prompt.len(), "queued");
-                self.waiting.push_back(sub);
+                self.waiting.push_back(*sub);
             }
             Command::Drain { deadline, done } => {
                 self.drain = Some((deadline, done, DrainReport::default()));
@@ -459,6 +513,14 @@ impl Engine {
         let sampler = Sampler::new(sub.sampling);
         let text = OutputText::new(sub.stop.clone());
         let history = History::new(sub.params.penalties, &sub.prompt);
+        // The first prompt token has nothing before it to be predicted from.
+        let prompt_logprobs = sub.params.prompt_logprobs.map(|_| {
+            vec![TokenLogprob {
+                token: sub.prompt[0],
+                logprob: 0.0,
+                top: Vec::new(),
+            }]
+        });
         self.admissions += 1;
         Seq {
             tokens: sub.prompt.clone(),
@@ -474,6 +536,7 @@ impl Engine {
             text,
             admitted: now,
             first_token: None,
+            prompt_logprobs,
         }
     }
 
@@ -485,7 +548,10 @@ impl Engine {
             let first_time = self.preempted.is_empty();
             let (table, fits) = {
                 let tokens: &[u32] = match (self.preempted.front(), self.waiting.front()) {
+                    // Every prompt position is computed for its logprobs.
+                    (Some(seq), _) if seq.prompt_logprobs.is_some() => &[],
                     (Some(seq), _) => seq.reusable(),
+                    (None, Some(sub)) if sub.params.prompt_logprobs.is_some() => &[],
                     (None, Some(sub)) => &sub.prompt[..sub.prompt.len() - 1],
                     (None, None) => break,
                 };
@@ -674,12 +740,13 @@ impl Engine {
                 // The last prompt token, or a decode step (which, after a
                 // preemption's recomputation, is the first step that samples).
                 want_logits: s.fed + n == s.tokens.len(),
+                all_logits: s.collects_prompt(),
             });
         }
-        let fed: Vec<(usize, usize, bool)> = batch
+        let fed: Vec<(usize, usize, bool, bool)> = batch
             .iter()
             .zip(&plan)
-            .map(|(b, &(i, _))| (i, b.tokens.len(), b.want_logits))
+            .map(|(b, &(i, _))| (i, b.tokens.len(), b.want_logits, b.all_logits))
             .collect();
 
         let pending = self.publish_prefill();
@@ -715,15 +782,32 @@ impl Engine {
 
         let mut rows = logits.into_iter();
         let mut done = Vec::new();
-        for (i, n, want) in fed {
+        for (i, n, want, all) in fed {
+            let start = self.running[i].fed;
             self.running[i].fed += n;
             self.register_full_blocks(i);
+            if all {
+                // Row j predicts the token after position start + j.
+                for j in 0..n.saturating_sub(usize::from(want)) {
+                    let Some(row) = rows.next() else {
+                        break;
+                    };
+                    self.running[i].prompt_logprob(start + j + 1, &row);
+                }
+                self.running[i].send_prompt_logprobs_when_complete();
+            }
             if !want {
                 continue;
             }
             let Some(mut row) = rows.next() else {
                 break;
             };
+            // The last prompt row predicts the first output token: with
+            // `prompt_only` there is none.
+            if all && self.running[i].sub.params.prompt_only {
+                done.push((i, (Finish::Length, String::new())));
+                continue;
+            }
             if let Some(reason) = self.on_logits(i, &mut row) {
                 done.push((i, reason));
             }

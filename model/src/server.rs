@@ -92,6 +92,30 @@ fn finish_reason(f: Finish) -> i32 {
     }
 }
 
+/// One token's logprob as the protocol carries it, with its text.
+fn token_logprob(tokenizer: &Tokenizer, l: crate::scheduler::TokenLogprob) -> pb::TokenLogprob {
+    let bytes = tokenizer.token_bytes(l.token);
+    pb::TokenLogprob {
+        token_id: l.token,
+        token: String::from_utf8_lossy(bytes).into_owned(),
+        bytes: bytes.to_vec(),
+        logprob: l.logprob,
+        top_logprobs: l
+            .top
+            .into_iter()
+            .map(|(id, logprob)| {
+                let bytes = tokenizer.token_bytes(id);
+                pb::TopLogprob {
+                    token_id: id,
+                    token: String::from_utf8_lossy(bytes).into_owned(),
+                    bytes: bytes.to_vec(),
+                    logprob,
+                }
+            })
+            .collect(),
+    }
+}
+
 fn to_response(tokenizer: &Tokenizer, ev: Event) -> Result<pb::GenerateResponse, GenerateError> {
     let chunk = match ev {
         Event::Delta {
@@ -103,30 +127,15 @@ fn to_response(tokenizer: &Tokenizer, ev: Event) -> Result<pb::GenerateResponse,
             token_ids: ids,
             logprobs: logprobs
                 .into_iter()
-                .map(|l| {
-                    let bytes = tokenizer.token_bytes(l.token);
-                    pb::TokenLogprob {
-                        token_id: l.token,
-                        token: String::from_utf8_lossy(bytes).into_owned(),
-                        bytes: bytes.to_vec(),
-                        logprob: l.logprob,
-                        top_logprobs: l
-                            .top
-                            .into_iter()
-                            .map(|(id, logprob)| {
-                                let bytes = tokenizer.token_bytes(id);
-                                pb::TopLogprob {
-                                    token_id: id,
-                                    token: String::from_utf8_lossy(bytes).into_owned(),
-                                    bytes: bytes.to_vec(),
-                                    logprob,
-                                }
-                            })
-                            .collect(),
-                    }
-                })
+                .map(|l| token_logprob(tokenizer, l))
                 .collect(),
             ..Default::default()
+        }),
+        Event::Prompt(tokens) => pb::generate_response::Chunk::PromptLogprobs(pb::PromptLogprobs {
+            tokens: tokens
+                .into_iter()
+                .map(|l| token_logprob(tokenizer, l))
+                .collect(),
         }),
         Event::Final(f) => pb::generate_response::Chunk::Final(pb::GenerationFinal {
             finish_reason: finish_reason(f.reason),
@@ -258,6 +267,16 @@ fn params(
             "logprobs: {n} alternatives per token is above this engine's limit of {MAX_LOGPROBS}; ask for at most {MAX_LOGPROBS}"
         )));
     }
+    if let Some(n) = g.prompt_logprobs.filter(|&n| n > MAX_LOGPROBS) {
+        return Err(invalid(format!(
+            "prompt_logprobs: {n} alternatives per token is above this engine's limit of {MAX_LOGPROBS}; ask for at most {MAX_LOGPROBS}"
+        )));
+    }
+    if g.prompt_only && g.prompt_logprobs.is_none() {
+        return Err(invalid(
+            "prompt_only: asks for the prompt's logprobs and nothing else; set prompt_logprobs too",
+        ));
+    }
     Ok(Params {
         penalties: Penalties {
             presence: g.presence_penalty,
@@ -268,6 +287,8 @@ fn params(
         ignore_eos: g.ignore_eos,
         stop_token_ids: g.stop_token_ids.iter().copied().collect(),
         logprobs: g.logprobs.map(|n| n as usize),
+        prompt_logprobs: g.prompt_logprobs.map(|n| n as usize),
+        prompt_only: g.prompt_only,
     })
 }
 
@@ -281,7 +302,22 @@ impl Ready {
         events: mpsc::UnboundedSender<Event>,
         arrived: Instant,
     ) -> Result<Submission, GenerateError> {
+        let vocab = self.tokenizer.vocab_size();
         let text = match &g.input {
+            Some(pb::generate_request::Input::PromptTokens(t)) => {
+                if let Some((i, id)) = t
+                    .ids
+                    .iter()
+                    .enumerate()
+                    .find(|(_, &id)| id as usize >= vocab)
+                {
+                    return Err(invalid(format!(
+                        "prompt_tokens.ids[{i}]: {id} is not a token of this model (its vocabulary has {vocab} tokens, ids 0 to {})",
+                        vocab.saturating_sub(1)
+                    )));
+                }
+                String::new()
+            }
             Some(pb::generate_request::Input::Prompt(p)) => p.clone(),
             Some(pb::generate_request::Input::Chat(c)) => {
                 let turns: Vec<Turn> = c
@@ -298,10 +334,13 @@ impl Ready {
             }
             None => return Err(invalid("request has neither `prompt` nor `chat`")),
         };
-        let prompt = self
-            .tokenizer
-            .encode(&text)
-            .map_err(|e| invalid(e.to_string()))?;
+        let prompt = match &g.input {
+            Some(pb::generate_request::Input::PromptTokens(t)) => t.ids.clone(),
+            _ => self
+                .tokenizer
+                .encode(&text)
+                .map_err(|e| invalid(e.to_string()))?,
+        };
         if prompt.is_empty() {
             return Err(invalid("the prompt is empty"));
         }
@@ -312,7 +351,9 @@ impl Ready {
                 prompt.len()
             )));
         }
-        let max_tokens = if g.max_tokens == 0 {
+        let max_tokens = if g.prompt_only {
+            0
+        } else if g.max_tokens == 0 {
             self.default_max_tokens.min(ctx - prompt.len())
         } else {
             let want = g.max_tokens as usize;
@@ -325,7 +366,7 @@ impl Ready {
             }
             want
         };
-        let params = params(&g, supported, max_tokens, self.tokenizer.vocab_size())?;
+        let params = params(&g, supported, max_tokens, vocab)?;
         Ok(Submission {
             request_id,
             prompt,

@@ -185,7 +185,7 @@ impl Ranks {
     }
 
     /// Runs one step on every rank. Returns the full-vocabulary logits of
-    /// each sequence with `want_logits`, in order.
+    /// each sequence's [`StepSeq::logit_rows`] rows, in order.
     pub fn step(&mut self, seqs: Vec<StepSeq>) -> Result<Vec<Vec<f32>>, ModelError> {
         match self {
             Ranks::Solo(rank) => {
@@ -220,7 +220,7 @@ impl Ranks {
                 if let Some(e) = first_err {
                     return Err(e);
                 }
-                let n_out = job.iter().filter(|s| s.want_logits).count();
+                let n_out: usize = job.iter().map(StepSeq::logit_rows).sum();
                 let total: usize = vocab.iter().map(|v| v.len()).sum();
                 let mut out = vec![Vec::with_capacity(total); n_out];
                 for (part, range) in parts.iter().zip(vocab.iter()) {

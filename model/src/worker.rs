@@ -246,7 +246,7 @@ pub fn serve(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
 /// over logits that are the same bits alone or in a batch (the
 /// batch-invariant kernels of docs/ARCHITECTURE.md), so the same seed,
 /// prompt and settings give the same text.
-const HONOURED_PARAMETERS: [&str; 8] = {
+const HONOURED_PARAMETERS: [&str; 10] = {
     use tt_serving_proto::parameters::*;
     [
         PRESENCE_PENALTY,
@@ -257,6 +257,8 @@ const HONOURED_PARAMETERS: [&str; 8] = {
         STOP_TOKEN_IDS,
         LOGPROBS,
         SEED,
+        PROMPT_TOKENS,
+        PROMPT_LOGPROBS,
     ]
 };
 

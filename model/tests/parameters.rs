@@ -269,3 +269,113 @@ async fn out_of_range_parameters_are_refused_naming_the_field() {
     .unwrap();
     assert_eq!(off.ids, greedy(&mut c, "the cat", 8).await.ids);
 }
+
+/// The prompt's own logprobs (what log-likelihood evaluations score): one
+/// per prompt token, the first without a distribution, the same numbers
+/// decoding reported for the same tokens, the prefix cache not skipping
+/// any, and a prompt given as token ids served as its text is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_logprobs_score_the_prompt_as_decoding_scored_it() {
+    let cache = tempfile::tempdir().unwrap();
+    let w = Worker::start(&Opts::new(&tiny_model(), 1, cache.path(), "cold")).await;
+    let mut c = w.client().await;
+    let decoded = run(
+        &mut c,
+        request_with("the cat sat", 6, |g| g.logprobs = Some(3)),
+    )
+    .await
+    .unwrap();
+    assert!(decoded.prompt_logprobs.is_none(), "not asked for");
+
+    let score = |ids: Vec<u32>| {
+        request_with("unused", 1, move |g| {
+            g.input = Some(pb::generate_request::Input::PromptTokens(
+                pb::PromptTokens { ids },
+            ));
+            g.prompt_logprobs = Some(3);
+            g.prompt_only = true;
+        })
+    };
+    // The text prompt, scored alone: its token ids come back with it.
+    let scored = run(
+        &mut c,
+        request_with("the cat sat", 6, |g| {
+            g.prompt_logprobs = Some(3);
+            g.prompt_only = true;
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (scored.deltas, scored.ids.len()),
+        (0, 0),
+        "prompt_only generates nothing"
+    );
+    let usage = scored.final_.usage.unwrap();
+    assert_eq!(usage.completion_tokens, 0);
+    assert_eq!(scored.final_.finish_reason, pb::FinishReason::Length as i32);
+    let prompt = scored.prompt_logprobs.expect("the prompt's logprobs");
+    assert_eq!(prompt.len(), usage.prompt_tokens as usize);
+    assert_eq!((prompt[0].logprob, prompt[0].top_logprobs.len()), (0.0, 0));
+    for lp in &prompt[1..] {
+        assert!(lp.logprob <= 0.0 && lp.logprob.is_finite(), "{lp:?}");
+        assert_eq!(lp.top_logprobs.len(), 3, "{lp:?}");
+        assert!(lp.top_logprobs[0].logprob >= lp.logprob, "{lp:?}");
+    }
+    let prompt_ids: Vec<u32> = prompt.iter().map(|l| l.token_id).collect();
+
+    // The prompt and the decoded answer, scored as one prompt: each answer
+    // token's logprob is the one decoding reported.
+    let mut whole = prompt_ids.clone();
+    whole.extend(&decoded.ids);
+    let rescored = run(&mut c, score(whole.clone())).await.unwrap();
+    let rescored = rescored.prompt_logprobs.unwrap();
+    assert_eq!(rescored.len(), whole.len());
+    assert_eq!(&rescored[..prompt.len()], &prompt[..], "the prompt part");
+    for (k, lp) in decoded.logprobs.iter().enumerate() {
+        let again = &rescored[prompt.len() + k];
+        assert_eq!(again.token_id, lp.token_id);
+        assert!(
+            (again.logprob - lp.logprob).abs() < 1e-3,
+            "token {k}: scored {} decoded {}",
+            again.logprob,
+            lp.logprob
+        );
+    }
+    // Scoring again reuses no cached prefix: the same numbers, all computed.
+    let twice = run(&mut c, score(whole)).await.unwrap();
+    assert_eq!(twice.prompt_logprobs.unwrap(), rescored);
+    assert_eq!(twice.final_.timings.unwrap().cached_prompt_tokens, 0);
+
+    // Token ids generate what their text generates.
+    let by_ids = run(
+        &mut c,
+        request_with("unused", 6, |g| {
+            g.input = Some(pb::generate_request::Input::PromptTokens(
+                pb::PromptTokens {
+                    ids: prompt_ids.clone(),
+                },
+            ));
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(by_ids.ids, decoded.ids);
+
+    // Refusals name the field.
+    for (request, field) in [
+        (
+            request_with("x", 1, |g| g.prompt_only = true),
+            "prompt_only: ",
+        ),
+        (
+            request_with("x", 1, |g| g.prompt_logprobs = Some(21)),
+            "prompt_logprobs: 21 ",
+        ),
+        (score(vec![u32::MAX]), "prompt_tokens.ids[0]: "),
+    ] {
+        let e = run(&mut c, request).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().starts_with(field), "{}", e.message());
+    }
+}

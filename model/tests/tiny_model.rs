@@ -108,6 +108,38 @@ async fn tp2_greedy_equals_tp1() {
     let a = outputs(&mut w1.client().await, 16).await;
     let b = outputs(&mut w2.client().await, 16).await;
     assert_eq!(a, b);
+    // The prompt's logprobs (every row of the vocabulary-split LM head)
+    // agree too.
+    let scored = |c| async move {
+        let mut c = c;
+        run(
+            &mut c,
+            request_with("the cat sat on the mat", 1, |g| {
+                g.prompt_logprobs = Some(2);
+                g.prompt_only = true;
+            }),
+        )
+        .await
+        .unwrap()
+        .prompt_logprobs
+        .unwrap()
+    };
+    let (p1, p2) = (
+        scored(w1.client().await).await,
+        scored(w2.client().await).await,
+    );
+    assert_eq!(p1.len(), p2.len());
+    for (x, y) in p1.iter().zip(&p2) {
+        assert_eq!(x.token_id, y.token_id);
+        assert!((x.logprob - y.logprob).abs() < 1e-4, "{x:?} {y:?}");
+        let ids = |t: &pb::TokenLogprob| {
+            t.top_logprobs
+                .iter()
+                .map(|a| a.token_id)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(x), ids(y));
+    }
     let info = w2
         .client()
         .await

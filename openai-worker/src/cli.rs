@@ -84,8 +84,13 @@ impl EngineKind {
     /// the daemon refuses the others by name). vLLM takes them as extra
     /// sampling fields; llama-server takes the OpenAI penalties and
     /// `ignore_eos` (its repetition penalty is `repeat_penalty` over a
-    /// window, not the same rule, so it is not claimed). Logprobs are not
-    /// relayed yet, so neither claims them.
+    /// window, not the same rule, so it is not claimed). Both take a
+    /// prompt as token ids (`prompt_tokens`): vLLM's CompletionRequest
+    /// `prompt` is a string, token ids or lists of either
+    /// (`vllm/entrypoints/openai/protocol.py`), llama-server's a string or
+    /// an array of tokens (llama.cpp `tools/server/README.md`, "prompt").
+    /// Logprobs (generated or of the prompt) are not relayed yet, so
+    /// neither claims them.
     pub fn supported_parameters(self) -> &'static [&'static str] {
         use tt_serving_proto::parameters::*;
         match self {
@@ -96,8 +101,14 @@ impl EngineKind {
                 MIN_TOKENS,
                 IGNORE_EOS,
                 STOP_TOKEN_IDS,
+                PROMPT_TOKENS,
             ],
-            EngineKind::LlamaServer => &[PRESENCE_PENALTY, FREQUENCY_PENALTY, IGNORE_EOS],
+            EngineKind::LlamaServer => &[
+                PRESENCE_PENALTY,
+                FREQUENCY_PENALTY,
+                IGNORE_EOS,
+                PROMPT_TOKENS,
+            ],
         }
     }
 

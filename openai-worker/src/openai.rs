@@ -112,6 +112,13 @@ pub fn plan(request: &pb::GenerateRequest, style: &RequestStyle) -> Result<Plan,
             body.insert("prompt".into(), json!(p));
             Endpoint::Completions
         }
+        Some(pb::generate_request::Input::PromptTokens(t)) => {
+            if t.ids.is_empty() {
+                return Err("prompt_tokens.ids is empty; give at least one token".into());
+            }
+            body.insert("prompt".into(), json!(t.ids));
+            Endpoint::Completions
+        }
         Some(pb::generate_request::Input::Chat(c)) => {
             if c.messages.is_empty() {
                 return Err("chat.messages is empty; give at least one message".into());
@@ -183,6 +190,8 @@ pub fn plan(request: &pb::GenerateRequest, style: &RequestStyle) -> Result<Plan,
             p::MIN_TOKENS => json!(request.min_tokens),
             p::IGNORE_EOS => json!(true),
             p::STOP_TOKEN_IDS => json!(request.stop_token_ids),
+            // The prompt above, as ids.
+            p::PROMPT_TOKENS => continue,
             p::SEED => json!(sampling.seed),
             p::RESPONSE_FORMAT => response_format(request)?,
             p::TOOLS => {

@@ -248,6 +248,7 @@ struct Relay {
 fn prompt_token_bound(request: &pb::GenerateRequest) -> u64 {
     match &request.input {
         Some(pb::generate_request::Input::Prompt(p)) => p.len() as u64 + 8,
+        Some(pb::generate_request::Input::PromptTokens(t)) => t.ids.len() as u64,
         Some(pb::generate_request::Input::Chat(c)) => {
             c.messages
                 .iter()

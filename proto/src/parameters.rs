@@ -29,10 +29,14 @@ pub const SEED: &str = "seed";
 pub const RESPONSE_FORMAT: &str = "response_format";
 /// `tools`: with `tool_choice`.
 pub const TOOLS: &str = "tools";
+/// `prompt_tokens`: a prompt given as token ids.
+pub const PROMPT_TOKENS: &str = "prompt_tokens";
+/// `prompt_logprobs`: the prompt's log-probabilities (with `prompt_only`).
+pub const PROMPT_LOGPROBS: &str = "prompt_logprobs";
 
 /// Every optional parameter, in field order (the names are the proto
 /// field names).
-pub const OPTIONAL_PARAMETERS: [&str; 10] = [
+pub const OPTIONAL_PARAMETERS: [&str; 12] = [
     PRESENCE_PENALTY,
     FREQUENCY_PENALTY,
     REPETITION_PENALTY,
@@ -43,6 +47,8 @@ pub const OPTIONAL_PARAMETERS: [&str; 10] = [
     SEED,
     RESPONSE_FORMAT,
     TOOLS,
+    PROMPT_TOKENS,
+    PROMPT_LOGPROBS,
 ];
 
 /// The optional parameters `request` asks for, in field order. A value
@@ -71,6 +77,17 @@ pub fn requested(request: &GenerateRequest) -> Vec<&'static str> {
     ask(request.sampling.is_some_and(|s| s.seed.is_some()), SEED);
     ask(response_format(request).is_some(), RESPONSE_FORMAT);
     ask(asks_for_tools(request), TOOLS);
+    ask(
+        matches!(
+            request.input,
+            Some(crate::v1::generate_request::Input::PromptTokens(_))
+        ),
+        PROMPT_TOKENS,
+    );
+    ask(
+        request.prompt_logprobs.is_some() || request.prompt_only,
+        PROMPT_LOGPROBS,
+    );
     asked
 }
 
@@ -306,6 +323,10 @@ mod tests {
                 ..Default::default()
             }),
             tools: WEATHER.into(),
+            input: Some(pb::generate_request::Input::PromptTokens(
+                pb::PromptTokens { ids: vec![1, 2] },
+            )),
+            prompt_logprobs: Some(0),
             ..Default::default()
         };
         assert_eq!(requested(&all), OPTIONAL_PARAMETERS.to_vec());

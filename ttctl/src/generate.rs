@@ -101,6 +101,8 @@ pub(super) async fn run(
                 }
                 return Ok(());
             }
+            // Not asked for by `ttctl generate`.
+            Some(Chunk::PromptLogprobs(_)) => {}
             None => {
                 end_line(out, at_line_start);
                 return Err(Failure::Failed(format!(

@@ -253,6 +253,8 @@ pub struct Output {
     pub deltas: usize,
     /// One per id when the request asked for logprobs.
     pub logprobs: Vec<pb::TokenLogprob>,
+    /// The prompt's, when the request asked for prompt logprobs.
+    pub prompt_logprobs: Option<Vec<pb::TokenLogprob>>,
     /// The final chunk.
     pub final_: pb::GenerationFinal,
 }
@@ -307,6 +309,7 @@ pub async fn run(
         ids: Vec::new(),
         deltas: 0,
         logprobs: Vec::new(),
+        prompt_logprobs: None,
         final_: Default::default(),
     };
     while let Some(msg) = stream.message().await? {
@@ -316,6 +319,13 @@ pub async fn run(
                 out.ids.extend(d.token_ids);
                 out.logprobs.extend(d.logprobs);
                 out.deltas += 1;
+            }
+            Some(pb::generate_response::Chunk::PromptLogprobs(p)) => {
+                assert!(
+                    out.prompt_logprobs.is_none() && out.deltas == 0,
+                    "prompt logprobs twice, or after a delta"
+                );
+                out.prompt_logprobs = Some(p.tokens);
             }
             Some(pb::generate_response::Chunk::Final(f)) => {
                 assert!(

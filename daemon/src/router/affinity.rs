@@ -76,6 +76,12 @@ impl Key {
                 hash.update(b"prompt\0");
                 hash.update(&bytes[..bytes.len().min(PROMPT_KEY_BYTES)]);
             }
+            Input::PromptTokens(tokens) => {
+                hash.update(b"tokens\0");
+                for id in tokens.ids.iter().take(PROMPT_KEY_BYTES / 4) {
+                    hash.update(id.to_le_bytes());
+                }
+            }
             Input::Chat(chat) => {
                 hash.update(b"chat\0");
                 for message in &chat.messages {

@@ -97,6 +97,8 @@ impl ChunkStream {
                 }
                 self.last_tokens = Some(now);
             }
+            // Passed on as it is: no tokens were generated.
+            Some(pb::generate_response::Chunk::PromptLogprobs(_)) => {}
             Some(pb::generate_response::Chunk::Final(f)) => {
                 f.slot = self.slot.clone();
                 if let Some(t) = f.timings.as_mut() {

@@ -51,6 +51,19 @@ pub fn validate_request(
         Some(pb::generate_request::Input::Prompt(prompt)) => {
             check_prompt_size("prompt", prompt.len(), limits.max_prompt_bytes)?
         }
+        Some(pb::generate_request::Input::PromptTokens(tokens)) => {
+            if tokens.ids.is_empty() {
+                return Err(RouteError::Invalid(
+                    "prompt_tokens.ids: the prompt is empty; give at least one token".into(),
+                ));
+            }
+            // Four bytes a token, as the engine holds them.
+            check_prompt_size(
+                "prompt_tokens",
+                tokens.ids.len() * 4,
+                limits.max_prompt_bytes,
+            )?
+        }
         Some(pb::generate_request::Input::Chat(chat)) => {
             check_prompt_size(
                 "chat.messages[].content",
@@ -59,6 +72,12 @@ pub fn validate_request(
             )?;
             check_roles(&chat.messages)?;
         }
+    }
+    if request.prompt_only && request.prompt_logprobs.is_none() {
+        return Err(RouteError::Invalid(
+            "prompt_only: asks for the prompt's logprobs and nothing else; set prompt_logprobs too"
+                .into(),
+        ));
     }
     if request.max_tokens > limits.max_tokens {
         return Err(RouteError::Invalid(format!(

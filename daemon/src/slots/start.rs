@@ -679,7 +679,7 @@ async fn generate_once(
         match chunk.chunk {
             Some(pb::generate_response::Chunk::Delta(d)) => text.push_str(&d.text),
             Some(pb::generate_response::Chunk::Final(f)) => finished = Some(f.usage),
-            None => {}
+            Some(pb::generate_response::Chunk::PromptLogprobs(_)) | None => {}
         }
     }
     match finished {

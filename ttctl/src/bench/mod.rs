@@ -237,7 +237,7 @@ async fn one_stream(daemon: &mut Daemon, req: GenerateRequest, origin: Instant) 
                     }
                     return s;
                 }
-                None => {}
+                Some(Chunk::PromptLogprobs(_)) | None => {}
             },
             Ok(None) => {
                 s.error = Some("the stream ended without its final chunk".into());
