@@ -172,7 +172,9 @@ async fn withheld_parameters_are_left_out_of_info_and_refused() {
             "min_tokens",
             "ignore_eos",
             "stop_token_ids",
-            "seed"
+            "seed",
+            "prompt_tokens",
+            "prompt_logprobs"
         ]
     );
     let e = run(&mut c, request_with("the cat", 4, |g| g.logprobs = Some(1)))
