@@ -448,10 +448,71 @@ fn llama_server_serves_smollm2_through_the_daemon_cancels_and_recovers_from_kill
         "{chat}"
     );
 
-    // Cancellation: a client that leaves mid-stream ends the request in
-    // llama-server itself (its own requests_processing gauge).
+    // A prompt as token ids (llama-server's own tokenizer gives them)
+    // answers as its text does; the prompt's logprobs, which llama-server
+    // cannot give, are refused by name.
     let worker = worker_pid(&daemon, "smol");
     let (engine, port) = llama_process(worker);
+    let post = |url: String, body: serde_json::Value| -> serde_json::Value {
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "120",
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+            ])
+            .arg(body.to_string())
+            .arg(url)
+            .output()
+            .expect("curl");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", output_text(&out)))
+    };
+    let prompt = "The capital of France is";
+    let ids = post(
+        format!("http://127.0.0.1:{port}/tokenize"),
+        serde_json::json!({"content": prompt}),
+    )["tokens"]
+        .clone();
+    assert!(ids.as_array().is_some_and(|t| !t.is_empty()), "{ids}");
+    let completion = |prompt: serde_json::Value| {
+        post(
+            format!("http://{openai}/v1/completions"),
+            serde_json::json!({"model": "smol", "prompt": prompt, "max_tokens": 8, "temperature": 0}),
+        )
+    };
+    let by_text = completion(serde_json::json!(prompt));
+    let by_ids = completion(ids);
+    assert_eq!(
+        by_ids["choices"][0]["text"], by_text["choices"][0]["text"],
+        "{by_ids} {by_text}"
+    );
+    let refused = post(
+        format!("http://{openai}/v1/completions"),
+        serde_json::json!({"model": "smol", "prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 1}),
+    );
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("prompt_logprobs: not supported by engine tt-worker-openai"),
+        "{refused}"
+    );
+    // Echo without logprobs needs nothing of the engine.
+    let echoed = post(
+        format!("http://{openai}/v1/completions"),
+        serde_json::json!({"model": "smol", "prompt": prompt, "max_tokens": 8, "echo": true, "temperature": 0}),
+    );
+    assert_eq!(
+        echoed["choices"][0]["text"].as_str().unwrap_or_default(),
+        format!(
+            "{prompt}{}",
+            by_text["choices"][0]["text"].as_str().unwrap_or_default()
+        ),
+        "{echoed}"
+    );
+
+    // Cancellation: a client that leaves mid-stream ends the request in
+    // llama-server itself (its own requests_processing gauge).
     let mut client = Command::new("curl")
         .args(["-sS", "-N", "--max-time", "120", "-H", "Content-Type: application/json", "-d"])
         .arg(r#"{"model":"smol","prompt":"Tell me a very long story about the sea.","max_tokens":1500,"temperature":0,"stream":true,"ignore_eos":true}"#)
@@ -694,6 +755,26 @@ fn the_real_vllm_serves_through_the_daemon_cancels_and_its_deaths_are_named() {
     );
     assert!(usage.prompt_tokens > 0);
 
+    // A prompt as token ids (here the ids vLLM just generated) is served
+    // as exactly those tokens.
+    let openai = daemon.status()["daemon"]["openai_address"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "120", "-H", "Content-Type: application/json", "-d"])
+        .arg(serde_json::json!({"model": "v", "prompt": answer.tokens, "max_tokens": 4, "temperature": 0}).to_string())
+        .arg(format!("http://{openai}/v1/completions"))
+        .output()
+        .expect("curl");
+    let by_ids: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", output_text(&out)));
+    assert_eq!(
+        by_ids["usage"]["prompt_tokens"],
+        answer.tokens.len(),
+        "{by_ids}"
+    );
+
     // vLLM's prefix cache: the same long prompt again reuses its blocks
     // (128 tokens each here), which usage reports (vLLM fills
     // prompt_tokens_details only with --enable-prompt-tokens-details).
@@ -710,10 +791,6 @@ fn the_real_vllm_serves_through_the_daemon_cancels_and_its_deaths_are_named() {
     assert!(cached >= 128, "{:?}", again.last);
 
     // The OpenAI door, streamed: SSE chunks and a final [DONE].
-    let openai = daemon.status()["daemon"]["openai_address"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
     let out = Command::new("curl")
         .args(["-sS", "-N", "--max-time", "120", "-H", "Content-Type: application/json", "-d"])
         .arg(r#"{"model":"v","messages":[{"role":"user","content":"Say hello."}],"max_tokens":12,"temperature":0,"stream":true}"#)

@@ -687,3 +687,193 @@ fn a_full_queue_is_429_and_a_client_that_leaves_cancels_its_sequence() {
     let health = curl("GET", &format!("{base}/health?model=m"), None, None);
     assert_eq!(health.status, 200, "the slot is still serving: {health:?}");
 }
+
+/// What lm-evaluation-harness's `local-completions` sends (docs/ACCURACY.md):
+/// a batch of prompts in one request; a prompt as token ids with `echo`,
+/// `logprobs` and one token (its log-likelihood requests), the prompt's
+/// tokens scored first with a null for the first; `max_tokens: 0` with
+/// `echo` scoring the prompt alone. And the forms no stream can answer,
+/// refused by name.
+#[test]
+fn what_evaluation_harnesses_send_is_served() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = model_file(dir.path());
+    let daemon = start(
+        &hw,
+        dir.path(),
+        "",
+        model_table("m", 1, &[0], &model, "max_in_flight = 4\n"),
+    );
+    daemon.wait_slot_state("m", "ready");
+    let completions = format!("{}/v1/completions", base(&daemon));
+    let post = |body: serde_json::Value| {
+        let answer = curl("POST", &completions, Some(TOKEN), Some(&body.to_string()));
+        (answer.status, answer.json())
+    };
+    let one = |prompt: &str| {
+        let (status, body) = post(serde_json::json!({
+            "model": "m", "prompt": prompt, "max_tokens": 6, "temperature": 0,
+            "stop": ["\n\n"],
+        }));
+        assert_eq!(status, 200, "{body}");
+        body["choices"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+
+    // A batch: one choice per prompt, in order, each what it gets alone.
+    let prompts = ["The capital of France is", "One, two, three,", "The sea is"];
+    let (status, batch) = post(serde_json::json!({
+        "model": "m", "prompt": prompts, "max_tokens": 6, "temperature": 0, "seed": 1234,
+        "stop": ["\n\n"],
+    }));
+    assert_eq!(status, 200, "{batch}");
+    let choices = batch["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3, "{batch}");
+    for (i, prompt) in prompts.iter().enumerate() {
+        assert_eq!(choices[i]["index"], i, "{batch}");
+        assert_eq!(
+            choices[i]["text"].as_str().unwrap(),
+            one(prompt),
+            "prompt {i}"
+        );
+    }
+    let usage = &batch["usage"];
+    assert!(usage["completion_tokens"].as_u64().unwrap() >= 3, "{usage}");
+
+    // The prompt's tokens, as the engine counted them: scored alone.
+    let (status, scored) = post(serde_json::json!({
+        "model": "m", "prompt": prompts[0], "max_tokens": 0, "echo": true, "logprobs": 1,
+        "temperature": 0,
+    }));
+    assert_eq!(status, 200, "{scored}");
+    let c = &scored["choices"][0];
+    assert_eq!(c["text"], prompts[0], "echo alone is the prompt: {scored}");
+    assert_eq!(c["finish_reason"], "length", "{scored}");
+    assert_eq!(scored["usage"]["completion_tokens"], 0, "{scored}");
+    let n = scored["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    let logprobs = &c["logprobs"];
+    assert_eq!(
+        logprobs["token_logprobs"].as_array().unwrap().len(),
+        n,
+        "{logprobs}"
+    );
+    assert!(logprobs["token_logprobs"][0].is_null(), "{logprobs}");
+    assert!(logprobs["top_logprobs"][0].is_null(), "{logprobs}");
+    let joined: String = logprobs["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(joined, prompts[0], "the tokens spell the prompt");
+
+    // The same prompt followed by one generated token (lm-eval's
+    // log-likelihood request, `max_tokens: 1`): the prompt scores the same,
+    // and the greedy token is its best alternative, as lm-eval's is_greedy
+    // check reads it.
+    let (status, by_text) = post(serde_json::json!({
+        "model": "m", "prompt": prompts[0], "max_tokens": 1, "echo": true, "logprobs": 1,
+        "temperature": 0, "seed": 1234,
+    }));
+    assert_eq!(status, 200, "{by_text}");
+    let lp = &by_text["choices"][0]["logprobs"];
+    let token_logprobs = lp["token_logprobs"].as_array().unwrap();
+    assert_eq!(
+        token_logprobs.len(),
+        n + 1,
+        "the prompt and one token: {lp}"
+    );
+    assert_eq!(
+        &token_logprobs[..n],
+        &logprobs["token_logprobs"].as_array().unwrap()[..],
+        "the prompt scores the same with or without a token after it"
+    );
+    for (k, top) in lp["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .skip(1)
+    {
+        let top = top.as_object().expect("one alternative per token");
+        assert_eq!(top.len(), 1, "{top:?}");
+        let best = top.values().next().unwrap().as_f64().unwrap();
+        assert!(
+            best >= token_logprobs[k].as_f64().unwrap() - 1e-6,
+            "position {k}"
+        );
+    }
+    assert_eq!(
+        token_logprobs[n].as_f64().unwrap(),
+        lp["top_logprobs"][n]
+            .as_object()
+            .unwrap()
+            .values()
+            .next()
+            .unwrap()
+            .as_f64()
+            .unwrap(),
+        "greedy: the generated token is the best"
+    );
+
+    // lm-eval's tokenized form: a batch of prompts as token ids. The echo
+    // is their tokens' text, and each prompt is scored.
+    let (status, by_ids) = post(serde_json::json!({
+        "model": "m", "prompt": [[5, 6, 7], [8, 9]], "max_tokens": 1, "echo": true,
+        "logprobs": 1, "temperature": 0, "seed": 1234,
+    }));
+    assert_eq!(status, 200, "{by_ids}");
+    for (i, len) in [(0, 3), (1, 2)] {
+        let c = &by_ids["choices"][i];
+        let lp = &c["logprobs"];
+        assert_eq!(
+            lp["token_logprobs"].as_array().unwrap().len(),
+            len + 1,
+            "{c}"
+        );
+        let tokens: String = lp["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            c["text"].as_str().unwrap(),
+            tokens,
+            "echo of ids is their text: {c}"
+        );
+    }
+    assert_eq!(by_ids["usage"]["prompt_tokens"], 5, "{by_ids}");
+
+    // Refused by name: what a stream cannot answer, and a length of 0
+    // without echo.
+    for (body, param) in [
+        (
+            serde_json::json!({"model": "m", "prompt": ["a", "b"], "stream": true}),
+            "prompt",
+        ),
+        (
+            serde_json::json!({"model": "m", "prompt": "a", "echo": true, "stream": true}),
+            "echo",
+        ),
+        (
+            serde_json::json!({"model": "m", "prompt": "a", "max_tokens": 0}),
+            "max_tokens",
+        ),
+        (
+            serde_json::json!({"model": "m", "prompt": [], "max_tokens": 1}),
+            "prompt",
+        ),
+        (
+            serde_json::json!({"model": "m", "prompt": [[]], "max_tokens": 1}),
+            "prompt[0]",
+        ),
+    ] {
+        let (status, error) = post(body.clone());
+        assert_eq!(status, 400, "{body}: {error}");
+        assert_eq!(error["error"]["param"], param, "{body}: {error}");
+    }
+}

@@ -100,11 +100,6 @@ async fn answer(
         Ok(timeout) => timeout,
         Err(e) => return e.into_response(),
     };
-    let model = parsed.request.model.clone();
-    let stream = match front.state.router().generate(parsed.request, timeout).await {
-        Ok(stream) => stream,
-        Err(e) => return ApiError::from(e).into_response(),
-    };
     let head = Head {
         id: format!(
             "{}-{}-{}",
@@ -113,14 +108,16 @@ async fn answer(
             NEXT_ID.fetch_add(1, Ordering::Relaxed)
         ),
         created: tt_serving_proto::time::now_unix_ms() / 1000,
-        model,
+        model: parsed.request.model.clone(),
         endpoint,
     };
     if parsed.stream {
-        streamed(head, stream, parsed.include_usage).into_response()
-    } else {
-        collected(head, stream).await
+        return match front.state.router().generate(parsed.request, timeout).await {
+            Ok(stream) => streamed(head, stream, parsed.include_usage).into_response(),
+            Err(e) => ApiError::from(e).into_response(),
+        };
     }
+    collected(head, &front, parsed, timeout).await
 }
 
 /// The body as the endpoint's request, or the error naming what is wrong.
@@ -483,73 +480,181 @@ fn chunk_events(
     Bytes::from(out)
 }
 
-/// The whole answer as one JSON body.
-async fn collected(head: Head, mut stream: ChunkStream) -> Response {
-    let mut text = String::new();
-    let mut reasoning = String::new();
-    let mut tool_calls = ToolCalls::default();
-    let mut logprobs = Vec::new();
-    let mut last = None;
+/// One prompt's answer, read to its end.
+struct Collected {
+    text: String,
+    reasoning: String,
+    tool_calls: ToolCalls,
+    logprobs: Vec<pb::TokenLogprob>,
+    /// The prompt's logprobs, when asked for (`echo`).
+    prompt: Vec<pb::TokenLogprob>,
+    last: pb::GenerationFinal,
+}
+
+async fn collect(mut stream: ChunkStream) -> Result<Collected, ApiError> {
+    let mut c = Collected {
+        text: String::new(),
+        reasoning: String::new(),
+        tool_calls: ToolCalls::default(),
+        logprobs: Vec::new(),
+        prompt: Vec::new(),
+        last: pb::GenerationFinal::default(),
+    };
+    let mut finished = false;
     while let Some(chunk) = stream.next().await {
-        match chunk {
-            Ok(pb::GenerateResponse {
-                chunk: Some(pb::generate_response::Chunk::Delta(d)),
-            }) => {
-                text.push_str(&d.text);
-                reasoning.push_str(&d.reasoning);
-                tool_calls.add(&d.tool_calls);
-                logprobs.extend(d.logprobs);
+        match chunk.map_err(ApiError::from)?.chunk {
+            Some(pb::generate_response::Chunk::Delta(d)) => {
+                c.text.push_str(&d.text);
+                c.reasoning.push_str(&d.reasoning);
+                c.tool_calls.add(&d.tool_calls);
+                c.logprobs.extend(d.logprobs);
             }
-            Ok(pb::GenerateResponse {
-                chunk: Some(pb::generate_response::Chunk::Final(f)),
-            }) => last = Some(f),
-            Ok(_) => {}
-            Err(e) => return ApiError::from(e).into_response(),
+            Some(pb::generate_response::Chunk::PromptLogprobs(p)) => c.prompt = p.tokens,
+            Some(pb::generate_response::Chunk::Final(f)) => {
+                c.last = f;
+                finished = true;
+            }
+            None => {}
         }
     }
-    let Some(last) = last else {
-        return ApiError::from(RouteError::unavailable(
+    if !finished {
+        return Err(ApiError::from(RouteError::unavailable(
             "the worker's stream ended without its final chunk",
             None,
-        ))
-        .into_response();
-    };
-    let finish = wire::finish_reason(last.finish_reason);
-    let logprobs = head.logprobs(&logprobs, 0);
-    let choice = match head.endpoint {
-        Endpoint::Completion => serde_json::json!([{
-            "index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish,
-        }]),
+        )));
+    }
+    Ok(c)
+}
+
+/// The whole answer as one JSON body: every prompt of a batch routed side
+/// by side, each its own choice; with `echo`, the prompt first.
+async fn collected(
+    head: Head,
+    front: &Front,
+    parsed: Parsed,
+    timeout: Option<Duration>,
+) -> Response {
+    let echo = parsed.echo;
+    let requests: Vec<pb::GenerateRequest> =
+        std::iter::once(parsed.request).chain(parsed.more).collect();
+    let prompt_texts: Vec<Option<String>> = requests
+        .iter()
+        .map(|r| match &r.input {
+            Some(pb::generate_request::Input::Prompt(text)) => Some(text.clone()),
+            _ => None,
+        })
+        .collect();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, request) in requests.into_iter().enumerate() {
+        let state = front.state.clone();
+        tasks.spawn(async move {
+            let answer = match state.router().generate(request, timeout).await {
+                Ok(stream) => collect(stream).await,
+                Err(e) => Err(ApiError::from(e)),
+            };
+            (i, answer)
+        });
+    }
+    let mut answers: Vec<Option<Collected>> = prompt_texts.iter().map(|_| None).collect();
+    // The first failure answers the whole request (dropping the set ends
+    // the other prompts' streams).
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((i, Ok(c))) => answers[i] = Some(c),
+            Ok((_, Err(e))) => return e.into_response(),
+            Err(e) => {
+                return ApiError::from(RouteError::unavailable(
+                    format!("a prompt's request ended abnormally: {e}"),
+                    None,
+                ))
+                .into_response()
+            }
+        }
+    }
+    let mut choices = Vec::with_capacity(answers.len());
+    let mut total = pb::GenerationFinal::default();
+    for (index, (c, prompt_text)) in answers.into_iter().zip(prompt_texts).enumerate() {
+        let Some(c) = c else {
+            continue;
+        };
+        add_usage(&mut total, &c.last);
+        choices.push(choice(&head, index, echo, prompt_text, c));
+    }
+    let mut body = head.body(false, serde_json::Value::Array(choices));
+    body["usage"] = serde_json::json!(Usage::of(&total));
+    axum::Json(body).into_response()
+}
+
+/// A batch's usage: the sum of its prompts'.
+fn add_usage(total: &mut pb::GenerationFinal, last: &pb::GenerationFinal) {
+    let u = last.usage.unwrap_or_default();
+    let t = total.usage.get_or_insert_with(Default::default);
+    t.prompt_tokens = t.prompt_tokens.saturating_add(u.prompt_tokens);
+    t.completion_tokens = t.completion_tokens.saturating_add(u.completion_tokens);
+    let cached = last.timings.map_or(0, |t| t.cached_prompt_tokens);
+    let tt = total.timings.get_or_insert_with(Default::default);
+    tt.cached_prompt_tokens = tt.cached_prompt_tokens.saturating_add(cached);
+}
+
+/// One choice of a collected answer.
+fn choice(
+    head: &Head,
+    index: usize,
+    echo: wire::Echo,
+    prompt_text: Option<String>,
+    c: Collected,
+) -> serde_json::Value {
+    let finish = wire::finish_reason(c.last.finish_reason);
+    match head.endpoint {
+        Endpoint::Completion => {
+            let (text, logprobs) = match echo {
+                wire::Echo::Off => (c.text, head.logprobs(&c.logprobs, 0)),
+                wire::Echo::Text | wire::Echo::WithLogprobs => {
+                    // A token-id prompt's text is its tokens' bytes.
+                    let prompt = prompt_text.unwrap_or_else(|| {
+                        let bytes: Vec<u8> =
+                            c.prompt.iter().flat_map(|t| t.bytes.clone()).collect();
+                        String::from_utf8_lossy(&bytes).into_owned()
+                    });
+                    let logprobs = if echo == wire::Echo::WithLogprobs {
+                        wire::echo_logprobs(&c.prompt, &c.logprobs)
+                    } else {
+                        head.logprobs(&c.logprobs, prompt.len())
+                    };
+                    (prompt + &c.text, logprobs)
+                }
+            };
+            serde_json::json!({
+                "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
+            })
+        }
         Endpoint::Chat => {
             // OpenAI's message: `content` null when the turn is only tool
             // calls; `reasoning_content` and `tool_calls` only when there
             // are some.
-            let calls = tool_calls.json();
+            let calls = c.tool_calls.json();
             let mut message = serde_json::json!({
                 "role": "assistant",
-                "content": if text.is_empty() && calls.is_some() {
+                "content": if c.text.is_empty() && calls.is_some() {
                     serde_json::Value::Null
                 } else {
-                    serde_json::json!(text)
+                    serde_json::json!(c.text)
                 },
             });
-            if !reasoning.is_empty() {
-                message["reasoning_content"] = serde_json::json!(reasoning);
+            if !c.reasoning.is_empty() {
+                message["reasoning_content"] = serde_json::json!(c.reasoning);
             }
             if let Some(calls) = calls {
                 message["tool_calls"] = calls;
             }
-            serde_json::json!([{
-                "index": 0,
+            serde_json::json!({
+                "index": index,
                 "message": message,
-                "logprobs": logprobs,
+                "logprobs": head.logprobs(&c.logprobs, 0),
                 "finish_reason": finish,
-            }])
+            })
         }
-    };
-    let mut body = head.body(false, choice);
-    body["usage"] = serde_json::json!(Usage::of(&last));
-    axum::Json(body).into_response()
+    }
 }
 
 #[cfg(test)]

@@ -84,15 +84,48 @@ pub struct Common {
     pub top_logprobs: Option<u32>,
 }
 
+/// `prompt` of `/v1/completions`: text or token ids, one prompt or a
+/// batch (OpenAI's four forms; evaluation harnesses send token ids, in
+/// batches).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptIn {
+    /// One text prompt.
+    Text(String),
+    /// One prompt as token ids.
+    Tokens(Vec<u32>),
+    /// Several text prompts.
+    Texts(Vec<String>),
+    /// Several prompts as token ids.
+    TokenLists(Vec<Vec<u32>>),
+}
+
+impl PromptIn {
+    /// Each prompt as the proto's input.
+    fn inputs(self) -> Vec<pb::generate_request::Input> {
+        use pb::generate_request::Input;
+        let tokens = |ids| Input::PromptTokens(pb::PromptTokens { ids });
+        match self {
+            PromptIn::Text(t) => vec![Input::Prompt(t)],
+            // `[]`: no prompt at all, whichever list it was meant to be.
+            PromptIn::Tokens(ids) if ids.is_empty() => Vec::new(),
+            PromptIn::Tokens(ids) => vec![tokens(ids)],
+            PromptIn::Texts(v) => v.into_iter().map(Input::Prompt).collect(),
+            PromptIn::TokenLists(v) => v.into_iter().map(tokens).collect(),
+        }
+    }
+}
+
 /// `POST /v1/completions`: its own fields ([`Common`] is read separately).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CompletionRequest {
     /// The model, as `/v1/models` lists it.
     pub model: String,
-    /// The prompt (one string, or a list of one).
-    pub prompt: OneOrMany,
-    /// Refused unless false.
+    /// The prompt or prompts.
+    pub prompt: PromptIn,
+    /// Answer with the prompt before the completion (and its tokens'
+    /// logprobs first when `logprobs` is given).
     #[serde(default)]
     pub echo: bool,
     /// Refused unless 1.
@@ -366,11 +399,32 @@ impl Common {
     }
 }
 
+/// Whether and how `/v1/completions` answers with the prompt (`echo`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Echo {
+    /// The completion only.
+    Off,
+    /// The prompt's text first.
+    Text,
+    /// The prompt's text first, and its tokens' logprobs before the
+    /// completion's (the engine's `prompt_logprobs`).
+    WithLogprobs,
+}
+
+/// The most prompts one `/v1/completions` request may batch (each is one
+/// request through the router, run side by side).
+pub const MAX_BATCHED_PROMPTS: usize = 64;
+
 /// What the handlers need from a parsed request.
 #[derive(Debug)]
 pub struct Parsed {
-    /// The request for the router.
+    /// The request for the router (the first prompt's, in a batch).
     pub request: pb::GenerateRequest,
+    /// The batch's other prompts' requests (`/v1/completions` with a list
+    /// of prompts), answered as choices 1, 2, ...
+    pub more: Vec<pb::GenerateRequest>,
+    /// Whether the answer starts with the prompt.
+    pub echo: Echo,
     /// Stream Server-Sent Events.
     pub stream: bool,
     /// Send `usage` in a last chunk (streaming).
@@ -381,12 +435,6 @@ impl CompletionRequest {
     /// Into the router's request, or the field refused.
     pub fn parse(self, common: Common) -> Result<Parsed, Refused> {
         common.refuse_unsupported()?;
-        if self.echo {
-            return Err(refuse(
-                "echo",
-                "echoing the prompt is not supported; leave it out",
-            ));
-        }
         if self.best_of.is_some_and(|b| b != 1) {
             return Err(refuse("best_of", "only best_of = 1 is supported"));
         }
@@ -396,19 +444,53 @@ impl CompletionRequest {
                 "insertion (suffix) is not supported; leave it out",
             ));
         }
-        let prompt = match self.prompt.into_vec() {
-            mut one if one.len() == 1 => one.remove(0),
-            many => {
-                return Err(refuse(
-                    "prompt",
-                    &format!(
-                        "give one prompt, not a list of {}; send one request per prompt",
-                        many.len()
-                    ),
-                ))
-            }
-        };
+        let inputs = self.prompt.inputs();
+        if inputs.is_empty() {
+            return Err(refuse(
+                "prompt",
+                "the list of prompts is empty; give at least one",
+            ));
+        }
+        if inputs.len() > MAX_BATCHED_PROMPTS {
+            return Err(refuse(
+                "prompt",
+                &format!(
+                    "{} prompts in one request is above this server's limit of {MAX_BATCHED_PROMPTS}; send them in several requests",
+                    inputs.len()
+                ),
+            ));
+        }
+        if let Some(i) = inputs.iter().position(
+            |p| matches!(p, pb::generate_request::Input::PromptTokens(t) if t.ids.is_empty()),
+        ) {
+            return Err(refuse(
+                &format!("prompt[{i}]"),
+                "a prompt of no tokens; give at least one token",
+            ));
+        }
         let (stream, include_usage) = streaming(&common);
+        if stream && inputs.len() > 1 {
+            return Err(refuse(
+                "prompt",
+                &format!(
+                    "{} prompts with \"stream\": true; a stream answers one prompt, so send one streamed request per prompt (or leave stream out to get them as choices)",
+                    inputs.len()
+                ),
+            ));
+        }
+        if stream && self.echo {
+            return Err(refuse(
+                "echo",
+                "not supported with \"stream\": true; leave stream out to get the prompt back with the answer",
+            ));
+        }
+        let max_tokens = common.max_tokens;
+        if max_tokens == Some(0) && !self.echo {
+            return Err(refuse(
+                "max_tokens",
+                "0 generates nothing; give at least 1 (0 is for scoring the prompt with \"echo\": true)",
+            ));
+        }
         // Completions: `logprobs` is the number of alternatives per token.
         let logprobs = match &common.logprobs {
             None | Some(serde_json::Value::Null) => None,
@@ -429,15 +511,47 @@ impl CompletionRequest {
                 "a chat parameter; on /v1/completions give the number as `logprobs`",
             ));
         }
-        let mut request = pb::GenerateRequest {
+        let echo = match (self.echo, logprobs) {
+            (false, _) => Echo::Off,
+            (true, None) => Echo::Text,
+            (true, Some(_)) => Echo::WithLogprobs,
+        };
+        let mut template = pb::GenerateRequest {
             model: self.model,
-            input: Some(pb::generate_request::Input::Prompt(prompt)),
             ..Default::default()
         };
-        common.apply(&mut request);
-        request.logprobs = logprobs;
+        common.apply(&mut template);
+        template.logprobs = logprobs;
+        if self.echo {
+            // Echoing token ids needs their text, which only the engine
+            // has: it comes with the prompt's logprobs.
+            let tokens = inputs
+                .iter()
+                .any(|p| matches!(p, pb::generate_request::Input::PromptTokens(_)));
+            if echo == Echo::WithLogprobs || tokens {
+                template.prompt_logprobs = Some(logprobs.unwrap_or(0));
+            }
+            if max_tokens == Some(0) {
+                if template.prompt_logprobs.is_none() {
+                    return Err(refuse(
+                        "max_tokens",
+                        "0 with \"echo\" and no \"logprobs\" answers the prompt you sent and nothing else; give logprobs to score it, or max_tokens of 1 or more",
+                    ));
+                }
+                template.prompt_only = true;
+                template.max_tokens = 0;
+                template.logprobs = None;
+            }
+        }
+        let mut requests = inputs.into_iter().map(|input| pb::GenerateRequest {
+            input: Some(input),
+            ..template.clone()
+        });
+        let request = requests.next().unwrap_or(template.clone());
         Ok(Parsed {
             request,
+            more: requests.collect(),
+            echo,
             stream,
             include_usage,
         })
@@ -531,6 +645,8 @@ impl ChatRequest {
         }
         Ok(Parsed {
             request,
+            more: Vec::new(),
+            echo: Echo::Off,
             stream,
             include_usage,
         })
@@ -609,6 +725,23 @@ pub fn completion_logprobs(tokens: &[pb::TokenLogprob], text_start: usize) -> se
             .collect::<Vec<_>>(),
         "text_offset": offsets,
     })
+}
+
+/// Logprobs of an echoed completion: the prompt's tokens, then the
+/// completion's, as one list from the answer's first byte. The first
+/// prompt token has no logprob (nothing precedes it): null, as OpenAI and
+/// vLLM write it, and as evaluation harnesses skip it.
+pub fn echo_logprobs(
+    prompt: &[pb::TokenLogprob],
+    generated: &[pb::TokenLogprob],
+) -> serde_json::Value {
+    let all: Vec<pb::TokenLogprob> = prompt.iter().chain(generated).cloned().collect();
+    let mut value = completion_logprobs(&all, 0);
+    if !prompt.is_empty() {
+        value["token_logprobs"][0] = serde_json::Value::Null;
+        value["top_logprobs"][0] = serde_json::Value::Null;
+    }
+    value
 }
 
 /// Logprobs as `/v1/chat/completions` gives them: one entry per token.
