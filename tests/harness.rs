@@ -692,6 +692,23 @@ pub fn real_llama_server() -> Option<(PathBuf, PathBuf)> {
     }
 }
 
+/// lm-evaluation-harness's `lm_eval` (`TT_LM_EVAL`), SmolLM2's Hugging
+/// Face tokenizer (the directory `TT_VLLM_MODEL` names) and its GGUF
+/// (`TT_SMOLLM2_GGUF`), or None: skipped loudly; CI requires them.
+pub fn real_lm_eval() -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let var = |name| std::env::var_os(name).filter(|s| !s.is_empty());
+    match (var("TT_LM_EVAL"), var("TT_VLLM_MODEL"), var("TT_SMOLLM2_GGUF")) {
+        (Some(e), Some(t), Some(m)) => Some((e.into(), t.into(), m.into())),
+        _ if std::env::var_os("CI").is_some() => panic!(
+            "CI must set TT_LM_EVAL=$(scripts/lm-eval.sh), TT_VLLM_MODEL=$(scripts/vllm.sh --model-dir) and TT_SMOLLM2_GGUF"
+        ),
+        _ => {
+            eprintln!("SKIPPED: set TT_LM_EVAL=$(scripts/lm-eval.sh), TT_VLLM_MODEL=$(scripts/vllm.sh --model-dir) and TT_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh)");
+            None
+        }
+    }
+}
+
 /// The real vLLM: `TT_VLLM_PYTHON` (the venv's python) and
 /// `TT_VLLM_MODEL` (SmolLM2 as a Hugging Face directory), or None: skipped
 /// loudly; CI requires them.

@@ -156,6 +156,106 @@ pub enum Command {
     /// arm does not come up or a run is invalid, 130 on Ctrl-C.
     #[command(after_help = EXIT_CODES)]
     Ab(AbArgs),
+
+    /// Measure a served model's accuracy through the daemon, as clients get it.
+    ///
+    /// Two engines of the eval. With --lm-eval PATH, EleutherAI's
+    /// lm-evaluation-harness (`scripts/lm-eval.sh` installs it) runs task
+    /// TASK (a task of its registry, or of --include-path) with its
+    /// `local-completions` model against the daemon's OpenAI door; give
+    /// --tokenizer (a Hugging Face tokenizer directory or name) for tasks
+    /// that score log-likelihoods. Without it, the built-in exact-match
+    /// runner reads TASK as a JSON-lines file, one question a line
+    /// ({"prompt": ..., "answer": ...} or "answers": [...]), asks each
+    /// greedily through the router and scores the first line of the
+    /// answer (case, surrounding spaces and punctuation aside). Appends a
+    /// JSON-lines record (the score, its standard error, the samples, the
+    /// slots, engine, cache variant and flags it ran on, and `valid`: no
+    /// slot restarted and no request failed). With --reference and
+    /// --tolerance, or --pass-mark, says pass or fail. Exits 1 on a fail
+    /// or an invalid run.
+    #[command(after_help = EXIT_CODES)]
+    Eval(EvalArgs),
+}
+
+/// Options of `ttctl eval`.
+#[derive(Debug, Clone, Args)]
+pub struct EvalArgs {
+    /// The model, as configured under `[models.<name>]`.
+    #[arg(value_name = "MODEL")]
+    pub model: String,
+
+    /// The task: a JSON-lines file (built-in runner), or an lm-eval task
+    /// name (with --lm-eval).
+    #[arg(long, value_name = "TASK")]
+    pub task: String,
+
+    /// lm-evaluation-harness's `lm_eval` program: run the task with it.
+    #[arg(long = "lm-eval", value_name = "PATH")]
+    pub lm_eval: Option<PathBuf>,
+
+    /// A directory of lm-eval task YAML files (lm-eval's --include_path);
+    /// their relative data files are read from it.
+    #[arg(long, value_name = "DIR", requires = "lm_eval")]
+    pub include_path: Option<PathBuf>,
+
+    /// The model's Hugging Face tokenizer (a directory or a hub name), for
+    /// lm-eval's log-likelihood requests, which count context tokens.
+    #[arg(long, value_name = "PATH", requires = "lm_eval")]
+    pub tokenizer: Option<String>,
+
+    /// Requests lm-eval sends at once (its batch of prompts per request).
+    #[arg(long, value_name = "N", default_value_t = 8, requires = "lm_eval",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub batch_size: u32,
+
+    /// Evaluate only the first N samples.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
+
+    /// The metric to score by (lm-eval's name, e.g. acc, acc_norm,
+    /// exact_match); default: the task's first.
+    #[arg(long, value_name = "NAME", requires = "lm_eval")]
+    pub metric: Option<String>,
+
+    /// The reference score (0 to 1): with --tolerance, a score below
+    /// reference - tolerance fails.
+    #[arg(
+        long,
+        value_name = "SCORE",
+        requires = "tolerance",
+        conflicts_with = "pass_mark"
+    )]
+    pub reference: Option<f64>,
+
+    /// How far below --reference a score may fall and pass.
+    #[arg(long, value_name = "SCORE", requires = "reference")]
+    pub tolerance: Option<f64>,
+
+    /// A pass mark as N/M: at least N correct of exactly M samples.
+    #[arg(long, value_name = "N/M", value_parser = parse_pass_mark)]
+    pub pass_mark: Option<(u32, u32)>,
+
+    /// Append the record here instead of the user's state directory
+    /// (`$XDG_STATE_HOME/tt-serving/bench.jsonl`).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+
+    /// Print the record as JSON instead of the summary line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_pass_mark(text: &str) -> Result<(u32, u32), String> {
+    let parsed = text
+        .split_once('/')
+        .and_then(|(n, m)| Some((n.trim().parse::<u32>().ok()?, m.trim().parse::<u32>().ok()?)));
+    match parsed {
+        Some((n, m)) if m > 0 && n <= m => Ok((n, m)),
+        _ => Err(format!(
+            "{text:?}: a pass mark is N/M, at least N correct of M samples (e.g. 55/60)"
+        )),
+    }
 }
 
 /// Options of `ttctl bench`.

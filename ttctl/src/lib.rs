@@ -46,6 +46,7 @@ pub use bench::stats;
 mod cache;
 mod card;
 mod client;
+mod eval;
 mod generate;
 mod logs;
 mod reload;
@@ -60,8 +61,8 @@ use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
 pub use args::{
-    AbArgs, Arm, BenchArgs, BenchCommand, CacheCommand, CardCommand, Cli, Command, GenerateArgs,
-    LogsArgs, ReloadArgs, SlotCommand, StatusArgs, TopArgs, WorkloadArgs,
+    AbArgs, Arm, BenchArgs, BenchCommand, CacheCommand, CardCommand, Cli, Command, EvalArgs,
+    GenerateArgs, LogsArgs, ReloadArgs, SlotCommand, StatusArgs, TopArgs, WorkloadArgs,
 };
 use client::Daemon;
 pub use client::{connect, ConnectError, DEFAULT_SOCKET};
@@ -123,6 +124,7 @@ async fn execute(
         Command::Top(args) => top::run(daemon, args, out, is_tty).await,
         Command::Bench(args) => bench::run(daemon, &args, out, err).await,
         Command::Ab(args) => bench::ab::run(daemon, &args, out, err, tokio::signal::ctrl_c()).await,
+        Command::Eval(args) => eval::run(daemon, &args, out, err).await,
     }
 }
 

@@ -1,0 +1,227 @@
+//! Accuracy through the daemon, as the field gates it: `ttctl eval` with
+//! lm-evaluation-harness (PyPI `lm-eval`, scripts/lm-eval.sh) and with the
+//! built-in exact-match runner, on SmolLM2 served by tt-worker, on the
+//! tasks in tests/data/eval (docs/ACCURACY.md).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use tt_serving_tests::{bin, model_table, Daemon, DaemonOptions, FakeHw};
+
+fn tasks() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/eval")
+}
+
+/// `ttctl eval` against `daemon`, offline (no hub lookups), its record in
+/// `out`.
+fn eval(daemon: &Daemon, out: &Path, args: &[&str]) -> Output {
+    Command::new(bin("ttctl"))
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["eval", "m", "--out"])
+        .arg(out)
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_DATASETS_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ttctl eval")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The last record of a records file.
+fn last_record(path: &Path) -> serde_json::Value {
+    let records = std::fs::read_to_string(path).expect("the records file");
+    serde_json::from_str(records.lines().last().expect("a record")).expect("a JSON record")
+}
+
+#[test]
+fn ttctl_eval_scores_smollm2_with_lm_eval_and_the_built_in_runner_and_gates_it() {
+    let Some((lm_eval, tokenizer, model)) = tt_serving_tests::real_lm_eval() else {
+        return;
+    };
+    let hw = FakeHw::new(1);
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: format!(
+                "[openai]\nlisten = \"127.0.0.1:0\"\n{}",
+                model_table("m", 1, &[0], &model, "max_in_flight = 8\n")
+            ),
+            ..Default::default()
+        },
+    );
+    daemon.wait_slot_state("m", "ready");
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("eval.jsonl");
+    let lm_eval = lm_eval.display().to_string();
+    let include = tasks().display().to_string();
+    let tokenizer = tokenizer.display().to_string();
+
+    // Generate-until with lm-eval: the capitals, through the OpenAI door.
+    let harness = eval(
+        &daemon,
+        &records,
+        &[
+            "--lm-eval",
+            &lm_eval,
+            "--include-path",
+            &include,
+            "--task",
+            "tt_capitals",
+        ],
+    );
+    assert!(harness.status.success(), "{}", text(&harness));
+    let by_harness = last_record(&records);
+    assert_eq!(by_harness["kind"], "eval");
+    assert_eq!(by_harness["runner"], "lm-eval 0.4.13", "{by_harness}");
+    assert_eq!(by_harness["metric"], "exact_match", "{by_harness}");
+    assert_eq!(by_harness["samples"], 40, "{by_harness}");
+    assert_eq!(by_harness["valid"], true, "{by_harness}");
+    assert_eq!(
+        by_harness["identity"]["slots"][0]["slot"], "m",
+        "{by_harness}"
+    );
+    let score = by_harness["score"].as_f64().unwrap();
+    // SmolLM2-135M knows some capitals, not all (0.65 when written).
+    assert!((0.4..=0.9).contains(&score), "{by_harness}");
+
+    // The built-in runner on the same questions, through the router:
+    // the same score and standard error as lm-eval's.
+    let questions = tasks().join("capitals.jsonl").display().to_string();
+    let built_in = eval(
+        &daemon,
+        &records,
+        &[
+            "--task",
+            &questions,
+            "--reference",
+            &format!("{score}"),
+            "--tolerance",
+            "0.05",
+        ],
+    );
+    assert!(built_in.status.success(), "{}", text(&built_in));
+    let by_runner = last_record(&records);
+    assert_eq!(by_runner["runner"], "built-in exact match");
+    assert_eq!(by_runner["score"], by_harness["score"], "{by_runner}");
+    assert_eq!(by_runner["stderr"], by_harness["stderr"], "{by_runner}");
+    assert_eq!(by_runner["pass"], true, "{by_runner}");
+    assert!(
+        String::from_utf8_lossy(&built_in.stdout).contains("PASS against reference"),
+        "{}",
+        text(&built_in)
+    );
+
+    // A reference the model does not reach fails, exit 1, naming the score
+    // and the gate; so does a pass mark of every question.
+    let failing = eval(
+        &daemon,
+        &records,
+        &[
+            "--task",
+            &questions,
+            "--reference",
+            "0.95",
+            "--tolerance",
+            "0.05",
+        ],
+    );
+    assert_eq!(failing.status.code(), Some(1), "{}", text(&failing));
+    assert!(
+        String::from_utf8_lossy(&failing.stderr)
+            .contains("fails reference 0.95 with tolerance 0.05"),
+        "{}",
+        text(&failing)
+    );
+    assert_eq!(last_record(&records)["pass"], false);
+    let all = eval(
+        &daemon,
+        &records,
+        &["--task", &questions, "--pass-mark", "40/40"],
+    );
+    assert_eq!(all.status.code(), Some(1), "{}", text(&all));
+    assert!(
+        String::from_utf8_lossy(&all.stderr).contains("the pass mark 40/40"),
+        "{}",
+        text(&all)
+    );
+
+    // Multiple choice by log-likelihood: lm-eval's tokenized, batched
+    // echo-with-logprobs requests, scored from the prompt's logprobs.
+    let mc = eval(
+        &daemon,
+        &records,
+        &[
+            "--lm-eval",
+            &lm_eval,
+            "--include-path",
+            &include,
+            "--task",
+            "tt_capitals_mc",
+            "--tokenizer",
+            &tokenizer,
+            "--batch-size",
+            "8",
+        ],
+    );
+    assert!(mc.status.success(), "{}", text(&mc));
+    let by_choice = last_record(&records);
+    assert_eq!(by_choice["metric"], "acc", "{by_choice}");
+    assert_eq!(by_choice["samples"], 40, "{by_choice}");
+    assert!(by_choice["score"].as_f64().unwrap() >= 0.9, "{by_choice}");
+}
+
+#[test]
+fn bad_eval_arguments_are_named() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tt_serving_tests::tiny_model(dir.path());
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: model_table("m", 1, &[0], &model, ""),
+            ..Default::default()
+        },
+    );
+    daemon.wait_slot_state("m", "ready");
+    let records = dir.path().join("eval.jsonl");
+    let missing = eval(&daemon, &records, &["--task", "/no/such/task.jsonl"]);
+    assert_eq!(missing.status.code(), Some(1), "{}", text(&missing));
+    assert!(
+        String::from_utf8_lossy(&missing.stderr)
+            .contains("cannot read the task file /no/such/task.jsonl"),
+        "{}",
+        text(&missing)
+    );
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"prompt\": \"x\"}\n").unwrap();
+    let no_answer = eval(&daemon, &records, &["--task", bad.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&no_answer.stderr).contains("line 1: no \"answer\""),
+        "{}",
+        text(&no_answer)
+    );
+    let mark = eval(&daemon, &records, &["--task", "x", "--pass-mark", "9/5"]);
+    assert_eq!(mark.status.code(), Some(2), "{}", text(&mark));
+    // lm-eval goes through the OpenAI door, which this daemon does not open.
+    let no_door = eval(
+        &daemon,
+        &records,
+        &["--lm-eval", "/bin/false", "--task", "t"],
+    );
+    assert_eq!(no_door.status.code(), Some(1), "{}", text(&no_door));
+    assert!(
+        String::from_utf8_lossy(&no_door.stderr).contains("no OpenAI door"),
+        "{}",
+        text(&no_door)
+    );
+}

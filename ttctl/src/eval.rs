@@ -1,0 +1,549 @@
+//! `ttctl eval`: a served model's accuracy measured through the daemon,
+//! exactly as clients get it, with lm-evaluation-harness as the engine of
+//! the eval or the built-in exact-match runner, recorded beside `ttctl
+//! bench`'s records and judged against a reference (docs/ACCURACY.md).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde_json::{json, Value};
+use tt_serving_proto::v1::generate_request::Input;
+use tt_serving_proto::v1::generate_response::Chunk;
+use tt_serving_proto::v1::{GenerateRequest, StatusResponse};
+
+use super::bench::record::{self, Identity, SlotIdentity};
+use super::client::Daemon;
+use super::{emit, note, EvalArgs, Failure};
+
+/// A task's score.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Score {
+    /// The metric's name (`exact_match`, `acc`, ...).
+    pub metric: String,
+    /// Its value, 0 to 1.
+    pub value: f64,
+    /// Its standard error.
+    pub stderr: f64,
+    /// Samples scored.
+    pub samples: u64,
+    /// Samples that failed (a refused or broken request).
+    pub failed: u64,
+    /// What ran the eval: `built-in exact match` or `lm-eval <version>`.
+    pub runner: String,
+}
+
+/// `ttctl eval MODEL --task TASK`.
+pub(super) async fn run(
+    daemon: &mut Daemon,
+    args: &EvalArgs,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+) -> Result<(), Failure> {
+    let (path, default) = match &args.out {
+        Some(p) => (p.clone(), false),
+        None => (
+            record::default_path().ok_or_else(|| {
+                Failure::Failed(
+                    "no place for the record: neither XDG_STATE_HOME nor HOME is set; give --out FILE"
+                        .into(),
+                )
+            })?,
+            true,
+        ),
+    };
+    let before = daemon.status().await?;
+    let identity = Identity::of(&before, &args.model);
+    if identity.slots.is_empty() {
+        return Err(Failure::Failed(format!(
+            "model {} has no Ready slot to evaluate (see 'ttctl status')",
+            args.model
+        )));
+    }
+    let started = tt_serving_proto::time::unix_ms(SystemTime::now());
+    let score = match &args.lm_eval {
+        Some(program) => harness(program, &before, args, err).await?,
+        None => built_in(daemon, args, err).await?,
+    };
+    let after = daemon.status().await?;
+    let mut problems = changed_slots(&identity.slots, &Identity::of(&after, &args.model).slots);
+    if score.failed > 0 {
+        problems.push(format!("{} requests failed", score.failed));
+    }
+    let verdict = verdict(&score, args);
+    let identity = match daemon.list_cache().await {
+        Ok(cache) => identity.with_variants(&cache),
+        Err(_) => identity,
+    };
+    let rec = json!({
+        "kind": "eval",
+        "id": record::run_id(started),
+        "unix_ms": started,
+        "model": args.model,
+        "task": args.task,
+        "runner": score.runner,
+        "metric": score.metric,
+        "score": score.value,
+        "stderr": score.stderr,
+        "samples": score.samples,
+        "failed": score.failed,
+        "limit": args.limit,
+        "valid": problems.is_empty(),
+        "invalid_because": problems,
+        "gate": verdict.as_ref().map(|v| v.gate.clone()),
+        "pass": verdict.as_ref().map(|v| v.pass),
+        "identity": identity,
+    });
+    record::append(&path, std::slice::from_ref(&rec), default).map_err(Failure::Failed)?;
+    if args.json {
+        emit(out, &format!("{rec}\n"))?;
+    } else {
+        let mut line = format!(
+            "{} {}: {} {:.4} ± {:.4} over {} samples ({})",
+            args.model,
+            args.task,
+            score.metric,
+            score.value,
+            score.stderr,
+            score.samples,
+            score.runner
+        );
+        if let Some(v) = &verdict {
+            line.push_str(&format!(
+                "; {} against {}",
+                if v.pass { "PASS" } else { "FAIL" },
+                v.gate
+            ));
+        }
+        emit(out, &format!("{line}\n"))?;
+    }
+    note(err, &format!("record appended to {}\n", path.display()));
+    if !problems.is_empty() {
+        return Err(Failure::Failed(format!(
+            "the run is invalid: {}",
+            problems.join("; ")
+        )));
+    }
+    match verdict {
+        Some(v) if !v.pass => Err(Failure::Failed(format!(
+            "{} {}: {} {:.4} fails {}",
+            args.model, args.task, score.metric, score.value, v.gate
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The gate and whether the score passed it.
+struct Verdict {
+    gate: String,
+    pass: bool,
+}
+
+fn verdict(score: &Score, args: &EvalArgs) -> Option<Verdict> {
+    if let (Some(reference), Some(tolerance)) = (args.reference, args.tolerance) {
+        return Some(Verdict {
+            gate: format!("reference {reference} with tolerance {tolerance}"),
+            pass: score.value >= reference - tolerance,
+        });
+    }
+    let (need, of) = args.pass_mark?;
+    let correct = (score.value * score.samples as f64).round() as u64;
+    Some(Verdict {
+        gate: format!(
+            "the pass mark {need}/{of} ({correct}/{} correct)",
+            score.samples
+        ),
+        pass: score.samples == u64::from(of) && correct >= u64::from(need),
+    })
+}
+
+/// What changed in the model's slots while the eval ran.
+fn changed_slots(before: &[SlotIdentity], after: &[SlotIdentity]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for b in before {
+        match after.iter().find(|a| a.slot == b.slot) {
+            None => problems.push(format!("slot {} is no longer Ready", b.slot)),
+            Some(a) if a.worker_pid != b.worker_pid || a.starts != b.starts => {
+                problems.push(format!("slot {} restarted", b.slot))
+            }
+            Some(a) if a.flags != b.flags || a.engine != b.engine => {
+                problems.push(format!("slot {} changed its engine or flags", b.slot))
+            }
+            Some(_) => {}
+        }
+    }
+    problems
+}
+
+/// The standard error of a mean of 0/1 scores (the sample standard
+/// deviation over the square root of n, as lm-eval computes it).
+fn binary_stderr(correct: u64, n: u64) -> f64 {
+    if n < 2 {
+        return 0.0;
+    }
+    let p = correct as f64 / n as f64;
+    (p * (1.0 - p) / (n - 1) as f64).sqrt()
+}
+
+/// One question of a built-in task.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Question {
+    /// The prompt, sent as is (no chat template).
+    prompt: String,
+    /// The correct answer.
+    #[serde(default)]
+    answer: Option<String>,
+    /// Several correct answers.
+    #[serde(default)]
+    answers: Vec<String>,
+    /// Tokens the answer may take (default 16).
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    /// Where the answer ends (default: the end of its line).
+    #[serde(default)]
+    stop: Option<Vec<String>>,
+}
+
+/// Lowercase, without surrounding whitespace and punctuation, inner
+/// whitespace collapsed.
+fn normalize(text: &str) -> String {
+    let trimmed = text.trim_matches(|c: char| c.is_whitespace() || c.is_ascii_punctuation());
+    trimmed
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_lowercase()
+}
+
+/// Whether `output`'s first line is one of the answers.
+fn correct(output: &str, answers: &[String]) -> bool {
+    let first = normalize(output.lines().find(|l| !l.trim().is_empty()).unwrap_or(""));
+    answers.iter().any(|a| normalize(a) == first)
+}
+
+/// Read a built-in task file.
+fn questions(path: &Path) -> Result<Vec<Question>, Failure> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Failure::Failed(format!(
+            "cannot read the task file {}: {e} (without --lm-eval, --task is a JSON-lines file of {{\"prompt\": ..., \"answer\": ...}})",
+            path.display()
+        ))
+    })?;
+    let mut all = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let q: Question = serde_json::from_str(line).map_err(|e| {
+            Failure::Failed(format!(
+                "{} line {}: {e}; each line is {{\"prompt\": ..., \"answer\": ...}} (or \"answers\": [...]), optionally \"max_tokens\" and \"stop\"",
+                path.display(),
+                i + 1
+            ))
+        })?;
+        if q.answer.is_none() && q.answers.is_empty() {
+            return Err(Failure::Failed(format!(
+                "{} line {}: no \"answer\" or \"answers\"",
+                path.display(),
+                i + 1
+            )));
+        }
+        all.push(q);
+    }
+    if all.is_empty() {
+        return Err(Failure::Failed(format!(
+            "{} has no questions",
+            path.display()
+        )));
+    }
+    Ok(all)
+}
+
+/// The built-in exact-match runner: each question greedily through the
+/// router, one after another.
+async fn built_in(
+    daemon: &mut Daemon,
+    args: &EvalArgs,
+    err: &mut (dyn Write + Send),
+) -> Result<Score, Failure> {
+    let mut questions = questions(Path::new(&args.task))?;
+    if let Some(limit) = args.limit {
+        questions.truncate(limit as usize);
+    }
+    let (mut right, mut failed) = (0u64, 0u64);
+    for (i, q) in questions.iter().enumerate() {
+        let request = GenerateRequest {
+            model: args.model.clone(),
+            input: Some(Input::Prompt(q.prompt.clone())),
+            max_tokens: q.max_tokens.unwrap_or(16),
+            stop: q.stop.clone().unwrap_or_else(|| vec!["\n".into()]),
+            ..Default::default()
+        };
+        let mut answers = q.answers.clone();
+        answers.extend(q.answer.clone());
+        match answer(daemon, request).await {
+            Ok(text) if correct(&text, &answers) => right += 1,
+            Ok(_) => {}
+            Err(why) => {
+                failed += 1;
+                note(err, &format!("question {}: {why}\n", i + 1));
+            }
+        }
+    }
+    let n = questions.len() as u64;
+    Ok(Score {
+        metric: "exact_match".into(),
+        value: right as f64 / n as f64,
+        stderr: binary_stderr(right, n),
+        samples: n,
+        failed,
+        runner: "built-in exact match".into(),
+    })
+}
+
+/// One greedy answer's text.
+async fn answer(daemon: &mut Daemon, request: GenerateRequest) -> Result<String, String> {
+    let mut stream = daemon
+        .generate(request)
+        .await
+        .map_err(|f| f.message().to_string())?;
+    let mut text = String::new();
+    loop {
+        match stream.next().await.map_err(|f| f.message().to_string())? {
+            Some(r) => match r.chunk {
+                Some(Chunk::Delta(d)) => text.push_str(&d.text),
+                Some(Chunk::Final(_)) => return Ok(text),
+                _ => {}
+            },
+            None => return Err("the stream ended without its final chunk".into()),
+        }
+    }
+}
+
+/// lm-evaluation-harness against the daemon's OpenAI door.
+async fn harness(
+    program: &Path,
+    status: &StatusResponse,
+    args: &EvalArgs,
+    err: &mut (dyn Write + Send),
+) -> Result<Score, Failure> {
+    let door = status
+        .daemon
+        .as_ref()
+        .map(|d| d.openai_address.clone())
+        .unwrap_or_default();
+    if door.is_empty() {
+        return Err(Failure::Failed(
+            "the daemon has no OpenAI door, which lm-eval's local-completions model talks to; set [openai] listen in its config".into(),
+        ));
+    }
+    let output = tempfile::tempdir().map_err(|e| {
+        Failure::Failed(format!(
+            "cannot make a directory for lm-eval's results: {e}"
+        ))
+    })?;
+    let mut model_args = format!(
+        "base_url=http://{door}/v1/completions,model={},num_concurrent=1,max_retries=1",
+        args.model
+    );
+    match &args.tokenizer {
+        Some(t) => model_args.push_str(&format!(
+            ",tokenizer_backend=huggingface,tokenizer={t},tokenized_requests=True"
+        )),
+        None => model_args.push_str(",tokenizer_backend=None,tokenized_requests=False"),
+    }
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(["--model", "local-completions", "--model_args", &model_args])
+        .args(["--tasks", &args.task])
+        .args(["--batch_size", &args.batch_size.to_string()])
+        .args(["--seed", "1234"])
+        .arg("--output_path")
+        .arg(output.path());
+    if let Some(limit) = args.limit {
+        cmd.args(["--limit", &limit.to_string()]);
+    }
+    if let Some(dir) = &args.include_path {
+        let dir = std::fs::canonicalize(dir).map_err(|e| {
+            Failure::Failed(format!(
+                "--include-path {}: {e}; give the directory of the task YAML files",
+                dir.display()
+            ))
+        })?;
+        // Task files name their data relative to themselves.
+        cmd.arg("--include_path").arg(&dir).current_dir(&dir);
+    }
+    // lm-eval's own report goes to stderr with its progress: stdout is
+    // ttctl's summary (or record).
+    let stderr = std::io::stderr()
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| Failure::Failed(format!("cannot pass stderr to lm-eval: {e}")))?;
+    cmd.stdout(std::process::Stdio::from(stderr))
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    note(
+        err,
+        &format!(
+            "running {} on task {} against http://{door} (model {})\n",
+            program.display(),
+            args.task,
+            args.model
+        ),
+    );
+    let exit = cmd.status().await.map_err(|e| {
+        Failure::Failed(format!(
+            "cannot run {}: {e} (give --lm-eval the lm_eval program of a venv with lm-eval; scripts/lm-eval.sh makes one and prints it)",
+            program.display()
+        ))
+    })?;
+    if !exit.success() {
+        return Err(Failure::Failed(format!(
+            "{} {} (its output is above)",
+            program.display(),
+            match exit.code() {
+                Some(c) => format!("exited with status {c}"),
+                None => "was killed by a signal".into(),
+            }
+        )));
+    }
+    let results = find_results(output.path()).ok_or_else(|| {
+        Failure::Failed(format!(
+            "lm-eval left no results_*.json under {}",
+            output.path().display()
+        ))
+    })?;
+    let text = std::fs::read_to_string(&results)
+        .map_err(|e| Failure::Failed(format!("cannot read {}: {e}", results.display())))?;
+    let value: Value = serde_json::from_str(&text)
+        .map_err(|e| Failure::Failed(format!("{} is not JSON: {e}", results.display())))?;
+    score_of(&value, &args.task, args.metric.as_deref()).map_err(Failure::Failed)
+}
+
+use std::os::fd::AsFd;
+
+/// The newest `results_*.json` under `dir`.
+fn find_results(dir: &Path) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).ok()?.flatten() {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                todo.push(path);
+            } else if path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("results") && n.ends_with(".json"))
+            {
+                found.push(path);
+            }
+        }
+    }
+    found.sort();
+    found.pop()
+}
+
+/// The task's score from lm-eval's results file: `results.TASK` holds
+/// `METRIC,FILTER` and `METRIC_stderr,FILTER` numbers, `n-samples.TASK`
+/// the samples, `config.model_args`/`lm_eval_version` the run.
+pub fn score_of(results: &Value, task: &str, metric: Option<&str>) -> Result<Score, String> {
+    let scores = results["results"][task].as_object().ok_or_else(|| {
+        let known: Vec<&String> = results["results"]
+            .as_object()
+            .map(|m| m.keys().collect())
+            .unwrap_or_default();
+        format!("lm-eval's results have no task {task} (they have {known:?})")
+    })?;
+    let numbers: BTreeMap<&str, f64> = scores
+        .iter()
+        .filter_map(|(k, v)| Some((k.as_str(), v.as_f64()?)))
+        .collect();
+    let key = match metric {
+        Some(m) => numbers
+            .keys()
+            .find(|k| k.split(',').next() == Some(m))
+            .copied()
+            .ok_or_else(|| {
+                format!(
+                    "task {task} has no metric {m} (it has {:?})",
+                    numbers.keys().collect::<Vec<_>>()
+                )
+            })?,
+        None => numbers
+            .keys()
+            .find(|k| !k.contains("_stderr"))
+            .copied()
+            .ok_or_else(|| format!("task {task} has no score in lm-eval's results"))?,
+    };
+    let (name, filter) = key.split_once(',').unwrap_or((key, "none"));
+    let stderr = numbers
+        .get(format!("{name}_stderr,{filter}").as_str())
+        .copied()
+        .unwrap_or(0.0);
+    let samples = results["n-samples"][task]["effective"]
+        .as_u64()
+        .unwrap_or(0);
+    let version = results["lm_eval_version"].as_str().unwrap_or("?");
+    Ok(Score {
+        metric: name.to_string(),
+        value: numbers[key],
+        stderr,
+        samples,
+        failed: 0,
+        runner: format!("lm-eval {version}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_match_by_their_first_line_case_and_punctuation_aside() {
+        let paris = ["Paris".to_string()];
+        assert!(correct(" Paris.", &paris));
+        assert!(correct("\n  paris \nThe city of light", &paris));
+        assert!(!correct(" The capital is Paris.", &paris));
+        assert!(!correct("", &paris));
+        let two = ["New York".to_string(), "NYC".to_string()];
+        assert!(correct("new  york!", &two));
+        assert!(correct("NYC", &two));
+    }
+
+    #[test]
+    fn the_standard_error_is_lm_evals() {
+        // 7 of 10: sample std sqrt(10/9 * 0.21), over sqrt(10).
+        assert!((binary_stderr(7, 10) - (0.21f64 / 9.0).sqrt()).abs() < 1e-12);
+        assert_eq!(binary_stderr(1, 1), 0.0);
+    }
+
+    #[test]
+    fn lm_evals_results_give_the_first_metric_or_the_one_asked() {
+        let results = json!({
+            "results": {"tt_facts_mc": {
+                "alias": "tt_facts_mc",
+                "acc,none": 0.75, "acc_stderr,none": 0.1,
+                "acc_norm,none": 0.8, "acc_norm_stderr,none": 0.09,
+            }},
+            "n-samples": {"tt_facts_mc": {"original": 20, "effective": 20}},
+            "lm_eval_version": "0.4.13",
+        });
+        let s = score_of(&results, "tt_facts_mc", None).unwrap();
+        assert_eq!(
+            (s.metric.as_str(), s.value, s.stderr, s.samples),
+            ("acc", 0.75, 0.1, 20)
+        );
+        assert_eq!(s.runner, "lm-eval 0.4.13");
+        let norm = score_of(&results, "tt_facts_mc", Some("acc_norm")).unwrap();
+        assert_eq!((norm.value, norm.stderr), (0.8, 0.09));
+        let e = score_of(&results, "tt_facts_mc", Some("f1")).unwrap_err();
+        assert!(e.contains("no metric f1"), "{e}");
+        let e = score_of(&results, "gsm8k", None).unwrap_err();
+        assert!(e.contains("no task gsm8k"), "{e}");
+    }
+}
