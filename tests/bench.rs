@@ -276,3 +276,15 @@ fn the_performance_doc_cites_its_records() {
         .expect("run ttctl");
     assert!(out.status.success(), "{}", output_text(&out));
 }
+
+#[test]
+fn the_accuracy_doc_cites_its_records() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new(tt_serving_tests::bin("ttctl"))
+        .args(["bench", "cite"])
+        .arg(root.join("docs/ACCURACY.md"))
+        .arg(root.join("bench/eval/records.jsonl"))
+        .output()
+        .expect("run ttctl");
+    assert!(out.status.success(), "{}", output_text(&out));
+}
