@@ -35,6 +35,7 @@ const JSON_MESSAGES: &[&str] = &[
 const JSON_FIELDS: &[(&str, &str)] = &[
     ("StatusResponse.daemon", OR_DEFAULT),
     ("StatusResponse.queues", SKIP),
+    ("StatusResponse.accuracy", SKIP),
     ("DaemonInfo.lock_dir", SKIP),
     ("Card.telemetry", OR_DEFAULT),
     (

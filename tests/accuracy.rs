@@ -53,8 +53,10 @@ fn ttctl_eval_scores_smollm2_with_lm_eval_and_the_built_in_runner_and_gates_it()
         &hw,
         DaemonOptions {
             extra: format!(
-                "[openai]\nlisten = \"127.0.0.1:0\"\n{}",
-                model_table("m", 1, &[0], &model, "max_in_flight = 8\n")
+                "[openai]\nlisten = \"127.0.0.1:0\"\n{}{}",
+                model_table("m", 1, &[0], &model, "max_in_flight = 8\n"),
+                "\n[models.m.accuracy.tt_capitals]\nreference = 0.65\ntolerance = 0.15\n\n\
+                 [models.m.accuracy.capitals]\npass_mark = \"40/40\"\n",
             ),
             ..Default::default()
         },
@@ -89,6 +91,13 @@ fn ttctl_eval_scores_smollm2_with_lm_eval_and_the_built_in_runner_and_gates_it()
     assert_eq!(
         by_harness["identity"]["slots"][0]["slot"], "m",
         "{by_harness}"
+    );
+    // Judged against the configured gate.
+    assert_eq!(by_harness["pass"], true, "{by_harness}");
+    assert!(
+        String::from_utf8_lossy(&harness.stdout).contains("(models.m.accuracy.tt_capitals)"),
+        "{}",
+        text(&harness)
     );
     let score = by_harness["score"].as_f64().unwrap();
     // SmolLM2-135M knows some capitals, not all (0.65 when written).
@@ -143,14 +152,13 @@ fn ttctl_eval_scores_smollm2_with_lm_eval_and_the_built_in_runner_and_gates_it()
         text(&failing)
     );
     assert_eq!(last_record(&records)["pass"], false);
-    let all = eval(
-        &daemon,
-        &records,
-        &["--task", &questions, "--pass-mark", "40/40"],
-    );
+    // The configured pass mark of every question (the task file's name is
+    // the task's), with no gate on the command line.
+    let all = eval(&daemon, &records, &["--task", &questions]);
     assert_eq!(all.status.code(), Some(1), "{}", text(&all));
     assert!(
-        String::from_utf8_lossy(&all.stderr).contains("the pass mark 40/40"),
+        String::from_utf8_lossy(&all.stderr)
+            .contains("the pass mark 40/40 (models.m.accuracy.capitals)"),
         "{}",
         text(&all)
     );

@@ -13,7 +13,7 @@
 //!   nulls and zeroes when the daemon sent none), so scripts can index into
 //!   them without checking.
 //! - Fields added to the messages after the JSON was fixed (`lock_dir`,
-//!   `starts`, `queues`) are left out: putting them in is a change of the
+//!   `starts`, `queues`, `accuracy`) are left out: putting them in is a change of the
 //!   contract, to be made on purpose and pinned by ttctl's JSON test.
 
 use serde::{Serialize, Serializer};

@@ -71,7 +71,7 @@ pub(super) async fn run(
     if score.failed > 0 {
         problems.push(format!("{} requests failed", score.failed));
     }
-    let verdict = verdict(&score, args);
+    let verdict = verdict(&score, gate(args, &after));
     let identity = match daemon.list_cache().await {
         Ok(cache) => identity.with_variants(&cache),
         Err(_) => identity,
@@ -140,21 +140,75 @@ struct Verdict {
     pass: bool,
 }
 
-fn verdict(score: &Score, args: &EvalArgs) -> Option<Verdict> {
+/// What a score must reach.
+enum Gate {
+    Reference { reference: f64, tolerance: f64 },
+    PassMark { need: u32, of: u32 },
+}
+
+/// The gate the command line gives, else the model's configured one for
+/// this task (`[models.X.accuracy.TASK]`, TASK the lm-eval task or the
+/// task file's name without `.jsonl`), with where it came from.
+fn gate(args: &EvalArgs, status: &StatusResponse) -> Option<(Gate, String)> {
     if let (Some(reference), Some(tolerance)) = (args.reference, args.tolerance) {
-        return Some(Verdict {
-            gate: format!("reference {reference} with tolerance {tolerance}"),
-            pass: score.value >= reference - tolerance,
-        });
+        return Some((
+            Gate::Reference {
+                reference,
+                tolerance,
+            },
+            String::new(),
+        ));
     }
-    let (need, of) = args.pass_mark?;
-    let correct = (score.value * score.samples as f64).round() as u64;
-    Some(Verdict {
-        gate: format!(
-            "the pass mark {need}/{of} ({correct}/{} correct)",
-            score.samples
-        ),
-        pass: score.samples == u64::from(of) && correct >= u64::from(need),
+    if let Some((need, of)) = args.pass_mark {
+        return Some((Gate::PassMark { need, of }, String::new()));
+    }
+    let stem = Path::new(&args.task)
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default();
+    let g = status
+        .accuracy
+        .iter()
+        .find(|g| g.model == args.model && (g.task == args.task || g.task == stem))?;
+    let source = format!(" (models.{}.accuracy.{})", g.model, g.task);
+    if g.pass_of > 0 {
+        return Some((
+            Gate::PassMark {
+                need: g.pass_correct,
+                of: g.pass_of,
+            },
+            source,
+        ));
+    }
+    Some((
+        Gate::Reference {
+            reference: g.reference?,
+            tolerance: g.tolerance,
+        },
+        source,
+    ))
+}
+
+fn verdict(score: &Score, gate: Option<(Gate, String)>) -> Option<Verdict> {
+    let (gate, source) = gate?;
+    Some(match gate {
+        Gate::Reference {
+            reference,
+            tolerance,
+        } => Verdict {
+            gate: format!("reference {reference} with tolerance {tolerance}{source}"),
+            pass: score.value >= reference - tolerance,
+        },
+        Gate::PassMark { need, of } => {
+            let correct = (score.value * score.samples as f64).round() as u64;
+            Verdict {
+                gate: format!(
+                    "the pass mark {need}/{of}{source} ({correct}/{} correct)",
+                    score.samples
+                ),
+                pass: score.samples == u64::from(of) && correct >= u64::from(need),
+            }
+        }
     })
 }
 

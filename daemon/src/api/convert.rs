@@ -222,6 +222,28 @@ pub fn status(state: &DaemonState) -> pb::StatusResponse {
                 waiting,
             })
             .collect(),
+        accuracy: state
+            .config()
+            .models
+            .iter()
+            .flat_map(|(model, m)| {
+                m.accuracy.iter().map(move |(task, gate)| {
+                    let (pass_correct, pass_of) = gate
+                        .pass_mark
+                        .as_deref()
+                        .and_then(crate::config::AccuracyGate::parse_pass_mark)
+                        .unwrap_or((0, 0));
+                    pb::AccuracyGate {
+                        model: model.clone(),
+                        task: task.clone(),
+                        reference: gate.reference,
+                        tolerance: gate.tolerance.unwrap_or(0.0),
+                        pass_correct,
+                        pass_of,
+                    }
+                })
+            })
+            .collect(),
     }
 }
 

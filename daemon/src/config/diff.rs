@@ -14,6 +14,12 @@ pub const LIVE_KEYS: &[&str] = &[
     "prefix_affinity",
 ];
 
+/// Whether a changed key (dotted) is applied without touching the worker:
+/// the [`LIVE_KEYS`] and the accuracy gates (read by `ttctl eval` only).
+pub fn is_live(key: &str) -> bool {
+    LIVE_KEYS.contains(&key) || key == "accuracy" || key.starts_with("accuracy.")
+}
+
 /// Model keys whose values may be secrets: their changes are named, never
 /// shown.
 const SECRET_KEYS: &[&str] = &["env", "cold_env", "warm_env"];
@@ -34,7 +40,7 @@ pub fn outdated_keys(running: &ModelConfig, in_force: &ModelConfig) -> Vec<Strin
     changed_keys(&settings(running), &settings(in_force))
         .into_iter()
         .map(|(key, _)| key)
-        .filter(|key| !LIVE_KEYS.contains(&key.as_str()))
+        .filter(|key| !is_live(key))
         .collect()
 }
 

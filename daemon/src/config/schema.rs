@@ -480,6 +480,35 @@ pub struct ModelConfig {
     /// fails rather than run unlimited. None: no limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_max_mib: Option<u64>,
+    /// Accuracy gates by task (`[models.X.accuracy.TASK]`): what `ttctl
+    /// eval X --task TASK` must score (docs/ACCURACY.md). Applied live.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub accuracy: BTreeMap<String, AccuracyGate>,
+}
+
+/// What a task must score: a reference with a tolerance, or a pass mark.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccuracyGate {
+    /// The reference score, 0 to 1 (with `tolerance`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<f64>,
+    /// How far below `reference` a score may fall and pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<f64>,
+    /// `"N/M"`: at least N correct of exactly M samples (instead of a
+    /// reference).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pass_mark: Option<String>,
+}
+
+impl AccuracyGate {
+    /// `(N, M)` of a pass mark written `N/M` with N <= M and M > 0.
+    pub fn parse_pass_mark(text: &str) -> Option<(u32, u32)> {
+        let (n, m) = text.split_once('/')?;
+        let (n, m) = (n.trim().parse::<u32>().ok()?, m.trim().parse::<u32>().ok()?);
+        (m > 0 && n <= m).then_some((n, m))
+    }
 }
 
 fn default_max_queue() -> u32 {

@@ -619,3 +619,29 @@ fn warm_up_lengths_and_visible_devices_are_checked() {
     );
     assert!(parse(&format!("{ONE_MODEL}visible_devices = \"uuid\"\n")).is_err());
 }
+
+#[test]
+fn accuracy_gates_are_a_reference_with_a_tolerance_or_a_pass_mark() {
+    let ok = format!(
+        "{ONE_MODEL}\n[models.qwen.accuracy.gsm8k]\npass_mark = \"55/60\"\n\n[models.qwen.accuracy.arc_easy]\nreference = 0.6\ntolerance = 0.02\n"
+    );
+    let config = parse(&ok).expect("valid gates");
+    let gates = &config.models["qwen"].accuracy;
+    assert_eq!(gates["gsm8k"].pass_mark.as_deref(), Some("55/60"));
+    assert_eq!(gates["arc_easy"].reference, Some(0.6));
+    assert_rejected(
+        &format!("{ONE_MODEL}\n[models.qwen.accuracy.gsm8k]\npass_mark = \"61/60\"\n"),
+        "models.qwen.accuracy.gsm8k.pass_mark",
+        "not a pass mark",
+    );
+    assert_rejected(
+        &format!("{ONE_MODEL}\n[models.qwen.accuracy.gsm8k]\nreference = 0.5\n"),
+        "models.qwen.accuracy.gsm8k",
+        "give `reference` and `tolerance`, or `pass_mark`",
+    );
+    assert_rejected(
+        &format!("{ONE_MODEL}\n[models.qwen.accuracy.gsm8k]\nreference = 55\ntolerance = 1\n"),
+        "models.qwen.accuracy.gsm8k",
+        "between 0 and 1",
+    );
+}

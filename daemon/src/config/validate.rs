@@ -552,6 +552,9 @@ fn check_model(
             ));
         }
     }
+    for (task, gate) in &m.accuracy {
+        check_accuracy_gate(problems, &key(&format!("accuracy.{task}")), gate);
+    }
     if let Some((grace, why)) = openai_worker_stop_grace(&m.worker) {
         if s.stop_timeout_secs <= grace {
             problems.push(problem(
@@ -692,5 +695,33 @@ fn check_card_set(
         } else {
             claimed.insert(id, here);
         }
+    }
+}
+
+/// A gate is a reference with a tolerance (scores 0 to 1) or a pass mark
+/// `N/M`, one or the other.
+fn check_accuracy_gate(problems: &mut Vec<Problem>, key: &str, gate: &AccuracyGate) {
+    let score = |v: f64| v.is_finite() && (0.0..=1.0).contains(&v);
+    match (gate.reference, gate.tolerance, &gate.pass_mark) {
+        (Some(r), Some(t), None) => {
+            if !score(r) || !score(t) {
+                problems.push(problem(
+                    key.to_string(),
+                    format!("reference {r} and tolerance {t} must both be scores between 0 and 1"),
+                ));
+            }
+        }
+        (None, None, Some(mark)) => {
+            if AccuracyGate::parse_pass_mark(mark).is_none() {
+                problems.push(problem(
+                    format!("{key}.pass_mark"),
+                    format!("{mark:?} is not a pass mark; write \"N/M\", at least N correct of M samples (e.g. \"55/60\")"),
+                ));
+            }
+        }
+        _ => problems.push(problem(
+            key.to_string(),
+            "give `reference` and `tolerance`, or `pass_mark` (\"N/M\"), not both and not one of the first two alone".to_string(),
+        )),
     }
 }

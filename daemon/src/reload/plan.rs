@@ -8,7 +8,7 @@
 //! running daemon (sockets, directories, hardware paths), so their changes
 //! are listed as needing a restart and not applied.
 
-use crate::config::diff::{changed_keys, to_value, LIVE_KEYS};
+use crate::config::diff::{changed_keys, is_live, to_value};
 use crate::config::{Config, ModelConfig};
 use crate::slots::configured_slots;
 use std::collections::BTreeMap;
@@ -159,10 +159,7 @@ pub fn diff(
                             None => "unchanged".into(),
                         },
                     ));
-                } else if changes
-                    .iter()
-                    .all(|(key, _)| LIVE_KEYS.contains(&key.as_str()))
-                {
+                } else if changes.iter().all(|(key, _)| is_live(key)) {
                     steps.push(step(Action::Update, note(describe(&changes))));
                 } else {
                     let mut reason = note(describe(&changes));

@@ -142,6 +142,7 @@ pub(super) fn snapshot(slot_state: SlotState) -> StatusResponse {
         }],
         reloads: vec![],
         queues: vec![],
+        accuracy: vec![],
     }
 }
 

@@ -182,6 +182,7 @@ fn status() -> StatusResponse {
         slots: vec![ready_slot(), failed_slot()],
         reloads: vec![],
         queues: vec![],
+        accuracy: vec![],
     }
 }
 
