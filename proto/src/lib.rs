@@ -17,6 +17,7 @@
 //! - [`parameters`]: the optional `GenerateRequest` parameters, by the names
 //!   engines list in `Info`, and which of them a request asks for.
 
+pub mod accuracy;
 pub mod json;
 pub mod parameters;
 pub mod time;

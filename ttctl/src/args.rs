@@ -247,15 +247,9 @@ pub struct EvalArgs {
 }
 
 fn parse_pass_mark(text: &str) -> Result<(u32, u32), String> {
-    let parsed = text
-        .split_once('/')
-        .and_then(|(n, m)| Some((n.trim().parse::<u32>().ok()?, m.trim().parse::<u32>().ok()?)));
-    match parsed {
-        Some((n, m)) if m > 0 && n <= m => Ok((n, m)),
-        _ => Err(format!(
-            "{text:?}: a pass mark is N/M, at least N correct of M samples (e.g. 55/60)"
-        )),
-    }
+    tt_serving_proto::accuracy::pass_mark(text).ok_or_else(|| {
+        format!("{text:?}: a pass mark is N/M, at least N correct of M samples (e.g. 55/60)")
+    })
 }
 
 /// Options of `ttctl bench`.

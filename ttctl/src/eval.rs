@@ -41,18 +41,7 @@ pub(super) async fn run(
     out: &mut (dyn Write + Send),
     err: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let (path, default) = match &args.out {
-        Some(p) => (p.clone(), false),
-        None => (
-            record::default_path().ok_or_else(|| {
-                Failure::Failed(
-                    "no place for the record: neither XDG_STATE_HOME nor HOME is set; give --out FILE"
-                        .into(),
-                )
-            })?,
-            true,
-        ),
-    };
+    let (path, default) = record::path(args.out.as_deref()).map_err(Failure::Failed)?;
     let before = daemon.status().await?;
     let identity = Identity::of(&before, &args.model);
     if identity.slots.is_empty() {

@@ -231,7 +231,7 @@ pub fn status(state: &DaemonState) -> pb::StatusResponse {
                     let (pass_correct, pass_of) = gate
                         .pass_mark
                         .as_deref()
-                        .and_then(crate::config::AccuracyGate::parse_pass_mark)
+                        .and_then(tt_serving_proto::accuracy::pass_mark)
                         .unwrap_or((0, 0));
                     pb::AccuracyGate {
                         model: model.clone(),

@@ -502,15 +502,6 @@ pub struct AccuracyGate {
     pub pass_mark: Option<String>,
 }
 
-impl AccuracyGate {
-    /// `(N, M)` of a pass mark written `N/M` with N <= M and M > 0.
-    pub fn parse_pass_mark(text: &str) -> Option<(u32, u32)> {
-        let (n, m) = text.split_once('/')?;
-        let (n, m) = (n.trim().parse::<u32>().ok()?, m.trim().parse::<u32>().ok()?);
-        (m > 0 && n <= m).then_some((n, m))
-    }
-}
-
 fn default_max_queue() -> u32 {
     64
 }

@@ -712,7 +712,7 @@ fn check_accuracy_gate(problems: &mut Vec<Problem>, key: &str, gate: &AccuracyGa
             }
         }
         (None, None, Some(mark)) => {
-            if AccuracyGate::parse_pass_mark(mark).is_none() {
+            if tt_serving_proto::accuracy::pass_mark(mark).is_none() {
                 problems.push(problem(
                     format!("{key}.pass_mark"),
                     format!("{mark:?} is not a pass mark; write \"N/M\", at least N correct of M samples (e.g. \"55/60\")"),

@@ -124,18 +124,7 @@ pub(super) async fn run(
 /// Where records go, and whether that is the default path (whose
 /// directory may be created).
 fn records_path(args: &WorkloadArgs) -> Result<(std::path::PathBuf, bool), Failure> {
-    match &args.out {
-        Some(p) => Ok((p.clone(), false)),
-        None => Ok((
-            record::default_path().ok_or_else(|| {
-                Failure::Failed(
-                    "no place for the records: neither XDG_STATE_HOME nor HOME is set; give --out FILE"
-                        .into(),
-                )
-            })?,
-            true,
-        )),
-    }
+    record::path(args.out.as_deref()).map_err(Failure::Failed)
 }
 
 /// Prompt lengths already calibrated in this run.

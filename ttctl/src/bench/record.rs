@@ -142,6 +142,20 @@ pub fn default_path() -> Option<PathBuf> {
     Some(state.join("tt-serving").join("bench.jsonl"))
 }
 
+/// Where records go: `out` when given, else [`default_path`] (and then
+/// whether its directory may be created).
+pub fn path(out: Option<&Path>) -> Result<(PathBuf, bool), String> {
+    match out {
+        Some(p) => Ok((p.to_path_buf(), false)),
+        None => Ok((
+            default_path().ok_or(
+                "no place for the records: neither XDG_STATE_HOME nor HOME is set; give --out FILE",
+            )?,
+            true,
+        )),
+    }
+}
+
 /// Appends `records` as JSON lines to `path`, creating it (and, for the
 /// default path, its directory). A symlink at `path` is refused, not
 /// followed.
