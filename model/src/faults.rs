@@ -16,6 +16,7 @@
 //! | `TTW_FAULT_WARM_EXTRA_FILE=1`  | a warm start writes a stray file into the cache dir |
 //! | `TTW_FAULT_CACHE_WRITE_ERROR=N` | the Nth cache file of a cold build fails half-written with ENOSPC (a full cache disk) |
 //! | `TTW_FAULT_HOLD_FILE=PATH`     | while PATH exists, the load does not go on and the engine takes no step: admitted requests stay in the batch, commands and a drain's deadline are still handled; removing the file releases it (tests hold a request by this, not by racing a clock) |
+//! | `TTW_FAULT_EARLY_EXIT=1`       | the decoder runs only its first three quarters of layers: faster and wrong, with its banner (`TTW_FAULT_EARLY_EXIT engaged`), the harmful arm of accuracy gates' tests |
 //! | `TTW_FAULT_WITHHOLD_PARAMETERS=a,b` | Info leaves these optional GenerateRequest parameters out of `supported_parameters` and Generate refuses them, as an engine without them would |
 
 use std::collections::HashMap;
@@ -23,6 +24,9 @@ use std::path::PathBuf;
 
 /// The switch that enables every other fault variable.
 pub const SWITCH: &str = "TTW_TEST_FAULTS";
+
+/// The harmful "optimisation" flag: its banner names it.
+pub const EARLY_EXIT: &str = "TTW_FAULT_EARLY_EXIT";
 
 /// File name the warm-start fault writes into the cache dir.
 pub const STRAY_FILE: &str = "stray_placeholder_tp0_rank0_dtype_F32_layout_REPLICATED.tensorbin";
@@ -52,6 +56,8 @@ pub struct Faults {
     pub withhold_parameters: Vec<String>,
     /// While this file exists, loading and stepping wait.
     pub hold_file: Option<PathBuf>,
+    /// Run only the first three quarters of the layers.
+    pub early_exit: bool,
 }
 
 /// Why the fault variables could not be read.
@@ -107,6 +113,9 @@ impl Faults {
                 })
                 .unwrap_or_default(),
             hold_file: text("TTW_FAULT_HOLD_FILE").map(PathBuf::from),
+            early_exit: env
+                .get(EARLY_EXIT)
+                .is_some_and(|v| tt_worker_contract::banner::is_truthy(v)),
         })
     }
 
@@ -138,6 +147,10 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(f.crash_after_tokens, Some(3));
+        assert!(!f.early_exit);
+        let early = |pairs: &[(&str, &str)]| Faults::from_env(&env(pairs)).unwrap().early_exit;
+        assert!(early(&[("TTW_TEST_FAULTS", "1"), (EARLY_EXIT, "1")]));
+        assert!(!early(&[(EARLY_EXIT, "1")]), "ignored without the switch");
         assert_eq!(f.skip_banner.as_deref(), Some("TTW_KV_F16"));
         let f = Faults::from_env(&env(&[
             ("TTW_TEST_FAULTS", "1"),

@@ -555,6 +555,15 @@ impl Rank {
         self.kv.prefault()
     }
 
+    /// Test fault `TTW_FAULT_EARLY_EXIT`: drops the last quarter of the
+    /// layers, so every step is cheaper and every answer worse (the shape
+    /// of a speed trick that breaks numerics); returns the layers kept.
+    pub fn exit_early(&mut self) -> usize {
+        let keep = (self.blocks.len() * 3 / 4).max(1);
+        self.blocks.truncate(keep);
+        keep
+    }
+
     /// Builds a rank from its loaded tensors, with a KV pool of `kv_blocks`
     /// blocks, serving positions up to `ctx`.
     pub fn new(

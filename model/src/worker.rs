@@ -128,6 +128,15 @@ fn load(args: &ServeArgs, status: &Status, faults: &Faults) -> anyhow::Result<Lo
             rope.clone(),
         )?);
     }
+    if faults.early_exit {
+        let kept = ranks.iter_mut().map(Rank::exit_early).min().unwrap_or(0);
+        tracing::warn!(
+            layers = kept,
+            of = cfg.n_layers,
+            "test fault {}: running only the first layers; answers will be wrong",
+            faults::EARLY_EXIT
+        );
+    }
     if args.kv_prefault {
         let bytes: usize = ranks.iter_mut().map(Rank::prefault_kv).sum();
         tracing::info!(
@@ -304,6 +313,9 @@ async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
     }
     if args.prefix_cache {
         flags.push("TTW_PREFIX_CACHE");
+    }
+    if faults.early_exit {
+        flags.push(faults::EARLY_EXIT);
     }
     let pool = BlockPool::new(loaded.info.kv.blocks, args.prefix_cache);
     let tokenizer = Arc::new(loaded.tokenizer);

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use serde_json::{json, Value};
+use tt_serving_proto::accuracy::{self, Gate};
 use tt_serving_proto::v1::generate_request::Input;
 use tt_serving_proto::v1::generate_response::Chunk;
 use tt_serving_proto::v1::{GenerateRequest, StatusResponse};
@@ -129,12 +130,6 @@ struct Verdict {
     pass: bool,
 }
 
-/// What a score must reach.
-enum Gate {
-    Reference { reference: f64, tolerance: f64 },
-    PassMark { need: u32, of: u32 },
-}
-
 /// The gate the command line gives, else the model's configured one for
 /// this task (`[models.X.accuracy.TASK]`, TASK the lm-eval task or the
 /// task file's name without `.jsonl`), with where it came from.
@@ -180,24 +175,17 @@ fn gate(args: &EvalArgs, status: &StatusResponse) -> Option<(Gate, String)> {
 
 fn verdict(score: &Score, gate: Option<(Gate, String)>) -> Option<Verdict> {
     let (gate, source) = gate?;
-    Some(match gate {
-        Gate::Reference {
-            reference,
-            tolerance,
-        } => Verdict {
-            gate: format!("reference {reference} with tolerance {tolerance}{source}"),
-            pass: score.value >= reference - tolerance,
-        },
-        Gate::PassMark { need, of } => {
-            let correct = (score.value * score.samples as f64).round() as u64;
-            Verdict {
-                gate: format!(
-                    "the pass mark {need}/{of}{source} ({correct}/{} correct)",
-                    score.samples
-                ),
-                pass: score.samples == u64::from(of) && correct >= u64::from(need),
-            }
-        }
+    let counted = match gate {
+        Gate::PassMark { .. } => format!(
+            " ({}/{} correct)",
+            accuracy::correct_of(score.value, score.samples),
+            score.samples
+        ),
+        Gate::Reference { .. } => String::new(),
+    };
+    Some(Verdict {
+        gate: format!("{}{source}{counted}", gate.describe()),
+        pass: gate.passes(score.value, score.samples),
     })
 }
 
@@ -219,91 +207,6 @@ fn changed_slots(before: &[SlotIdentity], after: &[SlotIdentity]) -> Vec<String>
     problems
 }
 
-/// The standard error of a mean of 0/1 scores (the sample standard
-/// deviation over the square root of n, as lm-eval computes it).
-fn binary_stderr(correct: u64, n: u64) -> f64 {
-    if n < 2 {
-        return 0.0;
-    }
-    let p = correct as f64 / n as f64;
-    (p * (1.0 - p) / (n - 1) as f64).sqrt()
-}
-
-/// One question of a built-in task.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Question {
-    /// The prompt, sent as is (no chat template).
-    prompt: String,
-    /// The correct answer.
-    #[serde(default)]
-    answer: Option<String>,
-    /// Several correct answers.
-    #[serde(default)]
-    answers: Vec<String>,
-    /// Tokens the answer may take (default 16).
-    #[serde(default)]
-    max_tokens: Option<u32>,
-    /// Where the answer ends (default: the end of its line).
-    #[serde(default)]
-    stop: Option<Vec<String>>,
-}
-
-/// Lowercase, without surrounding whitespace and punctuation, inner
-/// whitespace collapsed.
-fn normalize(text: &str) -> String {
-    let trimmed = text.trim_matches(|c: char| c.is_whitespace() || c.is_ascii_punctuation());
-    trimmed
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .to_lowercase()
-}
-
-/// Whether `output`'s first line is one of the answers.
-fn correct(output: &str, answers: &[String]) -> bool {
-    let first = normalize(output.lines().find(|l| !l.trim().is_empty()).unwrap_or(""));
-    answers.iter().any(|a| normalize(a) == first)
-}
-
-/// Read a built-in task file.
-fn questions(path: &Path) -> Result<Vec<Question>, Failure> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Failure::Failed(format!(
-            "cannot read the task file {}: {e} (without --lm-eval, --task is a JSON-lines file of {{\"prompt\": ..., \"answer\": ...}})",
-            path.display()
-        ))
-    })?;
-    let mut all = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let q: Question = serde_json::from_str(line).map_err(|e| {
-            Failure::Failed(format!(
-                "{} line {}: {e}; each line is {{\"prompt\": ..., \"answer\": ...}} (or \"answers\": [...]), optionally \"max_tokens\" and \"stop\"",
-                path.display(),
-                i + 1
-            ))
-        })?;
-        if q.answer.is_none() && q.answers.is_empty() {
-            return Err(Failure::Failed(format!(
-                "{} line {}: no \"answer\" or \"answers\"",
-                path.display(),
-                i + 1
-            )));
-        }
-        all.push(q);
-    }
-    if all.is_empty() {
-        return Err(Failure::Failed(format!(
-            "{} has no questions",
-            path.display()
-        )));
-    }
-    Ok(all)
-}
-
 /// The built-in exact-match runner: each question greedily through the
 /// router, one after another.
 async fn built_in(
@@ -311,7 +214,7 @@ async fn built_in(
     args: &EvalArgs,
     err: &mut (dyn Write + Send),
 ) -> Result<Score, Failure> {
-    let mut questions = questions(Path::new(&args.task))?;
+    let mut questions = accuracy::read_task(Path::new(&args.task)).map_err(Failure::Failed)?;
     if let Some(limit) = args.limit {
         questions.truncate(limit as usize);
     }
@@ -320,14 +223,12 @@ async fn built_in(
         let request = GenerateRequest {
             model: args.model.clone(),
             input: Some(Input::Prompt(q.prompt.clone())),
-            max_tokens: q.max_tokens.unwrap_or(16),
-            stop: q.stop.clone().unwrap_or_else(|| vec!["\n".into()]),
+            max_tokens: q.max_tokens(),
+            stop: q.stop(),
             ..Default::default()
         };
-        let mut answers = q.answers.clone();
-        answers.extend(q.answer.clone());
         match answer(daemon, request).await {
-            Ok(text) if correct(&text, &answers) => right += 1,
+            Ok(text) if q.is_answered_by(&text) => right += 1,
             Ok(_) => {}
             Err(why) => {
                 failed += 1;
@@ -339,7 +240,7 @@ async fn built_in(
     Ok(Score {
         metric: "exact_match".into(),
         value: right as f64 / n as f64,
-        stderr: binary_stderr(right, n),
+        stderr: accuracy::binary_stderr(right, n),
         samples: n,
         failed,
         runner: "built-in exact match".into(),
@@ -545,25 +446,6 @@ pub fn score_of(results: &Value, task: &str, metric: Option<&str>) -> Result<Sco
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn answers_match_by_their_first_line_case_and_punctuation_aside() {
-        let paris = ["Paris".to_string()];
-        assert!(correct(" Paris.", &paris));
-        assert!(correct("\n  paris \nThe city of light", &paris));
-        assert!(!correct(" The capital is Paris.", &paris));
-        assert!(!correct("", &paris));
-        let two = ["New York".to_string(), "NYC".to_string()];
-        assert!(correct("new  york!", &two));
-        assert!(correct("NYC", &two));
-    }
-
-    #[test]
-    fn the_standard_error_is_lm_evals() {
-        // 7 of 10: sample std sqrt(10/9 * 0.21), over sqrt(10).
-        assert!((binary_stderr(7, 10) - (0.21f64 / 9.0).sqrt()).abs() < 1e-12);
-        assert_eq!(binary_stderr(1, 1), 0.0);
-    }
 
     #[test]
     fn lm_evals_results_give_the_first_metric_or_the_one_asked() {
