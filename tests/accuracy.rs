@@ -233,3 +233,69 @@ fn bad_eval_arguments_are_named() {
         text(&no_door)
     );
 }
+
+/// `readiness.accuracy`: the configured task runs before the slot is
+/// Ready. A worker whose numerics broke (tt-worker's test fault
+/// `TTW_FAULT_EARLY_EXIT`, which skips the last quarter of the layers, its
+/// banner engaged) is never served, the score and the gate in its reason;
+/// the same model without the fault passes and says so.
+#[test]
+fn a_slot_whose_answers_fail_its_readiness_accuracy_task_is_never_ready() {
+    let Some(model) = tt_serving_tests::real_smollm2() else {
+        return;
+    };
+    let capitals = tasks().join("capitals.jsonl");
+    let gate = |name: &str| {
+        format!(
+            "\n[models.{name}.readiness]\naccuracy = \"capitals\"\n\n[models.{name}.accuracy.capitals]\nreference = 0.65\ntolerance = 0.15\nfile = \"{}\"\n",
+            capitals.display()
+        )
+    };
+    let hw = FakeHw::new(2);
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: format!(
+                "{}{}{}{}",
+                model_table("good", 1, &[0], &model, ""),
+                gate("good"),
+                model_table(
+                    "broken",
+                    1,
+                    &[1],
+                    &model,
+                    "flags = { TTW_FAULT_EARLY_EXIT = \"1\" }\nenv = { TTW_TEST_FAULTS = \"1\" }\n[models.broken.restart]\nmax_attempts = 1\n",
+                ),
+                gate("broken"),
+            ),
+            ..Default::default()
+        },
+    );
+    let good = daemon.wait_slot_state("good", "ready");
+    let reason = good["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("accuracy check capitals: exact_match 0.")
+            && reason.contains(
+                "passes reference 0.65 with tolerance 0.15 (models.good.accuracy.capitals)"
+            ),
+        "{good}"
+    );
+    let broken = daemon.wait_slot_state("broken", "failed");
+    let reason = broken["reason"].as_str().unwrap_or("");
+    eprintln!("good: {}\nbroken: {reason}", good["reason"]);
+    assert!(
+        reason.contains("accuracy check capitals: exact_match")
+            && reason.contains(
+                "fails reference 0.65 with tolerance 0.15 (models.broken.accuracy.capitals)"
+            )
+            && reason.contains("never served"),
+        "{broken}"
+    );
+    // The fault really ran (its banner engaged): the check, not the banner
+    // rule, is what refused it.
+    assert!(
+        daemon.log_text().contains("TTW_FAULT_EARLY_EXIT engaged"),
+        "the early-exit banner is missing from the daemon's log"
+    );
+    assert!(!reason.contains("banner check failed"), "{reason}");
+}

@@ -709,6 +709,21 @@ pub fn real_lm_eval() -> Option<(PathBuf, PathBuf, PathBuf)> {
     }
 }
 
+/// The real SmolLM2-135M-Instruct, from `scripts/fetch-smollm2.sh`, or
+/// None: skipped loudly; CI sets TT_SMOLLM2_GGUF and requires it.
+pub fn real_smollm2() -> Option<PathBuf> {
+    match std::env::var_os("TT_SMOLLM2_GGUF") {
+        Some(p) if !p.is_empty() => Some(p.into()),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("CI must set TT_SMOLLM2_GGUF (scripts/fetch-smollm2.sh)")
+        }
+        _ => {
+            eprintln!("SKIPPED: TT_SMOLLM2_GGUF is not set; run `export TT_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh)`");
+            None
+        }
+    }
+}
+
 /// The real vLLM: `TT_VLLM_PYTHON` (the venv's python) and
 /// `TT_VLLM_MODEL` (SmolLM2 as a Hugging Face directory), or None: skipped
 /// loudly; CI requires them.

@@ -322,10 +322,19 @@ fn sighup_reloads_in_turn_and_systemd_sees_reloading_then_ready() {
     });
     let before = messages().len();
 
-    // Two SIGHUPs in quick succession, the file changing in between.
+    // Two SIGHUPs in quick succession, the file changing in between. The
+    // second goes once the first was taken (RELOADING=1): the kernel keeps
+    // one pending signal of a kind, so two sent before the daemon reads
+    // either are rightly one reload.
     opts.extra = a.clone() + &b;
     daemon.rewrite_config(&hw, &opts);
     daemon.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_until("the first SIGHUP to be taken", || {
+        messages()[before..]
+            .iter()
+            .any(|m| m.contains("RELOADING=1"))
+            .then_some(())
+    });
     opts.extra = a + &b + &c;
     daemon.rewrite_config(&hw, &opts);
     daemon.signal(nix::sys::signal::Signal::SIGHUP);

@@ -872,19 +872,8 @@ fn the_demo_without_home_or_dir_names_the_option_that_fixes_it() {
     assert!(left.is_empty(), "nothing written where it ran: {left:?}");
 }
 
-/// The real SmolLM2-135M-Instruct, from `scripts/fetch-smollm2.sh`. CI sets
-/// TT_SMOLLM2_GGUF and requires it; elsewhere a missing model skips loudly.
 fn smollm2() -> Option<std::path::PathBuf> {
-    match std::env::var_os("TT_SMOLLM2_GGUF") {
-        Some(p) if !p.is_empty() => Some(p.into()),
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("CI must set TT_SMOLLM2_GGUF (scripts/fetch-smollm2.sh)")
-        }
-        _ => {
-            eprintln!("SKIPPED: TT_SMOLLM2_GGUF is not set; run `export TT_SMOLLM2_GGUF=$(scripts/fetch-smollm2.sh)`");
-            None
-        }
-    }
+    tt_serving_tests::real_smollm2()
 }
 
 #[test]

@@ -500,6 +500,28 @@ pub struct AccuracyGate {
     /// reference).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pass_mark: Option<String>,
+    /// The task's questions as a JSON-lines file of the built-in
+    /// exact-match format (absolute path): what `readiness.accuracy` runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<std::path::PathBuf>,
+}
+
+impl AccuracyGate {
+    /// The gate as the shared rule reads it (None for a gate validation
+    /// would refuse).
+    pub fn rule(&self) -> Option<tt_serving_proto::accuracy::Gate> {
+        use tt_serving_proto::accuracy::{pass_mark, Gate};
+        match (self.reference, self.tolerance, &self.pass_mark) {
+            (Some(reference), Some(tolerance), None) => Some(Gate::Reference {
+                reference,
+                tolerance,
+            }),
+            (None, None, Some(mark)) => {
+                pass_mark(mark).map(|(need, of)| Gate::PassMark { need, of })
+            }
+            _ => None,
+        }
+    }
 }
 
 fn default_max_queue() -> u32 {
@@ -643,6 +665,12 @@ pub struct ReadinessConfig {
     /// length: 30-60 s each). Empty: no warm-up.
     #[serde(default)]
     pub warmup_prompt_tokens: Vec<u32>,
+    /// A task of `[models.X.accuracy]` (one with a `file`) run before the
+    /// slot is Ready, greedily through the worker: a score that fails the
+    /// task's gate fails the start, the score in the reason, so a slot
+    /// whose numerics broke is never served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<String>,
 }
 
 impl Default for ReadinessConfig {
@@ -653,6 +681,7 @@ impl Default for ReadinessConfig {
             ping_max_tokens: 4,
             expect: None,
             warmup_prompt_tokens: Vec::new(),
+            accuracy: None,
         }
     }
 }

@@ -645,3 +645,39 @@ fn accuracy_gates_are_a_reference_with_a_tolerance_or_a_pass_mark() {
         "between 0 and 1",
     );
 }
+
+#[test]
+fn readiness_accuracy_names_a_gate_with_a_file_of_questions() {
+    let ok = format!(
+        "{ONE_MODEL}\n[models.qwen.readiness]\naccuracy = \"capitals\"\n\n[models.qwen.accuracy.capitals]\nreference = 0.6\ntolerance = 0.1\nfile = \"/srv/tasks/capitals.jsonl\"\n"
+    );
+    let config = parse(&ok).expect("a readiness accuracy check");
+    let m = &config.models["qwen"];
+    assert_eq!(m.readiness.accuracy.as_deref(), Some("capitals"));
+    assert_eq!(
+        m.accuracy["capitals"].rule(),
+        Some(tt_serving_proto::accuracy::Gate::Reference {
+            reference: 0.6,
+            tolerance: 0.1
+        })
+    );
+    assert_rejected(
+        &format!("{ONE_MODEL}\n[models.qwen.readiness]\naccuracy = \"capitals\"\n"),
+        "models.qwen.readiness.accuracy",
+        "not a task of [models.qwen.accuracy]",
+    );
+    assert_rejected(
+        &format!(
+            "{ONE_MODEL}\n[models.qwen.readiness]\naccuracy = \"capitals\"\n\n[models.qwen.accuracy.capitals]\npass_mark = \"3/4\"\n"
+        ),
+        "models.qwen.accuracy.capitals",
+        "has no `file`",
+    );
+    assert_rejected(
+        &format!(
+            "{ONE_MODEL}\n[models.qwen.accuracy.capitals]\npass_mark = \"3/4\"\nfile = \"tasks/capitals.jsonl\"\n"
+        ),
+        "models.qwen.accuracy.capitals.file",
+        "give an absolute path",
+    );
+}

@@ -464,6 +464,22 @@ fn check_model(
             ),
         ));
     }
+    if let Some(task) = &r.accuracy {
+        match m.accuracy.get(task) {
+            None => problems.push(problem(
+                key("readiness.accuracy"),
+                format!(
+                    "{task:?} is not a task of [{}]; define it there with a `file` of questions and a gate",
+                    key("accuracy")
+                ),
+            )),
+            Some(gate) if gate.file.is_none() => problems.push(problem(
+                key(&format!("accuracy.{task}")),
+                "has no `file`; readiness.accuracy runs the task's questions from it (a JSON-lines file of {\"prompt\": ..., \"answer\": ...})",
+            )),
+            Some(_) => {}
+        }
+    }
     let s = &m.restart;
     range(
         problems,
@@ -723,5 +739,14 @@ fn check_accuracy_gate(problems: &mut Vec<Problem>, key: &str, gate: &AccuracyGa
             key.to_string(),
             "give `reference` and `tolerance`, or `pass_mark` (\"N/M\"), not both and not one of the first two alone".to_string(),
         )),
+    }
+    if let Some(file) = gate.file.as_ref().filter(|f| !f.is_absolute()) {
+        problems.push(problem(
+            format!("{key}.file"),
+            format!(
+                "{} is relative; give an absolute path (the daemon's working directory is not the config's)",
+                file.display()
+            ),
+        ));
     }
 }

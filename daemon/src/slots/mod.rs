@@ -6,6 +6,7 @@
 //! (a model is SERVING only while one of its slots is Ready). Each slot's
 //! [`supervisor`] task drives its lifecycle; the router only reads.
 
+mod accuracy;
 mod attempt;
 mod backoff;
 mod error;

@@ -8,7 +8,8 @@
 //! 3. [`wait_loaded`]: `Info` until READY, its progress shown as the
 //!    slot's reason, within `readiness.deadline_secs`.
 //! 4. [`verify`]: the readiness ping, `readiness.expect`, the banner rule;
-//!    then [`warm_up`]: one generation per `readiness.warmup_prompt_tokens`.
+//!    then [`warm_up`]: one generation per `readiness.warmup_prompt_tokens`,
+//!    and [`check_accuracy`]: the `readiness.accuracy` task against its gate.
 //! 5. [`seal_cache`]: a cold start writes the marker; a warm start runs the
 //!    guard.
 //!
@@ -109,6 +110,9 @@ async fn start(
     if !build_only {
         warm_up(mgr, plan, &mut worker, &mut engine, deadline).await?;
     }
+    // Before the cache is certified: a variant whose answers fail the gate
+    // gets no marker.
+    let accuracy = check_accuracy(mgr, plan, &mut worker, &mut engine, deadline).await?;
     seal_cache(
         mgr,
         plan,
@@ -133,8 +137,9 @@ async fn start(
         &plan.slot,
         SlotState::Ready,
         format!(
-            "serving ({mode} start took {:.1}s)",
-            started.elapsed().as_secs_f64()
+            "serving ({mode} start took {:.1}s{})",
+            started.elapsed().as_secs_f64(),
+            accuracy.map(|a| format!("; {a}")).unwrap_or_default()
         ),
     );
     Ok(super::watchdog::serve(mgr, plan, &mut worker, &mut engine, commands).await)
@@ -413,6 +418,59 @@ async fn verify(
         })
     };
     stop_on_failure(mgr, plan, worker, engine, failed_check).await
+}
+
+/// Phase 4c: `readiness.accuracy`, the configured task through the worker
+/// and judged by its gate; a failing score fails the start (fail closed:
+/// never served), with the score in the reason. The passing summary, if a
+/// check ran.
+async fn check_accuracy(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    worker: &mut Worker,
+    engine: &mut EngineClient<Channel>,
+    deadline: Instant,
+) -> Result<Option<String>, Outcome> {
+    let Some((task, file, gate)) = super::accuracy::configured(&plan.m) else {
+        return Ok(None);
+    };
+    let progress = |done: usize, of: usize| {
+        mgr.transition(
+            &plan.slot,
+            SlotState::Verifying,
+            format!("accuracy check {task}: question {}/{of}", done + 1),
+        )
+    };
+    let grace = Duration::from_secs(plan.m.restart.stop_timeout_secs);
+    let checked = tokio::select! {
+        r = super::accuracy::check(engine, &plan.model, task, file, gate, &progress, deadline) => r,
+        exit = worker.wait() => {
+            return Err(Outcome::start_failed(
+                format!("worker {} during the accuracy check {task}; last output: {}", exit.describe(), log_tail(worker)),
+                exit.leaves_cards_dirty(),
+            ));
+        }
+    };
+    match checked {
+        Ok(c) if c.pass => {
+            tracing::info!(slot = %plan.slot, "{}", c.summary);
+            Ok(Some(c.summary))
+        }
+        Ok(c) => {
+            let reason = format!(
+                "{} (readiness.accuracy, fail-closed: never served)",
+                c.summary
+            );
+            Err(fail_after_stop(mgr, plan, worker, Some(engine), reason).await)
+        }
+        Err(e) => {
+            worker.terminate(grace).await;
+            Err(Outcome::start_failed(
+                format!("accuracy check {task} (readiness.accuracy): {e}"),
+                true,
+            ))
+        }
+    }
 }
 
 /// Phase 5: a cold start certifies the variant's file set (marker); a warm

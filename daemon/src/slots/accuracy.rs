@@ -1,0 +1,108 @@
+//! Phase 4c of a start, `readiness.accuracy`: the configured task's
+//! questions, greedily through the new worker before anyone is routed to
+//! it, judged by the task's gate (`[models.X.accuracy.TASK]`) with the same
+//! rule `ttctl eval` uses. A slot whose numerics broke (a flag, a kernel, a
+//! cache trick) fails its start with the score in the reason and is never
+//! served.
+
+use std::path::Path;
+use std::time::Instant;
+
+use tonic::transport::Channel;
+use tt_serving_proto::accuracy::{self, Gate};
+use tt_serving_proto::v1 as pb;
+use tt_serving_proto::v1::engine_client::EngineClient;
+
+use crate::config::ModelConfig;
+
+/// What a check found.
+pub(super) struct Checked {
+    /// The score in words, for the slot's reason and the log.
+    pub(super) summary: String,
+    /// Whether it passed the gate.
+    pub(super) pass: bool,
+}
+
+/// The task `readiness.accuracy` names, with its file and gate, if the
+/// model sets one (validation guarantees both exist).
+pub(super) fn configured(m: &ModelConfig) -> Option<(&str, &Path, Gate)> {
+    let task = m.readiness.accuracy.as_deref()?;
+    let gate = m.accuracy.get(task)?;
+    Some((task, gate.file.as_deref()?, gate.rule()?))
+}
+
+/// Runs the task against `engine` until `deadline`; an error is a request
+/// that failed or a file that could not be read, not a low score.
+pub(super) async fn check(
+    engine: &mut EngineClient<Channel>,
+    model: &str,
+    task: &str,
+    file: &Path,
+    gate: Gate,
+    progress: &(dyn Fn(usize, usize) + Sync),
+    deadline: Instant,
+) -> Result<Checked, String> {
+    let questions = accuracy::read_task(file)?;
+    let n = questions.len();
+    let mut right = 0u64;
+    for (i, q) in questions.iter().enumerate() {
+        progress(i, n);
+        let request = pb::EngineGenerateRequest {
+            request: Some(pb::GenerateRequest {
+                input: Some(pb::generate_request::Input::Prompt(q.prompt.clone())),
+                max_tokens: q.max_tokens(),
+                stop: q.stop(),
+                ..Default::default()
+            }),
+            request_id: format!("readiness-accuracy-{}", i + 1),
+        };
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let text = tokio::time::timeout(remaining, answer(engine, request))
+            .await
+            .map_err(|_| {
+                format!(
+                    "did not finish within readiness.deadline_secs ({} of {n} questions asked)",
+                    i + 1
+                )
+            })?
+            .map_err(|e| format!("question {} failed: {e}", i + 1))?;
+        if q.is_answered_by(&text) {
+            right += 1;
+        }
+    }
+    let score = right as f64 / n as f64;
+    let pass = gate.passes(score, n as u64);
+    Ok(Checked {
+        summary: format!(
+            "accuracy check {task}: exact_match {score:.3} ({right}/{n}) {} {} (models.{model}.accuracy.{task})",
+            if pass { "passes" } else { "fails" },
+            gate.describe()
+        ),
+        pass,
+    })
+}
+
+/// One greedy answer's text.
+async fn answer(
+    engine: &mut EngineClient<Channel>,
+    request: pb::EngineGenerateRequest,
+) -> Result<String, String> {
+    let mut stream = engine
+        .generate(request)
+        .await
+        .map_err(|s| s.message().to_string())?
+        .into_inner();
+    let mut text = String::new();
+    while let Some(chunk) = stream
+        .message()
+        .await
+        .map_err(|s| s.message().to_string())?
+    {
+        match chunk.chunk {
+            Some(pb::generate_response::Chunk::Delta(d)) => text.push_str(&d.text),
+            Some(pb::generate_response::Chunk::Final(_)) => return Ok(text),
+            Some(pb::generate_response::Chunk::PromptLogprobs(_)) | None => {}
+        }
+    }
+    Err("the stream ended without a final chunk".into())
+}
