@@ -57,7 +57,7 @@ pub(super) async fn check(
             request_id: format!("readiness-accuracy-{}", i + 1),
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let text = tokio::time::timeout(remaining, answer(engine, request))
+        let (text, _) = tokio::time::timeout(remaining, super::generate::complete(engine, request))
             .await
             .map_err(|_| {
                 format!(
@@ -80,29 +80,4 @@ pub(super) async fn check(
         ),
         pass,
     })
-}
-
-/// One greedy answer's text.
-async fn answer(
-    engine: &mut EngineClient<Channel>,
-    request: pb::EngineGenerateRequest,
-) -> Result<String, String> {
-    let mut stream = engine
-        .generate(request)
-        .await
-        .map_err(|s| s.message().to_string())?
-        .into_inner();
-    let mut text = String::new();
-    while let Some(chunk) = stream
-        .message()
-        .await
-        .map_err(|s| s.message().to_string())?
-    {
-        match chunk.chunk {
-            Some(pb::generate_response::Chunk::Delta(d)) => text.push_str(&d.text),
-            Some(pb::generate_response::Chunk::Final(_)) => return Ok(text),
-            Some(pb::generate_response::Chunk::PromptLogprobs(_)) | None => {}
-        }
-    }
-    Err("the stream ended without a final chunk".into())
 }

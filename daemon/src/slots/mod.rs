@@ -10,6 +10,7 @@ mod accuracy;
 mod attempt;
 mod backoff;
 mod error;
+mod generate;
 pub mod recovery;
 mod start;
 pub mod stats;

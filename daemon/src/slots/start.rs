@@ -722,28 +722,7 @@ async fn generate_once(
         }),
         request_id: request_id.into(),
     };
-    let mut stream = engine
-        .generate(request)
-        .await
-        .map_err(|s| s.message().to_string())?
-        .into_inner();
-    let mut text = String::new();
-    let mut finished = None;
-    while let Some(chunk) = stream
-        .message()
-        .await
-        .map_err(|s| s.message().to_string())?
-    {
-        match chunk.chunk {
-            Some(pb::generate_response::Chunk::Delta(d)) => text.push_str(&d.text),
-            Some(pb::generate_response::Chunk::Final(f)) => finished = Some(f.usage),
-            Some(pb::generate_response::Chunk::PromptLogprobs(_)) | None => {}
-        }
-    }
-    match finished {
-        Some(usage) => Ok((text, usage)),
-        None => Err("the stream ended without a final chunk".into()),
-    }
+    super::generate::complete(engine, request).await
 }
 
 /// Banners may print only once a feature first runs, so this runs after the
