@@ -16,7 +16,7 @@
 //! | `TTW_FAULT_WARM_EXTRA_FILE=1`  | a warm start writes a stray file into the cache dir |
 //! | `TTW_FAULT_CACHE_WRITE_ERROR=N` | the Nth cache file of a cold build fails half-written with ENOSPC (a full cache disk) |
 //! | `TTW_FAULT_HOLD_FILE=PATH`     | while PATH exists, the load does not go on and the engine takes no step: admitted requests stay in the batch, commands and a drain's deadline are still handled; removing the file releases it (tests hold a request by this, not by racing a clock) |
-//! | `TTW_FAULT_EARLY_EXIT=1`       | the decoder runs only its first three quarters of layers: faster and wrong, with its banner (`TTW_FAULT_EARLY_EXIT engaged`), the harmful arm of accuracy gates' tests |
+//! | `TTW_FAULT_EARLY_EXIT=1`       | the decoder runs only its first three quarters of layers: a quarter less work per step and wrong answers, with its banner (`TTW_FAULT_EARLY_EXIT engaged`), the harmful arm of accuracy gates' tests |
 //! | `TTW_FAULT_WITHHOLD_PARAMETERS=a,b` | Info leaves these optional GenerateRequest parameters out of `supported_parameters` and Generate refuses them, as an engine without them would |
 
 use std::collections::HashMap;
