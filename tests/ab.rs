@@ -167,6 +167,25 @@ fn arms_alternate_prove_their_flags_and_the_definition_comes_back() {
             .unwrap()
             > 0.0
     );
+    // Greedy agreement on the fixed prompts: 8 prompts of 32 tokens,
+    // compared token by token with the chosen tokens' logprobs. The tiny
+    // model's f16 KV cache moves its logprobs a little (they are returned
+    // and measured); whether a token flips is the model's business.
+    let g = &summary["agreement"];
+    assert_eq!(g["prompts"], 8, "{g}");
+    assert_eq!(g["unit"], "tokens", "{g}");
+    let share = g["identical_share"].as_f64().expect("a share");
+    assert!((0.0..=1.0).contains(&share), "{g}");
+    assert_eq!(
+        g["first_divergence"].as_array().map(Vec::len),
+        Some(8),
+        "{g}"
+    );
+    assert!(g["mean_abs_logprob_diff"].as_f64().is_some(), "{g}");
+    assert!(text.contains("greedy agreement"), "{text}");
+    // No --eval: no accuracy verdict.
+    assert!(summary["accuracy"].is_null(), "{summary}");
+    eprintln!("{text}");
 
     assert_restored(&d);
     assert_eq!(

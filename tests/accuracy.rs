@@ -299,3 +299,123 @@ fn a_slot_whose_answers_fail_its_readiness_accuracy_task_is_never_ready() {
     );
     assert!(!reason.contains("banner check failed"), "{reason}");
 }
+
+/// `ttctl ab --eval`: every arm answers the same task in the same run, on
+/// its trial definition. The arm with tt-worker's early-exit fault (the
+/// last quarter of the layers skipped, its banner engaged) answers worse
+/// and is refused for accuracy whatever its speed; an arm identical to the
+/// base keeps its answers token for token; greedy agreement shows where
+/// the broken arm parts from the base.
+#[test]
+fn ab_eval_refuses_an_arm_that_answers_worse_and_agreement_shows_where_it_parts() {
+    let Some(model) = tt_serving_tests::real_smollm2() else {
+        return;
+    };
+    let hw = FakeHw::new(1);
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: format!(
+                "{}\n[models.m.accuracy.capitals]\nreference = 0.65\ntolerance = 0.15\n",
+                model_table("m", 1, &[0], &model, "env = { TTW_TEST_FAULTS = \"1\" }\n"),
+            ),
+            ..Default::default()
+        },
+    );
+    daemon.wait_slot_state("m", "ready");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("ab.jsonl");
+    let capitals = tasks().join("capitals.jsonl");
+    let run = Command::new(bin("ttctl"))
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["ab", "m", "--arm", "base:", "--arm", "again:"])
+        .args(["--arm", "fast:TTW_FAULT_EARLY_EXIT=1", "--eval"])
+        .arg(&capitals)
+        .args([
+            "--batch",
+            "1",
+            "--prompt-tokens",
+            "64",
+            "--output-tokens",
+            "64",
+        ])
+        .args(["--repeats", "2", "--warmup", "1", "--out"])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ttctl ab");
+    let said = text(&run);
+    eprintln!("{said}");
+    assert_eq!(run.status.code(), Some(1), "{said}");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains("arm fast refused for accuracy: exact_match"),
+        "{said}"
+    );
+    assert!(!said.contains("arm again refused"), "{said}");
+    assert!(
+        said.contains("tolerance 0.150 (models.m.accuracy.capitals)"),
+        "{said}"
+    );
+
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(&out)
+        .expect("records")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON record"))
+        .collect();
+    let eval_of = |arm: &str| {
+        records
+            .iter()
+            .find(|r| r["kind"] == "ab_eval" && r["arm"] == arm)
+            .unwrap_or_else(|| panic!("an ab_eval record of arm {arm}"))
+    };
+    for arm in ["base", "again", "fast"] {
+        let r = eval_of(arm);
+        assert_eq!(r["valid"], true, "{r}");
+        assert_eq!(r["samples"], 40, "{r}");
+    }
+    // The fault ran in its arm only, proved by its banner.
+    let banners = |arm: &str| eval_of(arm)["banners"].to_string();
+    assert!(
+        banners("fast").contains("TTW_FAULT_EARLY_EXIT"),
+        "{}",
+        banners("fast")
+    );
+    assert!(!banners("base").contains("TTW_FAULT_EARLY_EXIT"));
+    let score = |arm: &str| eval_of(arm)["score"].as_f64().expect("a score");
+    assert!(score("base") >= 0.5, "base scored {}", score("base"));
+    assert_eq!(score("again"), score("base"), "the same definition twice");
+    assert!(
+        score("fast") < score("base") - 0.15,
+        "fast scored {}",
+        score("fast")
+    );
+
+    let summary = |arm: &str| {
+        records
+            .iter()
+            .find(|r| r["kind"] == "ab_summary" && r["cand"]["arm"] == arm)
+            .unwrap_or_else(|| panic!("a summary of arm {arm}"))
+    };
+    let (again, fast) = (summary("again"), summary("fast"));
+    assert_eq!(fast["accuracy"]["refused"], true, "{fast}");
+    assert_eq!(again["accuracy"]["refused"], false, "{again}");
+    // Both speeds measured side by side in the same run.
+    assert!(
+        fast["figures"]["aggregate_tok_s"]["ratio"]
+            .as_f64()
+            .is_some(),
+        "{fast}"
+    );
+    // Greedy agreement: the same definition agrees token for token with
+    // equal logprobs; the early exit parts from the base.
+    let g = &again["agreement"];
+    assert_eq!(g["identical_share"], 1.0, "{g}");
+    assert_eq!(g["prompts_diverged"], 0, "{g}");
+    assert_eq!(g["logprobs"], true, "{g}");
+    assert_eq!(g["mean_abs_logprob_diff"], 0.0, "{g}");
+    let g = &fast["agreement"];
+    assert!(g["identical_share"].as_f64().unwrap_or(1.0) < 0.5, "{g}");
+    assert!(g["prompts_diverged"].as_u64().unwrap_or(0) >= 6, "{g}");
+}

@@ -50,6 +50,24 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// The rules between options clap cannot say: the eval runner's
+    /// options of `ttctl ab` mean nothing without `--eval`.
+    pub fn check(&self) -> Result<(), clap::Error> {
+        use clap::CommandFactory;
+        if let Command::Ab(ab) = &self.command {
+            let runner = &ab.runner;
+            if ab.eval.is_none() && (runner.lm_eval.is_some() || runner.limit.is_some()) {
+                return Err(Cli::command().error(
+                    clap::error::ErrorKind::MissingRequiredArgument,
+                    "--lm-eval and --limit say how `ttctl ab` runs its eval: give the task with --eval TASK",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The top-level commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -190,33 +208,9 @@ pub struct EvalArgs {
     #[arg(long, value_name = "TASK")]
     pub task: String,
 
-    /// lm-evaluation-harness's `lm_eval` program: run the task with it.
-    #[arg(long = "lm-eval", value_name = "PATH")]
-    pub lm_eval: Option<PathBuf>,
-
-    /// A directory of lm-eval task YAML files (lm-eval's --include_path);
-    /// their relative data files are read from it.
-    #[arg(long, value_name = "DIR", requires = "lm_eval")]
-    pub include_path: Option<PathBuf>,
-
-    /// The model's Hugging Face tokenizer (a directory or a hub name), for
-    /// lm-eval's log-likelihood requests, which count context tokens.
-    #[arg(long, value_name = "PATH", requires = "lm_eval")]
-    pub tokenizer: Option<String>,
-
-    /// Requests lm-eval sends at once (its batch of prompts per request).
-    #[arg(long, value_name = "N", default_value_t = 8, requires = "lm_eval",
-          value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub batch_size: u32,
-
-    /// Evaluate only the first N samples.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub limit: Option<u32>,
-
-    /// The metric to score by (lm-eval's name, e.g. acc, acc_norm,
-    /// exact_match); default: the task's first.
-    #[arg(long, value_name = "NAME", requires = "lm_eval")]
-    pub metric: Option<String>,
+    /// How the eval runs.
+    #[command(flatten)]
+    pub runner: EvalRunner,
 
     /// The reference score (0 to 1): with --tolerance, a score below
     /// reference - tolerance fails.
@@ -244,6 +238,48 @@ pub struct EvalArgs {
     /// Print the record as JSON instead of the summary line.
     #[arg(long)]
     pub json: bool,
+}
+
+/// How an eval runs (`ttctl eval`, `ttctl ab --eval`): which engine of
+/// the eval, and its options.
+#[derive(Debug, Clone, Args)]
+pub struct EvalRunner {
+    /// lm-evaluation-harness's `lm_eval` program: run the task with it.
+    #[arg(long = "lm-eval", value_name = "PATH")]
+    pub lm_eval: Option<PathBuf>,
+
+    /// A directory of lm-eval task YAML files (lm-eval's --include_path);
+    /// their relative data files are read from it.
+    #[arg(long, value_name = "DIR", requires = "lm_eval")]
+    pub include_path: Option<PathBuf>,
+
+    /// The model's Hugging Face tokenizer (a directory or a hub name), for
+    /// lm-eval's log-likelihood requests, which count context tokens.
+    #[arg(long, value_name = "PATH", requires = "lm_eval")]
+    pub tokenizer: Option<String>,
+
+    /// Requests lm-eval sends at once (its batch of prompts per request).
+    #[arg(long, value_name = "N", default_value_t = 8, requires = "lm_eval",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub batch_size: u32,
+
+    /// Evaluate only the first N samples.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
+
+    /// The metric to score by (lm-eval's name, e.g. acc, acc_norm,
+    /// exact_match); default: the task's first.
+    #[arg(long, value_name = "NAME", requires = "lm_eval")]
+    pub metric: Option<String>,
+}
+
+fn parse_tolerance(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{text:?}: a tolerance is a score difference from 0 to 1 (e.g. 0.05)"
+        )),
+    }
 }
 
 fn parse_pass_mark(text: &str) -> Result<(u32, u32), String> {
@@ -325,6 +361,25 @@ pub struct AbArgs {
     #[arg(long = "arm", value_name = "NAME:FLAGS", required = true, num_args = 1,
           value_parser = parse_arm)]
     pub arms: Vec<Arm>,
+
+    /// Also evaluate every arm on this task (in the first round, through
+    /// the router, as `ttctl eval` does: a JSON-lines file for the built-in
+    /// runner, or an lm-eval task with --lm-eval). An arm whose score falls
+    /// below the first arm's by more than the tolerance is refused for
+    /// accuracy, faster or not (exit 1).
+    #[arg(long = "eval", value_name = "TASK")]
+    pub eval: Option<String>,
+
+    /// How far below the first arm's score another arm's may fall
+    /// (default: the tolerance of the model's `[models.X.accuracy.TASK]`
+    /// gate, else two standard errors of the difference).
+    #[arg(long, value_name = "SCORE", requires = "eval",
+          value_parser = parse_tolerance)]
+    pub eval_tolerance: Option<f64>,
+
+    /// How the eval runs (with --eval).
+    #[command(flatten)]
+    pub runner: EvalRunner,
 
     /// The workload.
     #[command(flatten)]

@@ -3,7 +3,7 @@
 //! the eval or the built-in exact-match runner, recorded beside `ttctl
 //! bench`'s records and judged against a reference (docs/ACCURACY.md).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -16,7 +16,7 @@ use tt_serving_proto::v1::{GenerateRequest, StatusResponse};
 
 use super::bench::record::{self, Identity, SlotIdentity};
 use super::client::Daemon;
-use super::{emit, note, EvalArgs, Failure};
+use super::{emit, note, EvalArgs, EvalRunner, Failure};
 
 /// A task's score.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +35,95 @@ pub struct Score {
     pub runner: String,
 }
 
+/// One eval through the daemon: the score, what it ran on, and why it
+/// must not be trusted (none: valid).
+pub(crate) struct Evaluation {
+    /// The score.
+    pub score: Score,
+    /// The model's slots, cards and cache variants when it started.
+    pub identity: Identity,
+    /// The banners its workers had printed.
+    pub banners: BTreeSet<String>,
+    /// A slot restarted or changed, a banner came or went, requests failed.
+    pub problems: Vec<String>,
+    /// The daemon's status when it ended (its gates).
+    pub status_after: StatusResponse,
+    /// When it started (Unix ms).
+    pub started: u64,
+}
+
+impl Evaluation {
+    /// The JSON-lines record of `ttctl eval` (kind `eval`).
+    pub(crate) fn record(&self, model: &str, task: &str, runner: &EvalRunner) -> Value {
+        json!({
+            "kind": "eval",
+            "id": record::run_id(self.started),
+            "unix_ms": self.started,
+            "model": model,
+            "task": task,
+            "runner": self.score.runner,
+            "metric": self.score.metric,
+            "score": self.score.value,
+            "stderr": self.score.stderr,
+            "samples": self.score.samples,
+            "failed": self.score.failed,
+            "limit": runner.limit,
+            "valid": self.problems.is_empty(),
+            "invalid_reasons": self.problems,
+            "banners": self.banners,
+            "identity": self.identity,
+        })
+    }
+}
+
+/// Runs `task` against `model`'s Ready slots through the router, with
+/// lm-eval or the built-in runner, and checks nothing changed under it.
+pub(crate) async fn evaluate(
+    daemon: &mut Daemon,
+    model: &str,
+    task: &str,
+    runner: &EvalRunner,
+    err: &mut (dyn Write + Send),
+) -> Result<Evaluation, Failure> {
+    let before = daemon.status().await?;
+    let identity = Identity::of(&before, model);
+    if identity.slots.is_empty() {
+        return Err(Failure::Failed(format!(
+            "model {model} has no Ready slot to evaluate (see 'ttctl status')"
+        )));
+    }
+    let started = tt_serving_proto::time::unix_ms(SystemTime::now());
+    let score = match &runner.lm_eval {
+        Some(program) => harness(program, &before, model, task, runner, err).await?,
+        None => built_in(daemon, model, task, runner.limit, err).await?,
+    };
+    let after = daemon.status().await?;
+    let mut problems = changed_slots(&identity.slots, &Identity::of(&after, model).slots);
+    let banners = super::bench::banners(&before, model);
+    let banners_after = super::bench::banners(&after, model);
+    for gained in banners_after.difference(&banners) {
+        problems.push(format!("{gained} engaged during the eval"));
+    }
+    for lost in banners.difference(&banners_after) {
+        problems.push(format!("{lost} no longer engaged after the eval"));
+    }
+    if score.failed > 0 {
+        problems.push(format!("{} requests failed", score.failed));
+    }
+    let identity = match daemon.list_cache().await {
+        Ok(cache) => identity.with_variants(&cache),
+        Err(_) => identity,
+    };
+    Ok(Evaluation {
+        score,
+        identity,
+        banners,
+        problems,
+        status_after: after,
+        started,
+    })
+}
+
 /// `ttctl eval MODEL --task TASK`.
 pub(super) async fn run(
     daemon: &mut Daemon,
@@ -43,60 +132,26 @@ pub(super) async fn run(
     err: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
     let (path, default) = record::path(args.out.as_deref()).map_err(Failure::Failed)?;
-    let before = daemon.status().await?;
-    let identity = Identity::of(&before, &args.model);
-    if identity.slots.is_empty() {
-        return Err(Failure::Failed(format!(
-            "model {} has no Ready slot to evaluate (see 'ttctl status')",
-            args.model
-        )));
+    let eval = evaluate(daemon, &args.model, &args.task, &args.runner, err).await?;
+    let score = &eval.score;
+    let verdict = verdict(score, gate(args, &eval.status_after));
+    let mut rec = eval.record(&args.model, &args.task, &args.runner);
+    if let Some(o) = rec.as_object_mut() {
+        o.insert(
+            "gate".into(),
+            json!(verdict.as_ref().map(|v| v.gate.clone())),
+        );
+        o.insert("pass".into(), json!(verdict.as_ref().map(|v| v.pass)));
     }
-    let started = tt_serving_proto::time::unix_ms(SystemTime::now());
-    let score = match &args.lm_eval {
-        Some(program) => harness(program, &before, args, err).await?,
-        None => built_in(daemon, args, err).await?,
-    };
-    let after = daemon.status().await?;
-    let mut problems = changed_slots(&identity.slots, &Identity::of(&after, &args.model).slots);
-    if score.failed > 0 {
-        problems.push(format!("{} requests failed", score.failed));
-    }
-    let verdict = verdict(&score, gate(args, &after));
-    let identity = match daemon.list_cache().await {
-        Ok(cache) => identity.with_variants(&cache),
-        Err(_) => identity,
-    };
-    let rec = json!({
-        "kind": "eval",
-        "id": record::run_id(started),
-        "unix_ms": started,
-        "model": args.model,
-        "task": args.task,
-        "runner": score.runner,
-        "metric": score.metric,
-        "score": score.value,
-        "stderr": score.stderr,
-        "samples": score.samples,
-        "failed": score.failed,
-        "limit": args.limit,
-        "valid": problems.is_empty(),
-        "invalid_because": problems,
-        "gate": verdict.as_ref().map(|v| v.gate.clone()),
-        "pass": verdict.as_ref().map(|v| v.pass),
-        "identity": identity,
-    });
     record::append(&path, std::slice::from_ref(&rec), default).map_err(Failure::Failed)?;
     if args.json {
         emit(out, &format!("{rec}\n"))?;
     } else {
         let mut line = format!(
-            "{} {}: {} {:.4} ± {:.4} over {} samples ({})",
+            "{} {}: {} ({})",
             args.model,
             args.task,
-            score.metric,
-            score.value,
-            score.stderr,
-            score.samples,
+            score.describe(),
             score.runner
         );
         if let Some(v) = &verdict {
@@ -109,10 +164,10 @@ pub(super) async fn run(
         emit(out, &format!("{line}\n"))?;
     }
     note(err, &format!("record appended to {}\n", path.display()));
-    if !problems.is_empty() {
+    if !eval.problems.is_empty() {
         return Err(Failure::Failed(format!(
             "the run is invalid: {}",
-            problems.join("; ")
+            eval.problems.join("; ")
         )));
     }
     match verdict {
@@ -124,15 +179,23 @@ pub(super) async fn run(
     }
 }
 
+impl Score {
+    /// `exact_match 0.6500 ± 0.0754 over 40 samples`.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "{} {:.4} ± {:.4} over {} samples",
+            self.metric, self.value, self.stderr, self.samples
+        )
+    }
+}
+
 /// The gate and whether the score passed it.
 struct Verdict {
     gate: String,
     pass: bool,
 }
 
-/// The gate the command line gives, else the model's configured one for
-/// this task (`[models.X.accuracy.TASK]`, TASK the lm-eval task or the
-/// task file's name without `.jsonl`), with where it came from.
+/// The gate the command line gives, else the model's configured one.
 fn gate(args: &EvalArgs, status: &StatusResponse) -> Option<(Gate, String)> {
     if let (Some(reference), Some(tolerance)) = (args.reference, args.tolerance) {
         return Some((
@@ -146,14 +209,25 @@ fn gate(args: &EvalArgs, status: &StatusResponse) -> Option<(Gate, String)> {
     if let Some((need, of)) = args.pass_mark {
         return Some((Gate::PassMark { need, of }, String::new()));
     }
-    let stem = Path::new(&args.task)
+    configured_gate(status, &args.model, &args.task)
+}
+
+/// The model's gate for this task (`[models.X.accuracy.TASK]`, TASK the
+/// lm-eval task or the task file's name without `.jsonl`), with where it
+/// came from.
+pub(crate) fn configured_gate(
+    status: &StatusResponse,
+    model: &str,
+    task: &str,
+) -> Option<(Gate, String)> {
+    let stem = Path::new(task)
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or_default();
     let g = status
         .accuracy
         .iter()
-        .find(|g| g.model == args.model && (g.task == args.task || g.task == stem))?;
+        .find(|g| g.model == model && (g.task == task || g.task == stem))?;
     let source = format!(" (models.{}.accuracy.{})", g.model, g.task);
     if g.pass_of > 0 {
         return Some((
@@ -211,17 +285,19 @@ fn changed_slots(before: &[SlotIdentity], after: &[SlotIdentity]) -> Vec<String>
 /// router, one after another.
 async fn built_in(
     daemon: &mut Daemon,
-    args: &EvalArgs,
+    model: &str,
+    task: &str,
+    limit: Option<u32>,
     err: &mut (dyn Write + Send),
 ) -> Result<Score, Failure> {
-    let mut questions = accuracy::read_task(Path::new(&args.task)).map_err(Failure::Failed)?;
-    if let Some(limit) = args.limit {
+    let mut questions = accuracy::read_task(Path::new(task)).map_err(Failure::Failed)?;
+    if let Some(limit) = limit {
         questions.truncate(limit as usize);
     }
     let (mut right, mut failed) = (0u64, 0u64);
     for (i, q) in questions.iter().enumerate() {
         let request = GenerateRequest {
-            model: args.model.clone(),
+            model: model.to_string(),
             input: Some(Input::Prompt(q.prompt.clone())),
             max_tokens: q.max_tokens(),
             stop: q.stop(),
@@ -270,7 +346,9 @@ async fn answer(daemon: &mut Daemon, request: GenerateRequest) -> Result<String,
 async fn harness(
     program: &Path,
     status: &StatusResponse,
-    args: &EvalArgs,
+    model: &str,
+    task: &str,
+    args: &EvalRunner,
     err: &mut (dyn Write + Send),
 ) -> Result<Score, Failure> {
     let door = status
@@ -289,8 +367,7 @@ async fn harness(
         ))
     })?;
     let mut model_args = format!(
-        "base_url=http://{door}/v1/completions,model={},num_concurrent=1,max_retries=1",
-        args.model
+        "base_url=http://{door}/v1/completions,model={model},num_concurrent=1,max_retries=1"
     );
     match &args.tokenizer {
         Some(t) => model_args.push_str(&format!(
@@ -300,7 +377,7 @@ async fn harness(
     }
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(["--model", "local-completions", "--model_args", &model_args])
-        .args(["--tasks", &args.task])
+        .args(["--tasks", task])
         .args(["--batch_size", &args.batch_size.to_string()])
         .args(["--seed", "1234"])
         .arg("--output_path")
@@ -330,10 +407,8 @@ async fn harness(
     note(
         err,
         &format!(
-            "running {} on task {} against http://{door} (model {})\n",
+            "running {} on task {task} against http://{door} (model {model})\n",
             program.display(),
-            args.task,
-            args.model
         ),
     );
     let exit = cmd.status().await.map_err(|e| {
@@ -362,7 +437,7 @@ async fn harness(
         .map_err(|e| Failure::Failed(format!("cannot read {}: {e}", results.display())))?;
     let value: Value = serde_json::from_str(&text)
         .map_err(|e| Failure::Failed(format!("{} is not JSON: {e}", results.display())))?;
-    score_of(&value, &args.task, args.metric.as_deref()).map_err(Failure::Failed)
+    score_of(&value, task, args.metric.as_deref()).map_err(Failure::Failed)
 }
 
 use std::os::fd::AsFd;

@@ -62,7 +62,7 @@ use std::process::ExitCode;
 
 pub use args::{
     AbArgs, Arm, BenchArgs, BenchCommand, CacheCommand, CardCommand, Cli, Command, EvalArgs,
-    GenerateArgs, LogsArgs, ReloadArgs, SlotCommand, StatusArgs, TopArgs, WorkloadArgs,
+    EvalRunner, GenerateArgs, LogsArgs, ReloadArgs, SlotCommand, StatusArgs, TopArgs, WorkloadArgs,
 };
 use client::Daemon;
 pub use client::{connect, ConnectError, DEFAULT_SOCKET};

@@ -11,5 +11,8 @@ use ttctl::{self as ctl, Cli};
 async fn main() -> ExitCode {
     // Usage errors exit 2 here, inside clap.
     let cli = Cli::parse();
+    if let Err(e) = cli.check() {
+        e.exit();
+    }
     ctl::run(cli).await
 }

@@ -14,8 +14,11 @@ use tt_serving_proto::v1::trial_event::Kind;
 use tt_serving_proto::v1::{trial_request, TrialArm, TrialDone, TrialEvent, TrialRequest};
 
 use super::super::client::{Answers, Daemon};
+use super::super::eval;
 use super::super::{emit, note, AbArgs, Arm, Failure};
+use super::agreement::{self, Answer};
 use super::{measure_rung, record, records_path, Calibrations, Workload};
+use tt_serving_proto::accuracy::Gate;
 use tt_worker_contract::banner::is_truthy;
 
 /// How a run ended before its summary.
@@ -25,6 +28,18 @@ enum Stop {
     /// Something failed; the message says what.
     Failed(String),
 }
+
+/// What each arm answered in the first round, beside its speed: its
+/// greedy answers to the fixed prompts, and its eval record (`--eval`).
+#[derive(Default)]
+struct ArmChecks {
+    answers: BTreeMap<String, Vec<Answer>>,
+    evals: BTreeMap<String, Value>,
+}
+
+/// How far below the base arm's score another arm's may fall, and where
+/// that came from; None: two standard errors of the difference.
+type Tolerance = Option<(f64, String)>;
 
 /// The trial stream: arms go out, events come back.
 struct Trial {
@@ -188,7 +203,19 @@ pub(crate) async fn run(
     let (requests, rx) = mpsc::channel(4);
     let events = daemon.trial(rx).await?;
     let mut trial = Trial { requests, events };
+    let tolerance: Tolerance = match (&args.eval, args.eval_tolerance) {
+        (Some(_), Some(t)) => Some((t, "--eval-tolerance".into())),
+        (Some(task), None) => match eval::configured_gate(&status, &args.model, task) {
+            Some((Gate::Reference { tolerance, .. }, source)) => {
+                let source = source.trim().trim_start_matches('(').trim_end_matches(')');
+                Some((tolerance, source.to_string()))
+            }
+            _ => None,
+        },
+        (None, _) => None,
+    };
     let mut records: Vec<Value> = Vec::new();
+    let mut checks = ArmChecks::default();
     let measured = {
         let work = measure_arms(
             daemon,
@@ -199,6 +226,7 @@ pub(crate) async fn run(
             &purpose,
             &mut trial,
             &mut records,
+            &mut checks,
             &path,
             default,
             out,
@@ -236,7 +264,15 @@ pub(crate) async fn run(
         }
         Ok(()) => restored.map(|_| ())?,
     }
-    let summaries = summarize(&run_id, &args.model, &args.arms, &workload, &records);
+    let summaries = summarize(
+        &run_id,
+        &args.model,
+        &args.arms,
+        &workload,
+        &records,
+        &checks,
+        &tolerance,
+    );
     record::append(&path, &summaries, default).map_err(Failure::Failed)?;
     for s in &summaries {
         if args.workload.json {
@@ -249,8 +285,27 @@ pub(crate) async fn run(
         err,
         &format!("records appended to {} (run {run_id})\n", path.display()),
     );
+    let mut refused: Vec<String> = Vec::new();
+    for s in summaries
+        .iter()
+        .filter(|s| s["accuracy"]["refused"] == true)
+    {
+        let why = format!(
+            "arm {} {}",
+            s["cand"]["arm"].as_str().unwrap_or("?"),
+            s["accuracy"]["verdict"]
+                .as_str()
+                .unwrap_or("refused for accuracy")
+        );
+        if !refused.contains(&why) {
+            refused.push(why);
+        }
+    }
     if records.iter().any(|r| r["valid"] == false) {
-        return Err(Failure::Failed("some records are invalid (see their invalid_reasons); the comparison is not to be trusted".into()));
+        refused.push("some records are invalid (see their invalid_reasons); the comparison is not to be trusted".into());
+    }
+    if !refused.is_empty() {
+        return Err(Failure::Failed(refused.join("; ")));
     }
     Ok(())
 }
@@ -266,6 +321,7 @@ async fn measure_arms(
     purpose: &str,
     trial: &mut Trial,
     records: &mut Vec<Value>,
+    checks: &mut ArmChecks,
     path: &std::path::Path,
     default: bool,
     out: &mut (dyn Write + Send),
@@ -363,9 +419,130 @@ async fn measure_arms(
                     )));
                 }
             }
+            // After the speed rounds, so that what they measure is the
+            // arm as it came up.
+            if round == 0 {
+                first_round_checks(daemon, args, arm, &expected, run_id, checks, err).await?;
+                if let Some(rec) = checks.evals.get(&arm.name) {
+                    record::append(path, std::slice::from_ref(rec), default)
+                        .map_err(Stop::Failed)?;
+                    if args.workload.json {
+                        let _ = emit(out, &format!("{rec}\n"));
+                    }
+                    records.push(rec.clone());
+                }
+            }
         }
     }
     Ok(())
+}
+
+/// The first round's answers of one arm: greedy answers to the fixed
+/// prompts, and the eval when asked (its record, with the arm's banners
+/// checked like a speed record's).
+async fn first_round_checks(
+    daemon: &mut Daemon,
+    args: &AbArgs,
+    arm: &Arm,
+    expected: &BTreeMap<String, String>,
+    run_id: &str,
+    checks: &mut ArmChecks,
+    err: &mut (dyn Write + Send),
+) -> Result<(), Stop> {
+    note(
+        err,
+        &format!(
+            "arm {}: greedy answers to {} fixed prompts\n",
+            arm.name,
+            agreement::PROMPTS.len()
+        ),
+    );
+    let answers = agreement::answers(daemon, &args.model)
+        .await
+        .map_err(|why| Stop::Failed(format!("arm {}: {why}", arm.name)))?;
+    checks.answers.insert(arm.name.clone(), answers);
+    let Some(task) = &args.eval else {
+        return Ok(());
+    };
+    note(err, &format!("arm {}: evaluating {task}\n", arm.name));
+    let evaluation = eval::evaluate(daemon, &args.model, task, &args.runner, err)
+        .await
+        .map_err(|f| Stop::Failed(format!("arm {}: eval {task}: {}", arm.name, f.message())))?;
+    let mut rec = evaluation.record(&args.model, task, &args.runner);
+    let mut invalid = evaluation.problems.clone();
+    invalid.extend(arm_problems(&rec, arm, expected));
+    note(
+        err,
+        &format!(
+            "arm {}: {task}: {}{}\n",
+            arm.name,
+            evaluation.score.describe(),
+            if invalid.is_empty() { "" } else { " (INVALID)" }
+        ),
+    );
+    if let Some(o) = rec.as_object_mut() {
+        o.insert("kind".into(), json!("ab_eval"));
+        o.insert("id".into(), json!(format!("{run_id}-{}-eval", arm.name)));
+        o.insert("run".into(), json!(run_id));
+        o.insert("arm".into(), json!(arm.name));
+        o.insert("arm_flags".into(), json!(arm.flags));
+        o.insert("flags".into(), json!(expected));
+        o.insert("valid".into(), json!(invalid.is_empty()));
+        o.insert("invalid_reasons".into(), json!(invalid));
+    }
+    checks.evals.insert(arm.name.clone(), rec);
+    Ok(())
+}
+
+/// The accuracy comparison of two arms' eval records: each score with its
+/// error, the difference, the tolerance and the verdict. An arm is
+/// refused when its score falls below the base arm's by more than the
+/// tolerance; a better score is never refused.
+fn compare_accuracy(
+    base_name: &str,
+    cand_name: &str,
+    base: &Value,
+    cand: &Value,
+    tolerance: &Tolerance,
+) -> Value {
+    let num = |r: &Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+    let (b, bse, c, cse) = (
+        num(base, "score"),
+        num(base, "stderr"),
+        num(cand, "score"),
+        num(cand, "stderr"),
+    );
+    let (tol, source) = match tolerance {
+        Some((t, source)) => (*t, source.clone()),
+        None => (
+            2.0 * (bse * bse + cse * cse).sqrt(),
+            "two standard errors of the difference".to_string(),
+        ),
+    };
+    let difference = c - b;
+    let refused = difference.is_nan() || difference < -tol;
+    let metric = base["metric"].as_str().unwrap_or("score");
+    let verdict = if refused {
+        format!(
+            "refused for accuracy: {metric} {c:.3} ± {cse:.3} against {base_name}'s {b:.3} ± {bse:.3}, {:.3} below, outside the tolerance {tol:.3} ({source})",
+            -difference
+        )
+    } else {
+        format!(
+            "keeps its answers: {metric} {c:.3} ± {cse:.3} against {base_name}'s {b:.3} ± {bse:.3}, within the tolerance {tol:.3} ({source})"
+        )
+    };
+    json!({
+        "task": base["task"],
+        "metric": metric,
+        base_name: {"score": b, "stderr": bse, "samples": base["samples"], "record": base["id"]},
+        cand_name: {"score": c, "stderr": cse, "samples": cand["samples"], "record": cand["id"]},
+        "difference": r3(difference),
+        "tolerance": r3(tol),
+        "tolerance_source": source,
+        "refused": refused,
+        "verdict": verdict,
+    })
 }
 
 /// Median, lowest and highest of the finite values.
@@ -397,12 +574,14 @@ const FIGURES: [(&str, &str, bool); 3] = [
 /// One summary record per rung and non-baseline arm: each arm's median and
 /// spread over rounds, the ratio to the baseline with its spread, and a
 /// verdict only when the spreads do not overlap.
-pub fn summarize(
+fn summarize(
     run_id: &str,
     model: &str,
     arms: &[Arm],
     workload: &Workload,
     records: &[Value],
+    checks: &ArmChecks,
+    tolerance: &Tolerance,
 ) -> Vec<Value> {
     let mut out = Vec::new();
     let Some(base) = arms.first() else { return out };
@@ -451,7 +630,27 @@ pub fn summarize(
                     }),
                 );
             }
-            let all: Vec<&&Value> = base_recs.iter().chain(cand_recs.iter()).collect();
+            let evals: Vec<&Value> = [&base.name, &cand.name]
+                .iter()
+                .filter_map(|a| checks.evals.get(*a))
+                .collect();
+            let accuracy = match (checks.evals.get(&base.name), checks.evals.get(&cand.name)) {
+                (Some(b), Some(c)) => compare_accuracy(&base.name, &cand.name, b, c, tolerance),
+                _ => Value::Null,
+            };
+            let agreement = match (
+                checks.answers.get(&base.name),
+                checks.answers.get(&cand.name),
+            ) {
+                (Some(b), Some(c)) => agreement::compare(b, c),
+                _ => Value::Null,
+            };
+            let all: Vec<&Value> = base_recs
+                .iter()
+                .chain(cand_recs.iter())
+                .copied()
+                .chain(evals)
+                .collect();
             let invalid: Vec<String> = all
                 .iter()
                 .filter(|r| r["valid"] == false)
@@ -469,6 +668,8 @@ pub fn summarize(
                              "output_tokens": rung.output_tokens, "rounds": workload.repeats},
                 "records": all.iter().map(|r| r["id"].clone()).collect::<Vec<_>>(),
                 "figures": figures,
+                "accuracy": accuracy,
+                "agreement": agreement,
                 "valid": invalid.is_empty() && !all.is_empty(),
                 "invalid_reasons": invalid,
             }));
@@ -511,6 +712,45 @@ fn summary_lines(s: &Value) -> String {
             f["ratio_min"].as_f64().unwrap_or(f64::NAN),
             f["ratio_max"].as_f64().unwrap_or(f64::NAN),
             f["verdict"].as_str().unwrap_or("")
+        ));
+    }
+    let g = &s["agreement"];
+    if !g.is_null() {
+        let divergence: Vec<String> = g["first_divergence"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| d.as_u64().map_or("-".into(), |d| d.to_string()))
+            .collect();
+        text.push_str(&format!(
+            "  greedy agreement       {:.1}% identical {} over {} prompts, first divergence [{}], mean |Δ logprob| before it {}\n",
+            g["identical_share"].as_f64().unwrap_or(f64::NAN) * 100.0,
+            g["unit"].as_str().unwrap_or("tokens"),
+            g["prompts"],
+            divergence.join(" "),
+            match (g["logprobs"] == true, g["mean_abs_logprob_diff"].as_f64()) {
+                (false, _) => "not returned by the engine".to_string(),
+                (true, None) => "none (every prompt parted at its first token)".to_string(),
+                (true, Some(d)) => format!("{d:.4}"),
+            }
+        ));
+    }
+    let a = &s["accuracy"];
+    if !a.is_null() {
+        let faster = s["figures"]["aggregate_tok_s"]["ratio"]
+            .as_f64()
+            .filter(|r| *r > 1.0 && a["refused"] == true)
+            .map(|r| format!(" (refused although {r:.3}x as fast)"))
+            .unwrap_or_default();
+        let task = a["task"].as_str().unwrap_or("");
+        let task = std::path::Path::new(task)
+            .file_stem()
+            .and_then(|t| t.to_str())
+            .unwrap_or(task);
+        text.push_str(&format!(
+            "  accuracy {:<13} {}{faster}\n",
+            task,
+            a["verdict"].as_str().unwrap_or("")
         ));
     }
     text
@@ -562,7 +802,8 @@ mod tests {
             rec("base", 101.0),
             rec("cand", 119.0),
         ];
-        let s = &summarize("r", "m", &arms(), &workload(), &apart)[0];
+        let none = ArmChecks::default();
+        let s = &summarize("r", "m", &arms(), &workload(), &apart, &none, &None)[0];
         let f = &s["figures"]["aggregate_tok_s"];
         assert_eq!(f["verdict"], "cand better");
         assert_eq!(f["ratio"], r3(120.0 / 101.0));
@@ -575,7 +816,7 @@ mod tests {
             rec("base", 110.0),
             rec("cand", 105.0),
         ];
-        let s = &summarize("r", "m", &arms(), &workload(), &overlapping)[0];
+        let s = &summarize("r", "m", &arms(), &workload(), &overlapping, &none, &None)[0];
         assert_eq!(
             s["figures"]["aggregate_tok_s"]["verdict"],
             "no verdict: the spreads overlap"
@@ -621,5 +862,64 @@ mod tests {
             json!({"banners": ["G"], "identity": {"slots": [{"slot": "m", "flags": {"F": "1"}}]}});
         let p = arm_problems(&bad, &arm, &expected);
         assert_eq!(p.len(), 3, "{p:?}");
+    }
+
+    fn eval_rec(score: f64, stderr: f64) -> Value {
+        json!({"id": format!("e-{score}"), "task": "/t/capitals.jsonl", "metric": "exact_match",
+               "score": score, "stderr": stderr, "samples": 40})
+    }
+
+    #[test]
+    fn an_arm_below_the_base_by_more_than_the_tolerance_is_refused_a_better_one_never() {
+        let base = eval_rec(0.65, 0.075);
+        let gate: Tolerance = Some((0.15, "models.m.accuracy.capitals".into()));
+        let broken = compare_accuracy("base", "fast", &base, &eval_rec(0.0, 0.0), &gate);
+        assert_eq!(broken["refused"], true);
+        assert_eq!(broken["difference"], -0.65);
+        let v = broken["verdict"].as_str().unwrap();
+        assert!(
+            v.starts_with("refused for accuracy: exact_match 0.000"),
+            "{v}"
+        );
+        assert!(
+            v.contains("tolerance 0.150 (models.m.accuracy.capitals)"),
+            "{v}"
+        );
+        let close = compare_accuracy("base", "f16", &base, &eval_rec(0.55, 0.08), &gate);
+        assert_eq!(close["refused"], false, "{close}");
+        let better = compare_accuracy("base", "f16", &base, &eval_rec(0.95, 0.03), &gate);
+        assert_eq!(better["refused"], false, "{better}");
+        // No gate: two standard errors of the difference, said so.
+        let statistical = compare_accuracy("base", "f16", &base, &eval_rec(0.40, 0.077), &None);
+        assert_eq!(
+            statistical["tolerance"],
+            r3(2.0 * (0.075f64.powi(2) + 0.077f64.powi(2)).sqrt())
+        );
+        assert_eq!(statistical["refused"], true, "{statistical}");
+        assert_eq!(
+            statistical["tolerance_source"],
+            "two standard errors of the difference"
+        );
+    }
+
+    #[test]
+    fn eval_options_without_eval_are_usage_errors() {
+        use clap::Parser;
+        let check = |extra: &[&str]| {
+            let mut argv = vec!["ttctl", "ab", "m", "--arm", "base:", "--arm", "c:"];
+            argv.extend_from_slice(extra);
+            crate::Cli::try_parse_from(argv)
+                .and_then(|cli| cli.check())
+                .map_err(|e| (e.exit_code(), e.to_string()))
+        };
+        assert!(check(&["--eval", "t.jsonl", "--limit", "5"]).is_ok());
+        let (code, text) = check(&["--limit", "5"]).unwrap_err();
+        assert_eq!(code, 2);
+        assert!(text.contains("--eval TASK"), "{text}");
+        let (code, text) = check(&["--eval-tolerance", "0.1"]).unwrap_err();
+        assert_eq!(code, 2, "{text}");
+        let (code, text) = check(&["--eval", "t", "--eval-tolerance", "3"]).unwrap_err();
+        assert_eq!(code, 2);
+        assert!(text.contains("from 0 to 1"), "{text}");
     }
 }

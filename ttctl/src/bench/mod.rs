@@ -5,6 +5,7 @@
 //! produced its figures.
 
 pub mod ab;
+pub mod agreement;
 pub mod cite;
 pub mod record;
 pub mod stats;
@@ -243,7 +244,10 @@ async fn one_stream(daemon: &mut Daemon, req: GenerateRequest, origin: Instant) 
 }
 
 /// The banners the model's Ready slots' current workers printed.
-fn banners(status: &tt_serving_proto::v1::StatusResponse, model: &str) -> BTreeSet<String> {
+pub(crate) fn banners(
+    status: &tt_serving_proto::v1::StatusResponse,
+    model: &str,
+) -> BTreeSet<String> {
     status
         .slots
         .iter()
