@@ -335,10 +335,22 @@ async fn measure_arms(
     let mut next_request =
         (tt_serving_proto::time::unix_ms(SystemTime::now()) / 1000) as u32 & 0x7fff;
     let mut order = 0u32;
+    let width = args
+        .arms
+        .iter()
+        .map(|a| a.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(6);
     if !args.workload.json {
         let _ = emit(
             out,
-            &format!("{:<6} {:<6} {}\n", "ROUND", "ARM", super::table_header()),
+            &format!(
+                "{:<6} {:<width$} {}\n",
+                "ROUND",
+                "ARM",
+                super::table_header()
+            ),
         );
     }
     for round in 0..workload.repeats {
@@ -400,7 +412,7 @@ async fn measure_arms(
                     let _ = emit(
                         out,
                         &format!(
-                            "{:<6} {:<6} {}\n",
+                            "{:<6} {:<width$} {}\n",
                             round + 1,
                             arm.name,
                             super::table_row(&rec)
