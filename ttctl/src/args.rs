@@ -170,8 +170,13 @@ pub enum Command {
     /// on a failure and on Ctrl-C the configured definition is restored
     /// (also if ttctl dies: the daemon restores when it goes away). Prints
     /// per rung each arm's median and spread, the ratio to the first arm,
-    /// and a verdict only when the spreads do not overlap. Exits 1 when an
-    /// arm does not come up or a run is invalid, 130 on Ctrl-C.
+    /// and a verdict only when the spreads do not overlap. In the first
+    /// round every arm also answers fixed prompts greedily (the summary's
+    /// greedy agreement with the first arm: identical tokens, where they
+    /// part, the logprobs' difference) and, with --eval, is evaluated on a
+    /// task; an arm scoring below the first by more than the tolerance is
+    /// refused for accuracy. Exits 1 when an arm does not come up, a run is
+    /// invalid or an arm is refused for accuracy, 130 on Ctrl-C.
     #[command(after_help = EXIT_CODES)]
     Ab(AbArgs),
 
