@@ -419,3 +419,43 @@ fn ab_eval_refuses_an_arm_that_answers_worse_and_agreement_shows_where_it_parts(
     assert!(g["identical_share"].as_f64().unwrap_or(1.0) < 0.5, "{g}");
     assert!(g["prompts_diverged"].as_u64().unwrap_or(0) >= 6, "{g}");
 }
+
+/// A `readiness.accuracy` task file that cannot be read fails the start
+/// before a worker runs (no worker, no reset owed: the card stays Ready),
+/// naming the key and the file; `check-config` says the same first.
+#[test]
+fn an_unreadable_readiness_task_fails_the_start_before_the_worker() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = tt_serving_tests::tiny_model(dir.path());
+    let missing = dir.path().join("missing.jsonl");
+    let hw = FakeHw::new(1);
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: format!(
+                "{}\n[models.m.readiness]\naccuracy = \"facts\"\n\n[models.m.accuracy.facts]\npass_mark = \"1/1\"\nfile = \"{}\"\n",
+                model_table("m", 1, &[0], &model, "[models.m.restart]\nmax_attempts = 1\n"),
+                missing.display()
+            ),
+            ..Default::default()
+        },
+    );
+    let slot = daemon.wait_slot_state("m", "failed");
+    let reason = slot["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains(
+            "models.m.accuracy.facts.file (readiness.accuracy): cannot read the task file"
+        ) && reason.contains("missing.jsonl"),
+        "{slot}"
+    );
+    assert_eq!(slot["worker_pid"], 0, "no worker ran: {slot}");
+    assert_eq!(daemon.card(&FakeHw::bdf(0))["state"], "ready");
+    let check = Command::new(bin("tt-servingd"))
+        .arg("check-config")
+        .arg(&daemon.config)
+        .output()
+        .expect("run check-config");
+    let said = text(&check);
+    assert_ne!(check.status.code(), Some(0), "{said}");
+    assert!(said.contains("models.m.accuracy.facts.file"), "{said}");
+}

@@ -33,9 +33,9 @@ enum Command {
     /// when not. Checks the file (syntax, types, unknown keys, ranges,
     /// cross-field rules) and this host: checkpoints (a GGUF header and
     /// length for tt-worker), worker, tt-smi and probe programs, the tokens,
-    /// TLS and env files with their modes, groups, the control socket's
-    /// path, and the cards when the tenstorrent driver is loaded. Run it as
-    /// the daemon's user.
+    /// TLS and env files with their modes, accuracy task files, groups, the
+    /// control socket's path, and the cards when the tenstorrent driver is
+    /// loaded. Run it as the daemon's user.
     CheckConfig {
         /// The config file.
         file: PathBuf,

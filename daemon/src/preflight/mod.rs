@@ -209,6 +209,15 @@ fn check_model(name: &str, m: &ModelConfig, problems: &mut Vec<Problem>) {
             problems.push(problem(key("env_file"), e));
         }
     }
+    // Read as the start reads them (`readiness.accuracy`), so a task file
+    // that would fail a start fails the check instead.
+    for (task, gate) in &m.accuracy {
+        if let Some(file) = gate.file.as_ref().filter(|f| f.is_absolute()) {
+            if let Err(e) = tt_serving_proto::accuracy::read_task(file) {
+                problems.push(problem(key(&format!("accuracy.{task}.file")), e));
+            }
+        }
+    }
 }
 
 fn check_checkpoint(key: &str, path: &Path, gguf_engine: bool, problems: &mut Vec<Problem>) {
@@ -271,5 +280,42 @@ mod tests {
             .collect();
         assert_eq!(at_checkpoint.len(), 1, "{:?}", checked.problems);
         assert!(at_checkpoint[0].message.contains("relative path"));
+    }
+
+    #[test]
+    fn a_task_file_is_read_as_the_start_reads_it() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let good = dir.path().join("good.jsonl");
+        std::fs::write(&good, "{\"prompt\": \"2+2=\", \"answer\": \"4\"}\n").unwrap();
+        let bad = dir.path().join("bad.jsonl");
+        std::fs::write(&bad, "{\"prompt\": \"2+2=\"}\n").unwrap();
+        let missing = dir.path().join("missing.jsonl");
+        let text = format!(
+            "{ONE_MODEL}[models.qwen.accuracy.good]\npass_mark = \"1/1\"\nfile = \"{}\"\n\
+             [models.qwen.accuracy.bad]\npass_mark = \"1/1\"\nfile = \"{}\"\n\
+             [models.qwen.accuracy.missing]\npass_mark = \"1/1\"\nfile = \"{}\"\n",
+            good.display(),
+            bad.display(),
+            missing.display()
+        );
+        let checked = check(&text, Scope::Host);
+        let at = |task: &str| {
+            checked
+                .problems
+                .iter()
+                .find(|p| p.key == format!("models.qwen.accuracy.{task}.file"))
+                .map(|p| p.message.clone())
+        };
+        assert_eq!(at("good"), None, "{:?}", checked.problems);
+        assert!(
+            at("bad").is_some_and(|m| m.contains("line 1: no \"answer\"")),
+            "{:?}",
+            checked.problems
+        );
+        assert!(
+            at("missing").is_some_and(|m| m.contains("cannot read the task file")),
+            "{:?}",
+            checked.problems
+        );
     }
 }

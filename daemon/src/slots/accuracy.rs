@@ -5,11 +5,10 @@
 //! cache trick) fails its start with the score in the reason and is never
 //! served.
 
-use std::path::Path;
 use std::time::Instant;
 
 use tonic::transport::Channel;
-use tt_serving_proto::accuracy::{self, Gate};
+use tt_serving_proto::accuracy::{self, Gate, Question};
 use tt_serving_proto::v1 as pb;
 use tt_serving_proto::v1::engine_client::EngineClient;
 
@@ -23,26 +22,50 @@ pub(super) struct Checked {
     pub(super) pass: bool,
 }
 
-/// The task `readiness.accuracy` names, with its file and gate, if the
-/// model sets one (validation guarantees both exist).
-pub(super) fn configured(m: &ModelConfig) -> Option<(&str, &Path, Gate)> {
-    let task = m.readiness.accuracy.as_deref()?;
-    let gate = m.accuracy.get(task)?;
-    Some((task, gate.file.as_deref()?, gate.rule()?))
+/// The `readiness.accuracy` task, read before the worker starts: a file
+/// that cannot be read fails the start before the cards are touched.
+pub(super) struct Task {
+    /// Its name under `[models.X.accuracy]`.
+    pub(super) name: String,
+    /// Its questions.
+    pub(super) questions: Vec<Question>,
+    /// Its gate.
+    pub(super) gate: Gate,
+}
+
+/// Reads the task `readiness.accuracy` names, if the model sets one
+/// (validation guarantees its gate and file exist): read at every start,
+/// like the env file, so an edited task reaches the next worker.
+pub(super) fn configured(m: &ModelConfig, model: &str) -> Result<Option<Task>, String> {
+    let Some(name) = m.readiness.accuracy.as_deref() else {
+        return Ok(None);
+    };
+    let Some((file, gate)) = m
+        .accuracy
+        .get(name)
+        .and_then(|g| Some((g.file.as_deref()?, g.rule()?)))
+    else {
+        return Ok(None);
+    };
+    let questions = accuracy::read_task(file)
+        .map_err(|e| format!("models.{model}.accuracy.{name}.file (readiness.accuracy): {e}"))?;
+    Ok(Some(Task {
+        name: name.to_string(),
+        questions,
+        gate,
+    }))
 }
 
 /// Runs the task against `engine` until `deadline`; an error is a request
-/// that failed or a file that could not be read, not a low score.
+/// that failed, not a low score.
 pub(super) async fn check(
     engine: &mut EngineClient<Channel>,
     model: &str,
-    task: &str,
-    file: &Path,
-    gate: Gate,
+    task: &Task,
     progress: &(dyn Fn(usize, usize) + Sync),
     deadline: Instant,
 ) -> Result<Checked, String> {
-    let questions = accuracy::read_task(file)?;
+    let (questions, gate) = (&task.questions, task.gate);
     let n = questions.len();
     let mut right = 0u64;
     for (i, q) in questions.iter().enumerate() {
@@ -74,9 +97,11 @@ pub(super) async fn check(
     let pass = gate.passes(score, n as u64);
     Ok(Checked {
         summary: format!(
-            "accuracy check {task}: exact_match {score:.3} ({right}/{n}) {} {} (models.{model}.accuracy.{task})",
+            "accuracy check {}: exact_match {score:.3} ({right}/{n}) {} {} (models.{model}.accuracy.{})",
+            task.name,
             if pass { "passes" } else { "fails" },
-            gate.describe()
+            gate.describe(),
+            task.name
         ),
         pass,
     })

@@ -39,6 +39,8 @@ struct Prepared {
     /// Held for a cold start until the marker is written.
     build_lock: Option<BuildLock>,
     spec: WorkerSpec,
+    /// The `readiness.accuracy` task, read before the worker starts.
+    accuracy: Option<super::accuracy::Task>,
 }
 
 /// A cold start that failed is a failed cache build.
@@ -112,7 +114,15 @@ async fn start(
     }
     // Before the cache is certified: a variant whose answers fail the gate
     // gets no marker.
-    let accuracy = check_accuracy(mgr, plan, &mut worker, &mut engine, deadline).await?;
+    let accuracy = check_accuracy(
+        mgr,
+        plan,
+        prepared.accuracy.as_ref(),
+        &mut worker,
+        &mut engine,
+        deadline,
+    )
+    .await?;
     seal_cache(
         mgr,
         plan,
@@ -200,6 +210,8 @@ async fn prepare(
         }
         None => BTreeMap::new(),
     };
+    let accuracy = super::accuracy::configured(m, &plan.model)
+        .map_err(|reason| Outcome::start_failed(reason, false))?;
     let device_nodes =
         device_nodes(mgr, &plan.cards).map_err(|r| Outcome::start_failed(r, false))?;
     let visible_devices = match m.visible_devices {
@@ -229,6 +241,7 @@ async fn prepare(
         mode,
         build_lock,
         spec,
+        accuracy,
     })
 }
 
@@ -427,13 +440,15 @@ async fn verify(
 async fn check_accuracy(
     mgr: &Arc<SlotManager>,
     plan: &SlotPlan,
+    task: Option<&super::accuracy::Task>,
     worker: &mut Worker,
     engine: &mut EngineClient<Channel>,
     deadline: Instant,
 ) -> Result<Option<String>, Outcome> {
-    let Some((task, file, gate)) = super::accuracy::configured(&plan.m) else {
+    let Some(checked_task) = task else {
         return Ok(None);
     };
+    let task = checked_task.name.as_str();
     let progress = |done: usize, of: usize| {
         mgr.transition(
             &plan.slot,
@@ -443,7 +458,7 @@ async fn check_accuracy(
     };
     let grace = Duration::from_secs(plan.m.restart.stop_timeout_secs);
     let checked = tokio::select! {
-        r = super::accuracy::check(engine, &plan.model, task, file, gate, &progress, deadline) => r,
+        r = super::accuracy::check(engine, &plan.model, checked_task, &progress, deadline) => r,
         exit = worker.wait() => {
             return Err(Outcome::start_failed(
                 format!("worker {} during the accuracy check {task}; last output: {}", exit.describe(), log_tail(worker)),
