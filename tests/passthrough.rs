@@ -555,4 +555,110 @@ fn the_real_vllm_honours_seeds_and_json_schemas_through_the_daemon() {
     );
     let person = json_by_schema(&daemon, "v");
     eprintln!("vLLM by schema: {person}");
+    vllm_relays_logprobs_of_the_prompt_and_the_answer(&daemon);
+}
+
+/// Logprobs through tt-worker-openai from vLLM, as the OpenAI door gives
+/// them: an echo scores the prompt (its first token null, the others
+/// vLLM's own numbers: -11.708 for " capital" after "The", seen on vLLM's
+/// own port with the same checkpoint), `max_tokens: 0` scores it alone,
+/// and lm-eval's multiple-choice task scores through the daemon what it
+/// scores on vLLM's own port (docs/ACCURACY.md: 40 of 40).
+fn vllm_relays_logprobs_of_the_prompt_and_the_answer(daemon: &Daemon) {
+    let params = supported(daemon, "v");
+    for p in ["logprobs", "prompt_logprobs"] {
+        assert!(params.iter().any(|x| x == p), "{p}: {params:?}");
+    }
+    let complete = |body: serde_json::Value| {
+        let (code, text) = post(daemon, "/v1/completions", &body);
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    };
+    let scored = complete(serde_json::json!({
+        "model": "v", "prompt": "The capital of France is", "max_tokens": 1,
+        "temperature": 0, "logprobs": 2, "echo": true,
+    }));
+    let lp = &scored["choices"][0]["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .map(|t| t.iter().filter_map(|t| t.as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        tokens[..5],
+        ["The", " capital", " of", " France", " is"],
+        "{lp}"
+    );
+    assert_eq!(
+        tokens.len(),
+        6,
+        "the prompt's five and the answer's one: {lp}"
+    );
+    assert!(lp["token_logprobs"][0].is_null(), "{lp}");
+    let capital = lp["token_logprobs"][1].as_f64().unwrap_or(0.0);
+    assert!((capital + 11.708).abs() < 0.05, "{lp}");
+    // The two most likely after "The", whatever the prompt's token was.
+    let top = lp["top_logprobs"][1].as_object().expect("alternatives");
+    assert_eq!(top.len(), 2, "{lp}");
+    assert!(top.contains_key("-"), "{lp}");
+    let answer = lp["top_logprobs"][5].as_object().expect("the answer's");
+    assert_eq!(answer.len(), 2, "{lp}");
+    assert!(
+        scored["choices"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("The capital of France is")),
+        "{scored}"
+    );
+
+    let prompt_only = complete(serde_json::json!({
+        "model": "v", "prompt": "The capital of France is", "max_tokens": 0,
+        "temperature": 0, "logprobs": 0, "echo": true,
+    }));
+    let lp = &prompt_only["choices"][0]["logprobs"];
+    assert_eq!(
+        lp["tokens"].as_array().map(Vec::len),
+        Some(5),
+        "{prompt_only}"
+    );
+    assert_eq!(
+        prompt_only["usage"]["completion_tokens"], 0,
+        "{prompt_only}"
+    );
+    assert_eq!(
+        prompt_only["choices"][0]["text"], "The capital of France is",
+        "{prompt_only}"
+    );
+
+    let Some((lm_eval, tokenizer, _)) = tt_serving_tests::real_lm_eval() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("eval.jsonl");
+    let tasks = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/eval");
+    let run = Command::new(bin("ttctl"))
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["eval", "v", "--task", "tt_capitals_mc", "--lm-eval"])
+        .arg(&lm_eval)
+        .arg("--include-path")
+        .arg(&tasks)
+        .arg("--tokenizer")
+        .arg(&tokenizer)
+        .arg("--out")
+        .arg(&out)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_DATASETS_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ttctl eval");
+    let said = output_text(&run);
+    assert!(run.status.success(), "{said}");
+    let record: serde_json::Value = std::fs::read_to_string(&out)
+        .ok()
+        .and_then(|t| t.lines().last().and_then(|l| serde_json::from_str(l).ok()))
+        .expect("an eval record");
+    eprintln!("lm-eval tt_capitals_mc through the daemon on vLLM: {record}");
+    assert_eq!(record["samples"], 40, "{record}");
+    assert_eq!(record["score"], 1.0, "{record}");
+    assert_eq!(record["valid"], true, "{record}");
 }

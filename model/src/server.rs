@@ -106,7 +106,7 @@ fn token_logprob(tokenizer: &Tokenizer, l: crate::scheduler::TokenLogprob) -> pb
             .map(|(id, logprob)| {
                 let bytes = tokenizer.token_bytes(id);
                 pb::TopLogprob {
-                    token_id: id,
+                    token_id: Some(id),
                     token: String::from_utf8_lossy(bytes).into_owned(),
                     bytes: bytes.to_vec(),
                     logprob,

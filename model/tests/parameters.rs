@@ -92,7 +92,7 @@ async fn logprobs_come_per_token_with_the_alternatives_asked_for() {
         assert!(lp.logprob <= 0.0 && lp.logprob.is_finite(), "{lp:?}");
         assert_eq!(lp.top_logprobs.len(), 5, "{lp:?}");
         // Greedy picks the most likely token: the first alternative.
-        assert_eq!(lp.top_logprobs[0].token_id, id, "{lp:?}");
+        assert_eq!(lp.top_logprobs[0].token_id, Some(id), "{lp:?}");
         assert_eq!(lp.top_logprobs[0].logprob, lp.logprob, "{lp:?}");
         assert!(
             lp.top_logprobs
@@ -142,7 +142,11 @@ async fn logprobs_come_per_token_with_the_alternatives_asked_for() {
     for lp in &sampled.logprobs {
         assert_eq!(lp.top_logprobs.len(), 20);
         assert!(lp.logprob <= lp.top_logprobs[0].logprob, "{lp:?}");
-        if let Some(t) = lp.top_logprobs.iter().find(|t| t.token_id == lp.token_id) {
+        if let Some(t) = lp
+            .top_logprobs
+            .iter()
+            .find(|t| t.token_id == Some(lp.token_id))
+        {
             assert_eq!(t.logprob, lp.logprob, "{lp:?}");
         }
     }

@@ -89,8 +89,10 @@ impl EngineKind {
     /// `prompt` is a string, token ids or lists of either
     /// (`vllm/entrypoints/openai/protocol.py`), llama-server's a string or
     /// an array of tokens (llama.cpp `tools/server/README.md`, "prompt").
-    /// Logprobs (generated or of the prompt) are not relayed yet, so
-    /// neither claims them.
+    /// vLLM also gives log-probabilities, of the generated tokens
+    /// (`logprobs`) and, with `echo`, of the prompt's (`prompt_logprobs`):
+    /// relayed (`openai::plan`). llama-server's completions have no echo
+    /// and its OpenAI logprobs are not relayed: neither is claimed.
     pub fn supported_parameters(self) -> &'static [&'static str] {
         use tt_serving_proto::parameters::*;
         match self {
@@ -101,7 +103,9 @@ impl EngineKind {
                 MIN_TOKENS,
                 IGNORE_EOS,
                 STOP_TOKEN_IDS,
+                LOGPROBS,
                 PROMPT_TOKENS,
+                PROMPT_LOGPROBS,
             ],
             EngineKind::LlamaServer => &[
                 PRESENCE_PENALTY,

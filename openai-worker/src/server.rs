@@ -210,6 +210,7 @@ impl Backend for OpenAiBackend {
         let (tx, rx) = mpsc::channel(64);
         let relay = Relay {
             endpoint: plan.endpoint,
+            logprobs: plan.logprobs,
             status: self.status.clone(),
             tx,
             cancel,
@@ -231,6 +232,8 @@ impl Backend for OpenAiBackend {
 /// One request's stream: engine SSE in, `GenerateResponse`s out.
 struct Relay {
     endpoint: Endpoint,
+    /// The log-probabilities asked for.
+    logprobs: openai::Logprobs,
     status: Arc<Status>,
     tx: mpsc::Sender<Result<pb::GenerateResponse, GenerateError>>,
     cancel: watch::Receiver<bool>,
@@ -269,6 +272,8 @@ struct Progress {
     ids: u32,
     deltas: u32,
     done: bool,
+    /// The prompt's logprobs went out.
+    prompt_logprobs_sent: bool,
 }
 
 /// Why a relay stops early.
@@ -331,7 +336,8 @@ impl Relay {
         for data in events {
             match openai::parse_event(&data, self.endpoint) {
                 Ok(Event::Done) => progress.done = true,
-                Ok(Event::Chunk(chunk)) => {
+                Ok(Event::Chunk(mut chunk)) => {
+                    self.cut_logprobs(&mut chunk, progress).await?;
                     if !chunk.text.is_empty()
                         || !chunk.token_ids.is_empty()
                         || !chunk.reasoning.is_empty()
@@ -346,7 +352,7 @@ impl Relay {
                             chunk: Some(pb::generate_response::Chunk::Delta(pb::TokenDelta {
                                 text: chunk.text,
                                 token_ids: chunk.token_ids,
-                                logprobs: Vec::new(),
+                                logprobs: chunk.logprobs,
                                 reasoning: chunk.reasoning,
                                 tool_calls: chunk
                                     .tool_calls
@@ -384,7 +390,84 @@ impl Relay {
         Ok(())
     }
 
+    /// The chunk's logprobs as asked: ids given, the prompt's sent once
+    /// as their own chunk (an echo's first chunk), alternatives cut to the
+    /// number asked, none where none were asked, and nothing generated for
+    /// a prompt-only request (vLLM runs a step for it).
+    async fn cut_logprobs(
+        &self,
+        chunk: &mut openai::Chunk,
+        progress: &mut Progress,
+    ) -> Result<(), Stop> {
+        let failed = |e: String| Stop::Failed(GenerateError::Failed(e));
+        let asked = self.logprobs;
+        let echoed = asked.prompt.is_some() && !progress.prompt_logprobs_sent;
+        if !chunk.logprobs.is_empty() {
+            let ids: Vec<u32> = if echoed {
+                chunk
+                    .prompt_token_ids
+                    .iter()
+                    .chain(&chunk.token_ids)
+                    .copied()
+                    .collect()
+            } else {
+                chunk.token_ids.clone()
+            };
+            openai::assign_ids(&mut chunk.logprobs, &ids).map_err(failed)?;
+        }
+        if let (Some(k), true) = (asked.prompt, echoed && !chunk.prompt_token_ids.is_empty()) {
+            let n = chunk.prompt_token_ids.len();
+            if chunk.logprobs.len() < n {
+                return Err(failed(format!(
+                    "the engine echoed logprobs of {} tokens for a prompt of {n}",
+                    chunk.logprobs.len()
+                )));
+            }
+            let generated = chunk.logprobs.split_off(n);
+            let mut prompt = std::mem::replace(&mut chunk.logprobs, generated);
+            for (i, t) in prompt.iter_mut().enumerate() {
+                if i == 0 {
+                    // Nothing precedes it: no distribution (the protocol's rule).
+                    t.logprob = 0.0;
+                    t.top_logprobs.clear();
+                }
+                t.top_logprobs.truncate(k as usize);
+            }
+            let message = pb::GenerateResponse {
+                chunk: Some(pb::generate_response::Chunk::PromptLogprobs(
+                    pb::PromptLogprobs { tokens: prompt },
+                )),
+            };
+            if self.tx.send(Ok(message)).await.is_err() {
+                return Err(Stop::Gone);
+            }
+            progress.prompt_logprobs_sent = true;
+        }
+        if asked.prompt_only {
+            chunk.text.clear();
+            chunk.token_ids.clear();
+            chunk.logprobs.clear();
+        }
+        match asked.generated {
+            Some(n) => chunk
+                .logprobs
+                .iter_mut()
+                .for_each(|l| l.top_logprobs.truncate(n as usize)),
+            None => chunk.logprobs.clear(),
+        }
+        Ok(())
+    }
+
     async fn finish(self, progress: Progress) {
+        if self.logprobs.prompt.is_some() && !progress.prompt_logprobs_sent {
+            let _ = self
+                .tx
+                .send(Err(GenerateError::Failed(
+                    "the engine ended the stream without the prompt's logprobs (its echo)".into(),
+                )))
+                .await;
+            return;
+        }
         let Some(reason) = progress.finish else {
             let _ = self
                 .tx
@@ -407,6 +490,16 @@ impl Relay {
             },
             cached_prompt_tokens: 0,
         });
+        // vLLM counts the step it ran for a prompt-only request; nothing of
+        // it was sent.
+        let usage = Usage {
+            completion_tokens: if self.logprobs.prompt_only {
+                0
+            } else {
+                usage.completion_tokens
+            },
+            ..usage
+        };
         let last = pb::GenerateResponse {
             chunk: Some(pb::generate_response::Chunk::Final(pb::GenerationFinal {
                 finish_reason: finish_reason(&reason) as i32,
