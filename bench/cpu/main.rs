@@ -17,6 +17,7 @@
 //! Appends one JSON line per (streams, arm) to `--out`.
 
 mod engine;
+mod hold;
 
 use clap::Parser;
 use serde_json::json;
@@ -80,6 +81,13 @@ struct Args {
     /// Leave out these arms (comma separated: direct, nginx, openai, grpc).
     #[arg(long, value_delimiter = ',')]
     skip: Vec<String>,
+    /// Instead of the CPU rounds: hold this many streams open at once, on
+    /// the engine's own port and through the OpenAI door, `--rounds`
+    /// rounds each, alternating (see `hold.rs`). Pace the zero-cost engine
+    /// with `--token-us` so the host keeps up (50000 for 1000 streams on
+    /// two cores).
+    #[arg(long, default_value_t = 0)]
+    hold: usize,
     /// JSON-lines file to append results to.
     #[arg(long, default_value = "bench/cpu/results.jsonl")]
     out: PathBuf,
@@ -248,7 +256,13 @@ struct Tally {
 fn slot_table(args: &Args, work: &Path) -> String {
     let worker = tt_serving_tests::bin("tt-worker-openai");
     let cards = format!("cards = [\"{}\"]", FakeHw::bdf(0));
-    let in_flight = args.streams.iter().copied().max().unwrap_or(8);
+    let in_flight = args
+        .streams
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(8)
+        .max(args.hold);
     let head = format!("[limits]\nmax_streams_per_connection = 4096\n\n[models.m]\ntp = 1\n{cards}\nmax_in_flight = {in_flight}\n");
     match args.engine {
         EngineKind::Fast => {
@@ -371,6 +385,47 @@ fn main() {
             .as_str()
             .unwrap_or_default()
     );
+    if args.hold > 0 {
+        let git = std::process::Command::new("git")
+            .args(["rev-parse", "--short", "HEAD"])
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        let mut out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&args.out)
+            .expect("results file");
+        for round in 0..args.rounds {
+            // Alternate which arm goes first.
+            let order = if round % 2 == 0 {
+                [("direct", &direct), ("openai", &openai)]
+            } else {
+                [("openai", &openai), ("direct", &direct)]
+            };
+            for (arm, base) in order {
+                let mut rec = rt.block_on(hold::run(
+                    arm,
+                    base,
+                    args.hold,
+                    args.tokens,
+                    args.token_us,
+                    daemon.pid(),
+                    worker,
+                    round,
+                ));
+                rec["engine"] = json!(format!("{:?}", args.engine));
+                rec["max_in_flight"] = json!(args.hold);
+                rec["git"] = json!(git);
+                rec["host_at_end"] = host::record();
+                rec["unix_ms"] =
+                    json!(tt_serving_proto::time::unix_ms(std::time::SystemTime::now()));
+                println!("{rec}");
+                writeln!(out, "{rec}").expect("write result");
+            }
+        }
+        return;
+    }
     let mut arms = vec![Arm::Direct, Arm::OpenAi, Arm::Grpc];
     if nginx.is_some() {
         arms.insert(1, Arm::Nginx);

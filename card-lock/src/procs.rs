@@ -153,6 +153,11 @@ pub fn rss_bytes(pid: u32) -> u64 {
         .map_or(0, |m| m.resident * procfs::page_size())
 }
 
+/// How many file descriptors the process has open (None when unreadable).
+pub fn open_fds(pid: u32) -> Option<usize> {
+    process(pid)?.fd_count().ok()
+}
+
 /// The process's command line, one word per argument (empty when it cannot
 /// be read, or for a kernel thread).
 pub fn cmdline(pid: u32) -> Vec<String> {
@@ -405,6 +410,12 @@ mod tests {
             .unwrap();
         let pid = child.id();
         let me = std::process::id();
+        // Until its exec is through, the child's command line is its
+        // parent's or empty (CI once read [] with comm already "sleep").
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while cmdline(pid) != ["sleep", "30"] && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let seen = stat(pid).unwrap();
         assert_eq!((seen.ppid, seen.comm.as_str()), (me, "sleep"));
         assert!(is_self_or_below(pid, me));
