@@ -8,8 +8,9 @@
 //! port, are what the relay adds; a stream that got nothing, or much less
 //! than its share, is starved. While they run, the daemon's and the
 //! worker's resident memory and open file descriptors are sampled; their
-//! peak over the idle level, divided by the streams open then, is the cost
-//! of one open stream. Refusals (an HTTP status other than 200) are counted
+//! peak over the level before the round, divided by the most streams open
+//! at once, is the cost of one open stream (an upper bound: memory the
+//! allocator took is not given back when streams close). Refusals (an HTTP status other than 200) are counted
 //! by status, with the first answer of each kind kept for the record.
 
 use http_body_util::{BodyExt, Full};
@@ -230,9 +231,9 @@ pub async fn run(
     worst.sort_by(f64::total_cmp);
     let starved = served.iter().filter(|s| s.tokens < tokens).count();
     let got: u64 = served.iter().map(|s| u64::from(s.tokens)).sum();
-    let per_stream = |grown: u64| {
-        (peak.open_at_daemon_peak > 0).then(|| grown as f64 / peak.open_at_daemon_peak as f64)
-    };
+    // Memory the allocator took stays taken after the streams close, so
+    // the peak's growth is shared by the most streams that were open.
+    let per_stream = |grown: u64| (peak.open_max > 0).then(|| grown as f64 / peak.open_max as f64);
     json!({
         "bench": "hold_streams", "arm": arm, "round": round,
         "streams": streams, "tokens_per_request": tokens, "token_us": token_us,
