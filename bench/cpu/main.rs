@@ -88,6 +88,15 @@ struct Args {
     /// two cores).
     #[arg(long, default_value_t = 0)]
     hold: usize,
+    /// The slot's `max_in_flight` (default: the most streams asked for,
+    /// so nothing queues); below `--hold`, the rest wait in the model's
+    /// queue.
+    #[arg(long)]
+    max_in_flight: Option<usize>,
+    /// The model's `max_queue` (default: the daemon's, 64): with
+    /// `--max-in-flight` below `--hold`, streams past both are refused.
+    #[arg(long)]
+    max_queue: Option<usize>,
     /// JSON-lines file to append results to.
     #[arg(long, default_value = "bench/cpu/results.jsonl")]
     out: PathBuf,
@@ -263,7 +272,12 @@ fn slot_table(args: &Args, work: &Path) -> String {
         .max()
         .unwrap_or(8)
         .max(args.hold);
-    let head = format!("[limits]\nmax_streams_per_connection = 4096\n\n[models.m]\ntp = 1\n{cards}\nmax_in_flight = {in_flight}\n");
+    let in_flight = args.max_in_flight.unwrap_or(in_flight);
+    let queue = args
+        .max_queue
+        .map(|q| format!("max_queue = {q}\n"))
+        .unwrap_or_default();
+    let head = format!("[limits]\nmax_streams_per_connection = 4096\n\n[models.m]\ntp = 1\n{cards}\nmax_in_flight = {in_flight}\n{queue}");
     match args.engine {
         EngineKind::Fast => {
             let me = std::env::current_exe().expect("own path");
@@ -415,7 +429,8 @@ fn main() {
                     round,
                 ));
                 rec["engine"] = json!(format!("{:?}", args.engine));
-                rec["max_in_flight"] = json!(args.hold);
+                rec["max_in_flight"] = json!(args.max_in_flight.unwrap_or(args.hold));
+                rec["max_queue"] = json!(args.max_queue);
                 rec["git"] = json!(git);
                 rec["host_at_end"] = host::record();
                 rec["unix_ms"] =
