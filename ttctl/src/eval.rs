@@ -11,7 +11,6 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 use tt_serving_proto::accuracy::{self, Gate};
 use tt_serving_proto::v1::generate_request::Input;
-use tt_serving_proto::v1::generate_response::Chunk;
 use tt_serving_proto::v1::{GenerateRequest, StatusResponse};
 
 use super::bench::record::{self, Identity, SlotIdentity};
@@ -325,21 +324,9 @@ async fn built_in(
 
 /// One greedy answer's text.
 async fn answer(daemon: &mut Daemon, request: GenerateRequest) -> Result<String, String> {
-    let mut stream = daemon
-        .generate(request)
+    super::bench::agreement::answer(daemon, request)
         .await
-        .map_err(|f| f.message().to_string())?;
-    let mut text = String::new();
-    loop {
-        match stream.next().await.map_err(|f| f.message().to_string())? {
-            Some(r) => match r.chunk {
-                Some(Chunk::Delta(d)) => text.push_str(&d.text),
-                Some(Chunk::Final(_)) => return Ok(text),
-                _ => {}
-            },
-            None => return Err("the stream ended without its final chunk".into()),
-        }
-    }
+        .map(|a| a.text)
 }
 
 /// lm-evaluation-harness against the daemon's OpenAI door.

@@ -68,7 +68,11 @@ pub async fn answers(daemon: &mut Daemon, model: &str) -> Result<Vec<Answer>, St
     Ok(out)
 }
 
-async fn answer(daemon: &mut Daemon, request: GenerateRequest) -> Result<Answer, String> {
+/// One generation read to its final chunk: its text, ids and logprobs.
+pub(crate) async fn answer(
+    daemon: &mut Daemon,
+    request: GenerateRequest,
+) -> Result<Answer, String> {
     let mut stream = daemon
         .generate(request)
         .await
