@@ -3,6 +3,17 @@
 # one run, as JSON lines on stdout (also appended to bench/engine/results.jsonl).
 #
 #   bench/engine/run.sh [--tokens N] [--repeats R] [--env KEY=VALUE ...]
+#                       [--llama-server PATH] [--rounds K] [--baseline-worker PATH]
+#
+# --llama-server PATH   the peer is llama-server (bench/engine/llama_server_peer.py,
+#                       -np 8 -t 2) instead of llama-cpp-python; the engine's
+#                       targets are stated against it.
+# --rounds K            K rounds, the arms alternating within each (tt-worker,
+#                       the peer; A B B A order from round to round), so a
+#                       noisy machine shows as spread, not as one arm's loss.
+# --baseline-worker P   a third arm: another tt-worker binary (an older
+#                       build), to say what a change bought in the same run;
+#                       its records carry "worker": "baseline", ours "this".
 #
 # The workers run with the example config's flags (TTW_KV_F16=1, as in
 # daemon/src/config/example.toml) unless --env is given; the settings are in
@@ -17,14 +28,33 @@ cd "$(dirname "$0")/../.."
 TOKENS=128
 REPEATS=3
 ENVS=()
+LLAMA_SERVER=""
+ROUNDS=1
+BASELINE=""
+usage="usage: $0 [--tokens N] [--repeats R] [--env KEY=VALUE ...] [--llama-server PATH] [--rounds K] [--baseline-worker PATH]"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --tokens) TOKENS="$2"; shift 2 ;;
         --repeats) REPEATS="$2"; shift 2 ;;
         --env) ENVS+=(--env "$2"); shift 2 ;;
-        *) echo "usage: $0 [--tokens N] [--repeats R] [--env KEY=VALUE ...]" >&2; exit 2 ;;
+        --llama-server) LLAMA_SERVER="$2"; shift 2 ;;
+        --rounds) ROUNDS="$2"; shift 2 ;;
+        --baseline-worker) BASELINE="$2"; shift 2 ;;
+        *) echo "${usage}" >&2; exit 2 ;;
     esac
 done
+if [[ -n "${LLAMA_SERVER}" && ! -x "${LLAMA_SERVER}" ]]; then
+    echo "--llama-server ${LLAMA_SERVER}: not an executable (build it with scripts/llama-server.sh)" >&2
+    exit 2
+fi
+if [[ -n "${BASELINE}" && ! -x "${BASELINE}" ]]; then
+    echo "--baseline-worker ${BASELINE}: not an executable" >&2
+    exit 2
+fi
+if ! [[ "${ROUNDS}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "--rounds ${ROUNDS}: expected a positive whole number" >&2
+    exit 2
+fi
 if [[ ${#ENVS[@]} -eq 0 ]]; then
     ENVS=(--env TTW_KV_F16=1)
 fi
@@ -36,17 +66,54 @@ export RUSTFLAGS="${RUSTFLAGS:--C target-cpu=native}"
 cargo build --release -j2 -p tt-worker --bin tt-worker --example bench_engine >&2
 OUT="bench/engine/results.jsonl"
 RUN_ID="$(date -u +%Y%m%dT%H%M%SZ)"
+# One arm: its JSON lines on stdout, each prefixed with the arm's tags.
+arm() {
+    local tag="$1" round="$2"
+    shift 2
+    "$@" | sed -e "s/^{/{${tag}\"round\": ${round}, /"
+}
+worker_arm() {
+    local which="$1" binary="$2" round="$3"
+    # Rounds after the first measure the warm engine only (TP=1, 1 and 8
+    # streams); the first also measures TP=2, 4 streams and cold/warm load.
+    local scope=()
+    if [[ "${round}" -gt 0 ]]; then scope=(--tp 1 --streams 1,8); fi
+    arm "\"worker\": \"${which}\", " "${round}" \
+        "${CARGO_TARGET_DIR}/release/examples/bench_engine" \
+        --worker "${binary}" --model "${MODEL}" \
+        --tokens "${TOKENS}" --repeats "${REPEATS}" "${ENVS[@]}" "${scope[@]}"
+}
+peer_arm() {
+    local round="$1"
+    if [[ -n "${LLAMA_SERVER}" ]]; then
+        arm "" "${round}" python3 bench/engine/llama_server_peer.py --llama-server "${LLAMA_SERVER}" \
+            --model "${MODEL}" --tokens "${TOKENS}" --repeats "${REPEATS}" --streams 1,8
+    else
+        arm "" "${round}" python3 bench/engine/llamacpp_peer.py --model "${MODEL}" \
+            --tokens "${TOKENS}" --repeats "${REPEATS}"
+    fi
+}
 {
-    "${CARGO_TARGET_DIR}/release/examples/bench_engine" \
-        --worker "${CARGO_TARGET_DIR}/release/tt-worker" --model "${MODEL}" \
-        --tokens "${TOKENS}" --repeats "${REPEATS}" "${ENVS[@]}"
-    python3 bench/engine/llamacpp_peer.py --model "${MODEL}" --tokens "${TOKENS}" --repeats "${REPEATS}"
+    for ((round = 0; round < ROUNDS; round++)); do
+        arms=(this peer)
+        if [[ -n "${BASELINE}" ]]; then arms=(this baseline peer); fi
+        if ((round % 2 == 1)); then arms=($(printf '%s\n' "${arms[@]}" | tac)); fi
+        for a in "${arms[@]}"; do
+            case "${a}" in
+                this) worker_arm this "${CARGO_TARGET_DIR}/release/tt-worker" "${round}" ;;
+                baseline) worker_arm baseline "${BASELINE}" "${round}" ;;
+                peer) peer_arm "${round}" ;;
+            esac
+        done
+    done
 } | python3 -c '
-import json, sys
+import json, subprocess, sys
 run = sys.argv[1]
+git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
 for line in sys.stdin:
     rec = json.loads(line)
     rec["run"] = run
+    rec["git"] = git
     print(json.dumps(rec, sort_keys=True), flush=True)
 ' "${RUN_ID}" | tee -a "${OUT}"
 python3 bench/engine/summarize.py "${OUT}" "${RUN_ID}"

@@ -4,7 +4,15 @@
 //! by side in one run. Random weights: only speed is measured here (the
 //! kernels' results are checked by the unit tests).
 //!
-//! Usage: bench_kernels [--millis N]   (time per measurement, default 300)
+//! Each is measured twice: `"weights": "cache"` multiplies one copy of the
+//! matrix again and again (it stays in the CPU's caches, up to 32 MiB L3
+//! here), `"weights": "dram"` cycles through copies totalling more than
+//! 128 MiB, so every call reads its weights from memory as a decode step
+//! does (SmolLM2's weights are 94 MiB).
+//!
+//! Usage: bench_kernels [--millis N] [--isa vnni|avx2|scalar]
+//!   --millis: time per measurement (default 300); --isa: a narrower
+//!   instruction set than the CPU's best (as `TTW_KERNELS_ISA`).
 
 use std::time::{Duration, Instant};
 use tt_worker::kernels::{self, Format, WeightView, QK};
@@ -39,6 +47,15 @@ fn main() -> anyhow::Result<()> {
             .parse()?,
         None => 300,
     };
+    if let Some(i) = args.iter().position(|a| a == "--isa") {
+        let isa = match args.get(i + 1).map(String::as_str) {
+            Some("vnni") => kernels::Isa::Vnni,
+            Some("avx2") => kernels::Isa::Avx2,
+            Some("scalar") => kernels::Isa::Scalar,
+            _ => anyhow::bail!("--isa vnni|avx2|scalar"),
+        };
+        kernels::choose_isa(isa).map_err(anyhow::Error::msg)?;
+    }
     let budget = Duration::from_millis(millis);
     // (name, rows, input width, plain format)
     let shapes = [
@@ -52,42 +69,53 @@ fn main() -> anyhow::Result<()> {
     for (name, n, k, plain_format) in shapes {
         let plain = random_blocks(plain_format, n, k);
         let mut variants = vec![(plain_format, plain.clone())];
-        if plain_format == Format::Q4_1 {
-            let packed = kernels::pack_q4_1_x8(&plain, n, k)
-                .ok_or_else(|| anyhow::anyhow!("{name}: cannot pack"))?;
-            variants.push((Format::Q4_1x8, packed));
-        }
+        let (x8, packed) = match plain_format {
+            Format::Q8_0 => (Format::Q8_0x8, kernels::pack_q8_0_x8(&plain, n, k)),
+            _ => (Format::Q4_1x8, kernels::pack_q4_1_x8(&plain, n, k)),
+        };
+        let packed = packed.ok_or_else(|| anyhow::anyhow!("{name}: cannot pack"))?;
+        variants.push((x8, packed));
         for (format, bytes) in &variants {
-            let w = WeightView::new(*format, bytes, n, k)
-                .ok_or_else(|| anyhow::anyhow!("{name}: bad view"))?;
-            for m in [1usize, 2, 4, 8] {
-                let x: Vec<f32> = (0..m * k)
-                    .map(|i| ((i * 7919) % 201) as f32 / 100.0 - 1.0)
-                    .collect();
-                let mut out = vec![0.0f32; m * n];
-                kernels::matmul(&w, &x, m, &mut out);
-                let start = Instant::now();
-                let mut calls = 0u64;
-                while start.elapsed() < budget {
-                    kernels::matmul(&w, &x, m, &mut out);
-                    calls += 1;
+            let copies = (128 << 20) / bytes.len() + 1;
+            let dram: Vec<Vec<u8>> = (0..copies).map(|_| bytes.clone()).collect();
+            for (placement, set) in [("cache", std::slice::from_ref(bytes)), ("dram", &dram[..])] {
+                let views = set
+                    .iter()
+                    .map(|b| WeightView::new(*format, b, n, k))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| anyhow::anyhow!("{name}: bad view"))?;
+                for m in [1usize, 2, 4, 8] {
+                    let x: Vec<f32> = (0..m * k)
+                        .map(|i| ((i * 7919) % 201) as f32 / 100.0 - 1.0)
+                        .collect();
+                    let mut out = vec![0.0f32; m * n];
+                    kernels::matmul(&views[0], &x, m, &mut out);
+                    let start = Instant::now();
+                    let mut calls = 0u64;
+                    while start.elapsed() < budget {
+                        kernels::matmul(&views[calls as usize % views.len()], &x, m, &mut out);
+                        calls += 1;
+                    }
+                    let secs = start.elapsed().as_secs_f64();
+                    let gmacs = (calls as f64 * (m * n * k) as f64) / secs / 1e9;
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "bench": "kernels",
+                            "tensor": name,
+                            "format": format!("{format:?}"),
+                            "weights": placement,
+                            "n": n,
+                            "k": k,
+                            "m": m,
+                            "threads": threads,
+                        "isa": format!("{:?}", kernels::isa()),
+                            "us_per_call": secs / calls as f64 * 1e6,
+                            "gmac_s": gmacs,
+                            "gb_s": calls as f64 * bytes.len() as f64 / secs / 1e9,
+                        })
+                    );
                 }
-                let secs = start.elapsed().as_secs_f64();
-                let gmacs = (calls as f64 * (m * n * k) as f64) / secs / 1e9;
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "bench": "kernels",
-                        "tensor": name,
-                        "format": format!("{format:?}"),
-                        "n": n,
-                        "k": k,
-                        "m": m,
-                        "threads": threads,
-                        "us_per_call": secs / calls as f64 * 1e6,
-                        "gmac_s": gmacs,
-                    })
-                );
             }
         }
     }

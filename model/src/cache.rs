@@ -15,7 +15,8 @@
 //!
 //! File format: a 64-byte header (magic `TTWTENS1`, GGML dtype id as u32,
 //! number of dims as u32, four u64 dims, data length as u64, an interleave
-//! byte (1: Q4_1 interleaved by 8 rows, see `kernels::pack_q4_1_x8`), zero
+//! byte (1: interleaved by 8 rows, see `kernels::pack_q4_1_x8` and
+//! `kernels::pack_q8_0_x8`), zero
 //! padding) followed by the tensor data in GGML block layout (or that
 //! interleaved one). The fixed header
 //! keeps the data 64-byte aligned in the mapping.

@@ -4,6 +4,7 @@
 //! clear error and exit with status 2.
 
 use crate::cache::CacheMode;
+use crate::kernels::{self, Isa};
 use clap::builder::BoolishValueParser;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -55,6 +56,11 @@ pub struct Cli {
     /// under its first long request.
     #[arg(long, env = "TTW_KV_PREFAULT", value_parser = BoolishValueParser::new(), num_args = 0..=1, default_value = "false", default_missing_value = "true")]
     pub kv_prefault: bool,
+    /// The kernels' instruction set: `auto` (the best this CPU has) or a
+    /// narrower one, to compare kernels side by side; every set computes
+    /// the same bits, so answers do not change.
+    #[arg(long, env = "TTW_KERNELS_ISA", default_value = "auto", value_parser = ["auto", "vnni", "avx2", "scalar"])]
+    pub kernels_isa: String,
     /// Tools that are not part of serving.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -112,6 +118,8 @@ pub struct ServeArgs {
     pub kv_budget_mib: usize,
     /// `TTW_KV_PREFAULT`.
     pub kv_prefault: bool,
+    /// `TTW_KERNELS_ISA` when not `auto` (the kernels were told to use it).
+    pub kernels_isa: Option<Isa>,
 }
 
 pub use tt_worker_contract::UsageError;
@@ -127,6 +135,15 @@ impl Cli {
                 names::MODEL,
                 model.display()
             )));
+        }
+        let isa = match self.kernels_isa.as_str() {
+            "vnni" => Some(Isa::Vnni),
+            "avx2" => Some(Isa::Avx2),
+            "scalar" => Some(Isa::Scalar),
+            _ => None,
+        };
+        if let Some(isa) = isa {
+            kernels::choose_isa(isa).map_err(UsageError)?;
         }
         Ok(ServeArgs {
             socket: contract.socket.clone(),
@@ -146,6 +163,7 @@ impl Cli {
             prefix_cache: self.prefix_cache,
             kv_budget_mib: self.kv_budget_mib as usize,
             kv_prefault: self.kv_prefault,
+            kernels_isa: isa,
         })
     }
 }

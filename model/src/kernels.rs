@@ -27,8 +27,9 @@
 //! `macc = fma(m_w, s_x, macc)`, and `acc + macc` at the end. So a sequence
 //! decoded alone gives the same bits as in a batch, TP=1 the same bits as
 //! TP=2 (whose shards may be packed differently), and a CPU without AVX2 the
-//! same bits as one with it. The Q8_0 AVX2 path is also independent of the
-//! batch size and thread split; its scalar fallback agrees within rounding.
+//! same bits as one with it. Q8_0 (plain and interleaved by 8 rows the same
+//! way, [`Format::Q8_0x8`], for the LM head) follows the same rule: the
+//! exact integer block sum, then `acc = fma(d_w * d_x, isum, acc)`.
 
 use half::f16;
 use std::cell::RefCell;
@@ -46,27 +47,85 @@ const ROWS_PER_TASK: usize = 8;
 /// The instruction set the kernels use on this CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
+    /// AVX2 + FMA + F16C, and AVX-512 VNNI (with VL) for the interleaved
+    /// formats' integer dot products: one `vpdpbusd` per 4 values of 8 rows
+    /// instead of multiply, widen and add; the sums are the same integers.
+    Vnni,
     /// AVX2 + FMA + F16C.
     Avx2,
     /// Portable Rust.
     Scalar,
 }
 
-/// Detected once per process.
-pub fn isa() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
-            {
-                return Isa::Avx2;
-            }
+impl Isa {
+    /// The name `TTW_KERNELS_ISA` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Vnni => "vnni",
+            Isa::Avx2 => "avx2",
+            Isa::Scalar => "scalar",
         }
-        Isa::Scalar
-    })
+    }
+
+    /// Wider sets rank higher; each includes the ones below.
+    fn rank(self) -> u8 {
+        match self {
+            Isa::Scalar => 0,
+            Isa::Avx2 => 1,
+            Isa::Vnni => 2,
+        }
+    }
+}
+
+/// The best instruction set this CPU has.
+fn detect() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+            {
+                return Isa::Vnni;
+            }
+            return Isa::Avx2;
+        }
+    }
+    Isa::Scalar
+}
+
+static ISA: OnceLock<Isa> = OnceLock::new();
+
+/// The instruction set the kernels use: the best this CPU has, unless
+/// [`choose_isa`] picked a narrower one first. Fixed for the process.
+pub fn isa() -> Isa {
+    *ISA.get_or_init(detect)
+}
+
+/// Makes the kernels use `wanted` (`TTW_KERNELS_ISA`, to compare kernels
+/// side by side: every set computes the same bits). Refused when the CPU
+/// lacks it or the kernels already run with another.
+pub fn choose_isa(wanted: Isa) -> Result<(), String> {
+    let best = detect();
+    if wanted.rank() > best.rank() {
+        return Err(format!(
+            "TTW_KERNELS_ISA={}: this CPU does not have it (the best it has is {}); leave it at auto",
+            wanted.name(),
+            best.name()
+        ));
+    }
+    let got = *ISA.get_or_init(|| wanted);
+    if got != wanted {
+        return Err(format!(
+            "TTW_KERNELS_ISA={}: the kernels already run with {}",
+            wanted.name(),
+            got.name()
+        ));
+    }
+    Ok(())
 }
 
 /// Rows of activations quantized to 8 bits per block.
@@ -126,6 +185,8 @@ pub enum Format {
     Q4_1x8,
     /// f16 `d`, 32 signed bytes.
     Q8_0,
+    /// Q8_0 interleaved by 8 rows (see [`pack_q8_0_x8`]).
+    Q8_0x8,
 }
 
 impl Format {
@@ -133,14 +194,14 @@ impl Format {
     pub fn block_bytes(self) -> usize {
         match self {
             Format::Q4_1 | Format::Q4_1x8 => Q4_1_BYTES,
-            Format::Q8_0 => Q8_0_BYTES,
+            Format::Q8_0 | Format::Q8_0x8 => Q8_0_BYTES,
         }
     }
 
     /// Rows stored together (the unit a row range is cut in).
     pub fn rows_per_unit(self) -> usize {
         match self {
-            Format::Q4_1x8 => X8,
+            Format::Q4_1x8 | Format::Q8_0x8 => X8,
             Format::Q4_1 | Format::Q8_0 => 1,
         }
     }
@@ -148,10 +209,12 @@ impl Format {
 
 /// Bytes of one Q8_0 block.
 pub const Q8_0_BYTES: usize = 34;
-/// Rows interleaved by [`Format::Q4_1x8`].
+/// Rows interleaved by [`Format::Q4_1x8`] and [`Format::Q8_0x8`].
 pub const X8: usize = 8;
-/// Bytes of one interleaved unit: block `b` of 8 rows.
+/// Bytes of one interleaved Q4_1 unit: block `b` of 8 rows.
 pub const Q4_1X8_BYTES: usize = X8 * Q4_1_BYTES;
+/// Bytes of one interleaved Q8_0 unit: block `b` of 8 rows.
+pub const Q8_0X8_BYTES: usize = X8 * Q8_0_BYTES;
 
 /// Value `i` (0..32) of a Q4_1 block's 16 nibble bytes.
 fn q4_1_value(nibbles: &[u8], i: usize) -> u8 {
@@ -218,6 +281,54 @@ fn x8_block(unit: &[u8], r: usize) -> [u8; Q4_1_BYTES] {
     blk[2..4].copy_from_slice(&unit[16 + 2 * r..16 + 2 * r + 2]);
     for i in 0..QK / 2 {
         blk[4 + i] = q[i] | (q[i + QK / 2] << 4);
+    }
+    blk
+}
+
+/// Byte `j` (0..32) of value chunk `p` (0..8) of an interleaved Q8_0 unit
+/// holds value `4p + j % 4` of row `j / 4`: one chunk is 4 values of each of
+/// the 8 rows, against one broadcast activation word.
+fn q8_x8_value_index(p: usize, j: usize) -> (usize, usize) {
+    (j / 4, 4 * p + j % 4)
+}
+
+/// Interleaves a plain Q8_0 matrix of `n` rows of `k` values into
+/// [`Format::Q8_0x8`]: `None` unless `n` is a multiple of 8 and the bytes
+/// fit. The result has the same length; unit `(g, b)` (rows `8g..8g + 8`,
+/// block `b`) starts at byte `(g * k / 32 + b) * 272` and holds the 8 `d`
+/// (f16), then 8 chunks of 32 value bytes.
+pub fn pack_q8_0_x8(plain: &[u8], n: usize, k: usize) -> Option<Vec<u8>> {
+    let nb = k / QK;
+    if !n.is_multiple_of(X8) || !k.is_multiple_of(QK) || plain.len() != n * nb * Q8_0_BYTES {
+        return None;
+    }
+    let mut out = vec![0u8; plain.len()];
+    let block = |r: usize, b: usize| &plain[(r * nb + b) * Q8_0_BYTES..][..Q8_0_BYTES];
+    for g in 0..n / X8 {
+        for b in 0..nb {
+            let unit = &mut out[(g * nb + b) * Q8_0X8_BYTES..][..Q8_0X8_BYTES];
+            for r in 0..X8 {
+                unit[2 * r..2 * r + 2].copy_from_slice(&block(g * X8 + r, b)[0..2]);
+            }
+            for p in 0..QK / 4 {
+                for j in 0..32 {
+                    let (r, v) = q8_x8_value_index(p, j);
+                    unit[16 + 32 * p + j] = block(g * X8 + r, b)[2 + v];
+                }
+            }
+        }
+    }
+    Some(out)
+}
+
+/// One Q8_0 block of row `r` of an interleaved unit, in plain layout.
+fn q8_x8_block(unit: &[u8], r: usize) -> [u8; Q8_0_BYTES] {
+    let mut blk = [0u8; Q8_0_BYTES];
+    blk[0..2].copy_from_slice(&unit[2 * r..2 * r + 2]);
+    for p in 0..QK / 4 {
+        for j in (r * 4)..(r * 4 + 4) {
+            blk[2 + q8_x8_value_index(p, j).1] = unit[16 + 32 * p + j];
+        }
     }
     blk
 }
@@ -302,6 +413,12 @@ impl<'a> WeightView<'a> {
                 *v = d * q4_1_value(&blk[4..], i) as f32 + m;
             }
         };
+        let q8_0 = |blk: &[u8], o: &mut [f32]| {
+            let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+            for (v, &q) in o.iter_mut().zip(&blk[2..]) {
+                *v = d * (q as i8) as f32;
+            }
+        };
         match self.format {
             Format::Q8_0 => {
                 for (blk, o) in self
@@ -309,10 +426,13 @@ impl<'a> WeightView<'a> {
                     .chunks_exact(Q8_0_BYTES)
                     .zip(out.chunks_exact_mut(QK))
                 {
-                    let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-                    for (v, &q) in o.iter_mut().zip(&blk[2..]) {
-                        *v = d * (q as i8) as f32;
-                    }
+                    q8_0(blk, o);
+                }
+            }
+            Format::Q8_0x8 => {
+                let units = self.unit(r / X8).chunks_exact(Q8_0X8_BYTES);
+                for (unit, o) in units.zip(out.chunks_exact_mut(QK)) {
+                    q8_0(&q8_x8_block(unit, r % X8), o);
                 }
             }
             Format::Q4_1 => {
@@ -450,7 +570,7 @@ unsafe fn product_rows(
     let xs = |i: usize| &q.s[i * nb + blk0..(i + 1) * nb];
     match (w.format, isa) {
         #[cfg(target_arch = "x86_64")]
-        (Format::Q4_1x8, Isa::Avx2) => {
+        (Format::Q4_1x8, Isa::Avx2 | Isa::Vnni) => {
             for g in rows.start / X8..rows.end.div_ceil(X8) {
                 let unit = w.unit(g);
                 let mut i = 0;
@@ -459,16 +579,17 @@ unsafe fn product_rows(
                     let mut res = [[0.0f32; X8]; ROWS_PER_PASS];
                     macro_rules! call {
                         ($n:literal, $($j:literal),*) => {{
-                            // SAFETY: isa() checked AVX2, FMA and F16C; the
-                            // unit and every activation slice hold `blocks`
-                            // blocks.
+                            // SAFETY: isa() checked AVX2, FMA and F16C (and
+                            // VNNI for Isa::Vnni); the unit and every
+                            // activation slice hold `blocks` blocks.
                             let r = unsafe {
-                                avx2::dot_q4_1x8::<$n>(
-                                    unit,
-                                    [$(xq(i + $j)),*],
-                                    [$(xd(i + $j)),*],
-                                    [$(xs(i + $j)),*],
-                                )
+                                let (xq, xd, xs) =
+                                    ([$(xq(i + $j)),*], [$(xd(i + $j)),*], [$(xs(i + $j)),*]);
+                                if isa == Isa::Vnni {
+                                    vnni::dot_q4_1x8::<$n>(unit, xq, xd, xs)
+                                } else {
+                                    avx2::dot_q4_1x8::<$n>(unit, xq, xd, xs)
+                                }
                             };
                             res[..$n].copy_from_slice(&r);
                         }};
@@ -507,7 +628,51 @@ unsafe fn product_rows(
             }
         }
         #[cfg(target_arch = "x86_64")]
-        (Format::Q8_0, Isa::Avx2) => {
+        (Format::Q8_0x8, Isa::Avx2 | Isa::Vnni) => {
+            for g in rows.start / X8..rows.end.div_ceil(X8) {
+                let unit = w.unit(g);
+                let mut i = 0;
+                while i < m {
+                    let take = (m - i).min(ROWS_PER_PASS);
+                    let mut res = [[0.0f32; X8]; ROWS_PER_PASS];
+                    macro_rules! call {
+                        ($n:literal, $($j:literal),*) => {{
+                            // SAFETY: as for Q4_1x8.
+                            let r = unsafe {
+                                let (xq, xd) = ([$(xq(i + $j)),*], [$(xd(i + $j)),*]);
+                                if isa == Isa::Vnni {
+                                    vnni::dot_q8_0x8::<$n>(unit, xq, xd)
+                                } else {
+                                    avx2::dot_q8_0x8::<$n>(unit, xq, xd)
+                                }
+                            };
+                            res[..$n].copy_from_slice(&r);
+                        }};
+                    }
+                    by_rows!(take, call);
+                    for (a, vals) in res[..take].iter().enumerate() {
+                        for (lane, &v) in vals.iter().enumerate() {
+                            put(i + a, g * X8 + lane, v);
+                        }
+                    }
+                    i += take;
+                }
+            }
+        }
+        (Format::Q8_0x8, _) => {
+            for r in rows {
+                let blocks: Vec<[u8; Q8_0_BYTES]> = w
+                    .unit(r / X8)
+                    .chunks_exact(Q8_0X8_BYTES)
+                    .map(|u| q8_x8_block(u, r % X8))
+                    .collect();
+                for i in 0..m {
+                    put(i, r, dot_q8_0_scalar(blocks.as_flattened(), xq(i), xd(i)));
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Format::Q8_0, Isa::Avx2 | Isa::Vnni) => {
             for r in rows {
                 let wr = w.unit(r);
                 let mut i = 0;
@@ -541,9 +706,11 @@ unsafe fn product_rows(
     }
 }
 
-/// The reference: one Q8_0 row against one quantized activation row.
+/// The reference: one Q8_0 row against one quantized activation row, with
+/// the operations every Q8_0 path performs: per block the exact integer
+/// `sum(q_w * q_x)`, then `acc = fma(d_w * d_x, isum, acc)`.
 pub fn dot_q8_0_scalar(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
-    let mut sum = 0.0f32;
+    let mut acc = 0.0f32;
     for (b, blk) in w.chunks_exact(Q8_0_BYTES).enumerate() {
         let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
         let x = &xq[b * QK..(b + 1) * QK];
@@ -552,9 +719,10 @@ pub fn dot_q8_0_scalar(w: &[u8], xq: &[i8], xd: &[f32]) -> f32 {
             .zip(x)
             .map(|(&w, &x)| (w as i8) as i32 * x as i32)
             .sum();
-        sum += d * xd[b] * isum as f32;
+        // |isum| <= 32 * 128 * 127: exact in f32.
+        acc = (d * xd[b]).mul_add(isum as f32, acc);
     }
-    sum
+    acc
 }
 
 /// The reference: one Q4_1 row against one quantized activation row, with
@@ -578,16 +746,8 @@ pub fn dot_q4_1_scalar(w: &[u8], xq: &[i8], xd: &[f32], xs: &[f32]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Q4_1X8_BYTES, Q8_0_BYTES, QK, X8};
+    use super::{Q4_1X8_BYTES, Q8_0X8_BYTES, Q8_0_BYTES, QK, X8};
     use std::arch::x86_64::*;
-
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
 
     /// 8 interleaved Q4_1 rows (`units`: one unit per block) against `N`
     /// quantized activation rows: lane `r` of result `j` is row `r` times
@@ -641,7 +801,63 @@ mod avx2 {
         out
     }
 
-    /// One Q8_0 row against `N` quantized activation rows.
+    /// Sum of the eight 32-bit integer lanes (exact).
+    #[inline(always)]
+    unsafe fn hsum_epi32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        _mm_cvtsi128_si32(s)
+    }
+
+    /// 8 interleaved Q8_0 rows (`units`: one unit per block) against `N`
+    /// quantized activation rows: lane `r` of result `j` is row `r` times
+    /// activation row `j`, computed as [`super::dot_q8_0_scalar`] does.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_q8_0x8<const N: usize>(
+        units: &[u8],
+        xq: [&[i8]; N],
+        xd: [&[f32]; N],
+    ) -> [[f32; X8]; N] {
+        let nb = units.len() / Q8_0X8_BYTES;
+        for j in 0..N {
+            debug_assert!(xq[j].len() >= nb * QK && xd[j].len() >= nb);
+        }
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let up = units.as_ptr();
+        for b in 0..nb {
+            let unit = up.add(b * Q8_0X8_BYTES);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(unit as *const __m128i));
+            let mut isum = [_mm256_setzero_si256(); N];
+            for p in 0..QK / 4 {
+                let c = _mm256_loadu_si256(unit.add(16 + 32 * p) as *const __m256i);
+                // maddubs wants one unsigned operand: |w| times x with w's
+                // sign. A pair's sum is at most 2 * 128 * 127, within i16;
+                // two pairs are not, so each is widened at once.
+                let ca = _mm256_sign_epi8(c, c);
+                for j in 0..N {
+                    let xp = xq[j].as_ptr().add(b * QK + 4 * p);
+                    let x = _mm256_set1_epi32(std::ptr::read_unaligned(xp as *const i32));
+                    let prod = _mm256_maddubs_epi16(ca, _mm256_sign_epi8(x, c));
+                    isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(prod, ones));
+                }
+            }
+            for j in 0..N {
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(*xd[j].get_unchecked(b)));
+                acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum[j]), acc[j]);
+            }
+        }
+        let mut out = [[0.0f32; X8]; N];
+        for j in 0..N {
+            _mm256_storeu_ps(out[j].as_mut_ptr(), acc[j]);
+        }
+        out
+    }
+
+    /// One plain Q8_0 row against `N` quantized activation rows (matrices
+    /// whose rows do not come in groups of 8), computed as
+    /// [`super::dot_q8_0_scalar`] does.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_q8_0<const N: usize>(
         w: &[u8],
@@ -653,7 +869,7 @@ mod avx2 {
             debug_assert!(xq[j].len() >= nb * QK && xd[j].len() >= nb);
         }
         let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); N];
+        let mut acc = [0.0f32; N];
         let wp = w.as_ptr();
         for b in 0..nb {
             let blk = wp.add(b * Q8_0_BYTES);
@@ -661,19 +877,109 @@ mod avx2 {
                 blk as *const u16,
             ) as i32)));
             let wv = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-            // maddubs wants one unsigned operand: |w| times x with w's sign.
             let wa = _mm256_sign_epi8(wv, wv);
             for j in 0..N {
                 let xv = _mm256_loadu_si256(xq[j].as_ptr().add(b * QK) as *const __m256i);
                 let xs = _mm256_sign_epi8(xv, wv);
-                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs), ones);
-                let scale = _mm256_set1_ps(dw * *xd[j].get_unchecked(b));
-                acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(p), acc[j]);
+                let isum = hsum_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(wa, xs), ones));
+                acc[j] = (dw * *xd[j].get_unchecked(b)).mul_add(isum as f32, acc[j]);
             }
         }
-        let mut out = [0.0f32; N];
+        acc
+    }
+}
+
+/// The interleaved kernels with AVX-512 VNNI on 256-bit vectors: the same
+/// loops as [`avx2`]'s, with each 4-value dot product of 8 rows one
+/// `vpdpbusd` (unsigned weights or their magnitudes times signed
+/// activations, summed into the row's 32-bit lane, exact). The integer
+/// block sums, and so every float operation after them, are [`avx2`]'s.
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{Q4_1X8_BYTES, Q8_0X8_BYTES, QK, X8};
+    use std::arch::x86_64::*;
+
+    /// As [`super::avx2::dot_q4_1x8`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    pub(super) unsafe fn dot_q4_1x8<const N: usize>(
+        units: &[u8],
+        xq: [&[i8]; N],
+        xd: [&[f32]; N],
+        xs: [&[f32]; N],
+    ) -> [[f32; X8]; N] {
+        let nb = units.len() / Q4_1X8_BYTES;
         for j in 0..N {
-            out[j] = hsum(acc[j]);
+            debug_assert!(xq[j].len() >= nb * QK && xd[j].len() >= nb && xs[j].len() >= nb);
+        }
+        let low = _mm256_set1_epi8(0x0F);
+        let mut acc = [_mm256_setzero_ps(); N];
+        let mut macc = [_mm256_setzero_ps(); N];
+        let up = units.as_ptr();
+        for b in 0..nb {
+            let unit = up.add(b * Q4_1X8_BYTES);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(unit as *const __m128i));
+            let m = _mm256_cvtph_ps(_mm_loadu_si128(unit.add(16) as *const __m128i));
+            let mut isum = [_mm256_setzero_si256(); N];
+            for p in 0..4 {
+                let c = _mm256_loadu_si256(unit.add(32 + 32 * p) as *const __m256i);
+                let w0 = _mm256_and_si256(c, low);
+                let w1 = _mm256_and_si256(_mm256_srli_epi16(c, 4), low);
+                for j in 0..N {
+                    let xp = xq[j].as_ptr().add(b * QK + 8 * p);
+                    let x0 = _mm256_set1_epi32(std::ptr::read_unaligned(xp as *const i32));
+                    let x1 = _mm256_set1_epi32(std::ptr::read_unaligned(xp.add(4) as *const i32));
+                    isum[j] = _mm256_dpbusd_epi32(isum[j], w0, x0);
+                    isum[j] = _mm256_dpbusd_epi32(isum[j], w1, x1);
+                }
+            }
+            for j in 0..N {
+                let dots = _mm256_cvtepi32_ps(isum[j]);
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(*xd[j].get_unchecked(b)));
+                acc[j] = _mm256_fmadd_ps(scale, dots, acc[j]);
+                macc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(*xs[j].get_unchecked(b)), macc[j]);
+            }
+        }
+        let mut out = [[0.0f32; X8]; N];
+        for j in 0..N {
+            _mm256_storeu_ps(out[j].as_mut_ptr(), _mm256_add_ps(acc[j], macc[j]));
+        }
+        out
+    }
+
+    /// As [`super::avx2::dot_q8_0x8`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+    pub(super) unsafe fn dot_q8_0x8<const N: usize>(
+        units: &[u8],
+        xq: [&[i8]; N],
+        xd: [&[f32]; N],
+    ) -> [[f32; X8]; N] {
+        let nb = units.len() / Q8_0X8_BYTES;
+        for j in 0..N {
+            debug_assert!(xq[j].len() >= nb * QK && xd[j].len() >= nb);
+        }
+        let mut acc = [_mm256_setzero_ps(); N];
+        let up = units.as_ptr();
+        for b in 0..nb {
+            let unit = up.add(b * Q8_0X8_BYTES);
+            let d = _mm256_cvtph_ps(_mm_loadu_si128(unit as *const __m128i));
+            let mut isum = [_mm256_setzero_si256(); N];
+            for p in 0..QK / 4 {
+                let c = _mm256_loadu_si256(unit.add(16 + 32 * p) as *const __m256i);
+                let ca = _mm256_sign_epi8(c, c);
+                for j in 0..N {
+                    let xp = xq[j].as_ptr().add(b * QK + 4 * p);
+                    let x = _mm256_set1_epi32(std::ptr::read_unaligned(xp as *const i32));
+                    isum[j] = _mm256_dpbusd_epi32(isum[j], ca, _mm256_sign_epi8(x, c));
+                }
+            }
+            for j in 0..N {
+                let scale = _mm256_mul_ps(d, _mm256_set1_ps(*xd[j].get_unchecked(b)));
+                acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum[j]), acc[j]);
+            }
+        }
+        let mut out = [[0.0f32; X8]; N];
+        for j in 0..N {
+            _mm256_storeu_ps(out[j].as_mut_ptr(), acc[j]);
         }
         out
     }
@@ -703,7 +1009,7 @@ mod tests {
                         out.push(((lcg(seed) + 1.0) * 127.9) as u8);
                     }
                 }
-                Format::Q8_0 => {
+                Format::Q8_0 | Format::Q8_0x8 => {
                     for _ in 0..32 {
                         // The whole i8 range, -128 included.
                         out.push(((lcg(seed) + 1.0) * 127.9) as u8);
@@ -769,22 +1075,33 @@ mod tests {
         &plain[r * len..(r + 1) * len]
     }
 
+    /// The plain format a format is packed from.
+    fn plain_of(format: Format) -> Format {
+        match format {
+            Format::Q4_1 | Format::Q4_1x8 => Format::Q4_1,
+            Format::Q8_0 | Format::Q8_0x8 => Format::Q8_0,
+        }
+    }
+
+    /// `plain` in `format` (packed when it interleaves).
+    fn packed(format: Format, plain: &[u8], n: usize, k: usize) -> Vec<u8> {
+        match format {
+            Format::Q4_1x8 => pack_q4_1_x8(plain, n, k).unwrap(),
+            Format::Q8_0x8 => pack_q8_0_x8(plain, n, k).unwrap(),
+            Format::Q4_1 | Format::Q8_0 => plain.to_vec(),
+        }
+    }
+
+    const FORMATS: [Format; 4] = [Format::Q4_1, Format::Q4_1x8, Format::Q8_0, Format::Q8_0x8];
+
     #[test]
     fn kernels_match_f32_reference_and_scalar_path() {
-        for format in [Format::Q4_1, Format::Q4_1x8, Format::Q8_0] {
-            let plain_format = if format == Format::Q8_0 {
-                Format::Q8_0
-            } else {
-                Format::Q4_1
-            };
+        for format in FORMATS {
+            let plain_format = plain_of(format);
             let mut seed = 42;
             for &(n, k, m) in &[(8, 32, 1), (40, 576, 1), (64, 1536, 3), (40, 576, 9)] {
                 let plain = random_blocks(plain_format, n, k, &mut seed);
-                let bytes = if format == Format::Q4_1x8 {
-                    pack_q4_1_x8(&plain, n, k).unwrap()
-                } else {
-                    plain.clone()
-                };
+                let bytes = packed(format, &plain, n, k);
                 let w = WeightView::new(format, &bytes, n, k).unwrap();
                 let dense = dequant_matrix(&w);
                 assert_eq!(
@@ -810,22 +1127,17 @@ mod tests {
                         let mag: f32 = prods.map(f32::abs).sum::<f32>().max(1.0);
                         let row = plain_row(&plain, plain_format, k, r);
                         let got = out[i * n + r];
-                        if plain_format == Format::Q4_1 {
-                            // Every Q4_1 path performs the same operations.
-                            let scalar = dot_q4_1_scalar(row, xq, xd, xs);
-                            assert_eq!(
-                                got.to_bits(),
-                                scalar.to_bits(),
-                                "{format:?} n={n} k={k} row {r} seq {i}: kernel {got} vs scalar {scalar}"
-                            );
+                        // Every path of a format performs the same operations.
+                        let scalar = if plain_format == Format::Q4_1 {
+                            dot_q4_1_scalar(row, xq, xd, xs)
                         } else {
-                            // Same quantized inputs: only summation order differs.
-                            let scalar = dot_q8_0_scalar(row, xq, xd);
-                            assert!(
-                                (got - scalar).abs() <= 1e-5 * mag,
-                                "{format:?} n={n} k={k} row {r} seq {i}: kernel {got} vs scalar {scalar}"
-                            );
-                        }
+                            dot_q8_0_scalar(row, xq, xd)
+                        };
+                        assert_eq!(
+                            got.to_bits(),
+                            scalar.to_bits(),
+                            "{format:?} n={n} k={k} row {r} seq {i}: kernel {got} vs scalar {scalar}"
+                        );
                         // Against f32 activations: the 8-bit quantization error.
                         assert!(
                             (got - exact).abs() <= 0.02 * mag,
@@ -838,25 +1150,67 @@ mod tests {
     }
 
     #[test]
+    fn every_instruction_set_gets_the_same_bits() {
+        let isas: &[Isa] = match isa() {
+            Isa::Vnni => &[Isa::Vnni, Isa::Avx2, Isa::Scalar],
+            Isa::Avx2 => &[Isa::Avx2, Isa::Scalar],
+            Isa::Scalar => return, // nothing to compare the portable path with
+        };
+        for format in FORMATS {
+            let mut seed = 17;
+            let (n, k, m) = (24, 192, 5);
+            let bytes = packed(
+                format,
+                &random_blocks(plain_of(format), n, k, &mut seed),
+                n,
+                k,
+            );
+            let w = WeightView::new(format, &bytes, n, k).unwrap();
+            let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+            let mut q = Q8Rows::default();
+            q.quantize(&x, m, k);
+            let bits = |isa: Isa| {
+                let mut out = vec![0.0f32; m * n];
+                // SAFETY: one call writes the whole m x n output; `isas`
+                // holds only what this CPU has.
+                unsafe { product_rows(isa, &w, &q, 0, 0..n, OutPtr(out.as_mut_ptr())) };
+                out.iter().map(|f| f.to_bits()).collect::<Vec<_>>()
+            };
+            for &other in &isas[1..] {
+                assert_eq!(
+                    bits(isas[0]),
+                    bits(other),
+                    "{format:?}: {:?} vs {other:?}",
+                    isas[0]
+                );
+            }
+        }
+    }
+
+    #[test]
     fn packing_needs_whole_groups_of_eight_rows() {
         let mut seed = 5;
         let plain = random_blocks(Format::Q4_1, 12, 64, &mut seed);
         assert!(pack_q4_1_x8(&plain, 12, 64).is_none());
         assert!(pack_q4_1_x8(&plain[..8 * 2 * Q4_1_BYTES], 8, 64).is_some());
         assert!(WeightView::new(Format::Q4_1x8, &plain, 12, 64).is_none());
+        let plain = random_blocks(Format::Q8_0, 12, 64, &mut seed);
+        assert!(pack_q8_0_x8(&plain, 12, 64).is_none());
+        assert!(pack_q8_0_x8(&plain[..8 * 2 * Q8_0_BYTES], 8, 64).is_some());
+        assert!(WeightView::new(Format::Q8_0x8, &plain, 12, 64).is_none());
     }
 
     #[test]
     fn a_row_gives_the_same_bits_alone_and_in_any_batch() {
-        for format in [Format::Q4_1, Format::Q4_1x8, Format::Q8_0] {
+        for format in FORMATS {
             let mut seed = 3;
             let (n, k) = (296, 576);
-            let bytes = match format {
-                Format::Q4_1x8 => {
-                    pack_q4_1_x8(&random_blocks(Format::Q4_1, n, k, &mut seed), n, k).unwrap()
-                }
-                f => random_blocks(f, n, k, &mut seed),
-            };
+            let bytes = packed(
+                format,
+                &random_blocks(plain_of(format), n, k, &mut seed),
+                n,
+                k,
+            );
             let w = WeightView::new(format, &bytes, n, k).unwrap();
             let x: Vec<f32> = (0..11 * k).map(|_| lcg(&mut seed)).collect();
             let mut batch = vec![0.0; 11 * n];
@@ -871,14 +1225,23 @@ mod tests {
 
     #[test]
     fn packed_column_slices_give_the_bits_of_plain_ones() {
+        for (plain_format, x8) in [
+            (Format::Q4_1, Format::Q4_1x8),
+            (Format::Q8_0, Format::Q8_0x8),
+        ] {
+            packed_column_slices(plain_format, x8);
+        }
+    }
+
+    fn packed_column_slices(plain_format: Format, x8: Format) {
         let mut seed = 11;
         let (n, k, m) = (48, 192, 5);
-        let plain = random_blocks(Format::Q4_1, n, k, &mut seed);
-        let packed = pack_q4_1_x8(&plain, n, k).unwrap();
+        let plain = random_blocks(plain_format, n, k, &mut seed);
+        let interleaved = packed(x8, &plain, n, k);
         let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
         for cols in [0..64, 64..192, 32..96] {
             let mut outs = Vec::new();
-            for (format, bytes) in [(Format::Q4_1, &plain), (Format::Q4_1x8, &packed)] {
+            for (format, bytes) in [(plain_format, &plain), (x8, &interleaved)] {
                 let w = WeightView::cols(format, bytes, n, k, cols.clone()).unwrap();
                 let mut out = vec![0.0; m * n];
                 matmul_fused(
@@ -893,7 +1256,7 @@ mod tests {
                 );
                 outs.push(out);
             }
-            assert_eq!(outs[0], outs[1], "columns {cols:?}");
+            assert_eq!(outs[0], outs[1], "{x8:?} columns {cols:?}");
         }
     }
 

@@ -27,8 +27,8 @@
 //!   quantized matmuls (other dtypes).
 //! - [`kv`]: the KV block pool's bookkeeping and the prefix cache (blocks
 //!   indexed by their tokens, reference counts, LRU eviction).
-//! - [`kernels`]: our AVX2 Q4_1 (plain, and interleaved by 8 rows at the cold
-//!   build) and Q8_0 matmuls: batched, the same bits alone or in a batch,
+//! - [`kernels`]: our AVX2 Q4_1 and Q8_0 matmuls (plain, and interleaved by 8
+//!   rows at the cold build): batched, the same bits alone or in a batch,
 //!   with a scalar fallback.
 //! - [`pool`]: the threads a matmul, and attention, are split over (yielding
 //!   waits).

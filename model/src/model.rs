@@ -140,6 +140,7 @@ fn kernel_format(t: &RawTensor) -> Option<Format> {
     match (t.dtype, t.interleaved) {
         (GgmlDType::Q4_1, true) => Some(Format::Q4_1x8),
         (GgmlDType::Q4_1, false) => Some(Format::Q4_1),
+        (GgmlDType::Q8_0, true) => Some(Format::Q8_0x8),
         (GgmlDType::Q8_0, false) => Some(Format::Q8_0),
         _ => None,
     }

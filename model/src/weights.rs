@@ -111,7 +111,8 @@ pub struct ShardSpec {
     /// Sources, concatenated along rows.
     pub parts: Vec<Part>,
     /// Stored interleaved by 8 rows for the kernels
-    /// ([`crate::kernels::Format::Q4_1x8`]); `_X8` in the layout name.
+    /// ([`crate::kernels::Format::Q4_1x8`], [`crate::kernels::Format::Q8_0x8`]);
+    /// `_X8` in the layout name.
     pub interleaved: bool,
 }
 
@@ -130,11 +131,13 @@ impl ShardSpec {
     }
 }
 
-/// Whether a shard is stored interleaved by 8 rows: every Q4_1 matrix whose
-/// rows come in whole groups of 8 (the others use the plain layout, which
-/// the kernels compute to the same bits, only slower).
+/// Whether a shard is stored interleaved by 8 rows: every Q4_1 or Q8_0
+/// matrix whose rows come in whole groups of 8 (the others use the plain
+/// layout, which the kernels compute to the same bits, only slower).
 fn interleave(dtype: GgmlDType, shape: &[usize]) -> bool {
-    dtype == GgmlDType::Q4_1 && shape.len() == 2 && shape[0].is_multiple_of(kernels::X8)
+    matches!(dtype, GgmlDType::Q4_1 | GgmlDType::Q8_0)
+        && shape.len() == 2
+        && shape[0].is_multiple_of(kernels::X8)
 }
 
 /// What one rank owns.
@@ -562,11 +565,17 @@ fn build_shard(
     }
     if spec.interleaved {
         let (n, k) = (spec.shape[0], spec.shape[1]);
-        let packed =
-            kernels::pack_q4_1_x8(out.as_slice(), n, k).ok_or_else(|| WeightsError::Tensor {
-                tensor: spec.tensor.clone(),
-                message: format!("cannot interleave a {n} x {k} Q4_1 matrix by 8 rows"),
-            })?;
+        let pack = match spec.dtype {
+            GgmlDType::Q8_0 => kernels::pack_q8_0_x8,
+            _ => kernels::pack_q4_1_x8,
+        };
+        let packed = pack(out.as_slice(), n, k).ok_or_else(|| WeightsError::Tensor {
+            tensor: spec.tensor.clone(),
+            message: format!(
+                "cannot interleave a {n} x {k} {} matrix by 8 rows",
+                cache::dtype_name(spec.dtype)
+            ),
+        })?;
         out.as_mut_slice().copy_from_slice(&packed);
     }
     Ok(out)
@@ -637,7 +646,7 @@ impl RawTensor {
     pub fn to_qtensor(&self) -> candle_core::Result<QTensor> {
         if self.interleaved {
             return Err(candle_core::Error::Msg(
-                "internal: an interleaved Q4_1 tensor has no candle form".into(),
+                "internal: a tensor interleaved by 8 rows has no candle form".into(),
             ));
         }
         qtensor(self.bytes.as_slice(), self.dtype, &self.shape)

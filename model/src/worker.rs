@@ -284,7 +284,7 @@ async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
         banners.clone(),
     ));
     let mut server = Server::start(&args.contract, backend.clone())?;
-    tracing::info!(socket = %args.socket.display(), "serving engine.proto; loading {}", args.model.display());
+    tracing::info!(socket = %args.socket.display(), kernels = crate::kernels::isa().name(), "serving engine.proto; loading {}", args.model.display());
 
     let load_args = args.clone();
     let load_status = status.clone();
@@ -313,6 +313,10 @@ async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
     }
     if args.prefix_cache {
         flags.push("TTW_PREFIX_CACHE");
+    }
+    if args.kernels_isa.is_some() {
+        // The first step computes with the chosen instruction set.
+        flags.push("TTW_KERNELS_ISA");
     }
     if faults.early_exit {
         flags.push(faults::EARLY_EXIT);

@@ -166,7 +166,7 @@ async fn tp2_greedy_equals_tp1() {
     );
     assert!(
         files.contains(
-            &"blk.1.ffn_gate.weight_tp2_rank0_dtype_Q8_0_layout_ROWSHARD.tensorbin".to_string()
+            &"blk.1.ffn_gate.weight_tp2_rank0_dtype_Q8_0_layout_ROWSHARD_X8.tensorbin".to_string()
         ),
         "{files:?}"
     );
@@ -626,7 +626,7 @@ async fn dtype_flags_change_the_files_and_banner_only_after_they_run() {
     );
     assert!(!w.stdout().contains("engaged"));
     assert!(info.cache_files_written.contains(
-        &"blk.0.ffn_down.weight_tp1_rank0_dtype_Q8_0_layout_COLSHARD.tensorbin".to_string()
+        &"blk.0.ffn_down.weight_tp1_rank0_dtype_Q8_0_layout_COLSHARD_X8.tensorbin".to_string()
     ));
     let out = greedy(&mut c, "the cat", 8).await;
     assert_eq!(out.ids.len(), 8);
@@ -656,6 +656,40 @@ async fn dtype_flags_change_the_files_and_banner_only_after_they_run() {
         .exists());
     assert!(cache
         .path()
-        .join("blk.0.ffn_down.weight_tp1_rank0_dtype_Q8_0_layout_COLSHARD.tensorbin")
+        .join("blk.0.ffn_down.weight_tp1_rank0_dtype_Q8_0_layout_COLSHARD_X8.tensorbin")
         .exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kernels_isa_answers_alike_and_a_bad_one_is_refused() {
+    let cache = tempfile::tempdir().unwrap();
+    let w = Worker::start(&Opts::new(&tiny_model(), 1, cache.path(), "cold")).await;
+    let want = outputs(&mut w.client().await, 6).await;
+    drop(w);
+    for isa in ["avx2", "scalar"] {
+        let o = Opts::new(&tiny_model(), 1, cache.path(), "warm").env("TTW_KERNELS_ISA", isa);
+        let w = Worker::start(&o).await;
+        let mut c = w.client().await;
+        let info = c.info(pb::InfoRequest {}).await.unwrap().into_inner();
+        assert!(
+            info.banners_engaged.is_empty(),
+            "{isa}: banner before a step"
+        );
+        assert_eq!(outputs(&mut c, 6).await, want, "{isa}: same tokens");
+        let info = c.info(pb::InfoRequest {}).await.unwrap().into_inner();
+        assert!(
+            info.banners_engaged
+                .contains(&"TTW_KERNELS_ISA".to_string()),
+            "{isa}: {:?}",
+            info.banners_engaged
+        );
+    }
+    let o = Opts::new(&tiny_model(), 1, cache.path(), "warm");
+    let out = command(&o, &cache.path().join("s.sock"))
+        .env("TTW_KERNELS_ISA", "sse9")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sse9") && err.contains("avx2"), "{err}");
 }
