@@ -14,7 +14,8 @@ stream counts as bench_engine drives tt-worker:
   client, as bench_engine measures tt-worker.
 
 Every request gets `cache_prompt: false`, so a repeat never reuses the
-previous one's KV. Prints JSON lines like bench_engine.
+previous one's KV, and `ignore_eos`, so every stream decodes all its tokens
+(bench_engine asks tt-worker the same). Prints JSON lines like bench_engine.
 """
 import argparse, json, os, socket, subprocess, sys, tempfile, threading, time, urllib.request
 
@@ -46,7 +47,7 @@ def post(port, body, timeout=600):
 
 def completion(port, prompt, tokens):
     return post(port, {"prompt": prompt, "n_predict": tokens, "temperature": 0.0, "repeat_penalty": 1.0,
-                       "top_k": 1, "cache_prompt": False, "stream": False})
+                       "top_k": 1, "cache_prompt": False, "ignore_eos": True, "stream": False})
 
 
 def wait_healthy(port, proc, log, deadline_s=300):

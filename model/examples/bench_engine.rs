@@ -89,6 +89,9 @@ fn req(prompt: &str, n: u32) -> pb::EngineGenerateRequest {
             max_tokens: n,
             sampling: None,
             stop: Vec::new(),
+            // Every stream decodes all `n` tokens, as the peer's do
+            // (bench/engine/llama_server_peer.py asks the same).
+            ignore_eos: true,
             ..Default::default()
         }),
         request_id: "bench".into(),

@@ -155,25 +155,42 @@ impl Q8Rows {
         self.qs.resize(rows * k, 0);
         self.d.resize(rows * nb, 0.0);
         self.s.resize(rows * nb, 0.0);
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = isa() != Isa::Scalar;
         for ((xb, qb), (d, s)) in x
             .chunks_exact(QK)
             .zip(self.qs.chunks_exact_mut(QK))
             .zip(self.d.iter_mut().zip(self.s.iter_mut()))
         {
-            let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-            let scale = amax / 127.0;
-            let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, &v) in qb.iter_mut().zip(xb) {
-                let r = (v * inv).round() as i32;
-                let r = r.clamp(-127, 127);
-                *q = r as i8;
-                sum += r;
-            }
+            #[cfg(target_arch = "x86_64")]
+            let (scale, sum) = if avx2 {
+                // SAFETY: isa() checked AVX2; both blocks hold QK values.
+                unsafe { avx2::quantize_block(xb, qb) }
+            } else {
+                quantize_block(xb, qb)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let (scale, sum) = quantize_block(xb, qb);
             *d = scale;
             *s = scale * sum as f32;
         }
     }
+}
+
+/// One block of activations to 8 bits: returns the scale and the sum of
+/// the quantized values. The reference every path matches bit for bit.
+fn quantize_block(xb: &[f32], qb: &mut [i8]) -> (f32, i32) {
+    let amax = xb.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+    let scale = amax / 127.0;
+    let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in qb.iter_mut().zip(xb) {
+        let r = (v * inv).round() as i32;
+        let r = r.clamp(-127, 127);
+        *q = r as i8;
+        sum += r;
+    }
+    (scale, sum)
 }
 
 /// The weight block formats the kernels take.
@@ -801,6 +818,64 @@ mod avx2 {
         out
     }
 
+    /// [`super::quantize_block`] on 8 lanes: the same maximum (a NaN is
+    /// skipped), scale and reciprocal, and `round` (half away from zero),
+    /// saturating cast (NaN to 0) and clamp done exactly as `f32::round`
+    /// and `as i32` do them.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_block(xb: &[f32], qb: &mut [i8]) -> (f32, i32) {
+        debug_assert!(xb.len() >= QK && qb.len() >= QK);
+        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+        let xp = xb.as_ptr();
+        let v = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(xp.add(o)));
+        // max(|v|, a) keeps `a` where |v| is NaN, as f32::max does.
+        let mut m = _mm256_setzero_ps();
+        for vi in v {
+            m = _mm256_max_ps(_mm256_and_ps(vi, abs_mask), m);
+        }
+        let mut lanes = [0.0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        let amax = lanes.iter().fold(0.0f32, |a, &l| a.max(l));
+        let scale = amax / 127.0;
+        let inv = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+        let vinv = _mm256_set1_ps(inv);
+        let half = _mm256_set1_ps(0.5);
+        let sign_mask = _mm256_set1_ps(-0.0);
+        let one = _mm256_set1_ps(1.0);
+        let lim = _mm256_set1_ps(127.0);
+        let mut sum = _mm256_setzero_si256();
+        let mut q32 = [_mm256_setzero_si256(); 4];
+        for (i, vi) in v.into_iter().enumerate() {
+            let t = _mm256_mul_ps(vi, vinv);
+            // round half away from zero: trunc, then one step outwards
+            // where the dropped fraction is at least a half (t - trunc(t)
+            // is exact).
+            let tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            let frac = _mm256_and_ps(_mm256_sub_ps(t, tr), abs_mask);
+            let step = _mm256_or_ps(_mm256_and_ps(t, sign_mask), one);
+            let up = _mm256_cmp_ps(frac, half, _CMP_GE_OQ);
+            let r = _mm256_add_ps(tr, _mm256_and_ps(up, step));
+            // Clamp in float (the cast of anything beyond i32 saturates
+            // first, then the clamp; both end at +-127), NaN to 0.
+            let r = _mm256_min_ps(
+                _mm256_max_ps(r, _mm256_sub_ps(_mm256_setzero_ps(), lim)),
+                lim,
+            );
+            let ordered = _mm256_cmp_ps(t, t, _CMP_ORD_Q);
+            let r = _mm256_and_ps(r, ordered);
+            q32[i] = _mm256_cvtps_epi32(r);
+            sum = _mm256_add_epi32(sum, q32[i]);
+        }
+        // i32 -> i16 -> i8 with saturation (values are within +-127);
+        // packs interleave 128-bit lanes, the permute restores the order.
+        let p01 = _mm256_packs_epi32(q32[0], q32[1]);
+        let p23 = _mm256_packs_epi32(q32[2], q32[3]);
+        let p = _mm256_packs_epi16(p01, p23);
+        let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, p);
+        (scale, hsum_epi32(sum))
+    }
+
     /// Sum of the eight 32-bit integer lanes (exact).
     #[inline(always)]
     unsafe fn hsum_epi32(v: __m256i) -> i32 {
@@ -1048,6 +1123,50 @@ mod tests {
         q.quantize(&[0.0; 32], 1, 32);
         assert_eq!(q.d[0], 0.0);
         assert!(q.qs.iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn activations_quantize_alike_on_every_path() {
+        if isa() == Isa::Scalar {
+            return; // nothing to compare the portable path with
+        }
+        let mut seed = 23;
+        let mut blocks: Vec<[f32; QK]> = (0..2000)
+            .map(|i| {
+                let mut b = [0.0f32; QK];
+                for v in b.iter_mut() {
+                    *v = lcg(&mut seed) * [1.0, 1e-3, 1e3, 1e-38][i % 4];
+                }
+                b
+            })
+            .collect();
+        // Exact halves after scaling (amax 127 gives scale 1): the ties
+        // round away from zero.
+        let mut ties = [0.0f32; QK];
+        for (i, v) in ties.iter_mut().enumerate() {
+            *v = (i as f32 - 16.0) + 0.5;
+        }
+        ties[0] = 127.0;
+        blocks.push(ties);
+        let mut odd = [0.0f32; QK];
+        odd[..6].copy_from_slice(&[f32::NAN, -0.0, 1.0, -f32::INFINITY, 2.5, -2.5]);
+        blocks.push(odd);
+        blocks.push([0.0; QK]);
+        let mut nan_led = [1.0f32; QK];
+        nan_led[3] = f32::NAN;
+        nan_led[9] = -7.0;
+        blocks.push(nan_led);
+        for b in &blocks {
+            let (mut q1, mut q2) = ([0i8; QK], [0i8; QK]);
+            let r1 = quantize_block(b, &mut q1);
+            // SAFETY: the CPU has AVX2 (checked above).
+            let r2 = unsafe { avx2::quantize_block(b, &mut q2) };
+            assert_eq!(
+                (r1.0.to_bits(), r1.1, q1),
+                (r2.0.to_bits(), r2.1, q2),
+                "{b:?}"
+            );
+        }
     }
 
     #[test]

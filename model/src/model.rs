@@ -699,11 +699,23 @@ impl Rank {
             rms_norm(&x, &block.ffn_norm, self.cfg.rms_eps, &mut normed);
             let gu = block.gate_up.forward(&normed, rows)?;
             let ff = block.gate_up.out / 2;
-            let mut act = Vec::with_capacity(rows * ff);
-            for r in 0..rows {
+            let mut act = vec![0.0f32; rows * ff];
+            let swiglu = |r: usize, out: &mut [f32]| {
                 let g = &gu[r * 2 * ff..r * 2 * ff + ff];
                 let u = &gu[r * 2 * ff + ff..(r + 1) * 2 * ff];
-                act.extend(g.iter().zip(u).map(|(&g, &u)| silu(g) * u));
+                for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+                    *o = silu(g) * u;
+                }
+            };
+            // Rows over the pool when there are several (a batch): the
+            // exponentials are a serial stretch the helpers would spin
+            // through. Each element is computed alike either way.
+            if rows > 1 {
+                crate::pool::global().for_each_chunk_mut(&mut act, ff, &swiglu);
+            } else {
+                for (r, out) in act.chunks_exact_mut(ff).enumerate() {
+                    swiglu(r, out);
+                }
             }
             let d = comm.all_reduce(block.down.forward(&act, rows)?, rows * block.down.out);
             add_into(&mut x, &d);

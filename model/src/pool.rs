@@ -145,6 +145,40 @@ impl Pool {
     }
 }
 
+impl Pool {
+    /// Runs `f(i, piece)` for every `chunk`-sized piece `i` of `data` (the
+    /// last may be shorter), on the caller and the helpers.
+    pub fn for_each_chunk_mut<T: Send>(
+        &self,
+        data: &mut [T],
+        chunk: usize,
+        f: &(dyn Fn(usize, &mut [T]) + Sync),
+    ) {
+        let chunk = chunk.max(1);
+        let len = data.len();
+        let base = SharedMut(data.as_mut_ptr());
+        let base = &base;
+        self.run(len.div_ceil(chunk), &|pieces| {
+            for i in pieces {
+                let start = i * chunk;
+                let end = (start + chunk).min(len);
+                // SAFETY: `run` hands every index out once, so the pieces
+                // are disjoint, and `data` is borrowed until it returns.
+                let piece =
+                    unsafe { std::slice::from_raw_parts_mut(base.0.add(start), end - start) };
+                f(i, piece);
+            }
+        });
+    }
+}
+
+/// A slice's base pointer shared by the threads of one call, each of which
+/// takes disjoint pieces.
+struct SharedMut<T>(*mut T);
+// SAFETY: only disjoint pieces are made from it (see `for_each_chunk_mut`),
+// and the elements may move between threads.
+unsafe impl<T: Send> Sync for SharedMut<T> {}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
@@ -221,6 +255,26 @@ mod tests {
                 });
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
             }
+        }
+    }
+
+    #[test]
+    fn every_piece_is_handed_out_once_with_its_index() {
+        let pool = Pool::new(3);
+        for (len, chunk) in [(0usize, 4usize), (1, 4), (10, 3), (1000, 7), (12, 12)] {
+            let mut data = vec![usize::MAX; len];
+            pool.for_each_chunk_mut(&mut data, chunk, &|i, piece| {
+                assert!(piece.len() <= chunk);
+                for (j, v) in piece.iter_mut().enumerate() {
+                    assert_eq!(*v, usize::MAX, "written twice");
+                    *v = i * chunk + j;
+                }
+            });
+            assert_eq!(
+                data,
+                (0..len).collect::<Vec<_>>(),
+                "len {len} chunk {chunk}"
+            );
         }
     }
 
