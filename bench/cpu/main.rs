@@ -97,6 +97,9 @@ struct Args {
     /// `--max-in-flight` below `--hold`, streams past both are refused.
     #[arg(long)]
     max_queue: Option<usize>,
+    /// The daemon's `daemon.runtime_threads` (0: its default, one per CPU).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1024))]
+    daemon_threads: u64,
     /// JSON-lines file to append results to.
     #[arg(long, default_value = "bench/cpu/results.jsonl")]
     out: PathBuf,
@@ -364,6 +367,7 @@ fn main() {
             ),
             // The default tick: the idle cost a production daemon has.
             tick_ms: 1000,
+            daemon_extra: format!("runtime_threads = {}\n", args.daemon_threads),
             ..Default::default()
         },
     );
@@ -431,6 +435,7 @@ fn main() {
                 rec["engine"] = json!(format!("{:?}", args.engine));
                 rec["max_in_flight"] = json!(args.max_in_flight.unwrap_or(args.hold));
                 rec["max_queue"] = json!(args.max_queue);
+                rec["daemon_runtime_threads"] = json!(args.daemon_threads);
                 rec["git"] = json!(git);
                 rec["host_at_end"] = host::record();
                 rec["unix_ms"] =
@@ -573,6 +578,7 @@ fn main() {
                 "cpu_us_per_token": cpu, "cpu_source": "schedstat of live threads",
                 "cpu_us_per_token_tick_sampled": cpu_sampled, "idle_cpu_us_per_s": idle_us_per_s, "cpu_ns": tally.ns, "cpu_ticks": tally.ticks, "tick_us": tick_us,
                 "engine_version": engine_version,
+                "daemon_runtime_threads": args.daemon_threads,
                 "host_at_end": host::record(),
                 "daemon_version": env!("CARGO_PKG_VERSION"),
                 "git": std::process::Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok()

@@ -196,7 +196,12 @@ fn run(config_path: &std::path::Path) -> ExitCode {
         }
     };
     init_logging(config.daemon.log_format);
-    let result = tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if config.daemon.runtime_threads > 0 {
+        // Validated to at most 1024.
+        runtime.worker_threads(config.daemon.runtime_threads as usize);
+    }
+    let result = runtime
         .enable_all()
         .build()
         .context("cannot start the async runtime")

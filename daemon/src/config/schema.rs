@@ -97,6 +97,11 @@ pub struct DaemonConfig {
     /// tree under `/proc`), `cgroup` (refuse to start without one) or
     /// `process-tree`.
     pub containment: ContainmentMode,
+    /// Threads of the daemon's async runtime; 0 (the default): one per
+    /// CPU. 1 keeps a relayed token's wake-ups on one thread (no hand-off
+    /// between runtime threads): less CPU per token, with the whole relay
+    /// on one core (docs/PERFORMANCE.md, "CPU per relayed token").
+    pub runtime_threads: u64,
 }
 
 impl DaemonConfig {
@@ -133,6 +138,7 @@ impl Default for DaemonConfig {
             ready_when: ReadyWhen::All,
             tick_ms: 1000,
             containment: ContainmentMode::Auto,
+            runtime_threads: 0,
         }
     }
 }

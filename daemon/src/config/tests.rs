@@ -504,6 +504,19 @@ fn unknown_keys_do_not_hide_the_other_rules() {
 }
 
 #[test]
+fn runtime_threads_default_to_one_per_cpu_and_are_bounded() {
+    let config = parse(ONE_MODEL).expect("one model");
+    assert_eq!(config.daemon.runtime_threads, 0);
+    let one = parse(&format!("[daemon]\nruntime_threads = 1\n{ONE_MODEL}")).expect("1 thread");
+    assert_eq!(one.daemon.runtime_threads, 1);
+    assert_rejected(
+        &format!("[daemon]\nruntime_threads = 5000\n{ONE_MODEL}"),
+        "daemon.runtime_threads",
+        "from 0 to 1024",
+    );
+}
+
+#[test]
 fn a_worker_that_stops_answering_is_caught_within_the_documented_bound() {
     use std::time::Duration;
     // The default tick: the 4 s that docs/ARCHITECTURE.md and

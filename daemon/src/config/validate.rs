@@ -183,6 +183,14 @@ fn check_daemon(d: &DaemonConfig, problems: &mut Vec<Problem>) {
     absolute(problems, "daemon.cache_dir", &d.cache_dir);
     absolute(problems, "daemon.lock_dir", &d.lock_dir);
     range(problems, "daemon.tick_ms", d.tick_ms, 50, 60_000, "ms");
+    range(
+        problems,
+        "daemon.runtime_threads",
+        d.runtime_threads,
+        0,
+        1024,
+        "threads",
+    );
 }
 
 fn check_inference(i: &InferenceConfig, problems: &mut Vec<Problem>) {
