@@ -587,7 +587,7 @@ unsafe fn product_rows(
     let xs = |i: usize| &q.s[i * nb + blk0..(i + 1) * nb];
     match (w.format, isa) {
         #[cfg(target_arch = "x86_64")]
-        (Format::Q4_1x8, Isa::Avx2 | Isa::Vnni) => {
+        (Format::Q4_1x8 | Format::Q8_0x8, Isa::Avx2 | Isa::Vnni) => {
             for g in rows.start / X8..rows.end.div_ceil(X8) {
                 let unit = w.unit(g);
                 let mut i = 0;
@@ -600,12 +600,16 @@ unsafe fn product_rows(
                             // VNNI for Isa::Vnni); the unit and every
                             // activation slice hold `blocks` blocks.
                             let r = unsafe {
-                                let (xq, xd, xs) =
-                                    ([$(xq(i + $j)),*], [$(xd(i + $j)),*], [$(xs(i + $j)),*]);
-                                if isa == Isa::Vnni {
-                                    vnni::dot_q4_1x8::<$n>(unit, xq, xd, xs)
-                                } else {
-                                    avx2::dot_q4_1x8::<$n>(unit, xq, xd, xs)
+                                let (xq, xd) = ([$(xq(i + $j)),*], [$(xd(i + $j)),*]);
+                                match (w.format, isa) {
+                                    (Format::Q4_1x8, Isa::Vnni) => {
+                                        vnni::dot_q4_1x8::<$n>(unit, xq, xd, [$(xs(i + $j)),*])
+                                    }
+                                    (Format::Q4_1x8, _) => {
+                                        avx2::dot_q4_1x8::<$n>(unit, xq, xd, [$(xs(i + $j)),*])
+                                    }
+                                    (_, Isa::Vnni) => vnni::dot_q8_0x8::<$n>(unit, xq, xd),
+                                    _ => avx2::dot_q8_0x8::<$n>(unit, xq, xd),
                                 }
                             };
                             res[..$n].copy_from_slice(&r);
@@ -641,38 +645,6 @@ unsafe fn product_rows(
             for r in rows {
                 for i in 0..m {
                     put(i, r, dot_q4_1_scalar(w.unit(r), xq(i), xd(i), xs(i)));
-                }
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        (Format::Q8_0x8, Isa::Avx2 | Isa::Vnni) => {
-            for g in rows.start / X8..rows.end.div_ceil(X8) {
-                let unit = w.unit(g);
-                let mut i = 0;
-                while i < m {
-                    let take = (m - i).min(ROWS_PER_PASS);
-                    let mut res = [[0.0f32; X8]; ROWS_PER_PASS];
-                    macro_rules! call {
-                        ($n:literal, $($j:literal),*) => {{
-                            // SAFETY: as for Q4_1x8.
-                            let r = unsafe {
-                                let (xq, xd) = ([$(xq(i + $j)),*], [$(xd(i + $j)),*]);
-                                if isa == Isa::Vnni {
-                                    vnni::dot_q8_0x8::<$n>(unit, xq, xd)
-                                } else {
-                                    avx2::dot_q8_0x8::<$n>(unit, xq, xd)
-                                }
-                            };
-                            res[..$n].copy_from_slice(&r);
-                        }};
-                    }
-                    by_rows!(take, call);
-                    for (a, vals) in res[..take].iter().enumerate() {
-                        for (lane, &v) in vals.iter().enumerate() {
-                            put(i + a, g * X8 + lane, v);
-                        }
-                    }
-                    i += take;
                 }
             }
         }
