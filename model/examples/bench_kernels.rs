@@ -48,12 +48,10 @@ fn main() -> anyhow::Result<()> {
         None => 300,
     };
     if let Some(i) = args.iter().position(|a| a == "--isa") {
-        let isa = match args.get(i + 1).map(String::as_str) {
-            Some("vnni") => kernels::Isa::Vnni,
-            Some("avx2") => kernels::Isa::Avx2,
-            Some("scalar") => kernels::Isa::Scalar,
-            _ => anyhow::bail!("--isa vnni|avx2|scalar"),
-        };
+        let isa = args
+            .get(i + 1)
+            .and_then(|n| kernels::Isa::from_name(n))
+            .ok_or_else(|| anyhow::anyhow!("--isa vnni|avx2|scalar"))?;
         kernels::choose_isa(isa).map_err(anyhow::Error::msg)?;
     }
     let budget = Duration::from_millis(millis);

@@ -136,12 +136,8 @@ impl Cli {
                 model.display()
             )));
         }
-        let isa = match self.kernels_isa.as_str() {
-            "vnni" => Some(Isa::Vnni),
-            "avx2" => Some(Isa::Avx2),
-            "scalar" => Some(Isa::Scalar),
-            _ => None,
-        };
+        // clap allows only the names below and `auto` (None).
+        let isa = Isa::from_name(&self.kernels_isa);
         if let Some(isa) = isa {
             kernels::choose_isa(isa).map_err(UsageError)?;
         }

@@ -67,6 +67,14 @@ impl Isa {
         }
     }
 
+    /// The set `TTW_KERNELS_ISA` names (`None` for `auto` or an unknown
+    /// name).
+    pub fn from_name(name: &str) -> Option<Isa> {
+        [Isa::Vnni, Isa::Avx2, Isa::Scalar]
+            .into_iter()
+            .find(|i| i.name() == name)
+    }
+
     /// Wider sets rank higher; each includes the ones below.
     fn rank(self) -> u8 {
         match self {
