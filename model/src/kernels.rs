@@ -756,6 +756,20 @@ mod avx2 {
         xd: [&[f32]; N],
         xs: [&[f32]; N],
     ) -> [[f32; X8]; N] {
+        q4_1x8::<N, false>(units, xq, xd, xs)
+    }
+
+    /// The loop of [`dot_q4_1x8`], with each 4-value dot product of 8 rows
+    /// one `vpdpbusd` when `VNNI` (inlined into a caller that enables it),
+    /// else `maddubs` sums kept in i16 and widened once per block. Both
+    /// give the same exact integer block sums.
+    #[inline(always)]
+    pub(super) unsafe fn q4_1x8<const N: usize, const VNNI: bool>(
+        units: &[u8],
+        xq: [&[i8]; N],
+        xd: [&[f32]; N],
+        xs: [&[f32]; N],
+    ) -> [[f32; X8]; N] {
         let nb = units.len() / Q4_1X8_BYTES;
         for j in 0..N {
             debug_assert!(xq[j].len() >= nb * QK && xd[j].len() >= nb && xs[j].len() >= nb);
@@ -769,8 +783,9 @@ mod avx2 {
             let unit = up.add(b * Q4_1X8_BYTES);
             let d = _mm256_cvtph_ps(_mm_loadu_si128(unit as *const __m128i));
             let m = _mm256_cvtph_ps(_mm_loadu_si128(unit.add(16) as *const __m128i));
-            // Sums of 8 products of a nibble (<= 15) and an activation
-            // (|q| <= 127) stay within i16: 8 * 2 * 15 * 127 = 30480.
+            // Without VNNI: sums of 8 products of a nibble (<= 15) and an
+            // activation (|q| <= 127) stay within i16: 8 * 2 * 15 * 127 =
+            // 30480.
             let mut isum = [_mm256_setzero_si256(); N];
             for p in 0..4 {
                 let c = _mm256_loadu_si256(unit.add(32 + 32 * p) as *const __m256i);
@@ -780,12 +795,22 @@ mod avx2 {
                     let xp = xq[j].as_ptr().add(b * QK + 8 * p);
                     let x0 = _mm256_set1_epi32(std::ptr::read_unaligned(xp as *const i32));
                     let x1 = _mm256_set1_epi32(std::ptr::read_unaligned(xp.add(4) as *const i32));
-                    isum[j] = _mm256_add_epi16(isum[j], _mm256_maddubs_epi16(w0, x0));
-                    isum[j] = _mm256_add_epi16(isum[j], _mm256_maddubs_epi16(w1, x1));
+                    if VNNI {
+                        isum[j] = _mm256_dpbusd_epi32(isum[j], w0, x0);
+                        isum[j] = _mm256_dpbusd_epi32(isum[j], w1, x1);
+                    } else {
+                        isum[j] = _mm256_add_epi16(isum[j], _mm256_maddubs_epi16(w0, x0));
+                        isum[j] = _mm256_add_epi16(isum[j], _mm256_maddubs_epi16(w1, x1));
+                    }
                 }
             }
             for j in 0..N {
-                let dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(isum[j], ones));
+                let ints = if VNNI {
+                    isum[j]
+                } else {
+                    _mm256_madd_epi16(isum[j], ones)
+                };
+                let dots = _mm256_cvtepi32_ps(ints);
                 let scale = _mm256_mul_ps(d, _mm256_set1_ps(*xd[j].get_unchecked(b)));
                 acc[j] = _mm256_fmadd_ps(scale, dots, acc[j]);
                 macc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(*xs[j].get_unchecked(b)), macc[j]);
@@ -874,6 +899,16 @@ mod avx2 {
         xq: [&[i8]; N],
         xd: [&[f32]; N],
     ) -> [[f32; X8]; N] {
+        q8_0x8::<N, false>(units, xq, xd)
+    }
+
+    /// The loop of [`dot_q8_0x8`]; `VNNI` as for [`q4_1x8`].
+    #[inline(always)]
+    pub(super) unsafe fn q8_0x8<const N: usize, const VNNI: bool>(
+        units: &[u8],
+        xq: [&[i8]; N],
+        xd: [&[f32]; N],
+    ) -> [[f32; X8]; N] {
         let nb = units.len() / Q8_0X8_BYTES;
         for j in 0..N {
             debug_assert!(xq[j].len() >= nb * QK && xd[j].len() >= nb);
@@ -887,15 +922,21 @@ mod avx2 {
             let mut isum = [_mm256_setzero_si256(); N];
             for p in 0..QK / 4 {
                 let c = _mm256_loadu_si256(unit.add(16 + 32 * p) as *const __m256i);
-                // maddubs wants one unsigned operand: |w| times x with w's
-                // sign. A pair's sum is at most 2 * 128 * 127, within i16;
-                // two pairs are not, so each is widened at once.
+                // maddubs and vpdpbusd want one unsigned operand: |w| times
+                // x with w's sign. A maddubs pair's sum is at most
+                // 2 * 128 * 127, within i16; two pairs are not, so each is
+                // widened at once.
                 let ca = _mm256_sign_epi8(c, c);
                 for j in 0..N {
                     let xp = xq[j].as_ptr().add(b * QK + 4 * p);
                     let x = _mm256_set1_epi32(std::ptr::read_unaligned(xp as *const i32));
-                    let prod = _mm256_maddubs_epi16(ca, _mm256_sign_epi8(x, c));
-                    isum[j] = _mm256_add_epi32(isum[j], _mm256_madd_epi16(prod, ones));
+                    let xs = _mm256_sign_epi8(x, c);
+                    isum[j] = if VNNI {
+                        _mm256_dpbusd_epi32(isum[j], ca, xs)
+                    } else {
+                        let prod = _mm256_maddubs_epi16(ca, xs);
+                        _mm256_add_epi32(isum[j], _mm256_madd_epi16(prod, ones))
+                    };
                 }
             }
             for j in 0..N {
@@ -944,17 +985,16 @@ mod avx2 {
     }
 }
 
-/// The interleaved kernels with AVX-512 VNNI on 256-bit vectors: the same
-/// loops as [`avx2`]'s, with each 4-value dot product of 8 rows one
-/// `vpdpbusd` (unsigned weights or their magnitudes times signed
-/// activations, summed into the row's 32-bit lane, exact). The integer
-/// block sums, and so every float operation after them, are [`avx2`]'s.
+/// The interleaved kernels with AVX-512 VNNI on 256-bit vectors: [`avx2`]'s
+/// loops with each 4-value dot product of 8 rows one `vpdpbusd` (unsigned
+/// weights or their magnitudes times signed activations, summed into the
+/// row's 32-bit lane, exact). The integer block sums, and so every float
+/// operation after them, are [`avx2`]'s.
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{Q4_1X8_BYTES, Q8_0X8_BYTES, QK, X8};
-    use std::arch::x86_64::*;
+    use super::{avx2, X8};
 
-    /// As [`super::avx2::dot_q4_1x8`].
+    /// As [`avx2::dot_q4_1x8`].
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
     pub(super) unsafe fn dot_q4_1x8<const N: usize>(
         units: &[u8],
@@ -962,81 +1002,17 @@ mod vnni {
         xd: [&[f32]; N],
         xs: [&[f32]; N],
     ) -> [[f32; X8]; N] {
-        let nb = units.len() / Q4_1X8_BYTES;
-        for j in 0..N {
-            debug_assert!(xq[j].len() >= nb * QK && xd[j].len() >= nb && xs[j].len() >= nb);
-        }
-        let low = _mm256_set1_epi8(0x0F);
-        let mut acc = [_mm256_setzero_ps(); N];
-        let mut macc = [_mm256_setzero_ps(); N];
-        let up = units.as_ptr();
-        for b in 0..nb {
-            let unit = up.add(b * Q4_1X8_BYTES);
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(unit as *const __m128i));
-            let m = _mm256_cvtph_ps(_mm_loadu_si128(unit.add(16) as *const __m128i));
-            let mut isum = [_mm256_setzero_si256(); N];
-            for p in 0..4 {
-                let c = _mm256_loadu_si256(unit.add(32 + 32 * p) as *const __m256i);
-                let w0 = _mm256_and_si256(c, low);
-                let w1 = _mm256_and_si256(_mm256_srli_epi16(c, 4), low);
-                for j in 0..N {
-                    let xp = xq[j].as_ptr().add(b * QK + 8 * p);
-                    let x0 = _mm256_set1_epi32(std::ptr::read_unaligned(xp as *const i32));
-                    let x1 = _mm256_set1_epi32(std::ptr::read_unaligned(xp.add(4) as *const i32));
-                    isum[j] = _mm256_dpbusd_epi32(isum[j], w0, x0);
-                    isum[j] = _mm256_dpbusd_epi32(isum[j], w1, x1);
-                }
-            }
-            for j in 0..N {
-                let dots = _mm256_cvtepi32_ps(isum[j]);
-                let scale = _mm256_mul_ps(d, _mm256_set1_ps(*xd[j].get_unchecked(b)));
-                acc[j] = _mm256_fmadd_ps(scale, dots, acc[j]);
-                macc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(*xs[j].get_unchecked(b)), macc[j]);
-            }
-        }
-        let mut out = [[0.0f32; X8]; N];
-        for j in 0..N {
-            _mm256_storeu_ps(out[j].as_mut_ptr(), _mm256_add_ps(acc[j], macc[j]));
-        }
-        out
+        avx2::q4_1x8::<N, true>(units, xq, xd, xs)
     }
 
-    /// As [`super::avx2::dot_q8_0x8`].
+    /// As [`avx2::dot_q8_0x8`].
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
     pub(super) unsafe fn dot_q8_0x8<const N: usize>(
         units: &[u8],
         xq: [&[i8]; N],
         xd: [&[f32]; N],
     ) -> [[f32; X8]; N] {
-        let nb = units.len() / Q8_0X8_BYTES;
-        for j in 0..N {
-            debug_assert!(xq[j].len() >= nb * QK && xd[j].len() >= nb);
-        }
-        let mut acc = [_mm256_setzero_ps(); N];
-        let up = units.as_ptr();
-        for b in 0..nb {
-            let unit = up.add(b * Q8_0X8_BYTES);
-            let d = _mm256_cvtph_ps(_mm_loadu_si128(unit as *const __m128i));
-            let mut isum = [_mm256_setzero_si256(); N];
-            for p in 0..QK / 4 {
-                let c = _mm256_loadu_si256(unit.add(16 + 32 * p) as *const __m256i);
-                let ca = _mm256_sign_epi8(c, c);
-                for j in 0..N {
-                    let xp = xq[j].as_ptr().add(b * QK + 4 * p);
-                    let x = _mm256_set1_epi32(std::ptr::read_unaligned(xp as *const i32));
-                    isum[j] = _mm256_dpbusd_epi32(isum[j], ca, _mm256_sign_epi8(x, c));
-                }
-            }
-            for j in 0..N {
-                let scale = _mm256_mul_ps(d, _mm256_set1_ps(*xd[j].get_unchecked(b)));
-                acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum[j]), acc[j]);
-            }
-        }
-        let mut out = [[0.0f32; X8]; N];
-        for j in 0..N {
-            _mm256_storeu_ps(out[j].as_mut_ptr(), acc[j]);
-        }
-        out
+        avx2::q8_0x8::<N, true>(units, xq, xd)
     }
 }
 
