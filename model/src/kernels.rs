@@ -264,28 +264,43 @@ fn x8_value_index(p: usize, j: usize, high: bool) -> (usize, usize) {
 /// block `b`) starts at byte `(g * k / 32 + b) * 160` and holds the 8 `d`
 /// (f16), the 8 `m` (f16), then 4 chunks of 32 nibble bytes.
 pub fn pack_q4_1_x8(plain: &[u8], n: usize, k: usize) -> Option<Vec<u8>> {
+    pack_x8(plain, n, k, Q4_1_BYTES, |unit, rows| {
+        for (r, blk) in rows.iter().enumerate() {
+            unit[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+            unit[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
+        }
+        for p in 0..4 {
+            for j in 0..32 {
+                let (r, lo) = x8_value_index(p, j, false);
+                let (_, hi) = x8_value_index(p, j, true);
+                let nib = &rows[r][4..];
+                unit[32 + 32 * p + j] = q4_1_value(nib, lo) | (q4_1_value(nib, hi) << 4);
+            }
+        }
+    })
+}
+
+/// What the packers share: the shape check, then unit `(g, b)` built by
+/// `fill` from block `b` of rows `8g..8g + 8`, in place of those blocks.
+fn pack_x8(
+    plain: &[u8],
+    n: usize,
+    k: usize,
+    block_bytes: usize,
+    fill: impl Fn(&mut [u8], [&[u8]; X8]),
+) -> Option<Vec<u8>> {
     let nb = k / QK;
-    if !n.is_multiple_of(X8) || !k.is_multiple_of(QK) || plain.len() != n * nb * Q4_1_BYTES {
+    if !n.is_multiple_of(X8) || !k.is_multiple_of(QK) || plain.len() != n * nb * block_bytes {
         return None;
     }
+    let unit_bytes = X8 * block_bytes;
     let mut out = vec![0u8; plain.len()];
-    let block = |r: usize, b: usize| &plain[(r * nb + b) * Q4_1_BYTES..][..Q4_1_BYTES];
     for g in 0..n / X8 {
         for b in 0..nb {
-            let unit = &mut out[(g * nb + b) * Q4_1X8_BYTES..][..Q4_1X8_BYTES];
-            for r in 0..X8 {
-                let blk = block(g * X8 + r, b);
-                unit[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
-                unit[16 + 2 * r..16 + 2 * r + 2].copy_from_slice(&blk[2..4]);
-            }
-            for p in 0..4 {
-                for j in 0..32 {
-                    let (r, lo) = x8_value_index(p, j, false);
-                    let (_, hi) = x8_value_index(p, j, true);
-                    let nib = &block(g * X8 + r, b)[4..];
-                    unit[32 + 32 * p + j] = q4_1_value(nib, lo) | (q4_1_value(nib, hi) << 4);
-                }
-            }
+            let rows: [&[u8]; X8] = std::array::from_fn(|r| {
+                &plain[((g * X8 + r) * nb + b) * block_bytes..][..block_bytes]
+            });
+            fill(&mut out[(g * nb + b) * unit_bytes..][..unit_bytes], rows);
         }
     }
     Some(out)
@@ -323,27 +338,17 @@ fn q8_x8_value_index(p: usize, j: usize) -> (usize, usize) {
 /// block `b`) starts at byte `(g * k / 32 + b) * 272` and holds the 8 `d`
 /// (f16), then 8 chunks of 32 value bytes.
 pub fn pack_q8_0_x8(plain: &[u8], n: usize, k: usize) -> Option<Vec<u8>> {
-    let nb = k / QK;
-    if !n.is_multiple_of(X8) || !k.is_multiple_of(QK) || plain.len() != n * nb * Q8_0_BYTES {
-        return None;
-    }
-    let mut out = vec![0u8; plain.len()];
-    let block = |r: usize, b: usize| &plain[(r * nb + b) * Q8_0_BYTES..][..Q8_0_BYTES];
-    for g in 0..n / X8 {
-        for b in 0..nb {
-            let unit = &mut out[(g * nb + b) * Q8_0X8_BYTES..][..Q8_0X8_BYTES];
-            for r in 0..X8 {
-                unit[2 * r..2 * r + 2].copy_from_slice(&block(g * X8 + r, b)[0..2]);
-            }
-            for p in 0..QK / 4 {
-                for j in 0..32 {
-                    let (r, v) = q8_x8_value_index(p, j);
-                    unit[16 + 32 * p + j] = block(g * X8 + r, b)[2 + v];
-                }
+    pack_x8(plain, n, k, Q8_0_BYTES, |unit, rows| {
+        for (r, blk) in rows.iter().enumerate() {
+            unit[2 * r..2 * r + 2].copy_from_slice(&blk[0..2]);
+        }
+        for p in 0..QK / 4 {
+            for j in 0..32 {
+                let (r, v) = q8_x8_value_index(p, j);
+                unit[16 + 32 * p + j] = rows[r][2 + v];
             }
         }
-    }
-    Some(out)
+    })
 }
 
 /// One Q8_0 block of row `r` of an interleaved unit, in plain layout.
