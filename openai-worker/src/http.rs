@@ -6,14 +6,25 @@
 //! Generate call reaches the engine: vLLM and llama-server abort a request
 //! whose client disconnects, and a pooled connection kept alive would hide
 //! the disconnect. Loopback connects cost microseconds, far below a token.
+//!
+//! The connection has no task of its own: whoever reads the body drives it
+//! (`Response::poll_chunk`), so a token that arrives wakes one task, the
+//! one that relays it, instead of a connection task that hands it on.
 
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
+use hyper::body::Body as _;
 use hyper::body::{Bytes, Incoming};
 use hyper::StatusCode;
 use hyper_util::rt::TokioIo;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpStream;
-use tokio::task::JoinHandle;
+
+/// hyper's half of one connection: reads and writes the socket when
+/// polled; dropping it closes the socket.
+type Connection = hyper::client::conn::http1::Connection<TokioIo<TcpStream>, Full<Bytes>>;
 
 /// Bodies of non-streamed answers (`/metrics`, `/v1/models`, errors) are
 /// read up to this size; more means the engine is not what we think it is.
@@ -56,34 +67,69 @@ pub enum HttpError {
     },
 }
 
-/// An answer whose body is read as it arrives, holding its connection.
+/// An answer whose body is read as it arrives, holding its connection
+/// (dropping the answer closes the socket).
 pub struct Response {
     /// The status code.
     pub status: StatusCode,
-    /// The body.
-    pub body: Incoming,
-    /// The connection's task; aborted (closing the socket) on drop.
-    connection: JoinHandle<()>,
+    body: Incoming,
+    /// `None` once hyper is done with it.
+    connection: Option<Connection>,
+    /// How the connection ended, if it failed: said when the body has
+    /// nothing more to give.
+    broken: Option<hyper::Error>,
 }
 
-impl Drop for Response {
-    fn drop(&mut self) {
-        self.connection.abort();
+/// Polls the connection, which moves bytes between the socket and the
+/// body; drops it (closing the socket) once it is done, keeping its error.
+fn drive(
+    connection: &mut Option<Connection>,
+    broken: &mut Option<hyper::Error>,
+    cx: &mut Context<'_>,
+) {
+    if let Some(conn) = connection {
+        if let Poll::Ready(outcome) = Pin::new(conn).poll(cx) {
+            // Dropping hyper's dispatcher hands an unfinished body an
+            // "incomplete" error, so the body never waits on a dead socket.
+            *connection = None;
+            if let Err(e) = outcome {
+                *broken = Some(e);
+            }
+        }
     }
 }
 
 impl Response {
-    /// The next piece of the body; `None` at its end.
-    pub async fn chunk(&mut self) -> Option<Result<Bytes, hyper::Error>> {
+    /// The next piece of the body; `None` at its end. Drives the
+    /// connection, so whichever task polls this is woken by the socket.
+    pub fn poll_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, hyper::Error>>> {
+        drive(&mut self.connection, &mut self.broken, cx);
         loop {
-            match self.body.frame().await? {
-                Ok(frame) => match frame.into_data() {
-                    Ok(data) => return Some(Ok(data)),
+            match Pin::new(&mut self.body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => return Poll::Ready(Some(Ok(data))),
                     Err(_) => continue, // trailers
                 },
-                Err(e) => return Some(Err(e)),
+                Poll::Ready(Some(Err(e))) => {
+                    return Poll::Ready(Some(Err(self.broken.take().unwrap_or(e))))
+                }
+                Poll::Ready(None) => return Poll::Ready(self.broken.take().map(Err)),
+                Poll::Pending if self.connection.is_none() => {
+                    // Nothing drives the body any more: its end (or the
+                    // connection's error) is all there is.
+                    return Poll::Ready(self.broken.take().map(Err));
+                }
+                Poll::Pending => return Poll::Pending,
             }
         }
+    }
+
+    /// The next piece of the body; `None` at its end.
+    pub async fn chunk(&mut self) -> Option<Result<Bytes, hyper::Error>> {
+        std::future::poll_fn(|cx| self.poll_chunk(cx)).await
     }
 
     /// The whole body (bounded), for answers that are not streamed.
@@ -152,9 +198,8 @@ pub async fn send(
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(exchange)?;
-    let connection = tokio::spawn(async move {
-        let _ = conn.await;
-    });
+    let mut connection = Some(conn);
+    let mut broken = None;
     let mut request = hyper::Request::builder()
         .method(method)
         .uri(path)
@@ -172,19 +217,24 @@ pub async fn send(
             path: path.to_string(),
             source: std::io::Error::other(e),
         })?;
-    let answer = sender.send_request(request).await;
-    let answer = match answer {
-        Ok(a) => a,
-        Err(e) => {
-            connection.abort();
-            return Err(exchange(e));
-        }
+    // The connection writes the request and reads the head while this
+    // waits; a connection that ends first drops the request, which then
+    // fails.
+    let mut answer = std::pin::pin!(sender.send_request(request));
+    let answer = std::future::poll_fn(|cx| {
+        drive(&mut connection, &mut broken, cx);
+        answer.as_mut().poll(cx)
+    })
+    .await;
+    let (head, body) = match answer {
+        Ok(a) => a.into_parts(),
+        Err(e) => return Err(exchange(broken.unwrap_or(e))),
     };
-    let (head, body) = answer.into_parts();
     Ok(Response {
         status: head.status,
         body,
         connection,
+        broken,
     })
 }
 

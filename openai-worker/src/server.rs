@@ -10,11 +10,12 @@ use crate::cli::EngineKind;
 use crate::http::{self, SseSplitter};
 use crate::openai::{self, Endpoint, Event, RequestStyle, Usage};
 use crate::status::{InFlight, Phase, Status};
+use std::collections::VecDeque;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
 use tt_serving_proto::v1 as pb;
 use tt_worker_contract::service::LOADING;
 use tt_worker_contract::{Backend, DrainReport, GenerateError, TokenStream};
@@ -207,20 +208,15 @@ impl Backend for OpenAiBackend {
                 .unwrap_or_default();
             return Err(refusal(code, &openai::error_message(&text)));
         }
-        let (tx, rx) = mpsc::channel(64);
-        let relay = Relay {
-            endpoint: plan.endpoint,
-            logprobs: plan.logprobs,
-            status: self.status.clone(),
-            tx,
-            cancel,
-            arrived,
-            request_id,
+        Ok(Box::pin(Relay::new(
+            plan.endpoint,
+            plan.logprobs,
+            self.status.clone(),
+            response,
+            (arrived, request_id),
             prefill,
-            _in_flight: in_flight,
-        };
-        tokio::spawn(relay.run(response));
-        Ok(Box::pin(ReceiverStream::new(rx)))
+            in_flight,
+        )))
     }
 
     fn drain(&self, timeout: Duration) -> impl Future<Output = DrainReport> + Send {
@@ -230,17 +226,32 @@ impl Backend for OpenAiBackend {
 }
 
 /// One request's stream: engine SSE in, `GenerateResponse`s out.
+///
+/// A `Stream` polled by the gRPC call's response body, with no task or
+/// channel of its own: the engine's socket wakes the task that encodes the
+/// answer, and the engine is read only as fast as the daemon takes the
+/// chunks (HTTP/2 flow control is the back-pressure). Events that arrive
+/// in one read leave as one delta. Dropping it (the daemon dropped the
+/// call) closes the engine's connection, which aborts the request.
 struct Relay {
     endpoint: Endpoint,
     /// The log-probabilities asked for.
     logprobs: openai::Logprobs,
     status: Arc<Status>,
-    tx: mpsc::Sender<Result<pb::GenerateResponse, GenerateError>>,
-    cancel: watch::Receiver<bool>,
+    /// The engine's answer; `None` once the relay has ended.
+    response: Option<http::Response>,
+    /// Ready when the worker cancels what is in flight (a drain's
+    /// timeout); `None` once it fired.
+    cancel: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    sse: SseSplitter,
+    progress: Progress,
+    /// Chunks made and not yet taken.
+    ready: VecDeque<Result<pb::GenerateResponse, GenerateError>>,
     arrived: Instant,
     request_id: String,
     prefill: crate::status::Prefill,
-    _in_flight: InFlight,
+    /// Counts the request as in flight until the relay ends.
+    in_flight: Option<InFlight>,
 }
 
 /// An upper bound of a request's prompt tokens without the engine's
@@ -276,115 +287,179 @@ struct Progress {
     prompt_logprobs_sent: bool,
 }
 
-/// Why a relay stops early.
-enum Stop {
-    /// The daemon dropped the call: close the engine's stream, say nothing.
-    Gone,
-    /// The stream failed: tell the daemon.
-    Failed(GenerateError),
+impl tokio_stream::Stream for Relay {
+    type Item = Result<pb::GenerateResponse, GenerateError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let relay = &mut *self;
+        loop {
+            if let Some(chunk) = relay.ready.pop_front() {
+                return Poll::Ready(Some(chunk));
+            }
+            let Some(response) = relay.response.as_mut() else {
+                return Poll::Ready(None);
+            };
+            if let Some(cancel) = relay.cancel.as_mut() {
+                if cancel.as_mut().poll(cx).is_ready() {
+                    relay.cancel = None;
+                    relay.progress.finish = Some("cancelled".into());
+                    relay.end(Ok(()));
+                    continue;
+                }
+            }
+            let piece = match response.poll_chunk(cx) {
+                Poll::Ready(piece) => piece,
+                Poll::Pending => return Poll::Pending,
+            };
+            relay.take(piece);
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if self.response.is_some() {
+            tracing::debug!(request = %self.request_id, "the daemon dropped the stream; closed the engine's connection");
+        }
+    }
 }
 
 impl Relay {
-    async fn run(mut self, mut response: http::Response) {
-        let mut sse = SseSplitter::default();
-        let mut progress = Progress::default();
-        let outcome = loop {
-            let piece = tokio::select! {
-                _ = self.tx.closed() => break Err(Stop::Gone),
-                _ = self.cancel.wait_for(|c| *c) => {
-                    progress.finish = Some("cancelled".into());
-                    break Ok(());
-                }
-                piece = response.chunk() => piece,
-            };
-            let ended = piece.is_none();
-            let events = match piece {
-                Some(Ok(bytes)) => sse
-                    .feed(&bytes)
-                    .map_err(|e| Stop::Failed(GenerateError::Failed(e))),
-                Some(Err(e)) => Err(Stop::Failed(GenerateError::Unavailable(format!(
-                    "the engine's stream broke: {e}; the engine may have died"
-                )))),
-                None => Ok(sse.finish().into_iter().collect()),
-            };
-            let step = match events {
-                Ok(events) => self.handle(events, &mut progress).await,
-                Err(stop) => Err(stop),
-            };
-            match step {
-                Err(stop) => break Err(stop),
-                Ok(()) if progress.done || ended => break Ok(()),
-                Ok(()) => {}
-            }
-        };
-        // Closing the engine's connection now (not when the daemon has read
-        // the final chunk) stops a cancelled request at once.
-        drop(response);
-        match outcome {
-            Ok(()) => self.finish(progress).await,
-            Err(Stop::Gone) => {
-                tracing::debug!(request = %self.request_id, "the daemon dropped the stream; closed the engine's connection");
-            }
-            Err(Stop::Failed(status)) => {
-                tracing::warn!(request = %self.request_id, error = %status, "generation failed");
-                let _ = self.tx.send(Err(status)).await;
-            }
+    /// The relay of `response`, an engine's streamed answer to `endpoint`;
+    /// `request` is when the call arrived and its id.
+    fn new(
+        endpoint: Endpoint,
+        logprobs: openai::Logprobs,
+        status: Arc<Status>,
+        response: http::Response,
+        request: (Instant, String),
+        prefill: crate::status::Prefill,
+        in_flight: InFlight,
+    ) -> Self {
+        let mut cancel = status.cancelled();
+        let cancel = Box::pin(async move {
+            // A dropped sender (the worker stopping) cancels too.
+            let _ = cancel.wait_for(|c| *c).await;
+        });
+        Self {
+            endpoint,
+            logprobs,
+            status,
+            response: Some(response),
+            cancel: Some(cancel),
+            sse: SseSplitter::default(),
+            progress: Progress::default(),
+            ready: VecDeque::new(),
+            arrived: request.0,
+            request_id: request.1,
+            prefill,
+            in_flight: Some(in_flight),
         }
     }
 
-    async fn handle(&self, events: Vec<String>, progress: &mut Progress) -> Result<(), Stop> {
+    /// Takes one piece of the engine's body (`None`: its end) and queues
+    /// what it makes; ends the relay when the stream is over or broken.
+    fn take(&mut self, piece: Option<Result<hyper::body::Bytes, hyper::Error>>) {
+        let ended = piece.is_none();
+        let events = match piece {
+            Some(Ok(bytes)) => self.sse.feed(&bytes).map_err(GenerateError::Failed),
+            Some(Err(e)) => Err(GenerateError::Unavailable(format!(
+                "the engine's stream broke: {e}; the engine may have died"
+            ))),
+            None => Ok(self.sse.finish().into_iter().collect()),
+        };
+        match events.and_then(|events| self.handle(events)) {
+            Err(failed) => self.end(Err(failed)),
+            Ok(()) if self.progress.done || ended => self.end(Ok(())),
+            Ok(()) => {}
+        }
+    }
+
+    /// Ends the relay: closes the engine's connection at once (not when
+    /// the daemon has read the last chunk, so a cancelled request stops in
+    /// the engine now) and queues the final chunk or the failure.
+    fn end(&mut self, outcome: Result<(), GenerateError>) {
+        self.response = None;
+        match outcome {
+            Ok(()) => {
+                let last = self.finish();
+                self.ready.push_back(last);
+            }
+            Err(failed) => {
+                tracing::warn!(request = %self.request_id, error = %failed, "generation failed");
+                self.ready.push_back(Err(failed));
+            }
+        }
+        self.in_flight = None;
+    }
+
+    /// Queues a chunk; a delta right after a delta joins it, so the events
+    /// of one read leave as one message.
+    fn queue(&mut self, delta: pb::TokenDelta) {
+        if let Some(Ok(pb::GenerateResponse {
+            chunk: Some(pb::generate_response::Chunk::Delta(last)),
+        })) = self.ready.back_mut()
+        {
+            last.text.push_str(&delta.text);
+            last.token_ids.extend(delta.token_ids);
+            last.logprobs.extend(delta.logprobs);
+            last.reasoning.push_str(&delta.reasoning);
+            last.tool_calls.extend(delta.tool_calls);
+            return;
+        }
+        self.ready.push_back(Ok(pb::GenerateResponse {
+            chunk: Some(pb::generate_response::Chunk::Delta(delta)),
+        }));
+    }
+
+    fn handle(&mut self, events: Vec<String>) -> Result<(), GenerateError> {
         for data in events {
             match openai::parse_event(&data, self.endpoint) {
-                Ok(Event::Done) => progress.done = true,
+                Ok(Event::Done) => self.progress.done = true,
                 Ok(Event::Chunk(mut chunk)) => {
-                    self.cut_logprobs(&mut chunk, progress).await?;
+                    self.cut_logprobs(&mut chunk)?;
                     if !chunk.text.is_empty()
                         || !chunk.token_ids.is_empty()
                         || !chunk.reasoning.is_empty()
                         || !chunk.tool_calls.is_empty()
                     {
-                        progress.first_token.get_or_insert_with(Instant::now);
+                        self.progress.first_token.get_or_insert_with(Instant::now);
                         self.prefill.release();
-                        progress.ids += chunk.token_ids.len() as u32;
-                        progress.deltas += 1;
+                        self.progress.ids += chunk.token_ids.len() as u32;
+                        self.progress.deltas += 1;
                         self.status.token_arrived();
-                        let delta = pb::GenerateResponse {
-                            chunk: Some(pb::generate_response::Chunk::Delta(pb::TokenDelta {
-                                text: chunk.text,
-                                token_ids: chunk.token_ids,
-                                logprobs: chunk.logprobs,
-                                reasoning: chunk.reasoning,
-                                tool_calls: chunk
-                                    .tool_calls
-                                    .into_iter()
-                                    .map(|c| pb::ToolCallDelta {
-                                        index: c.index,
-                                        id: c.id,
-                                        name: c.name,
-                                        arguments: c.arguments,
-                                    })
-                                    .collect(),
-                            })),
-                        };
-                        if self.tx.send(Ok(delta)).await.is_err() {
-                            return Err(Stop::Gone);
-                        }
+                        self.queue(pb::TokenDelta {
+                            text: chunk.text,
+                            token_ids: chunk.token_ids,
+                            logprobs: chunk.logprobs,
+                            reasoning: chunk.reasoning,
+                            tool_calls: chunk
+                                .tool_calls
+                                .into_iter()
+                                .map(|c| pb::ToolCallDelta {
+                                    index: c.index,
+                                    id: c.id,
+                                    name: c.name,
+                                    arguments: c.arguments,
+                                })
+                                .collect(),
+                        });
                     }
                     if let Some(reason) = chunk.finish_reason {
-                        progress.finish = Some(reason);
+                        self.progress.finish = Some(reason);
                     }
                     if let Some(usage) = chunk.usage {
-                        progress.usage = Some(usage);
+                        self.progress.usage = Some(usage);
                     }
                 }
                 Ok(Event::Error { message, code }) => {
                     let message = format!("the engine failed the request: {message}");
-                    return Err(Stop::Failed(match code {
+                    return Err(match code {
                         Some(400) => GenerateError::Invalid(message),
                         _ => GenerateError::Failed(message),
-                    }));
+                    });
                 }
-                Err(e) => return Err(Stop::Failed(GenerateError::Failed(e))),
+                Err(e) => return Err(GenerateError::Failed(e)),
             }
         }
         Ok(())
@@ -394,14 +469,10 @@ impl Relay {
     /// as their own chunk (an echo's first chunk), alternatives cut to the
     /// number asked, none where none were asked, and nothing generated for
     /// a prompt-only request (vLLM runs a step for it).
-    async fn cut_logprobs(
-        &self,
-        chunk: &mut openai::Chunk,
-        progress: &mut Progress,
-    ) -> Result<(), Stop> {
-        let failed = |e: String| Stop::Failed(GenerateError::Failed(e));
+    fn cut_logprobs(&mut self, chunk: &mut openai::Chunk) -> Result<(), GenerateError> {
+        let failed = GenerateError::Failed;
         let asked = self.logprobs;
-        let echoed = asked.prompt.is_some() && !progress.prompt_logprobs_sent;
+        let echoed = asked.prompt.is_some() && !self.progress.prompt_logprobs_sent;
         if !chunk.logprobs.is_empty() {
             let ids: Vec<u32> = if echoed {
                 chunk
@@ -438,10 +509,8 @@ impl Relay {
                     pb::PromptLogprobs { tokens: prompt },
                 )),
             };
-            if self.tx.send(Ok(message)).await.is_err() {
-                return Err(Stop::Gone);
-            }
-            progress.prompt_logprobs_sent = true;
+            self.ready.push_back(Ok(message));
+            self.progress.prompt_logprobs_sent = true;
         }
         if asked.prompt_only {
             chunk.text.clear();
@@ -458,24 +527,18 @@ impl Relay {
         Ok(())
     }
 
-    async fn finish(self, progress: Progress) {
+    /// The final chunk, or why there is none.
+    fn finish(&mut self) -> Result<pb::GenerateResponse, GenerateError> {
+        let progress = std::mem::take(&mut self.progress);
         if self.logprobs.prompt.is_some() && !progress.prompt_logprobs_sent {
-            let _ = self
-                .tx
-                .send(Err(GenerateError::Failed(
-                    "the engine ended the stream without the prompt's logprobs (its echo)".into(),
-                )))
-                .await;
-            return;
+            return Err(GenerateError::Failed(
+                "the engine ended the stream without the prompt's logprobs (its echo)".into(),
+            ));
         }
         let Some(reason) = progress.finish else {
-            let _ = self
-                .tx
-                .send(Err(GenerateError::Unavailable(
-                    "the engine ended the stream without a finish reason; it may have died".into(),
-                )))
-                .await;
-            return;
+            return Err(GenerateError::Unavailable(
+                "the engine ended the stream without a finish reason; it may have died".into(),
+            ));
         };
         let now = Instant::now();
         let first = progress.first_token.unwrap_or(now);
@@ -517,6 +580,122 @@ impl Relay {
                 slot: String::new(),
             })),
         };
-        let _ = self.tx.send(Ok(last)).await;
+        Ok(last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio_stream::StreamExt;
+
+    fn event(text: &str, id: u32, finish: Option<&str>) -> String {
+        let finish = finish.map_or("null".to_string(), |f| format!("\"{f}\""));
+        format!(
+            "data: {{\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\
+             \"choices\":[{{\"index\":0,\"text\":\"{text}\",\"logprobs\":null,\
+             \"finish_reason\":{finish},\"token_ids\":[{id}]}}]}}\n\n"
+        )
+    }
+
+    /// An engine on loopback that answers one request with `sse` as one
+    /// HTTP chunk in one write, then waits for the client to close; says
+    /// when it closed.
+    async fn engine(sse: String) -> (u16, tokio::sync::oneshot::Receiver<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (closed_tx, closed) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 64 << 10];
+            let _ = socket.read(&mut buf).await;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                 transfer-encoding: chunked\r\n\r\n{:x}\r\n{sse}\r\n",
+                sse.len()
+            );
+            socket.write_all(answer.as_bytes()).await.unwrap();
+            while socket.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+            let _ = closed_tx.send(());
+        });
+        (port, closed)
+    }
+
+    async fn relay(port: u16, status: &Arc<Status>) -> Relay {
+        let response = http::send(
+            port,
+            hyper::Method::POST,
+            "/v1/completions",
+            Some(b"{}".to_vec()),
+        )
+        .await
+        .unwrap();
+        Relay::new(
+            Endpoint::Completions,
+            openai::Logprobs::default(),
+            status.clone(),
+            response,
+            (Instant::now(), "r1".into()),
+            status.begin_prefill(8),
+            status.begin_request(),
+        )
+    }
+
+    #[tokio::test]
+    async fn events_that_arrive_together_leave_as_one_delta_then_the_final() {
+        let sse = [
+            event(" a", 1, None),
+            event(" b", 2, None),
+            event(" c", 3, None),
+            event("", 4, Some("length")),
+            "data: [DONE]\n\n".to_string(),
+        ]
+        .concat();
+        let (port, _closed) = engine(sse).await;
+        let status = Arc::new(Status::new(Default::default()));
+        let chunks: Vec<_> = relay(port, &status).await.collect().await;
+        assert_eq!(chunks.len(), 2, "{chunks:?}");
+        let Ok(pb::GenerateResponse {
+            chunk: Some(pb::generate_response::Chunk::Delta(delta)),
+        }) = &chunks[0]
+        else {
+            panic!("a delta first: {chunks:?}");
+        };
+        assert_eq!(delta.text, " a b c");
+        assert_eq!(delta.token_ids, [1, 2, 3, 4]);
+        let Ok(pb::GenerateResponse {
+            chunk: Some(pb::generate_response::Chunk::Final(last)),
+        }) = &chunks[1]
+        else {
+            panic!("the final second: {chunks:?}");
+        };
+        assert_eq!(last.finish_reason, pb::FinishReason::Length as i32);
+        assert_eq!(last.usage.map(|u| u.completion_tokens), Some(4));
+        assert_eq!(status.in_flight(), 0, "the request ended with its stream");
+    }
+
+    #[tokio::test]
+    async fn dropping_the_stream_closes_the_engines_connection() {
+        let (port, closed) = engine(event(" a", 1, None)).await;
+        let status = Arc::new(Status::new(Default::default()));
+        let mut stream = relay(port, &status).await;
+        let first = stream.next().await;
+        assert!(
+            matches!(
+                first,
+                Some(Ok(pb::GenerateResponse {
+                    chunk: Some(pb::generate_response::Chunk::Delta(_))
+                }))
+            ),
+            "{first:?}"
+        );
+        assert_eq!(status.in_flight(), 1);
+        drop(stream);
+        tokio::time::timeout(Duration::from_secs(5), closed)
+            .await
+            .expect("the engine saw its connection close")
+            .unwrap();
+        assert_eq!(status.in_flight(), 0);
     }
 }
