@@ -156,9 +156,25 @@ pub async fn run(
     // show who holds them, and nothing resets them or starts on them.
     let mut waited = 0u64;
     loop {
-        cards.refresh();
-        let users = cards.foreign_users(&bdfs);
-        if cards.holds_all(&bdfs) && users.is_empty() {
+        // Discovery and the lock and user checks read sysfs and every
+        // card user's /proc; off the runtime, which relays tokens meanwhile.
+        let check = {
+            let (cards, bdfs) = (cards.clone(), bdfs.clone());
+            tokio::task::spawn_blocking(move || {
+                cards.refresh();
+                let users = cards.foreign_users(&bdfs);
+                (cards.holds_all(&bdfs), users)
+            })
+            .await
+        };
+        let (held, users) = match check {
+            Ok(check) => check,
+            Err(e) => {
+                tracing::error!(cards = %bdfs.join(","), error = %e, "checking the returned cards failed; trying again");
+                (false, Vec::new())
+            }
+        };
+        if held && users.is_empty() {
             break;
         }
         if waited.is_multiple_of(50) {

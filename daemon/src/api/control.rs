@@ -512,7 +512,12 @@ impl Control for ControlService {
                 busy.join(", ")
             )));
         }
-        let bytes = crate::cache::remove(&dir)
+        // A variant is gigabytes of tensors: walked and removed off the
+        // runtime, which relays tokens meanwhile.
+        let removing = dir.clone();
+        let bytes = tokio::task::spawn_blocking(move || crate::cache::remove(&removing))
+            .await
+            .map_err(|e| Status::internal(format!("removing {} stopped: {e}", dir.display())))?
             .map_err(|e| Status::internal(format!("cannot remove {}: {e}", dir.display())))?;
         tracing::info!(variant = %key, model = %model, bytes, "cache variant removed");
         Ok(Response::new(pb::RemoveCacheResponse {
