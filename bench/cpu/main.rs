@@ -100,9 +100,26 @@ struct Args {
     /// The daemon's `daemon.runtime_threads` (0: its default, one per CPU).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1024))]
     daemon_threads: u64,
+    /// The tt-worker-openai binary the slot runs (default: the one built
+    /// beside this driver): a baseline build, to compare side by side with
+    /// runs of the default. Recorded as `worker_binary`.
+    #[arg(long)]
+    worker: Option<PathBuf>,
+    /// Free text recorded as `label` in every record ("before", "after").
+    #[arg(long)]
+    label: Option<String>,
     /// JSON-lines file to append results to.
     #[arg(long, default_value = "bench/cpu/results.jsonl")]
     out: PathBuf,
+}
+
+impl Args {
+    /// The worker binary the slot runs.
+    fn worker(&self) -> PathBuf {
+        self.worker
+            .clone()
+            .unwrap_or_else(|| tt_serving_tests::bin("tt-worker-openai"))
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum, Debug)]
@@ -266,7 +283,7 @@ struct Tally {
 }
 
 fn slot_table(args: &Args, work: &Path) -> String {
-    let worker = tt_serving_tests::bin("tt-worker-openai");
+    let worker = args.worker();
     let cards = format!("cards = [\"{}\"]", FakeHw::bdf(0));
     let in_flight = args
         .streams
@@ -354,6 +371,18 @@ fn main() {
         eprintln!("bench-cpu: --engine llama-server needs a GGUF: give --model PATH or set TT_SMOLLM2_GGUF (scripts/fetch-smollm2.sh prints it)");
         std::process::exit(2);
     }
+    if let Some(worker) = &args.worker {
+        let runnable = std::fs::metadata(worker).is_ok_and(|m| {
+            m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+        });
+        if !runnable {
+            eprintln!(
+                "bench-cpu: --worker {} is not an executable file; give a tt-worker-openai binary (cargo build --release -p tt-worker-openai)",
+                worker.display()
+            );
+            std::process::exit(2);
+        }
+    }
     let tick_us = 1e6 / procs::ticks_per_second() as f64;
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let work = tempfile::tempdir().expect("temp dir");
@@ -436,6 +465,8 @@ fn main() {
                 rec["max_in_flight"] = json!(args.max_in_flight.unwrap_or(args.hold));
                 rec["max_queue"] = json!(args.max_queue);
                 rec["daemon_runtime_threads"] = json!(args.daemon_threads);
+                rec["worker_binary"] = json!(args.worker().display().to_string());
+                rec["label"] = json!(args.label);
                 rec["git"] = json!(git);
                 rec["host_at_end"] = host::record();
                 rec["unix_ms"] =
@@ -579,6 +610,8 @@ fn main() {
                 "cpu_us_per_token_tick_sampled": cpu_sampled, "idle_cpu_us_per_s": idle_us_per_s, "cpu_ns": tally.ns, "cpu_ticks": tally.ticks, "tick_us": tick_us,
                 "engine_version": engine_version,
                 "daemon_runtime_threads": args.daemon_threads,
+                "worker_binary": args.worker().display().to_string(),
+                "label": args.label,
                 "host_at_end": host::record(),
                 "daemon_version": env!("CARGO_PKG_VERSION"),
                 "git": std::process::Command::new("git").args(["rev-parse", "--short", "HEAD"]).output().ok()
