@@ -394,18 +394,22 @@ impl Relay {
     }
 
     /// Queues a chunk; a delta right after a delta joins it, so the events
-    /// of one read leave as one message.
+    /// of one read leave as one message. Only deltas that both carry token
+    /// ids join: the daemon counts a delta without ids as one token
+    /// (llama-server's have none), so joining those would lose tokens.
     fn queue(&mut self, delta: pb::TokenDelta) {
         if let Some(Ok(pb::GenerateResponse {
             chunk: Some(pb::generate_response::Chunk::Delta(last)),
         })) = self.ready.back_mut()
         {
-            last.text.push_str(&delta.text);
-            last.token_ids.extend(delta.token_ids);
-            last.logprobs.extend(delta.logprobs);
-            last.reasoning.push_str(&delta.reasoning);
-            last.tool_calls.extend(delta.tool_calls);
-            return;
+            if !last.token_ids.is_empty() && !delta.token_ids.is_empty() {
+                last.text.push_str(&delta.text);
+                last.token_ids.extend(delta.token_ids);
+                last.logprobs.extend(delta.logprobs);
+                last.reasoning.push_str(&delta.reasoning);
+                last.tool_calls.extend(delta.tool_calls);
+                return;
+            }
         }
         self.ready.push_back(Ok(pb::GenerateResponse {
             chunk: Some(pb::generate_response::Chunk::Delta(delta)),
@@ -590,12 +594,19 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_stream::StreamExt;
 
-    fn event(text: &str, id: u32, finish: Option<&str>) -> String {
+    /// A vLLM completions event; llama-server's carry no `token_ids`.
+    fn event(text: &str, ids: &[u32], finish: Option<&str>) -> String {
         let finish = finish.map_or("null".to_string(), |f| format!("\"{f}\""));
+        let ids = if ids.is_empty() {
+            String::new()
+        } else {
+            let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+            format!(",\"token_ids\":[{}]", ids.join(","))
+        };
         format!(
             "data: {{\"id\":\"c\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\
              \"choices\":[{{\"index\":0,\"text\":\"{text}\",\"logprobs\":null,\
-             \"finish_reason\":{finish},\"token_ids\":[{id}]}}]}}\n\n"
+             \"finish_reason\":{finish}{ids}}}]}}\n\n"
         )
     }
 
@@ -645,10 +656,10 @@ mod tests {
     #[tokio::test]
     async fn events_that_arrive_together_leave_as_one_delta_then_the_final() {
         let sse = [
-            event(" a", 1, None),
-            event(" b", 2, None),
-            event(" c", 3, None),
-            event("", 4, Some("length")),
+            event(" a", &[1], None),
+            event(" b", &[2], None),
+            event(" c", &[3], None),
+            event("", &[4], Some("length")),
             "data: [DONE]\n\n".to_string(),
         ]
         .concat();
@@ -676,8 +687,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn deltas_without_token_ids_stay_one_per_event() {
+        // The daemon counts a delta without ids as one token.
+        let sse = [
+            event(" a", &[], None),
+            event(" b", &[], None),
+            event("", &[], Some("stop")),
+            "data: [DONE]\n\n".to_string(),
+        ]
+        .concat();
+        let (port, _closed) = engine(sse).await;
+        let status = Arc::new(Status::new(Default::default()));
+        let chunks: Vec<_> = relay(port, &status).await.collect().await;
+        let texts: Vec<&str> = chunks
+            .iter()
+            .filter_map(|c| match c {
+                Ok(pb::GenerateResponse {
+                    chunk: Some(pb::generate_response::Chunk::Delta(d)),
+                }) => Some(d.text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(texts, [" a", " b"], "{chunks:?}");
+        assert_eq!(chunks.len(), 3, "two deltas and the final: {chunks:?}");
+    }
+
+    #[tokio::test]
     async fn dropping_the_stream_closes_the_engines_connection() {
-        let (port, closed) = engine(event(" a", 1, None)).await;
+        let (port, closed) = engine(event(" a", &[1], None)).await;
         let status = Arc::new(Status::new(Default::default()));
         let mut stream = relay(port, &status).await;
         let first = stream.next().await;
