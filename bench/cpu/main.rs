@@ -100,6 +100,10 @@ struct Args {
     /// The daemon's `daemon.runtime_threads` (0: its default, one per CPU).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1024))]
     daemon_threads: u64,
+    /// The daemon's `daemon.relay_threads` (its default 1; 0: inference
+    /// shares the other runtime, as before there was a relay runtime).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(0..=1024))]
+    relay_threads: u64,
     /// The tt-worker-openai binary the slot runs (default: the one built
     /// beside this driver): a baseline build, to compare side by side with
     /// runs of the default. Recorded as `worker_binary`.
@@ -396,7 +400,10 @@ fn main() {
             ),
             // The default tick: the idle cost a production daemon has.
             tick_ms: 1000,
-            daemon_extra: format!("runtime_threads = {}\n", args.daemon_threads),
+            daemon_extra: format!(
+                "runtime_threads = {}\nrelay_threads = {}\n",
+                args.daemon_threads, args.relay_threads
+            ),
             ..Default::default()
         },
     );
@@ -465,6 +472,7 @@ fn main() {
                 rec["max_in_flight"] = json!(args.max_in_flight.unwrap_or(args.hold));
                 rec["max_queue"] = json!(args.max_queue);
                 rec["daemon_runtime_threads"] = json!(args.daemon_threads);
+                rec["daemon_relay_threads"] = json!(args.relay_threads);
                 rec["worker_binary"] = json!(args.worker().display().to_string());
                 rec["label"] = json!(args.label);
                 rec["git"] = json!(git);
@@ -610,6 +618,7 @@ fn main() {
                 "cpu_us_per_token_tick_sampled": cpu_sampled, "idle_cpu_us_per_s": idle_us_per_s, "cpu_ns": tally.ns, "cpu_ticks": tally.ticks, "tick_us": tick_us,
                 "engine_version": engine_version,
                 "daemon_runtime_threads": args.daemon_threads,
+                "daemon_relay_threads": args.relay_threads,
                 "worker_binary": args.worker().display().to_string(),
                 "label": args.label,
                 "host_at_end": host::record(),

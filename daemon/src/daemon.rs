@@ -186,8 +186,10 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     ));
     let tls = public_port.tls();
     let tokens_required = public_port.tokens_required();
+    // The doors run on the relay runtime, and so does every connection they
+    // accept and every stream they relay.
     let openai_task = openai_listener.map(|listener| {
-        tokio::spawn(api::openai::serve(
+        crate::relay_runtime::spawn(api::openai::serve(
             listener,
             state.clone(),
             public_port.token_check(),
@@ -195,7 +197,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
             shutdown.clone(),
         ))
     });
-    let public_task = tokio::spawn(api::serve_public(
+    let public_task = crate::relay_runtime::spawn(api::serve_public(
         public_listener,
         state.clone(),
         public_port,

@@ -50,6 +50,7 @@ mod hostfs;
 mod metrics;
 mod notify;
 pub mod preflight;
+pub mod relay_runtime;
 mod reload;
 mod retry;
 mod router;

@@ -201,11 +201,36 @@ fn run(config_path: &std::path::Path) -> ExitCode {
         // Validated to at most 1024.
         runtime.worker_threads(config.daemon.runtime_threads as usize);
     }
+    // Inference gets a runtime of its own (tt_servingd::relay_runtime).
+    let relay = match config.daemon.relay_threads {
+        0 => None,
+        threads => match tokio::runtime::Builder::new_multi_thread()
+            // Validated to at most 1024.
+            .worker_threads(threads as usize)
+            .thread_name("tt-relay")
+            .enable_all()
+            .build()
+        {
+            Ok(relay) => Some(relay),
+            Err(e) => {
+                eprintln!("tt-servingd: cannot start the relay runtime (daemon.relay_threads = {threads}): {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    if let Some(relay) = &relay {
+        tt_servingd::relay_runtime::install(relay.handle().clone());
+    }
     let result = runtime
         .enable_all()
         .build()
         .context("cannot start the async runtime")
         .and_then(|rt| rt.block_on(tt_servingd::daemon::run(config, config_path)));
+    if let Some(relay) = relay {
+        // The servers have drained; what is left there (idle worker
+        // connections) goes with it.
+        relay.shutdown_background();
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -97,11 +97,17 @@ pub struct DaemonConfig {
     /// tree under `/proc`), `cgroup` (refuse to start without one) or
     /// `process-tree`.
     pub containment: ContainmentMode,
-    /// Threads of the daemon's async runtime; 0 (the default): one per
-    /// CPU. 1 keeps a relayed token's wake-ups on one thread (no hand-off
-    /// between runtime threads): less CPU per token, with the whole relay
-    /// on one core (docs/PERFORMANCE.md, "CPU per relayed token").
+    /// Threads of the daemon's runtime for everything but inference (slot
+    /// supervision, resets, cache builds, reloads, the control socket);
+    /// 0 (the default): one per CPU.
     pub runtime_threads: u64,
+    /// Threads of the runtime that carries inference (the doors, the
+    /// router's streams, the workers' gRPC connections), apart so control
+    /// work never holds a token back; default 1, which keeps a relayed
+    /// token's wake-ups on one thread (docs/PERFORMANCE.md, "CPU per
+    /// relayed token"). 0: no runtime of its own, inference shares the
+    /// other.
+    pub relay_threads: u64,
 }
 
 impl DaemonConfig {
@@ -139,6 +145,7 @@ impl Default for DaemonConfig {
             tick_ms: 1000,
             containment: ContainmentMode::Auto,
             runtime_threads: 0,
+            relay_threads: 1,
         }
     }
 }

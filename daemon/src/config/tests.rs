@@ -517,6 +517,19 @@ fn runtime_threads_default_to_one_per_cpu_and_are_bounded() {
 }
 
 #[test]
+fn relay_threads_default_to_one_and_are_bounded() {
+    let config = parse(ONE_MODEL).expect("one model");
+    assert_eq!(config.daemon.relay_threads, 1);
+    let shared = parse(&format!("[daemon]\nrelay_threads = 0\n{ONE_MODEL}")).expect("shared");
+    assert_eq!(shared.daemon.relay_threads, 0);
+    assert_rejected(
+        &format!("[daemon]\nrelay_threads = 2000\n{ONE_MODEL}"),
+        "daemon.relay_threads",
+        "from 0 to 1024",
+    );
+}
+
+#[test]
 fn a_worker_that_stops_answering_is_caught_within_the_documented_bound() {
     use std::time::Duration;
     // The default tick: the 4 s that docs/ARCHITECTURE.md and

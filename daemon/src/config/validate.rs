@@ -191,6 +191,14 @@ fn check_daemon(d: &DaemonConfig, problems: &mut Vec<Problem>) {
         1024,
         "threads",
     );
+    range(
+        problems,
+        "daemon.relay_threads",
+        d.relay_threads,
+        0,
+        1024,
+        "threads",
+    );
 }
 
 fn check_inference(i: &InferenceConfig, problems: &mut Vec<Problem>) {

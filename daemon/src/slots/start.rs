@@ -320,9 +320,17 @@ async fn wait_loaded(
         }
         poll = (poll * 2).min(Duration::from_millis(50));
         if client.is_none() {
-            client = tt_serving_proto::uds::channel(&plan.socket)
+            // Connected from the relay runtime, so the connection's tasks
+            // (tonic's buffer, h2's connection) live where the streams it
+            // carries are relayed.
+            let socket = plan.socket.clone();
+            client =
+                crate::relay_runtime::run(
+                    async move { tt_serving_proto::uds::channel(&socket).await },
+                )
                 .await
                 .ok()
+                .and_then(Result::ok)
                 .map(EngineClient::new);
         }
         let Some(c) = client.as_mut() else { continue };
