@@ -12,7 +12,6 @@ use hyper::{Request, Response, StatusCode};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio_stream::wrappers::ReceiverStream;
 
 type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
@@ -32,7 +31,21 @@ fn full(status: StatusCode, body: String) -> Response<Body> {
 
 /// Serves until killed.
 pub async fn serve(opts: Options) -> std::io::Result<()> {
-    let listener = TcpListener::bind((opts.host.as_str(), opts.port)).await?;
+    // vLLM's server asks the kernel for a backlog of 2048 (uvicorn 0.55
+    // `Config.backlog`); tokio's bind asks 128, which a thousand clients
+    // connecting at once overflow into 1 s SYN retransmits.
+    let addr = tokio::net::lookup_host((opts.host.as_str(), opts.port))
+        .await?
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("{} resolves to no address", opts.host)))?;
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    let listener = socket.listen(2048)?;
     eprintln!(
         "fast engine: serving {} on {}:{}",
         opts.model, opts.host, opts.port

@@ -19,7 +19,6 @@ use anyhow::Context;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use tokio::net::TcpListener;
 
 const CLEAN_SHUTDOWN: &str = "clean-shutdown";
 
@@ -103,7 +102,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let previous_was_clean = crate::hostfs::is_plain_file(&clean_record);
     crate::hostfs::remove_file(&clean_record)
         .with_context(|| format!("cannot remove {}", clean_record.display()))?;
-    let public_listener = TcpListener::bind(&config.daemon.listen)
+    let public_listener = api::listen::bind(&config.daemon.listen)
         .await
         .with_context(|| {
             format!(
@@ -115,7 +114,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         None
     } else {
         Some(
-            TcpListener::bind(&config.metrics.listen)
+            api::listen::bind(&config.metrics.listen)
                 .await
                 .with_context(|| {
                     format!(
@@ -129,7 +128,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let openai_listener = if config.openai.listen.is_empty() {
         None
     } else {
-        Some(TcpListener::bind(&config.openai.listen).await.with_context(|| {
+        Some(api::listen::bind(&config.openai.listen).await.with_context(|| {
             format!(
                 "cannot listen on {} (openai.listen); is another server (a standalone vLLM?) using the port? Set another address, or \"\" to turn the front door off",
                 config.openai.listen

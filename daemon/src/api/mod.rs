@@ -15,6 +15,7 @@ mod control;
 pub mod convert;
 mod inference;
 mod limits;
+pub(crate) mod listen;
 mod message_limit;
 pub mod metrics;
 pub mod openai;
