@@ -166,6 +166,41 @@ fn ttctl_status_table_and_json_describe_a_live_daemon() {
     assert_eq!(status["cards"][1]["slot"], "small");
 }
 
+/// The names of a process's threads (`/proc/<pid>/task/*/comm`, what
+/// `top -H` shows).
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn inference_gets_the_configured_relay_threads_by_name() {
+    // daemon.relay_threads: 1 by default, 0 puts inference back on the
+    // shared runtime; the threads are named for operators.
+    let hw = FakeHw::new(1);
+    for (daemon_extra, relay) in [("", 1), ("relay_threads = 0", 0), ("relay_threads = 2", 2)] {
+        let mut daemon = Daemon::start(
+            &hw,
+            DaemonOptions {
+                daemon_extra: daemon_extra.into(),
+                ..Default::default()
+            },
+        );
+        let names = thread_names(daemon.pid());
+        let found = names.iter().filter(|n| *n == "tt-relay").count();
+        assert_eq!(found, relay, "{daemon_extra:?}: threads {names:?}");
+        // A clean stop with either runtime layout.
+        assert_eq!(daemon.terminate(), Some(0), "{daemon_extra:?}");
+    }
+}
+
 #[test]
 fn ttctl_explains_a_daemon_that_is_not_running() {
     let dir = tempfile::tempdir().unwrap();
