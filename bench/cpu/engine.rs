@@ -34,18 +34,7 @@ pub async fn serve(opts: Options) -> std::io::Result<()> {
     // vLLM's server asks the kernel for a backlog of 2048 (uvicorn 0.55
     // `Config.backlog`); tokio's bind asks 128, which a thousand clients
     // connecting at once overflow into 1 s SYN retransmits.
-    let addr = tokio::net::lookup_host((opts.host.as_str(), opts.port))
-        .await?
-        .next()
-        .ok_or_else(|| std::io::Error::other(format!("{} resolves to no address", opts.host)))?;
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    let listener = socket.listen(2048)?;
+    let listener = tt_servingd::listen::bind(&format!("{}:{}", opts.host, opts.port), 2048).await?;
     eprintln!(
         "fast engine: serving {} on {}:{}",
         opts.model, opts.host, opts.port

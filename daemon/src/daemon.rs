@@ -102,7 +102,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let previous_was_clean = crate::hostfs::is_plain_file(&clean_record);
     crate::hostfs::remove_file(&clean_record)
         .with_context(|| format!("cannot remove {}", clean_record.display()))?;
-    let public_listener = api::listen::bind(&config.daemon.listen)
+    let public_listener = crate::listen::bind(&config.daemon.listen, crate::listen::BACKLOG)
         .await
         .with_context(|| {
             format!(
@@ -114,7 +114,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         None
     } else {
         Some(
-            api::listen::bind(&config.metrics.listen)
+            crate::listen::bind(&config.metrics.listen, crate::listen::BACKLOG)
                 .await
                 .with_context(|| {
                     format!(
@@ -128,7 +128,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let openai_listener = if config.openai.listen.is_empty() {
         None
     } else {
-        Some(api::listen::bind(&config.openai.listen).await.with_context(|| {
+        Some(crate::listen::bind(&config.openai.listen, crate::listen::BACKLOG).await.with_context(|| {
             format!(
                 "cannot listen on {} (openai.listen); is another server (a standalone vLLM?) using the port? Set another address, or \"\" to turn the front door off",
                 config.openai.listen

@@ -47,6 +47,7 @@ mod echo;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 mod hostfs;
+pub mod listen;
 mod metrics;
 mod notify;
 pub mod preflight;

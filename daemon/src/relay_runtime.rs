@@ -12,7 +12,7 @@
 use std::future::Future;
 use std::sync::OnceLock;
 use tokio::runtime::Handle;
-use tokio::task::{JoinError, JoinHandle};
+use tokio::task::JoinHandle;
 
 static RELAY: OnceLock<Handle> = OnceLock::new();
 
@@ -38,16 +38,6 @@ where
     handle().spawn(future)
 }
 
-/// Runs `future` on the relay runtime and waits for it; an error only when
-/// that runtime is shutting down (or the future panicked).
-pub async fn run<F>(future: F) -> Result<F::Output, JoinError>
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    spawn(future).await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,7 +46,7 @@ mod tests {
     async fn without_a_relay_runtime_the_callers_own_runs_the_work() {
         // No install in unit tests: the test's runtime is the relay.
         let ours = Handle::current().id();
-        let theirs = run(async { Handle::current().id() }).await.expect("ran");
+        let theirs = spawn(async { Handle::current().id() }).await.expect("ran");
         assert_eq!(ours, theirs);
     }
 }

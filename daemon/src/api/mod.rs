@@ -15,7 +15,6 @@ mod control;
 pub mod convert;
 mod inference;
 mod limits;
-pub(crate) mod listen;
 mod message_limit;
 pub mod metrics;
 pub mod openai;

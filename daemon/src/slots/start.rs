@@ -324,14 +324,13 @@ async fn wait_loaded(
             // (tonic's buffer, h2's connection) live where the streams it
             // carries are relayed.
             let socket = plan.socket.clone();
-            client =
-                crate::relay_runtime::run(
-                    async move { tt_serving_proto::uds::channel(&socket).await },
-                )
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .map(EngineClient::new);
+            client = crate::relay_runtime::spawn(async move {
+                tt_serving_proto::uds::channel(&socket).await
+            })
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(EngineClient::new);
         }
         let Some(c) = client.as_mut() else { continue };
         match tokio::time::timeout(Duration::from_secs(5), c.info(pb::InfoRequest {})).await {

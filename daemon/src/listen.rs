@@ -1,5 +1,6 @@
-//! The daemon's TCP listeners (the gRPC port, the OpenAI door, the metrics
-//! endpoint), with a listen backlog fit for a burst of clients.
+//! TCP listeners with a listen backlog fit for a burst of clients: the
+//! daemon's (the gRPC port, the OpenAI door, the metrics endpoint, at
+//! [`BACKLOG`]) and bench-cpu's zero-cost engine (at vLLM's 2048).
 //!
 //! tokio's `TcpListener::bind` asks the kernel for a backlog of 128 (mio
 //! 1.2 `TcpListener::bind`, the standard library's value). A thousand
@@ -17,12 +18,13 @@ use tokio::net::{TcpListener, TcpSocket};
 /// (4096 by default since Linux 5.4).
 pub const BACKLOG: u32 = 4096;
 
-/// Listens on `address` ("host:port" as the config gives it), trying each
-/// address it resolves to in turn, as `TcpListener::bind` does.
-pub async fn bind(address: &str) -> io::Result<TcpListener> {
+/// Listens on `address` ("host:port" as the config gives it) with
+/// `backlog`, trying each address it resolves to in turn, as
+/// `TcpListener::bind` does.
+pub async fn bind(address: &str, backlog: u32) -> io::Result<TcpListener> {
     let mut failed = None;
     for addr in tokio::net::lookup_host(address).await? {
-        match listen_on(addr) {
+        match listen_on(addr, backlog) {
             Ok(listener) => return Ok(listener),
             Err(e) => failed = Some(e),
         }
@@ -35,7 +37,7 @@ pub async fn bind(address: &str) -> io::Result<TcpListener> {
     }))
 }
 
-fn listen_on(addr: SocketAddr) -> io::Result<TcpListener> {
+fn listen_on(addr: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -44,7 +46,7 @@ fn listen_on(addr: SocketAddr) -> io::Result<TcpListener> {
     // As tokio's bind: a restarted daemon rebinds at once.
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
-    socket.listen(BACKLOG)
+    socket.listen(backlog)
 }
 
 #[cfg(test)]
@@ -73,7 +75,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_listener_keeps_more_than_tokios_128_waiting_connections() {
-        let listener = bind("127.0.0.1:0").await.expect("bind");
+        let listener = bind("127.0.0.1:0", BACKLOG).await.expect("bind");
         let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
             .ok()
             .and_then(|s| s.trim().parse().ok())
@@ -89,9 +91,9 @@ mod tests {
 
     #[tokio::test]
     async fn an_address_that_is_taken_or_malformed_is_an_error() {
-        let held = bind("127.0.0.1:0").await.expect("bind");
+        let held = bind("127.0.0.1:0", BACKLOG).await.expect("bind");
         let taken = held.local_addr().expect("addr").to_string();
-        assert!(bind(&taken).await.is_err());
-        assert!(bind("127.0.0.1").await.is_err(), "no port");
+        assert!(bind(&taken, BACKLOG).await.is_err());
+        assert!(bind("127.0.0.1", BACKLOG).await.is_err(), "no port");
     }
 }
