@@ -25,6 +25,13 @@ fn main() -> ExitCode {
             }
         };
     }
+    if tt_worker_contract::identify::requested() {
+        // The engine is this binary: its build is the whole identity.
+        let identity =
+            tt_worker_contract::identify::worker_identity("tt-worker", env!("CARGO_PKG_VERSION"));
+        println!("{}", tt_worker_contract::identify::line(&identity));
+        return ExitCode::SUCCESS;
+    }
     let args = match cli.serve_args() {
         Ok(a) => a,
         Err(e) => {

@@ -29,10 +29,13 @@
 //! - [`http`]: the HTTP/1.1 client (one connection per request) and the SSE
 //!   framing.
 //! - [`metrics`]: reading gauges from a Prometheus text exposition.
+//! - [`identity`]: the identity step: the worker's build and the engine
+//!   Python's package versions, for the daemon's cache key.
 
 pub mod cli;
 pub mod engine;
 pub mod http;
+pub mod identity;
 pub mod metrics;
 pub mod openai;
 pub mod output;

@@ -11,7 +11,13 @@ use tt_worker_openai::engine;
 fn main() -> ExitCode {
     process::init_tracing();
     // clap exits with status 2 on usage errors by itself.
-    let settings = match Cli::parse().settings() {
+    let cli = Cli::parse();
+    if tt_worker_contract::identify::requested() {
+        let identity = tt_worker_openai::identity::identify(&cli);
+        println!("{}", tt_worker_contract::identify::line(&identity));
+        return ExitCode::SUCCESS;
+    }
+    let settings = match cli.settings() {
         Ok(s) => s,
         Err(e) => {
             eprintln!("tt-worker-openai: {e}");

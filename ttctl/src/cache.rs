@@ -24,22 +24,45 @@ pub(super) async fn ls(
     emit(out, &text)
 }
 
-/// `ttctl cache verify MODEL`: the model's variants, then whether its next
-/// start will be warm (exit 0) or cold (exit 1, saying why); a model the
-/// config does not name exits 1 naming the ones it does.
+/// `ttctl cache verify MODEL`: every complete variant of the model hashed
+/// against the content recorded at its build (progress as it goes; a
+/// mismatch invalidates the variant), then the model's variants and
+/// whether its next start will be warm. Exit 0 when every complete variant
+/// verified and the next start is warm; 1 otherwise, saying why; a model
+/// the config does not name exits 1 naming the ones it does.
 pub(super) async fn verify(
     daemon: &mut Daemon,
     model: &str,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
     let cache = daemon.list_cache().await?;
+    let known = cache.models.iter().any(|m| m == model);
+    let mut content = None;
+    if known || cache.variants.iter().any(|v| v.model == model) {
+        let mut stream = daemon.verify_cache(model).await?;
+        while let Some(progress) = stream.next().await? {
+            emit(out, &format!("{}\n", progress.message))?;
+            if progress.finished {
+                content = Some(progress.ok);
+                break;
+            }
+        }
+    }
+    // Verification may have invalidated a variant: list what is now.
+    let cache = daemon.list_cache().await?;
     let verdict = cache_verdict(model, &check(model, &cache));
     if !verdict.listing.is_empty() {
         emit(out, &verdict.listing)?;
     }
-    match verdict.outcome {
-        Ok(line) => emit(out, &format!("{line}\n")),
-        Err(why) => Err(Failure::Failed(why)),
+    match (verdict.outcome, content) {
+        (Ok(line), Some(true)) => emit(out, &format!("{line}\n")),
+        (Ok(line), _) => {
+            emit(out, &format!("{line}\n"))?;
+            Err(Failure::Failed(format!(
+                "{model}: the content of its cache could not be verified (see above)"
+            )))
+        }
+        (Err(why), _) => Err(Failure::Failed(why)),
     }
 }
 

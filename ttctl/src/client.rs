@@ -24,7 +24,7 @@ use tt_serving_proto::v1::{
     BorrowEvent, BorrowRequest, BuildCacheProgress, BuildCacheRequest, GenerateRequest,
     GenerateResponse, ListCacheRequest, ListCacheResponse, LogLine, LogsRequest, ReloadReport,
     ReloadRequest, RemoveCacheRequest, RemoveCacheResponse, ResetCardRequest, ResetProgress,
-    SlotReply, SlotRequest, StatusRequest, StatusResponse,
+    SlotReply, SlotRequest, StatusRequest, StatusResponse, VerifyCacheProgress, VerifyCacheRequest,
 };
 
 use super::Failure;
@@ -307,6 +307,17 @@ impl Daemon {
         model: &str,
     ) -> Result<Answers<BuildCacheProgress>, Failure> {
         let call = self.client.build_cache(BuildCacheRequest {
+            model: model.to_string(),
+        });
+        open(call, &self.socket).await
+    }
+
+    /// `VerifyCache`: progress, the last message `finished`.
+    pub(super) async fn verify_cache(
+        &mut self,
+        model: &str,
+    ) -> Result<Answers<VerifyCacheProgress>, Failure> {
+        let call = self.client.verify_cache(VerifyCacheRequest {
             model: model.to_string(),
         });
         open(call, &self.socket).await

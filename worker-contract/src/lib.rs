@@ -30,6 +30,7 @@
 //! - [`names`]: the environment variables, the reserved list, the exit
 //!   statuses.
 //! - [`banner`]: the `<FLAG> engaged` line and the truthy rule.
+//! - [`identify`]: the identity step the cache key is built from.
 //! - [`args`]: [`ContractArgs`] (clap, flattened by each worker) validated
 //!   into [`Contract`].
 //! - [`process`]: logs, death with the parent, binding the socket.
@@ -41,6 +42,7 @@
 pub mod args;
 pub mod backend;
 pub mod banner;
+pub mod identify;
 pub mod names;
 pub mod process;
 pub mod serve;

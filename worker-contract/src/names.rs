@@ -23,6 +23,15 @@ pub const MESH_DEVICE: &str = "MESH_DEVICE";
 /// The worker's log filter (tracing's `EnvFilter` syntax; default `info`).
 pub const LOG: &str = "TT_WORKER_LOG";
 
+/// Set to `1` by the daemon for the identity step: the worker prints one
+/// line, [`IDENTITY_PREFIX`] and a JSON object of strings naming the engine
+/// it would run (versions, build), and exits 0 without binding a socket or
+/// touching a card. The daemon puts the answer in the cache variant's key,
+/// so an engine upgrade never starts warm on another engine's cache.
+pub const IDENTIFY: &str = "TT_WORKER_IDENTIFY";
+/// How the identity line starts.
+pub const IDENTITY_PREFIX: &str = "TT_WORKER_IDENTITY ";
+
 /// Every variable the daemon sets for a worker: a model's flags and env
 /// tables may not override them, and a banner rule never counts them as
 /// feature flags.
@@ -35,6 +44,7 @@ pub const RESERVED: &[&str] = &[
     CACHE_DIR,
     CACHE_MODE,
     DEVICES,
+    IDENTIFY,
 ];
 
 /// Exit status of a worker that served and drained (or was stopped

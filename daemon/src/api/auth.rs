@@ -107,6 +107,9 @@ pub enum Operation {
     RemoveCache,
     /// `ttctl cache build`.
     BuildCache,
+    /// `ttctl cache verify`: reads every cached byte and invalidates a
+    /// variant that does not match.
+    VerifyCache,
     /// `ttctl slot restart`.
     RestartSlot,
     /// `ttctl reload`.
@@ -142,6 +145,7 @@ impl Operation {
             Operation::BorrowCards => "ttctl card borrow",
             Operation::RemoveCache => "ttctl cache rm",
             Operation::BuildCache => "ttctl cache build",
+            Operation::VerifyCache => "ttctl cache verify",
             Operation::RestartSlot => "ttctl slot restart",
             Operation::Reload => "ttctl reload",
             Operation::Trial => "ttctl ab",
@@ -248,8 +252,9 @@ mod tests {
         }
     }
 
-    const DESTRUCTIVE: [Operation; 7] = [
+    const DESTRUCTIVE: [Operation; 8] = [
         Operation::Trial,
+        Operation::VerifyCache,
         Operation::ResetCard,
         Operation::BorrowCards,
         Operation::RemoveCache,

@@ -142,6 +142,36 @@ impl Control for ControlService {
         )))
     }
 
+    type VerifyCacheStream = BoxStream<pb::VerifyCacheProgress>;
+
+    async fn verify_cache(
+        &self,
+        request: Request<pb::VerifyCacheRequest>,
+    ) -> Result<Response<Self::VerifyCacheStream>, Status> {
+        self.rule.authorize(&request, Operation::VerifyCache)?;
+        let model = request.into_inner().model;
+        let config = self.state.config();
+        let cache_dir = config.daemon.cache_dir.clone();
+        let variants: Vec<(String, std::path::PathBuf)> = crate::cache::list_variants(&cache_dir)
+            .into_iter()
+            .filter(|(m, _, _)| *m == model)
+            .map(|(_, key, dir)| (key, dir))
+            .collect();
+        if variants.is_empty() && !config.models.contains_key(&model) {
+            let known: Vec<&str> = config.models.keys().map(String::as_str).collect();
+            return Err(Status::not_found(format!(
+                "unknown model `{}` and no cache of it on disk; known models: {}",
+                echo(&model),
+                known.join(", ")
+            )));
+        }
+        tracing::info!(model = %model, variants = variants.len(), "cache verification requested over the control socket");
+        let (tx, rx) = mpsc::channel(64);
+        // Reads every cached byte: off the runtime.
+        tokio::task::spawn_blocking(move || verify_variants(&model, &variants, &tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
     type BuildCacheStream = BoxStream<pb::BuildCacheProgress>;
 
     async fn build_cache(
@@ -525,6 +555,93 @@ impl Control for ControlService {
             bytes,
         }))
     }
+}
+
+/// `VerifyCache`'s work, on a blocking thread: each complete variant
+/// hashed with progress, then one verdict line per variant.
+fn verify_variants(
+    model: &str,
+    variants: &[(String, std::path::PathBuf)],
+    tx: &mpsc::Sender<Result<pb::VerifyCacheProgress, Status>>,
+) {
+    use crate::cache::digest::{verify, Verdict};
+    let send = |message: String, finished: bool, ok: bool, done: u64, total: u64| {
+        tx.blocking_send(Ok(pb::VerifyCacheProgress {
+            message,
+            finished,
+            ok,
+            bytes_done: done,
+            bytes_total: total,
+        }))
+        .is_ok()
+    };
+    let complete: Vec<_> = variants
+        .iter()
+        .filter(|(_, dir)| crate::cache::read_marker(dir).is_ok())
+        .collect();
+    if complete.is_empty() {
+        send(
+            format!("model {model} has no complete cache variant to verify; its next start builds one cold"),
+            true,
+            false,
+            0,
+            0,
+        );
+        return;
+    }
+    let (mut ok, mut verdicts, mut base) = (true, Vec::new(), 0u64);
+    let mut last_sent = std::time::Instant::now();
+    for (key, dir) in complete {
+        let mut total_here = 0;
+        let verdict = verify(dir, &mut |p| {
+            total_here = p.bytes_total;
+            // A line per file, and at most one a second in between.
+            if p.files_done == p.files_total
+                || last_sent.elapsed().as_secs() >= 1
+                || p.bytes_done == 0
+            {
+                last_sent = std::time::Instant::now();
+                send(
+                    format!(
+                        "variant {key}: {}/{} files, {} of {} MiB hashed",
+                        p.files_done,
+                        p.files_total,
+                        p.bytes_done >> 20,
+                        p.bytes_total >> 20
+                    ),
+                    false,
+                    false,
+                    base + p.bytes_done,
+                    base + p.bytes_total,
+                );
+            }
+        });
+        base += total_here;
+        let line = match verdict {
+            Ok(Verdict::Verified { files, bytes }) => format!(
+                "variant {key}: verified: {files} files, {} MiB, as recorded at its build",
+                bytes >> 20
+            ),
+            Ok(Verdict::Mismatch(bad)) => {
+                ok = false;
+                format!(
+                    "variant {key}: FAILED: {}; the variant is invalidated and its next start builds it cold",
+                    bad.join("; ")
+                )
+            }
+            Ok(Verdict::Unverifiable(why)) => {
+                ok = false;
+                format!("variant {key}: not verified: {why}")
+            }
+            Err(e) => {
+                ok = false;
+                format!("variant {key}: cannot be verified: {e}")
+            }
+        };
+        tracing::info!(model = %model, variant = %key, verdict = %line, "cache verification");
+        verdicts.push(line);
+    }
+    send(verdicts.join("\n"), true, ok, base, base);
 }
 
 fn slot_status(err: SlotError) -> Status {

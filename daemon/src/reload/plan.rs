@@ -166,10 +166,12 @@ pub fn diff(
                     let old_m = behind.or_else(|| old.models.get(old_model));
                     if let (Some(o), Some(n)) = (old_m, new.models.get(model)) {
                         let (ov, nv) = (variant(old_model, o), variant(model, n));
+                        // Compared on the config's inputs only: the engine's
+                        // identity joins the key at the start.
                         if ov != nv {
-                            reason.push_str(&format!(
-                                "; new cache variant {nv} (was {ov}): cold build unless built before"
-                            ));
+                            reason.push_str(
+                                "; new cache variant (what the config puts in its key changes): cold build unless built before",
+                            );
                         }
                     }
                     steps.push(step(Action::Restart, reason));
@@ -311,7 +313,7 @@ mod tests {
         let (act, why) = action(&plan, "b");
         assert_eq!(act, Action::Restart);
         assert!(why.contains("flags.KV: \"0\" → \"1\""), "{why}");
-        assert!(why.contains("new cache variant 1 (was 0)"), "{why}");
+        assert!(why.contains("new cache variant (what the config"), "{why}");
     }
 
     #[test]

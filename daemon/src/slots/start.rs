@@ -176,6 +176,7 @@ async fn prepare(
         }
     }
     let variant = Variant::for_model(&plan.cache_dir, &plan.model, m, &plan.worker_command);
+    let variant = on_engine(mgr, plan, variant).await?;
     mgr.update(slot, |v| {
         v.variant = variant.key.clone();
         v.starts += 1;
@@ -243,6 +244,41 @@ async fn prepare(
         spec,
         accuracy,
     })
+}
+
+/// The variant for the engine this start would run (the worker's
+/// identity step) on these cards: their types and the mesh.
+async fn on_engine(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    variant: Variant,
+) -> Result<Variant, Outcome> {
+    let (slot, m) = (&plan.slot, &plan.m);
+    mgr.transition(
+        slot,
+        SlotState::Starting,
+        "asking the worker which engine it runs (identity step)".to_string(),
+    );
+    let mut env = m.env.clone();
+    env.extend(m.flags.clone());
+    let identity = crate::worker::identity::probe(slot, &plan.worker_command, &env).await;
+    if let crate::worker::identity::Identity::Unanswered(why) = &identity {
+        tracing::warn!(%slot, %why, "the worker did not say which engine it runs; the cache key holds the worker program's file identity only");
+    }
+    let hw = mgr.cards().hardware();
+    let mut types = Vec::with_capacity(plan.cards.len());
+    for bdf in &plan.cards {
+        match hw.find(bdf).map(|c| c.card_type).filter(|t| !t.is_empty()) {
+            Some(t) => types.push(t),
+            None => {
+                return Err(Outcome::start_failed(
+                    format!("card {bdf}'s type (tt_card_type) cannot be read, and the cache variant is keyed by it; check `ttctl status` and reset the card"),
+                    false,
+                ))
+            }
+        }
+    }
+    Ok(variant.on_engine(&plan.cache_dir, &identity, &types, &m.mesh_device()))
 }
 
 /// Phase 2: the worker process, Loading.
@@ -520,21 +556,78 @@ async fn seal_cache(
                 variant.dir.display()
             )),
         },
-        CacheMode::Warm => match variant.guard(runtime_files) {
-            Ok(unexpected) if unexpected.is_empty() => None,
-            Ok(unexpected) => Some(format!(
-                "warm start generated cache files it should have read: {} (deleted). The worker may be serving placeholder weights; rebuild the variant with `ttctl cache rm {}` then `ttctl slot restart {}`",
-                unexpected.join(", "),
-                variant.key,
-                plan.slot
-            )),
-            Err(e) => Some(format!(
+        CacheMode::Warm => warm_start_failure(variant, runtime_files, worker),
+    };
+    if failure.is_none() && prepared.mode == CacheMode::Cold {
+        record_digests(plan, variant);
+    }
+    stop_on_failure(mgr, plan, worker, engine, failure).await
+}
+
+/// Why a warm start may not serve, if it may not: the engine said it
+/// generated or failed to load a cache file, or the guard found a file
+/// changed, missing or new. Either invalidates the variant (next start
+/// cold).
+fn warm_start_failure(
+    variant: &Variant,
+    runtime_files: &RuntimeFiles,
+    worker: &Worker,
+) -> Option<String> {
+    let rebuilt = worker.cache_rebuild_lines();
+    let guard = match variant.guard(runtime_files) {
+        Ok(report) => report,
+        Err(e) => {
+            return Some(format!(
                 "cannot check the cache variant {}: {e}",
                 variant.dir.display()
-            )),
-        },
+            ))
+        }
     };
-    stop_on_failure(mgr, plan, worker, engine, failure).await
+    let mut found = Vec::new();
+    if !rebuilt.is_empty() {
+        if guard.passed() {
+            // The guard invalidates only what it saw itself.
+            if let Err(e) = crate::cache::invalidate(&variant.dir, "the engine rebuilt cache files")
+            {
+                tracing::error!(variant = %variant.key, error = %e, "cannot invalidate the cache variant");
+            }
+        }
+        found.push(format!(
+            "the engine wrote tensor cache files on a warm start: {}",
+            rebuilt
+                .iter()
+                .map(|l| format!("\"{}\"", l.trim()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if !guard.passed() {
+        found.push(guard.describe());
+    }
+    (!found.is_empty()).then(|| {
+        format!(
+            "warm start refused: {}. The worker may have been serving placeholder weights; cache variant {} is invalidated and the next start builds it cold",
+            found.join("; "),
+            variant.key
+        )
+    })
+}
+
+/// After a cold build: the files' content hashes, for `ttctl cache
+/// verify`, computed off the start's path (the slot serves meanwhile).
+fn record_digests(plan: &SlotPlan, variant: &Variant) {
+    let (slot, dir, key) = (plan.slot.clone(), variant.dir.clone(), variant.key.clone());
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        match crate::cache::digest::record(&dir) {
+            Ok(d) => {
+                tracing::info!(%slot, variant = %key, files = d.files.len(), secs = started.elapsed().as_secs_f64(), "cache content hashes recorded")
+            }
+            Err(e) => {
+                tracing::warn!(%slot, variant = %key, error = %e, "cache content hashes not recorded; `ttctl cache verify` will say so")
+            }
+        }
+    });
 }
 
 /// A check that failed (`Some(reason)`) stops the worker cleanly and ends

@@ -15,6 +15,7 @@
 pub mod banners;
 pub mod containment;
 pub mod env_file;
+pub mod identity;
 pub mod logs;
 
 use containment::{Enclosure, Memory, OomEvidence};
@@ -230,6 +231,9 @@ pub struct Worker {
     /// Output lines, for `ttctl logs`.
     pub logs: Arc<LogRing>,
     engaged: Arc<Mutex<BTreeSet<String>>>,
+    /// The engine's own words that it (re)built a tensor cache file
+    /// ([`crate::cache::REBUILD_LINES`]), first few.
+    cache_rebuilds: Arc<Mutex<Vec<String>>>,
     signalled: bool,
     stop_requested: bool,
     /// Its slot's containment.
@@ -250,6 +254,9 @@ fn last_word_in(lines: &[String], program: &str) -> Option<String> {
     let prefix = format!("{program}: ");
     lines.iter().rev().find(|t| t.starts_with(&prefix)).cloned()
 }
+
+/// Cache rebuild lines kept per worker: the first few name the problem.
+pub const MAX_CACHE_REBUILD_LINES: usize = 4;
 
 /// How long the output of an exited worker may take to be read to its end.
 const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
@@ -371,6 +378,7 @@ impl Worker {
         let pid = child.id().unwrap_or(0);
         enclosure.started(pid);
         let engaged = Arc::new(Mutex::new(BTreeSet::new()));
+        let cache_rebuilds = Arc::new(Mutex::new(Vec::new()));
         let mut captures = Vec::new();
         if let Some(out) = child.stdout.take() {
             captures.push(tokio::spawn(capture(
@@ -379,6 +387,7 @@ impl Worker {
                 spec.slot.clone(),
                 logs.clone(),
                 engaged.clone(),
+                cache_rebuilds.clone(),
             )));
         }
         if let Some(err) = child.stderr.take() {
@@ -388,6 +397,7 @@ impl Worker {
                 spec.slot.clone(),
                 logs.clone(),
                 engaged.clone(),
+                cache_rebuilds.clone(),
             )));
         }
         tracing::info!(slot = %spec.slot, pid, command = %spec.command.join(" "), "worker started");
@@ -396,6 +406,7 @@ impl Worker {
             pid,
             logs,
             engaged,
+            cache_rebuilds,
             signalled: false,
             stop_requested: false,
             enclosure,
@@ -435,6 +446,16 @@ impl Worker {
     /// Flags whose `<FLAG> engaged` banner the worker has printed so far.
     pub fn engaged(&self) -> BTreeSet<String> {
         self.engaged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Lines in which the engine said it generated or failed to load a
+    /// tensor cache file (ttnn's `Generating cache for ...`, `Failed to
+    /// load cache ...`), oldest first, at most [`MAX_CACHE_REBUILD_LINES`].
+    pub fn cache_rebuild_lines(&self) -> Vec<String> {
+        self.cache_rebuilds
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -552,6 +573,7 @@ async fn capture(
     slot: String,
     logs: Arc<LogRing>,
     engaged: Arc<Mutex<BTreeSet<String>>>,
+    cache_rebuilds: Arc<Mutex<Vec<String>>>,
 ) {
     let mut lines = BufReader::new(pipe).lines();
     loop {
@@ -561,6 +583,12 @@ async fn capture(
                     let mut set = engaged.lock().unwrap_or_else(|e| e.into_inner());
                     if set.insert(flag.to_string()) {
                         tracing::info!(slot = %slot, flag, "banner seen");
+                    }
+                }
+                if crate::cache::is_rebuild_line(&text) {
+                    let mut seen = cache_rebuilds.lock().unwrap_or_else(|e| e.into_inner());
+                    if seen.len() < MAX_CACHE_REBUILD_LINES {
+                        seen.push(text.clone());
                     }
                 }
                 // Engines log to stderr as a matter of course; the stream is

@@ -424,6 +424,31 @@ impl Control for FakeDaemon {
         Err(Status::unimplemented("not faked"))
     }
 
+    type VerifyCacheStream = Boxed<tt_serving_proto::v1::VerifyCacheProgress>;
+
+    /// Every variant of the model verifies, after one progress line.
+    async fn verify_cache(
+        &self,
+        request: Request<tt_serving_proto::v1::VerifyCacheRequest>,
+    ) -> Result<Response<Self::VerifyCacheStream>, Status> {
+        use tt_serving_proto::v1::VerifyCacheProgress;
+        let model = request.into_inner().model;
+        let progress = |message: String, finished: bool| VerifyCacheProgress {
+            message,
+            finished,
+            ok: finished,
+            bytes_done: 1 << 20,
+            bytes_total: 1 << 20,
+        };
+        Ok(Response::new(Box::pin(tokio_stream::iter([
+            Ok(progress(
+                format!("{model}: 1/1 files, 1 of 1 MiB hashed"),
+                false,
+            )),
+            Ok(progress(format!("{model}: verified"), true)),
+        ]))))
+    }
+
     type BuildCacheStream = Boxed<tt_serving_proto::v1::BuildCacheProgress>;
 
     async fn build_cache(

@@ -18,14 +18,22 @@
 //! forgotten (built again cold next time).
 //!
 //! The dangerous case from the field: a warm start that meets a missing file
-//! fills it from placeholders and serves a model of NaNs. So after a warm
-//! start, any file in the variant dir that the marker does not list means the
-//! worker generated tensors it should have read: the guard deletes them and
-//! refuses the slot, naming the files.
+//! fills it from placeholders and serves a model of NaNs. ttnn also rebuilds
+//! a file it fails to load in place, under the same name, from the tensor it
+//! was given (a placeholder on a warm start). So the marker records each
+//! file's stamp ([`stamp`]: size, mtime, ctime, inode), and after a warm
+//! start the guard refuses the slot when any file the marker does not list
+//! appeared (deleted) or any listed file changed, naming them, and
+//! invalidates the variant: the next start is cold. Content hashes
+//! ([`digest`]) are recorded after a cold build and checked on demand.
+
+pub mod digest;
+pub mod stamp;
 
 use crate::config::{CacheLayout, ModelConfig};
 use crate::hostfs;
 use sha2::{Digest, Sha256};
+use stamp::{Entry, Stamp};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
@@ -73,6 +81,19 @@ pub enum CacheState {
 }
 
 pub use tt_serving_proto::CacheMode;
+
+/// What ttnn prints when it writes a tensor cache file instead of reading
+/// it: `Generating cache for <path>` when the file is absent, `Failed to
+/// load cache for <path>` when it cannot be read back (then it rebuilds the
+/// file in place from the tensor it was given). On a warm start the tensor
+/// is a placeholder, so either line means the engine may serve garbage.
+/// Source: ttnn 0.81.1 `ttnn/operations/core.py` as_tensor (docs/HARDWARE.md).
+pub const REBUILD_LINES: &[&str] = &["Generating cache for", "Failed to load cache"];
+
+/// Whether an engine's output line says it built a cache file.
+pub fn is_rebuild_line(line: &str) -> bool {
+    REBUILD_LINES.iter().any(|needle| line.contains(needle))
+}
 
 /// The files an engine declares it writes into the cache dir at every
 /// start that are not weights (Engine.Info `runtime_cache_files`): a cold
@@ -195,8 +216,8 @@ pub fn dir_size(dir: &Path) -> u64 {
 /// The marker's contents.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct Marker {
-    /// Relative path -> size in bytes.
-    pub files: BTreeMap<String, u64>,
+    /// Relative path -> what proves the file untouched since the build.
+    pub files: BTreeMap<String, Entry>,
     /// When the cold build that made it finished.
     pub created_unix_ms: u64,
     /// Shared layout: the arms built cold into this directory.
@@ -327,22 +348,61 @@ impl Variant {
         if let Some(program) = worker.first() {
             inputs.insert("worker".to_string(), file_identity(Path::new(program)));
         }
+        let mut variant = Variant {
+            model: model.to_string(),
+            dir: PathBuf::new(),
+            key: String::new(),
+            inputs,
+            arm,
+        };
+        variant.rekey(cache_dir);
+        variant
+    }
+
+    /// The same variant for the engine and cards this start runs on:
+    /// `engine` is the worker's identity-step answer (or why there is
+    /// none), `cards` the slot's card types in rank order, and the mesh.
+    /// Each becomes an input of the key, so an engine upgrade or another
+    /// architecture is a new variant, built cold once.
+    pub fn on_engine(
+        mut self,
+        cache_dir: &Path,
+        engine: &crate::worker::identity::Identity,
+        cards: &[String],
+        mesh: &str,
+    ) -> Variant {
+        use crate::worker::identity::Identity;
+        match engine {
+            Identity::Answered(identity) => {
+                for (k, v) in identity {
+                    self.inputs.insert(format!("engine {k}"), v.clone());
+                }
+            }
+            // The worker program's file identity stays the only word on
+            // the engine, as before the identity step.
+            Identity::Unanswered(_) => {
+                self.inputs
+                    .insert("engine".into(), "(no identity step answer)".into());
+            }
+        }
+        self.inputs.insert("cards".into(), cards.join(","));
+        self.inputs.insert("mesh".into(), mesh.to_string());
+        self.rekey(cache_dir);
+        self
+    }
+
+    /// Key and directory from the inputs.
+    fn rekey(&mut self, cache_dir: &Path) {
         let mut hash = Sha256::new();
-        for (k, v) in &inputs {
+        for (k, v) in &self.inputs {
             hash.update(k.as_bytes());
             hash.update([0]);
             hash.update(v.as_bytes());
             hash.update([0]);
         }
         let digest = hash.finalize();
-        let key: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        Variant {
-            model: model.to_string(),
-            dir: cache_dir.join(model).join(&key),
-            key,
-            inputs,
-            arm,
-        }
+        self.key = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        self.dir = cache_dir.join(&self.model).join(&self.key);
     }
 
     /// The lock that serialises cold builds of this variant.
@@ -391,6 +451,10 @@ impl Variant {
     pub fn write_marker(&self, runtime: &RuntimeFiles) -> io::Result<Marker> {
         let mut files = list_files(&self.dir)?;
         files.retain(|name, _| !runtime.matches(name));
+        let files: BTreeMap<String, Entry> = files
+            .into_iter()
+            .map(|(name, stamp)| (name, Entry::Stamped(stamp)))
+            .collect();
         let arms = match &self.arm {
             None => Vec::new(),
             Some(arm) => {
@@ -401,7 +465,10 @@ impl Variant {
                         let rewritten: Vec<&String> = before
                             .files
                             .iter()
-                            .filter(|(name, size)| files.get(*name) != Some(*size))
+                            .filter(|(name, entry)| match files.get(*name) {
+                                Some(Entry::Stamped(now)) => entry.differs(now).is_some(),
+                                _ => true,
+                            })
                             .map(|(name, _)| name)
                             .collect();
                         if rewritten.is_empty() {
@@ -435,27 +502,86 @@ impl Variant {
         Ok(marker)
     }
 
-    /// After a warm start: find files the marker does not list (links
-    /// included: a link is removed, never followed), delete them, and
-    /// return their names (empty means the guard passed). The engine's
-    /// declared runtime files are expected; a link is never one of them.
-    pub fn guard(&self, runtime: &RuntimeFiles) -> io::Result<Vec<String>> {
+    /// After a warm start: every file the marker lists must be as the
+    /// build left it, and no other file may have appeared (links included:
+    /// a link is removed, never followed). New files are deleted; the
+    /// engine's declared runtime files are expected (a link is never one
+    /// of them). A guard that finds anything invalidates the variant, so
+    /// the next start is cold.
+    pub fn guard(&self, runtime: &RuntimeFiles) -> io::Result<GuardReport> {
         let marker = read_marker(&self.dir)?;
-        let mut unexpected = Vec::new();
-        let mut found = list_files(&self.dir)?
-            .into_keys()
-            .filter(|name| !runtime.matches(name))
-            .collect::<Vec<_>>();
-        found.extend(list_links(&self.dir)?);
-        for name in found {
-            if !marker.files.contains_key(&name) {
-                hostfs::remove_file(&self.dir.join(&name))?;
-                unexpected.push(name);
+        let mut report = GuardReport::default();
+        let found = list_files(&self.dir)?;
+        for (name, now) in &found {
+            match marker.files.get(name) {
+                Some(entry) => {
+                    if let Some(why) = entry.differs(now) {
+                        report.changed.push(format!("{name} {why}"));
+                    }
+                }
+                None if runtime.matches(name) => {}
+                None => report.generated.push(name.clone()),
             }
         }
-        unexpected.sort();
-        Ok(unexpected)
+        for name in marker.files.keys() {
+            if !found.contains_key(name) {
+                report.changed.push(format!("{name} is missing"));
+            }
+        }
+        report.generated.extend(list_links(&self.dir)?);
+        for name in &report.generated {
+            hostfs::remove_file(&self.dir.join(name))?;
+        }
+        report.generated.sort();
+        report.changed.sort();
+        if !report.passed() {
+            invalidate(&self.dir, &report.describe())?;
+        }
+        Ok(report)
     }
+}
+
+/// What the warm-start guard found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GuardReport {
+    /// Files the marker does not list (deleted).
+    pub generated: Vec<String>,
+    /// Listed files that changed or went missing, each with how.
+    pub changed: Vec<String>,
+}
+
+impl GuardReport {
+    /// Whether the warm start left the variant as it was built.
+    pub fn passed(&self) -> bool {
+        self.generated.is_empty() && self.changed.is_empty()
+    }
+
+    /// What was found, in words.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.changed.is_empty() {
+            parts.push(format!(
+                "cached files changed during the warm start: {}",
+                self.changed.join("; ")
+            ));
+        }
+        if !self.generated.is_empty() {
+            parts.push(format!(
+                "cache files generated that it should have read: {} (deleted)",
+                self.generated.join(", ")
+            ));
+        }
+        parts.join("; ")
+    }
+}
+
+/// Make a variant cold: its marker and digests go, so no start uses it
+/// warm and the next one builds it again. Its files stay until that build.
+pub fn invalidate(dir: &Path, why: &str) -> io::Result<()> {
+    hostfs::remove_file(&dir.join(MARKER))?;
+    hostfs::remove_file(&dir.join(digest::DIGESTS))?;
+    tracing::warn!(variant = %dir.display(), %why, "cache variant invalidated: the next start builds it cold");
+    Ok(())
 }
 
 /// The state of a variant dir.
@@ -470,26 +596,20 @@ pub fn state_of(dir: &Path) -> CacheState {
         }
     };
     let mut bytes = 0;
-    for (name, size) in &marker.files {
+    for (name, entry) in &marker.files {
         // A link where the marker lists a file is not that file.
-        match fs::symlink_metadata(dir.join(name)) {
-            Ok(meta) if !meta.is_file() => {
-                return CacheState::Incomplete {
-                    reason: format!("{name} is not a regular file"),
+        let reason = match fs::symlink_metadata(dir.join(name)) {
+            Ok(meta) if !meta.is_file() => format!("{name} is not a regular file"),
+            Ok(meta) => match entry.differs(&Stamp::of(&meta)) {
+                None => {
+                    bytes += entry.size();
+                    continue;
                 }
-            }
-            Ok(meta) if meta.len() == *size => bytes += size,
-            Ok(meta) => {
-                return CacheState::Incomplete {
-                    reason: format!("{name} has {} bytes, the marker says {size}", meta.len()),
-                }
-            }
-            Err(_) => {
-                return CacheState::Incomplete {
-                    reason: format!("{name} is missing"),
-                }
-            }
-        }
+                Some(why) => format!("{name} {why}"),
+            },
+            Err(_) => format!("{name} is missing"),
+        };
+        return CacheState::Incomplete { reason };
     }
     CacheState::Warm {
         files: marker.files.len(),
@@ -502,19 +622,20 @@ pub fn built_arms(dir: &Path) -> Vec<String> {
     read_marker(dir).map(|m| m.arms).unwrap_or_default()
 }
 
-fn read_marker(dir: &Path) -> io::Result<Marker> {
+/// The marker of a variant dir.
+pub fn read_marker(dir: &Path) -> io::Result<Marker> {
     let text = hostfs::read(&dir.join(MARKER))?;
     serde_json::from_slice(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
-/// Every regular file under `dir` (relative paths), except our own marker and
-/// description, with sizes.
-fn list_files(dir: &Path) -> io::Result<BTreeMap<String, u64>> {
+/// Every regular file under `dir` (relative paths), except our own marker,
+/// description and digests, with their stamps.
+fn list_files(dir: &Path) -> io::Result<BTreeMap<String, Stamp>> {
     let mut out = BTreeMap::new();
     for (rel, kind, meta) in walk(dir)? {
         let ours = |name: &str| rel == name || rel.starts_with(&format!(".{name}.tmp."));
-        if kind.is_file() && !ours(MARKER) && !ours(DESCRIPTION) {
-            out.insert(rel, meta.len());
+        if kind.is_file() && !ours(MARKER) && !ours(DESCRIPTION) && !ours(digest::DIGESTS) {
+            out.insert(rel, Stamp::of(&meta));
         }
     }
     Ok(out)
@@ -704,7 +825,7 @@ mod tests {
         assert!(matches!(b.state(), CacheState::Warm { files: 2, .. }));
         assert_eq!(built_arms(&a.dir), ["BFP8=0", "BFP8=1"]);
         // A warm start of either generates nothing: the guard passes.
-        assert!(a.guard(&RuntimeFiles::default()).unwrap().is_empty());
+        assert!(a.guard(&RuntimeFiles::default()).unwrap().passed());
 
         // An engine whose names do not carry the dtype: C's build rewrites
         // A's and B's file, so they are forgotten.
@@ -752,14 +873,19 @@ mod tests {
         v.prepare_cold().unwrap();
         fs::write(v.dir.join("a.tensorbin"), b"1").unwrap();
         v.write_marker(&RuntimeFiles::default()).unwrap();
-        assert!(v.guard(&RuntimeFiles::default()).unwrap().is_empty());
+        assert!(v.guard(&RuntimeFiles::default()).unwrap().passed());
         fs::write(v.dir.join("b.tensorbin"), b"placeholder").unwrap();
         assert_eq!(
-            v.guard(&RuntimeFiles::default()).unwrap(),
+            v.guard(&RuntimeFiles::default()).unwrap().generated,
             vec!["b.tensorbin".to_string()]
         );
         assert!(!v.dir.join("b.tensorbin").exists());
         assert!(v.dir.join("a.tensorbin").exists());
+        assert_eq!(
+            v.state(),
+            CacheState::Cold,
+            "invalidated: the next start is cold"
+        );
     }
 
     #[test]
@@ -785,14 +911,16 @@ mod tests {
         // A warm start with another scheduler shape writes new ones: fine.
         let kv64 = "weights/P150/empty_vcache_paged_attention2048_1_8_64_128.tensorbin";
         fs::write(v.dir.join(kv64), b"kv").unwrap();
-        assert!(v.guard(&runtime).unwrap().is_empty());
+        assert!(v.guard(&runtime).unwrap().passed());
         assert!(v.dir.join(kv64).exists(), "kept for the engine");
         // A weights file is still a placeholder the engine generated.
         fs::write(v.dir.join("weights/P150/layers.1.wq.tensorbin"), b"0").unwrap();
         assert_eq!(
-            v.guard(&runtime).unwrap(),
+            v.guard(&runtime).unwrap().generated,
             vec!["weights/P150/layers.1.wq.tensorbin".to_string()]
         );
+        assert_eq!(v.state(), CacheState::Cold, "invalidated");
+        v.write_marker(&runtime).unwrap();
         // So is a link, whatever its name.
         std::os::unix::fs::symlink(
             dir.path(),
@@ -800,9 +928,101 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            v.guard(&runtime).unwrap(),
+            v.guard(&runtime).unwrap().generated,
             vec!["weights/empty_kcache_paged_attention_link".to_string()]
         );
+    }
+
+    /// ttnn rebuilds a file it fails to load in place under the same name
+    /// (tmp + rename: a new inode), so no new file appears; the guard sees
+    /// the listed file change, and a same-size overwrite too.
+    #[test]
+    fn a_warm_start_that_rewrites_a_cached_file_is_refused_and_the_variant_goes_cold() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = Variant::for_model(dir.path(), "m", &model(dir.path(), &[], &[]), &[]);
+        v.prepare_cold().unwrap();
+        let name =
+            "P150/tensor_cache_bf16/layers.0.attention_norm_dtype_BFLOAT16_layout_TILE.tensorbin";
+        fs::create_dir_all(v.dir.join("P150/tensor_cache_bf16")).unwrap();
+        fs::write(v.dir.join(name), b"real weights").unwrap();
+        v.write_marker(&RuntimeFiles::default()).unwrap();
+        assert!(matches!(v.state(), CacheState::Warm { files: 1, .. }));
+
+        // Rebuilt from a placeholder of the same size, as ttnn does.
+        let tmp = v.dir.join(format!("{name}.tmp.1.0"));
+        fs::write(&tmp, b"NaN NaN NaN!").unwrap();
+        fs::rename(&tmp, v.dir.join(name)).unwrap();
+        let report = v.guard(&RuntimeFiles::default()).unwrap();
+        assert!(report.generated.is_empty());
+        assert_eq!(report.changed.len(), 1, "{report:?}");
+        assert!(
+            report.changed[0].starts_with(name) && report.changed[0].contains("was replaced"),
+            "{report:?}"
+        );
+        assert!(report
+            .describe()
+            .contains("cached files changed during the warm start"));
+        assert_eq!(v.state(), CacheState::Cold, "the next start builds it cold");
+        assert!(v.dir.join(name).exists(), "the files stay until that build");
+
+        // Before a start, a changed file makes the variant incomplete.
+        v.write_marker(&RuntimeFiles::default()).unwrap();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(v.dir.join(name))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"NaN"))
+            .unwrap();
+        assert!(
+            matches!(v.state(), CacheState::Incomplete { reason } if reason.contains("written after the build")),
+        );
+    }
+
+    #[test]
+    fn the_engine_the_cards_and_the_mesh_are_in_the_key() {
+        use crate::worker::identity::Identity;
+        let dir = tempfile::tempdir().unwrap();
+        let m = model(dir.path(), &[], &[]);
+        let base = Variant::for_model(dir.path(), "m", &m, &[]);
+        let engine = |ttnn: &str| {
+            Identity::Answered(
+                [("python ttnn".to_string(), ttnn.to_string())]
+                    .into_iter()
+                    .collect(),
+            )
+        };
+        let cards = ["p150a".to_string()];
+        let a = base
+            .clone()
+            .on_engine(dir.path(), &engine("0.81.1"), &cards, "(1,1)");
+        let same = base
+            .clone()
+            .on_engine(dir.path(), &engine("0.81.1"), &cards, "(1,1)");
+        let upgraded = base
+            .clone()
+            .on_engine(dir.path(), &engine("0.82.0"), &cards, "(1,1)");
+        let other_card = base.clone().on_engine(
+            dir.path(),
+            &engine("0.81.1"),
+            &["n300".to_string()],
+            "(1,1)",
+        );
+        let other_mesh = base
+            .clone()
+            .on_engine(dir.path(), &engine("0.81.1"), &cards, "(1,2)");
+        assert_eq!(a.key, same.key);
+        assert_eq!(a.dir, dir.path().join("m").join(&a.key));
+        for other in [&base, &upgraded, &other_card, &other_mesh] {
+            assert_ne!(a.key, other.key);
+        }
+        assert_eq!(a.inputs["engine python ttnn"], "0.81.1");
+        assert_eq!(a.inputs["cards"], "p150a");
+        let silent = base.on_engine(
+            dir.path(),
+            &Identity::Unanswered("no line".into()),
+            &cards,
+            "(1,1)",
+        );
+        assert_eq!(silent.inputs["engine"], "(no identity step answer)");
     }
 
     #[test]
@@ -833,7 +1053,7 @@ mod tests {
         // A link a warm start left behind is unexpected: removed, target kept.
         std::os::unix::fs::symlink(&precious, v.dir.join("b.tensorbin")).unwrap();
         assert_eq!(
-            v.guard(&RuntimeFiles::default()).unwrap(),
+            v.guard(&RuntimeFiles::default()).unwrap().generated,
             vec!["b.tensorbin".to_string()]
         );
         assert!(fs::symlink_metadata(v.dir.join("b.tensorbin")).is_err());
