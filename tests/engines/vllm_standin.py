@@ -67,6 +67,56 @@ Behaviour switched by environment variables:
   with a cache_file_name generates a missing file), and at every start the
   paged-attention KV buffers, named by the scheduler's shape
   (`empty_{k,v}cache_paged_attention<shape>`).
+- STANDIN_TT_CACHE_ENGINE=ttnn (with STANDIN_TT_CACHE=N): the cache files
+  are written and loaded by the real ttnn 0.81.1 (PyPI; run the stand-in
+  with the python that scripts/ttnn.sh prints), each through
+  `ttnn.as_tensor(data, dtype=..., layout=ttnn.TILE_LAYOUT,
+  cache_file_name=<path>)` with no device, as tt_transformers calls it
+  (models/tt_transformers/tt/model_config.py weight_cache_path:
+  `tensor_cache_bf16` for bfloat16, `tensor_cache_bfp8` for bfloat8_b;
+  generator_vllm.py allocate_vllm_kv_cache for the KV buffers). Per layer:
+  `<TT_CACHE_PATH>/<P150|P300>/tensor_cache_bfp8/layers.<i>.attention.wqkv`
+  (64x64, bfloat8_b) and `.../tensor_cache_bf16/layers.<i>.attention_norm`
+  (32x64, bfloat16); ttnn appends `_dtype_<DTYPE>_layout_TILE.tensorbin`
+  (ttnn/operations/core.py as_tensor). The KV buffers go through as_tensor
+  too, zeros in bfloat8_b under their real names, but 1x1x64x64 whatever
+  the name's shape says. On TT_CACHE_MODE=cold (set by the daemon; also
+  when unset) the data passed in is the real weights (deterministic, from
+  the name); on TT_CACHE_MODE=warm it is NaN-filled placeholders, so a file
+  that ttnn cannot load is regenerated in place from NaNs, the field's
+  trap. ttnn's own lines are printed as ttnn prints them: loguru on stderr,
+  `... | DEBUG    | core:from_torch_and_dump:905 - Generating cache for
+  <file> of shape Shape([64, 64]), dtype BFLOAT8_B, layout TILE`,
+  `... | DEBUG    | core:as_tensor:933 - Loaded cache for <file> of shape
+  ...`, `... | WARNING  | core:as_tensor:935 - Failed to load cache for
+  <file>: TT_FATAL @ ...` (with its backtrace); tt-metal's and tt-umd's
+  C++ log on stdout (`... | critical |          Always | TT_FATAL: ...`,
+  the mock cluster's open and close lines). After each tensor the stand-in
+  prints `standin tt-cache <path under the device dir> finite|nan`.
+  as_tensor's conversion path imports torch (ttnn.from_torch,
+  ttnn/operations/core.py line 369), which the ttnn wheel does not
+  otherwise need and this venv does not have: when no torch is installed the stand-in puts a module
+  named torch in sys.modules, after `import ttnn`, whose only content is
+  what from_torch touches for a numpy array (`torch.Tensor`, a class
+  nothing is an instance of; `torch.from_numpy`, which returns the array,
+  which ttnn.Tensor takes as it is). ttnn needs a cluster to convert
+  (`TT_FATAL: No chips detected in the cluster` without one): the
+  stand-in sets TT_METAL_MOCK_CLUSTER_DESC_PATH to
+  tests/data/ttnn/p150-cluster.yaml unless it is set. Starting that
+  cluster makes ttnn's bundled Open MPI 5.0.7 leave a 16 MiB
+  `sm_segment.<host>.<uid>.<jobid>.0` in /dev/shm for good; tests set
+  OMPI_MCA_btl_sm_backing_directory to a directory of theirs (or
+  OMPI_MCA_btl=self: none at all). Loading a file alone does not start
+  the cluster, but converting does (as_tensor's generation, reading a
+  bfloat8_b tensor's values back), so every run of this mode starts it, as
+  every run of a real engine does. Facts: docs/HARDWARE.md.
+- STANDIN_SM_SEGMENT_DIR=D: at load, create in D what Open MPI 5.0.7
+  (bundled in ttnn 0.81.1) leaves behind once ttnn has started its cluster:
+  `sm_segment.<host name up to its first dot>.<uid>.<jobid, %x>.0`, 16 MiB
+  (sparse, ftruncate), mode 0600, never removed (the real one outlives a
+  clean exit). The real jobid is eight hex digits whose low four are 0 and
+  which are not the pid (seen: pid 15526, jobid e6730000); here it is
+  `(pid & 0xffff) << 16`.
 - VLLM_API_KEY=K: as vLLM, every /v1 request needs `Authorization: Bearer K`
   (401 otherwise).
 """
@@ -504,6 +554,87 @@ def write_tt_cache(opts):
             f.write(b"\0" * 64)
 
 
+def import_ttnn():
+    """The real ttnn, in mock mode, with what as_tensor needs of torch."""
+    if not os.environ.get("TT_METAL_MOCK_CLUSTER_DESC_PATH"):
+        here = os.path.dirname(os.path.abspath(__file__))
+        os.environ["TT_METAL_MOCK_CLUSTER_DESC_PATH"] = os.path.join(
+            here, "..", "data", "ttnn", "p150-cluster.yaml")
+    import importlib.machinery
+    import importlib.util
+    import types
+    import numpy as np
+    import ttnn
+    if importlib.util.find_spec("torch") is None:
+        # ttnn.from_torch (called by as_tensor) runs `import torch`, then
+        # torch.from_numpy on a numpy array and an isinstance check against
+        # torch.Tensor; ttnn.Tensor takes the numpy array itself.
+        torch = types.ModuleType("torch")
+        torch.__spec__ = importlib.machinery.ModuleSpec("torch", None)
+        torch.Tensor = type("Tensor", (), {})
+        torch.from_numpy = lambda array: array
+        torch.float32 = np.float32
+        sys.modules["torch"] = torch
+    return ttnn, np
+
+
+def write_tt_cache_ttnn(opts):
+    """STANDIN_TT_CACHE_ENGINE=ttnn: tt_transformers' cache, by the real
+    ttnn.as_tensor (see the module docstring)."""
+    layers = int(os.environ.get("STANDIN_TT_CACHE", "0"))
+    if layers == 0:
+        return
+    try:
+        ttnn, np = import_ttnn()
+    except ImportError as e:
+        print(f"ImportError: {e} (STANDIN_TT_CACHE_ENGINE=ttnn needs the python of scripts/ttnn.sh)",
+              file=sys.stderr, flush=True)
+        sys.exit(1)
+    warm = os.environ.get("TT_CACHE_MODE") == "warm"
+    device = "P300" if os.environ.get("TT_WORKER_TP") == "2" else "P150"
+    root = os.path.join(os.environ["TT_CACHE_PATH"], device)
+
+    def load(rel, shape, dtype, real, data=None):
+        if data is None:
+            if real:
+                rng = np.random.default_rng(zlib.crc32(rel.encode()))
+                data = (rng.standard_normal(shape) * 0.02).astype(np.float32)
+            else:
+                data = np.full(shape, np.nan, dtype=np.float32)
+        tensor = ttnn.as_tensor(data, dtype=dtype, layout=ttnn.TILE_LAYOUT,
+                                cache_file_name=os.path.join(root, rel))
+        values = np.array(tensor.to_list(), dtype=np.float32)
+        state = "nan" if np.isnan(values).any() else "finite"
+        print(f"standin tt-cache {rel} {state}", flush=True)
+
+    for layer in range(layers):
+        load(f"tensor_cache_bfp8/layers.{layer}.attention.wqkv", (64, 64), ttnn.bfloat8_b, not warm)
+        load(f"tensor_cache_bf16/layers.{layer}.attention_norm", (32, 64), ttnn.bfloat16, not warm)
+    block = 64
+    blocks = -(-(131072 + block * opts["max_num_seqs"]) // block)
+    shape = (blocks, 8, block, 64)
+    zeros = np.zeros((1, 1, 64, 64), dtype=np.float32)
+    for kv in ("k", "v"):
+        load(f"empty_{kv}cache_paged_attention{shape}", None, ttnn.bfloat8_b, True, zeros)
+
+
+def write_sm_segment():
+    """STANDIN_SM_SEGMENT_DIR=D: Open MPI 5.0.7's btl/sm backing file
+    (`%s/sm_segment.%s.%u.%x.%d`: directory, node name, uid, jobid, local
+    rank), as ttnn 0.81.1 leaves it."""
+    directory = os.environ.get("STANDIN_SM_SEGMENT_DIR")
+    if not directory:
+        return
+    node = socket.gethostname().split(".")[0]
+    jobid = (os.getpid() & 0xFFFF) << 16
+    path = os.path.join(directory, f"sm_segment.{node}.{os.geteuid()}.{jobid:x}.0")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.ftruncate(fd, 16 << 20)
+    finally:
+        os.close(fd)
+
+
 def main():
     global STATE
     if sys.argv[1:2] == ["engine-core"]:
@@ -543,7 +674,15 @@ def main():
         if os.environ.get("STANDIN_HANG") == "load" and step == 2:
             while True:
                 time.sleep(3600)
-    write_tt_cache(opts)
+    write_sm_segment()
+    engine = os.environ.get("STANDIN_TT_CACHE_ENGINE", "")
+    if engine == "ttnn":
+        write_tt_cache_ttnn(opts)
+    elif engine == "":
+        write_tt_cache(opts)
+    else:
+        print(f"STANDIN_TT_CACHE_ENGINE={engine}: only 'ttnn' is known", file=sys.stderr, flush=True)
+        sys.exit(2)
     log("INFO", "gpu_model_runner.py:1843", "Model loading took 0.01 GiB and "
         f"{time.time() - START:.2f} seconds")
     loading[0] = False
