@@ -1007,7 +1007,8 @@ fn a_vllm_tt_warm_start_may_write_new_kv_buffers_but_not_new_weights() {
     restart_with(&mut daemon, &hw, vllm_tt_cache_table(&ckpt, 3, 16));
     let reason = failed_reason(&daemon, "the guard to refuse the warm start");
     assert!(
-        reason.contains("warm start generated cache files")
+        reason.contains("warm start refused")
+            && reason.contains("cache files generated that it should have read")
             && reason.contains("layers.2.attention"),
         "{reason}"
     );

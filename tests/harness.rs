@@ -724,6 +724,21 @@ pub fn real_smollm2() -> Option<PathBuf> {
     }
 }
 
+/// The Python of the real ttnn 0.81.1 and tt-umd 0.9.14 (`TT_TTNN_PYTHON`,
+/// from `scripts/ttnn.sh`), or None: skipped loudly; CI requires it.
+pub fn real_ttnn() -> Option<PathBuf> {
+    match std::env::var_os("TT_TTNN_PYTHON") {
+        Some(p) if !p.is_empty() => Some(p.into()),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("CI must set TT_TTNN_PYTHON (scripts/ttnn.sh)")
+        }
+        _ => {
+            eprintln!("SKIPPED: TT_TTNN_PYTHON is not set; run `export TT_TTNN_PYTHON=$(scripts/ttnn.sh)`");
+            None
+        }
+    }
+}
+
 /// The real vLLM: `TT_VLLM_PYTHON` (the venv's python) and
 /// `TT_VLLM_MODEL` (SmolLM2 as a Hugging Face directory), or None: skipped
 /// loudly; CI requires them.

@@ -110,6 +110,13 @@ Behaviour switched by environment variables:
   the cluster, but converting does (as_tensor's generation, reading a
   bfloat8_b tensor's values back), so every run of this mode starts it, as
   every run of a real engine does. Facts: docs/HARDWARE.md.
+- STANDIN_TT_CACHE_DAMAGE=header|truncate (with STANDIN_TT_CACHE_ENGINE=ttnn,
+  on a warm start): right before ttnn loads layer 0's wqkv file, damage it
+  in place as a failing disk or another writer would during the start:
+  `header` overwrites 16 bytes of its FlatBuffer header (same size, fails
+  ttnn's VerifyTensorBuffer), `truncate` cuts it in half. ttnn then says
+  `Failed to load cache for ...` and rebuilds the file from the NaN
+  placeholder under the same name.
 - STANDIN_SM_SEGMENT_DIR=D: at load, create in D what Open MPI 5.0.7
   (bundled in ttnn 0.81.1) leaves behind once ttnn has started its cluster:
   `sm_segment.<host name up to its first dot>.<uid>.<jobid, %x>.0`, 16 MiB
@@ -594,7 +601,21 @@ def write_tt_cache_ttnn(opts):
     device = "P300" if os.environ.get("TT_WORKER_TP") == "2" else "P150"
     root = os.path.join(os.environ["TT_CACHE_PATH"], device)
 
+    damage = os.environ.get("STANDIN_TT_CACHE_DAMAGE", "") if warm else ""
+
+    def damage_file(rel, dtype):
+        path = os.path.join(root, rel) + f"_dtype_{dtype.name}_layout_TILE.tensorbin"
+        with open(path, "r+b") as f:
+            if damage == "header":
+                f.seek(8)
+                f.write(b"\xff" * 16)
+            else:
+                f.truncate(os.path.getsize(path) // 2)
+        print(f"standin damaged {rel} ({damage})", flush=True)
+
     def load(rel, shape, dtype, real, data=None):
+        if damage and rel == "tensor_cache_bfp8/layers.0.attention.wqkv":
+            damage_file(rel, dtype)
         if data is None:
             if real:
                 rng = np.random.default_rng(zlib.crc32(rel.encode()))

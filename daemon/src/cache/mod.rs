@@ -95,6 +95,18 @@ pub fn is_rebuild_line(line: &str) -> bool {
     REBUILD_LINES.iter().any(|needle| line.contains(needle))
 }
 
+/// The file a rebuild line names: ttnn writes `... cache for <path> of
+/// shape ...` and `... cache for <path>: <error>`.
+pub fn rebuild_line_path(line: &str) -> Option<&str> {
+    let (_, rest) = line.split_once(" cache for ")?;
+    let end = [" of shape", ": "]
+        .iter()
+        .filter_map(|stop| rest.find(stop))
+        .min()
+        .unwrap_or(rest.len());
+    Some(rest[..end].trim())
+}
+
 /// The files an engine declares it writes into the cache dir at every
 /// start that are not weights (Engine.Info `runtime_cache_files`): a cold
 /// start leaves them out of the marker, a warm start that writes them
@@ -119,6 +131,15 @@ impl RuntimeFiles {
             ));
         }
         Ok(RuntimeFiles { patterns })
+    }
+
+    /// Whether an engine's rebuild line is about one of them (a KV buffer
+    /// of a new scheduler shape, allocated through the tensor cache on a
+    /// warm start as on a cold one), given the variant's directory.
+    pub fn excuses(&self, line: &str, variant_dir: &Path) -> bool {
+        rebuild_line_path(line)
+            .and_then(|path| Path::new(path).strip_prefix(variant_dir).ok())
+            .is_some_and(|rel| self.matches(&rel.to_string_lossy()))
     }
 
     /// Whether `rel` (a path relative to the variant dir) is one of them.
@@ -146,10 +167,14 @@ pub async fn claim(
     variant: &Variant,
     force_cold: bool,
     on_wait: impl FnOnce(),
-) -> Result<(CacheMode, Option<BuildLock>), String> {
+) -> Result<Claim, String> {
     use fs2::FileExt;
     if let (CacheState::Warm { .. }, false) = (variant.state(), force_cold) {
-        return Ok((CacheMode::Warm, None));
+        return Ok(Claim {
+            mode: CacheMode::Warm,
+            build_lock: None,
+            why_cold: None,
+        });
     }
     let lock_path = variant.build_lock_path();
     if let Some(parent) = lock_path.parent() {
@@ -171,18 +196,40 @@ pub async fn claim(
             .map_err(|e| format!("cache build lock task failed: {e}"))?
             .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?
     };
-    match variant.state() {
-        CacheState::Warm { .. } if !force_cold => Ok((CacheMode::Warm, None)),
-        state => {
-            if let CacheState::Incomplete { reason } = &state {
-                tracing::warn!(variant = %variant.key, %reason, "cache variant incomplete; rebuilding cold");
-            }
-            variant
-                .prepare_cold()
-                .map_err(|e| format!("cannot prepare cache dir {}: {e}", variant.dir.display()))?;
-            Ok((CacheMode::Cold, Some(BuildLock { _file: file })))
+    let why_cold = match variant.state() {
+        CacheState::Warm { .. } if !force_cold => {
+            return Ok(Claim {
+                mode: CacheMode::Warm,
+                build_lock: None,
+                why_cold: None,
+            })
         }
-    }
+        _ if force_cold => "a cold build was asked for".to_string(),
+        CacheState::Incomplete { reason } => {
+            tracing::warn!(variant = %variant.key, %reason, "cache variant incomplete; rebuilding cold");
+            format!("the variant was not as built: {reason}")
+        }
+        CacheState::Cold | CacheState::Warm { .. } => "the variant was never completed".to_string(),
+    };
+    variant
+        .prepare_cold()
+        .map_err(|e| format!("cannot prepare cache dir {}: {e}", variant.dir.display()))?;
+    Ok(Claim {
+        mode: CacheMode::Cold,
+        build_lock: Some(BuildLock { _file: file }),
+        why_cold: Some(why_cold),
+    })
+}
+
+/// What [`claim`] decided.
+#[derive(Debug)]
+pub struct Claim {
+    /// Warm or cold.
+    pub mode: CacheMode,
+    /// Held by a cold start until its marker is written.
+    pub build_lock: Option<BuildLock>,
+    /// Why a cold start is cold, in words.
+    pub why_cold: Option<String>,
 }
 
 /// Remove a variant's directory (`ttctl cache rm`); returns the bytes it
@@ -1023,6 +1070,29 @@ mod tests {
             "(1,1)",
         );
         assert_eq!(silent.inputs["engine"], "(no identity step answer)");
+    }
+
+    #[test]
+    fn ttnn_rebuild_lines_name_their_file_and_the_engines_kv_buffers_are_excused() {
+        let dir = Path::new("/var/cache/tt/m/0123456789abcdef");
+        let kv = "2026-12-05 01:17:46.603 | DEBUG    | core:from_torch_and_dump:905 - Generating cache for /var/cache/tt/m/0123456789abcdef/weights/P150/empty_kcache_paged_attention(2056, 8, 64, 64)_dtype_BFLOAT8_B_layout_TILE.tensorbin of shape Shape([1, 1, 64, 64]), dtype BFLOAT8_B, layout TILE";
+        let weights = "2026-12-05 01:17:54.157 | WARNING  | core:as_tensor:935 - Failed to load cache for /var/cache/tt/m/0123456789abcdef/weights/P150/tensor_cache_bfp8/layers.0.attention.wqkv_dtype_BFLOAT8_B_layout_TILE.tensorbin: TT_FATAL @ /project/ttnn/core/tensor/serialization.cpp:99";
+        assert!(is_rebuild_line(kv) && is_rebuild_line(weights));
+        assert!(!is_rebuild_line(
+            "DEBUG | core:as_tensor:933 - Loaded cache for /x of shape Shape([64, 64])"
+        ));
+        assert_eq!(
+            rebuild_line_path(weights),
+            Some("/var/cache/tt/m/0123456789abcdef/weights/P150/tensor_cache_bfp8/layers.0.attention.wqkv_dtype_BFLOAT8_B_layout_TILE.tensorbin")
+        );
+        let runtime =
+            RuntimeFiles::new(vec!["weights/*empty_*cache_paged_attention*".into()]).unwrap();
+        assert!(runtime.excuses(kv, dir));
+        assert!(!runtime.excuses(weights, dir));
+        assert!(
+            !runtime.excuses(kv, Path::new("/elsewhere")),
+            "another variant's file"
+        );
     }
 
     #[test]

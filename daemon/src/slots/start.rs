@@ -36,6 +36,8 @@ use tt_serving_proto::v1::engine_client::EngineClient;
 struct Prepared {
     variant: Variant,
     mode: CacheMode,
+    /// Why a cold start is cold (shown while it loads).
+    why_cold: Option<String>,
     /// Held for a cold start until the marker is written.
     build_lock: Option<BuildLock>,
     spec: WorkerSpec,
@@ -181,7 +183,7 @@ async fn prepare(
         v.variant = variant.key.clone();
         v.starts += 1;
     });
-    let (mode, build_lock) = crate::cache::claim(&variant, build_only, || {
+    let claim = crate::cache::claim(&variant, build_only, || {
         mgr.transition(
             slot,
             SlotState::Starting,
@@ -193,14 +195,20 @@ async fn prepare(
     })
     .await
     .map_err(|reason| Outcome::start_failed(reason, false))?;
+    let (mode, build_lock) = (claim.mode, claim.build_lock);
     mgr.update(slot, |v| v.cache_mode = Some(mode));
     mgr.transition(
         slot,
         SlotState::Starting,
         format!(
-            "starting the worker ({} start, cache variant {})",
+            "starting the worker ({} start, cache variant {}{})",
             mode.as_str(),
-            variant.key
+            variant.key,
+            claim
+                .why_cold
+                .as_ref()
+                .map(|why| format!(": {why}"))
+                .unwrap_or_default()
         ),
     );
     // Read at every start, so a rotated secret reaches the next worker.
@@ -240,6 +248,7 @@ async fn prepare(
     Ok(Prepared {
         variant,
         mode,
+        why_cold: claim.why_cold,
         build_lock,
         spec,
         accuracy,
@@ -305,7 +314,10 @@ fn spawn(mgr: &Arc<SlotManager>, plan: &SlotPlan, prepared: &Prepared) -> Result
     mgr.transition(
         slot,
         SlotState::Loading,
-        format!("{} start: worker loading", prepared.mode.as_str()),
+        match &prepared.why_cold {
+            Some(why) => format!("cold start ({why}): worker loading"),
+            None => format!("{} start: worker loading", prepared.mode.as_str()),
+        },
     );
     Ok(worker)
 }
@@ -573,7 +585,11 @@ fn warm_start_failure(
     runtime_files: &RuntimeFiles,
     worker: &Worker,
 ) -> Option<String> {
-    let rebuilt = worker.cache_rebuild_lines();
+    let rebuilt: Vec<String> = worker
+        .cache_rebuild_lines()
+        .into_iter()
+        .filter(|line| !runtime_files.excuses(line, &variant.dir))
+        .collect();
     let guard = match variant.guard(runtime_files) {
         Ok(report) => report,
         Err(e) => {
@@ -593,9 +609,11 @@ fn warm_start_failure(
             }
         }
         found.push(format!(
-            "the engine wrote tensor cache files on a warm start: {}",
+            "the engine wrote tensor cache files on a warm start ({} lines): {}",
+            rebuilt.len(),
             rebuilt
                 .iter()
+                .take(4)
                 .map(|l| format!("\"{}\"", l.trim()))
                 .collect::<Vec<_>>()
                 .join(", ")

@@ -255,8 +255,10 @@ fn last_word_in(lines: &[String], program: &str) -> Option<String> {
     lines.iter().rev().find(|t| t.starts_with(&prefix)).cloned()
 }
 
-/// Cache rebuild lines kept per worker: the first few name the problem.
-pub const MAX_CACHE_REBUILD_LINES: usize = 4;
+/// Cache rebuild lines kept per worker: enough that a warm start's
+/// excused ones (a KV buffer per layer for a new scheduler shape, 2 x 64
+/// layers on a 27B model) cannot crowd out a weights file's.
+pub const MAX_CACHE_REBUILD_LINES: usize = 1024;
 
 /// How long the output of an exited worker may take to be read to its end.
 const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
