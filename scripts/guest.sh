@@ -4,7 +4,8 @@
 # kernel and its initrd, booted by qemu.
 #
 #   scripts/guest.sh [--suite SUITE]
-#       Build the guest once (debootstrap from deb.debian.org, about 3 min
+#       Build the guest once (debootstrap from the Debian mirror this
+#       machine's apt is configured with, or TT_GUEST_MIRROR; about 3 min
 #       and 1 GB of disk) and print its directory. SUITE: bookworm (Debian
 #       12, systemd 252, the default) or trixie (Debian 13, systemd 257).
 #       A complete guest is reused without touching the network.
@@ -38,7 +39,25 @@ bookworm | trixie) ;;
     ;;
 esac
 DIR="${TT_GUEST_DIR:-${HOME}/.cache/tt-serving/guest-${SUITE}}"
-MIRROR="${TT_GUEST_MIRROR:-http://deb.debian.org/debian}"
+# The mirror this machine's apt already uses for Debian's main archive (a
+# deb822 `URIs:` line, or a one-line `deb URI SUITE main`), never a host
+# written here: the machine's configuration knows which one it can reach.
+apt_mirror() {
+    local f
+    for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [[ -r "${f}" ]] || continue
+        awk '
+            /^[[:space:]]*#/ { next }
+            /^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }
+            /^deb[[:space:]]/ { for (i = 2; i <= NF; i++) if ($i ~ /^[a-z+]+:\/\//) { if ($i !~ /security/) { print $i; exit } } }
+        ' "${f}"
+    done | head -n 1
+}
+MIRROR="${TT_GUEST_MIRROR:-$(apt_mirror)}"
+if [[ -z "${MIRROR}" ]]; then
+    echo "guest: no Debian mirror in /etc/apt/sources.list{,.d/}; set TT_GUEST_MIRROR to one" >&2
+    exit 1
+fi
 # Bump when the image's contents change, so cached guests are rebuilt.
 LAYOUT=2
 
