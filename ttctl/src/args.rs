@@ -666,11 +666,15 @@ pub enum CacheCommand {
         json: bool,
     },
 
-    /// Check that a model's next start will be warm.
+    /// Check a model's cache: its content, and that its next start will be warm.
     ///
-    /// Prints the state of each of the model's variants on disk and exits 0
-    /// when the variant its slots use is warm, 1 when the next start will
-    /// build the cache cold (and says why).
+    /// Hashes every file of the model's complete variants against the
+    /// SHA-256 recorded after their cold builds, printing progress (root or
+    /// the admin group; a variant whose content changed is invalidated, so
+    /// its next start builds it cold). Then prints the state of each of the
+    /// model's variants on disk and exits 0 when every complete variant
+    /// verified and the variant its slots use is warm, 1 otherwise (and
+    /// says why).
     #[command(after_help = EXIT_CODES)]
     Verify {
         /// The model, as configured under `[models.<name>]`.

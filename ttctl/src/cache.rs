@@ -36,9 +36,13 @@ pub(super) async fn verify(
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
     let cache = daemon.list_cache().await?;
-    let known = cache.models.iter().any(|m| m == model);
     let mut content = None;
-    if known || cache.variants.iter().any(|v| v.model == model) {
+    // Only a complete variant has content to check.
+    if cache
+        .variants
+        .iter()
+        .any(|v| v.model == model && v.state == "warm")
+    {
         let mut stream = daemon.verify_cache(model).await?;
         while let Some(progress) = stream.next().await? {
             emit(out, &format!("{}\n", progress.message))?;

@@ -25,8 +25,38 @@ pub fn cache_table(cache: &ListCacheResponse) -> String {
         if variant.state == "incomplete" {
             table.note(format!("reason: {}", or_dash(&one_line(&variant.reason))));
         }
+        if let Some(words) = built_with_words(variant) {
+            table.note(format!("built with: {words}"));
+        }
     }
     table.render()
+}
+
+/// The engine, cards and mesh a variant was built for, from its key's
+/// inputs (the worker's identity-step answer is under `engine ...`); None
+/// for a variant from before the identity step.
+fn built_with_words(variant: &CacheVariant) -> Option<String> {
+    let inputs = &variant.inputs;
+    let mut words: Vec<String> = inputs
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("engine ")?, v)))
+        // The builds' sizes and times are for the key, not for people.
+        .filter(|(k, _)| !k.ends_with("build"))
+        .map(|(k, v)| match k {
+            "worker" | "engine" => v.clone(),
+            _ => format!("{} {v}", k.strip_prefix("python ").unwrap_or(k)),
+        })
+        .collect();
+    if words.is_empty() && !inputs.contains_key("cards") {
+        return None;
+    }
+    if let Some(cards) = inputs.get("cards") {
+        words.push(format!(
+            "cards {cards} {}",
+            inputs.get("mesh").map(String::as_str).unwrap_or("")
+        ));
+    }
+    Some(one_line(words.join(", ").trim()))
 }
 
 /// The marker's file count, known only for a warm variant.

@@ -15,6 +15,10 @@ async fn cache_ls_prints_the_table_or_json() {
         out.contains("    reason: weights/layer3.bin is missing\n"),
         "{out}"
     );
+    assert!(
+        out.contains("    built with: vllm-tt, tt-umd 0.9.14, ttnn 0.81.1, tt-worker-openai 0.1.0, cards p150a (1,1)\n"),
+        "what the variant was built with: {out}"
+    );
 
     let (out, failure) = ttctl(&h.socket, &["cache", "ls", "--json"]).await;
     assert!(failure.is_none(), "{failure:?}");

@@ -106,7 +106,21 @@ pub(super) fn cache_listing() -> ListCacheResponse {
             variant("mixed", "a000000000000001", "warm", &[]),
             variant("mixed", "a000000000000002", "cold", &["mixed/0", "mixed/1"]),
             variant("old", "0000000000000001", "warm", &[]),
-            variant("qwen", "3f2a9c0d1e2b4a5c", "warm", &["qwen"]),
+            CacheVariant {
+                inputs: [
+                    ("tp", "1"),
+                    ("engine engine", "vllm-tt"),
+                    ("engine worker", "tt-worker-openai 0.1.0"),
+                    ("engine worker build", "size=1 mtime=2.000000003"),
+                    ("engine python ttnn", "0.81.1"),
+                    ("engine python tt-umd", "0.9.14"),
+                    ("cards", "p150a"),
+                    ("mesh", "(1,1)"),
+                ]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into(),
+                ..variant("qwen", "3f2a9c0d1e2b4a5c", "warm", &["qwen"])
+            },
             variant("qwen", "ffff000000000000", "cold", &[]),
             variant("smol", "5000000000000001", "cold", &["smol"]),
         ],
