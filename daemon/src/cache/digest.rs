@@ -1,6 +1,6 @@
 //! Content hashes of a variant's files: recorded once after its cold build
-//! (off the start's path: the slot is Ready meanwhile, so the hashing adds
-//! nothing to the build's wall time), checked on demand by
+//! (one more read of files the build took minutes to write: a small part
+//! of its wall time), checked on demand by
 //! `ttctl cache verify`. A stamp ([`super::stamp`]) sees every write through
 //! the file system; a hash also sees what bypasses it (a disk that flips a
 //! bit, a restore from a backup that kept the times). A variant whose files
@@ -102,7 +102,7 @@ pub fn verify(dir: &Path, progress: &mut dyn FnMut(&Progress)) -> io::Result<Ver
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             return Ok(Verdict::Unverifiable(
-                "no content hashes are recorded for this build yet (they are computed after a cold build reaches Ready; a variant built by an older tt-serving has none: `ttctl cache build MODEL` rebuilds it with them)".into(),
+                "no content hashes are recorded for this build (they are computed at the end of a cold build; a variant built by an older tt-serving, or whose hashing failed, has none: `ttctl cache build MODEL` rebuilds it with them)".into(),
             ))
         }
         Err(e) => return Err(e),
