@@ -41,6 +41,8 @@ impl Setup {
             &script,
             format!(
                 "#!/bin/sh\n\
+                 # The identity step (TT_WORKER_IDENTIFY) goes straight to the worker.\n\
+                 [ \"$TT_WORKER_IDENTIFY\" = 1 ] && exec '{worker}' \"$@\"\n\
                  # Leaves the process group: setsid, in the background.\n\
                  setsid sh -c 'echo $$ >> \"$0\"; exec {grandchild}' '{pids}' &\n\
                  exec '{worker}' \"$@\"\n",
