@@ -703,3 +703,331 @@ fn waiting_on_a_failed_card_costs_the_daemon_next_to_no_cpu() {
     );
     assert_eq!(daemon.slot("tiny")["state"], "locking");
 }
+
+/// The real tt-umd 0.9.14 (`TT_TTNN_PYTHON`, the venv's python from
+/// `scripts/ttnn.sh`), runnable here: its lock lives in `/dev/shm` always,
+/// so it runs in a private mount namespace (root, `unshare -m`) with the
+/// fake root's `dev/shm` bound there. None: SKIPPED; CI must have it.
+fn real_umd_python() -> Option<std::path::PathBuf> {
+    let python = std::env::var_os("TT_TTNN_PYTHON").filter(|s| !s.is_empty());
+    let usable =
+        tt_serving_tests::is_root() && Command::new("unshare").arg("--help").output().is_ok();
+    match python {
+        Some(p) if usable => Some(p.into()),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("CI must set TT_TTNN_PYTHON (scripts/ttnn.sh) and run as root (unshare -m)")
+        }
+        _ => {
+            eprintln!("SKIPPED: run as root with TT_TTNN_PYTHON=$(scripts/ttnn.sh) and unshare (util-linux)");
+            None
+        }
+    }
+}
+
+/// `tests/engines/umd_lock.py`: tt-umd's own `RobustMutex` taking card
+/// `index`'s chip lock in the fake root's `dev/shm`, listed by the fake
+/// driver as having the card open (as an engine has). Killed when dropped.
+struct UmdHolder<'a> {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+    pid: u32,
+    hw: &'a FakeHw,
+    index: u32,
+}
+
+impl<'a> UmdHolder<'a> {
+    fn start(hw: &'a FakeHw, python: &std::path::Path, index: u32) -> UmdHolder<'a> {
+        use std::io::BufRead;
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("engines/umd_lock.py");
+        let mut child = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg("mount --bind \"$0\" /dev/shm || exit 99; exec \"$1\" \"$2\" \"$3\"")
+            .arg(hw.root.shm_dir())
+            .arg(python)
+            .arg(script)
+            .arg(index.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        // tt-umd's own log lines come on stdout too; a reader thread keeps
+        // a wait for a line bounded.
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut holder = UmdHolder {
+            child,
+            stdin,
+            lines,
+            pid: 0,
+            hw,
+            index,
+        };
+        let held = holder.expect("held");
+        holder.pid = held.split_whitespace().nth(1).unwrap().parse().unwrap();
+        // The node open, as every tt-umd process has it.
+        hw.root.add_pid(index, holder.pid).unwrap();
+        holder
+    }
+
+    /// The next line starting with `word`.
+    fn expect(&mut self, word: &str) -> String {
+        let deadline = Instant::now() + tt_serving_tests::DEADLINE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.split_whitespace().next() == Some(word) => return line,
+                Ok(other) => eprintln!("umd_lock.py: {other}"),
+                Err(e) => panic!(
+                    "umd_lock.py said no `{word}` line ({e}); exit: {:?}",
+                    self.child.try_wait()
+                ),
+            }
+        }
+    }
+
+    fn send(&mut self, word: &str) {
+        use std::io::Write;
+        writeln!(self.stdin, "{word}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The driver drops a dead process's lines.
+        let _ = self.hw.root.remove_pid(self.index, self.pid);
+    }
+}
+
+impl Drop for UmdHolder<'_> {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A daemon with a `tiny` slot on card 0.
+fn tiny_daemon(hw: &FakeHw, dir: &std::path::Path) -> Daemon {
+    let model = tiny_model(dir);
+    Daemon::start(
+        hw,
+        DaemonOptions {
+            extra: model_table("tiny", 1, &[0], &model, ""),
+            ..Default::default()
+        },
+    )
+}
+
+/// The slot waits, naming `pid` as the card's second user.
+fn wait_blocked_by(daemon: &Daemon, pid: u32) -> serde_json::Value {
+    let slot = wait_until("the slot to name the chip's holder", || {
+        let slot = daemon.slot("tiny");
+        slot["reason"]
+            .as_str()?
+            .contains(&format!("pid {pid}"))
+            .then_some(slot)
+    });
+    assert_eq!(slot["state"], "locking", "{slot}");
+    slot
+}
+
+/// Card 0's process entry for `pid`, once the daemon lists it.
+fn card_process(daemon: &Daemon, pid: u32) -> serde_json::Value {
+    wait_until(&format!("pid {pid} among card 0's processes"), || {
+        daemon.card(&FakeHw::bdf(0))["processes"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["pid"] == pid).cloned())
+    })
+}
+
+#[test]
+fn a_real_tt_umd_holder_blocks_the_slot_until_it_releases_the_chip_though_it_keeps_it_mapped() {
+    let Some(python) = real_umd_python() else {
+        return;
+    };
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut holder = UmdHolder::start(&hw, &python, 0);
+    let daemon = tiny_daemon(&hw, dir.path());
+    wait_blocked_by(&daemon, holder.pid);
+    assert_eq!(card_process(&daemon, holder.pid)["holds_chip"], true);
+    let table = output_text(&daemon.ttctl(&["status"]));
+    assert!(
+        table.contains(&format!("pid {}", holder.pid)) && table.contains("holds the chip"),
+        "{table}"
+    );
+
+    // Released, alive, the file still mapped (tt-umd keeps it for the
+    // process's life) and the node open: a watcher now.
+    holder.send("release");
+    holder.expect("released");
+    daemon.wait_slot_state("tiny", "ready");
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", holder.pid)).unwrap();
+    assert!(maps.contains("TT_UMD_LOCK.CHIP_IN_USE_0_PCIe"), "{maps}");
+    assert_eq!(card_process(&daemon, holder.pid)["holds_chip"], false);
+    let table = output_text(&daemon.ttctl(&["status"]));
+    assert!(table.contains("watching"), "{table}");
+}
+
+#[test]
+fn a_real_tt_umd_holder_killed_holding_the_chip_leaves_it_free() {
+    let Some(python) = real_umd_python() else {
+        return;
+    };
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut holder = UmdHolder::start(&hw, &python, 0);
+    let daemon = tiny_daemon(&hw, dir.path());
+    wait_blocked_by(&daemon, holder.pid);
+    holder.kill9();
+    // The kernel marked the owner dead; tt-umd's record names the dead.
+    let bytes = std::fs::read(hw.root.chip_lock(0)).unwrap();
+    let word = u32::from_le_bytes(bytes[0..4].try_into().unwrap());
+    assert_eq!(word & 0x7fff_ffff, 0x4000_0000, "{bytes:?}");
+    daemon.wait_slot_state("tiny", "ready");
+    // The next tt-umd taker recovers it silently.
+    let again = UmdHolder::start(&hw, &python, 0);
+    assert_eq!(card_process(&daemon, again.pid)["holds_chip"], true);
+}
+
+/// A model table for slot `name` on card `card`: tt-worker-openai in front
+/// of the vLLM stand-in, with `env` (TOML inline-table entries).
+fn standin_table(name: &str, card: usize, checkpoint: &std::path::Path, env: &str) -> String {
+    let standin = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("engines/vllm_standin.py");
+    format!(
+        "\n[models.{name}]\ntp = 1\ncards = [\"{}\"]\ncheckpoint = \"{}\"\nworker = [\"{}\", \"--\", \"python3\", \"{}\", \"serve\", \"{{checkpoint}}\", \"--port\", \"{{port}}\", \"--max-model-len\", \"4096\"]\ndrain_timeout_secs = 5\nenv = {{ {env} }}\n",
+        FakeHw::bdf(card),
+        checkpoint.display(),
+        tt_serving_tests::bin("tt-worker-openai").display(),
+        standin.display(),
+    )
+}
+
+/// The `sm_segment.*` entries of `dir`, sorted.
+fn segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut found: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("sm_segment."))
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    found
+}
+
+/// Restart `slot` and wait for its next worker to be ready.
+fn restart(daemon: &Daemon, slot: &str) {
+    let before = daemon.slot(slot)["worker_pid"].clone();
+    let out = daemon.ttctl(&["slot", "restart", slot]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    wait_until(&format!("slot {slot}'s next worker"), || {
+        let now = daemon.slot(slot);
+        (now["state"] == "ready" && now["worker_pid"] != before).then_some(())
+    });
+}
+
+#[test]
+fn a_workers_open_mpi_segments_and_its_cards_stale_hugepages_go_and_nothing_else_does() {
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    let hw = FakeHw::new(3);
+    let dir = tempfile::tempdir().unwrap();
+    let (shm, huge) = (hw.root.shm_dir(), hw.root.hugepages_dir());
+    let outside = dir.path().join("outside");
+    std::fs::write(&outside, "not a segment").unwrap();
+    // tt-umd's hugepage files left on card 0 (slot a's) and card 2 (no
+    // slot's), a link named like card 0's, and a segment older than any
+    // worker (the clock's slack is 1 s).
+    let stale = huge.join("device_0_0000:01:00.0_a");
+    let other_card = huge.join("device_2_0000:03:00.0_a");
+    let huge_link = huge.join("device_0_link");
+    std::fs::write(&stale, "").unwrap();
+    std::fs::write(&other_card, "").unwrap();
+    symlink(&outside, &huge_link).unwrap();
+    let older = shm.join("sm_segment.older.0.10000.0");
+    std::fs::write(&older, "").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // Card 0 open by a monitoring tool: its hugepages are not stale yet.
+    let watcher = hw.watcher(0);
+    let checkpoint = dir.path().join("standin-model");
+    std::fs::write(&checkpoint, "stand-in weights").unwrap();
+    // Slot a's engine puts its segment where Open MPI is told; slot b's
+    // ignores that and writes into the shared directory.
+    let extra = standin_table("a", 0, &checkpoint, "STANDIN_SM_SEGMENT = \"1\"")
+        + &standin_table(
+            "b",
+            1,
+            &checkpoint,
+            &format!("STANDIN_SM_SEGMENT_DIR = \"{}\"", shm.display()),
+        );
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra,
+            ..Default::default()
+        },
+    );
+    daemon.wait_slot_state("a", "ready");
+    daemon.wait_slot_state("b", "ready");
+    let own = shm.join("tt-serving/a");
+    let mode = std::fs::symlink_metadata(&own)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    let a_first = segments(&own);
+    assert_eq!(a_first.len(), 1, "{a_first:?}");
+    let b_first: Vec<_> = segments(&shm).into_iter().filter(|p| p != &older).collect();
+    assert_eq!(b_first.len(), 1, "{b_first:?}");
+    assert!(stale.exists());
+    daemon.wait_log("hugepage files of the card kept");
+
+    // Made after the workers started: another user's segment, a link
+    // named like a segment, tt-umd's lock of card 2.
+    let theirs = shm.join("sm_segment.theirs.65534.20000.0");
+    std::fs::write(&theirs, "").unwrap();
+    if tt_serving_tests::is_root() {
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    }
+    let link = shm.join("sm_segment.link.0.30000.0");
+    symlink(&outside, &link).unwrap();
+    let lock = hw.root.chip_lock(2);
+    std::fs::write(&lock, [7u8; 56]).unwrap();
+    drop(watcher);
+
+    restart(&daemon, "a");
+    // a's segment went with its worker; b's is mapped by its live engine.
+    assert!(!a_first[0].exists(), "{a_first:?}");
+    assert_eq!(segments(&own).len(), 1);
+    assert!(b_first[0].exists(), "a live engine's segment was removed");
+    // Nobody has card 0 open now: its hugepage file went, as files; the
+    // link and the other card's file stayed.
+    assert!(!stale.exists());
+    assert!(other_card.exists());
+    assert!(std::fs::symlink_metadata(&huge_link).is_ok());
+
+    restart(&daemon, "b");
+    assert!(!b_first[0].exists(), "{b_first:?}");
+    // The link went as a link; everything not a worker's stayed.
+    assert!(std::fs::symlink_metadata(&link).is_err());
+    assert_eq!(std::fs::read_to_string(&outside).unwrap(), "not a segment");
+    assert!(older.exists() && theirs.exists());
+    assert_eq!(std::fs::read(&lock).unwrap(), [7u8; 56]);
+    let log = daemon.log_text();
+    assert!(
+        log.contains("file(s) the worker left in its directory"),
+        "{log}"
+    );
+    assert!(log.contains("Open MPI segment(s) the worker left"), "{log}");
+    assert!(log.contains("stale hugepage file"), "{log}");
+}

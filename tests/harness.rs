@@ -123,7 +123,8 @@ impl FakeHw {
     }
 
     /// A process that uses card `index` as an engine does (tt-umd's
-    /// CHIP_IN_USE lock mapped, the node open twice), until dropped.
+    /// CHIP_IN_USE lock taken, a real robust mutex in tt-umd's file; the
+    /// node open twice), until dropped.
     pub fn chip_holder(&self, index: u32) -> CardUser {
         CardUser::start(&self.root, "hold-chip", index)
     }

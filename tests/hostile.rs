@@ -389,7 +389,7 @@ fn a_jobs_leftover_grandchild_ends_with_the_lease() {
 fn a_process_holding_the_chip_without_its_lock_keeps_the_slot_from_starting() {
     let hw = FakeHw::new(1);
     let dir = tempfile::tempdir().unwrap();
-    // tt-umd's CHIP_IN_USE lock of /dev/tenstorrent/0 mapped, the node open
+    // tt-umd's CHIP_IN_USE lock of /dev/tenstorrent/0 held, the node open
     // twice (so the driver lists it twice): an engine the daemon did not start.
     let stray = hw.chip_holder(0);
     let mut daemon = configured(&hw, dir.path(), &tiny_on_card_0(dir.path()));

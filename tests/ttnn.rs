@@ -289,9 +289,9 @@ fn ttctl_cache_verify_checks_the_content_and_a_changed_byte_makes_the_variant_co
     );
     assert!(text.contains(&format!("variant {key}: verified")), "{text}");
 
-    // One data byte flipped under the running slot (a bad disk, a stray
-    // writer): ttnn would load it silently at the next start; the hashes
-    // tell now.
+    // One data byte flipped under the running slot (a stray writer): ttnn
+    // would load it without a word; the hashes name it now, and the
+    // variant is cold from then on.
     let path = wqkv(&daemon.dir.join("cache/m").join(&key));
     let mut bytes = std::fs::read(&path).unwrap();
     let last = bytes.len() - 1;

@@ -18,6 +18,7 @@
 
 pub mod nofollow;
 pub mod procs;
+pub mod umd;
 
 use fs2::FileExt;
 use std::fs::File;

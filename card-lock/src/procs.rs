@@ -243,13 +243,75 @@ pub fn flock_holder(dev: u64, ino: u64) -> Option<u32> {
     })
 }
 
-/// Whether the process has `path` mapped (`/proc/<pid>/maps`).
-pub fn maps_file(pid: u32, path: &Path) -> bool {
+/// A file as `/proc/<pid>/maps` names it: its device and inode, and the
+/// path we reach it by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MappedFile {
+    /// `st_dev` of the file.
+    pub dev: u64,
+    /// `st_ino` of the file.
+    pub ino: u64,
+    /// Its path as this process sees it.
+    pub path: PathBuf,
+}
+
+impl MappedFile {
+    /// The file at `path` now (not following a link there).
+    pub fn at(path: &Path) -> Option<MappedFile> {
+        let meta = std::fs::symlink_metadata(path).ok()?;
+        Some(MappedFile {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+/// Whether the process has the file mapped (`/proc/<pid>/maps`). Matched
+/// by device and inode: a process in another mount namespace sees the file
+/// under another path (a directory bound over its `/dev/shm`) and its maps
+/// print that path. The path matches too, for a filesystem whose maps show
+/// another device (overlayfs shows the layer's).
+pub fn maps(pid: u32, file: &MappedFile) -> bool {
     let Some(maps) = process(pid).and_then(|p| p.maps().ok()) else {
         return false;
     };
-    maps.into_iter()
-        .any(|m| matches!(&m.pathname, MMapPath::Path(p) if p == path))
+    let (major, minor) = (libc::major(file.dev), libc::minor(file.dev));
+    maps.into_iter().any(|m| {
+        let same_inode = m.inode == file.ino
+            && u32::try_from(m.dev.0).is_ok_and(|d| d == major)
+            && u32::try_from(m.dev.1).is_ok_and(|d| d == minor);
+        same_inode || matches!(&m.pathname, MMapPath::Path(p) if p == &file.path)
+    })
+}
+
+/// Every process that has the file mapped, in pid order.
+pub fn mapping(file: &MappedFile) -> Vec<u32> {
+    let mut pids: Vec<u32> = all()
+        .into_iter()
+        .map(|p| p.pid)
+        .filter(|pid| maps(*pid, file))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// The first other process that has the file open or mapped (a live user
+/// of it), if any.
+pub fn user_of(file: &MappedFile) -> Option<u32> {
+    let me = std::process::id();
+    all()
+        .into_iter()
+        .filter(|p| p.pid != me && !p.is_zombie())
+        .map(|p| p.pid)
+        .find(|pid| maps(*pid, file) || has_open(*pid, file.dev, file.ino))
+}
+
+/// The process (thread group) a thread belongs to: `Tgid` of
+/// `/proc/<tid>/status` (a thread's directory is there, unlisted). None
+/// when no such thread lives in this pid namespace.
+pub fn thread_group(tid: u32) -> Option<u32> {
+    u32::try_from(process(tid)?.status().ok()?.tgid).ok()
 }
 
 /// This process's cgroup v2 path (the `0::` line of `/proc/self/cgroup`);
@@ -459,8 +521,11 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        // with_open leaves the caller out.
+        // with_open leaves the caller out, and so does user_of.
         assert_eq!(with_open(meta.dev(), meta.ino()), [child.id()]);
+        let file = MappedFile::at(&path).unwrap();
+        assert_eq!(user_of(&file), Some(child.id()));
+        assert!(!maps(child.id(), &file) && mapping(&file).is_empty());
         child.kill().unwrap();
         child.wait().unwrap();
     }

@@ -14,7 +14,9 @@
 //! sys/module/tenstorrent/version                         driver version
 //! proc/driver/tenstorrent/<i>/pids                       pids holding the device, one a line per descriptor (2.5.0+)
 //! dev/tenstorrent/by-id/blackhole-<ASIC id> -> ../<i>    udev's stable link (2.6.0+)
+//! dev/shm/                                               mode 1777, as the host's /dev/shm
 //! dev/shm/TT_UMD_LOCK.CHIP_IN_USE_<i>_PCIe               tt-umd's chip lock (made by `hold-chip`)
+//! dev/hugepages-1G/                                      where tt-umd maps its hugepage files
 //! ```
 //!
 //! What exists depends on the driver version the root plays ([`Kmd`]).
@@ -104,8 +106,16 @@ impl Layout {
 
     /// tt-umd's lock of the chip at `/dev/tenstorrent/<index>`.
     pub(crate) fn chip_lock(&self, index: u32) -> PathBuf {
-        self.dev_root()
-            .join(format!("shm/TT_UMD_LOCK.CHIP_IN_USE_{index}_PCIe"))
+        self.shm_dir()
+            .join(format!("TT_UMD_LOCK.CHIP_IN_USE_{index}_PCIe"))
+    }
+
+    pub(crate) fn shm_dir(&self) -> PathBuf {
+        self.dev_root().join("shm")
+    }
+
+    pub(crate) fn hugepages_dir(&self) -> PathBuf {
+        self.dev_root().join("hugepages-1G")
     }
 
     pub(crate) fn sys_root(&self) -> PathBuf {
@@ -237,9 +247,14 @@ pub(crate) fn create_static(
         layout.proc_root().join("driver/tenstorrent"),
         layout.root().join("bin"),
         layout.state_dir(),
+        layout.hugepages_dir(),
     ] {
         create_dir_all(&dir)?;
     }
+    // Shared by every user, each keeping to their own files (sticky).
+    create_dir_all(&layout.shm_dir())?;
+    fs::set_permissions(layout.shm_dir(), fs::Permissions::from_mode(0o1777))
+        .map_err(|e| FakeHwError::io("setting the mode of", layout.shm_dir(), e))?;
     write_file(
         &layout.module_dir().join("version"),
         &format!("{}\n", kmd.version),

@@ -26,6 +26,8 @@
 //! - `smi` — the fake `tt-smi` ([`run_smi`]): argparse-compatible parsing,
 //!   `-r`, `-ls`, `-s`.
 //! - `snapshot` — the `tt-smi -s` JSON, in the real tool's shape.
+//! - `chip_lock` — tt-umd's chip lock ([`ChipLock`]), a real robust
+//!   pthread mutex in tt-umd's file layout, as `hold-chip` takes it.
 //! - `error` — [`FakeHwError`].
 //!
 //! The binary `tt-fakehw` wraps all of this: `create`, `firmware`, `smi`,
@@ -43,6 +45,7 @@
 
 #![warn(missing_docs)]
 
+mod chip_lock;
 mod error;
 mod faults;
 mod firmware;
@@ -57,6 +60,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use chip_lock::ChipLock;
 pub use error::{FakeHwError, Result};
 pub use faults::{CardFaults, Fault};
 pub use firmware::{run_firmware, FirmwareThread, ReturnedCard, TickReport};
@@ -555,6 +559,18 @@ impl FakeRoot {
     /// under this root (`dev/shm/TT_UMD_LOCK.CHIP_IN_USE_<index>_PCIe`).
     pub fn chip_lock(&self, index: u32) -> PathBuf {
         self.layout.chip_lock(index)
+    }
+
+    /// The root's `dev/shm` (mode 1777, as the host's): tt-umd's locks and
+    /// Open MPI's segments.
+    pub fn shm_dir(&self) -> PathBuf {
+        self.layout.shm_dir()
+    }
+
+    /// The root's `dev/hugepages-1G`, where tt-umd maps its 1 GiB
+    /// hugepage files (`device_<index>_...`).
+    pub fn hugepages_dir(&self) -> PathBuf {
+        self.layout.hugepages_dir()
     }
 
     fn known_card(&self, bdf: &str) -> Result<()> {

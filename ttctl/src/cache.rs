@@ -37,11 +37,12 @@ pub(super) async fn verify(
 ) -> Result<(), Failure> {
     let cache = daemon.list_cache().await?;
     let mut content = None;
-    // Only a complete variant has content to check.
+    // Only a variant with a marker (complete, or changed since) has
+    // recorded content to check.
     if cache
         .variants
         .iter()
-        .any(|v| v.model == model && v.state == "warm")
+        .any(|v| v.model == model && (v.state == "warm" || v.state == "incomplete"))
     {
         let mut stream = daemon.verify_cache(model).await?;
         while let Some(progress) = stream.next().await? {

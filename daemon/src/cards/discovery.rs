@@ -9,7 +9,7 @@ use crate::config::HardwareConfig;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use tt_card_lock::procs;
+use tt_card_lock::{procs, umd};
 
 /// Where the driver's files are: the three roots from the config.
 #[derive(Debug, Clone)]
@@ -79,10 +79,15 @@ pub struct CardProcess {
     pub pid: u32,
     /// `comm` of the process, when readable.
     pub command: String,
-    /// It has the card's tt-umd chip lock mapped: it runs on the chip (an
-    /// engine), so the card has a second user. False for a process that
-    /// only has the device open (a monitoring tool).
+    /// It holds the card's tt-umd chip lock now (the lock's word names
+    /// it): it runs on the chip (an engine), so the card has a second
+    /// user. False for a process that only has the device open (a
+    /// monitoring tool) and for one that took the chip and released it
+    /// (tt-umd keeps the lock mapped for the process's life).
     pub holds_chip: bool,
+    /// How the holder was told, when the lock's word alone could not say
+    /// (a holder in another pid namespace); empty otherwise.
+    pub note: String,
 }
 
 impl HardwareRoot {
@@ -248,32 +253,49 @@ impl HardwareRoot {
     /// Processes the driver lists as having `/dev/tenstorrent/<index>` open,
     /// once each (tt-kmd prints one line per open descriptor, so a process
     /// with two opens appears twice), each told apart as holding the chip
-    /// or only watching it.
+    /// or only watching it, then any holder of the chip lock the driver
+    /// does not list (a driver before 2.5.0 lists nobody).
     pub fn processes(&self, index: u32) -> Vec<CardProcess> {
         let path = self
             .proc_root
             .join(format!("driver/tenstorrent/{index}/pids"));
-        let Ok(text) = fs::read_to_string(path) else {
-            return Vec::new();
-        };
+        let text = fs::read_to_string(path).unwrap_or_default();
         let mut seen = std::collections::BTreeSet::new();
-        text.split_whitespace()
+        let openers: Vec<u32> = text
+            .split_whitespace()
             .filter_map(|p| p.parse::<u32>().ok())
             .filter(|pid| seen.insert(*pid))
-            .map(|pid| CardProcess {
+            .collect();
+        let holders = umd::holders(&self.chip_lock_path(index), &openers);
+        let process = |pid: u32| {
+            let holds_chip = holders.pids.contains(&pid);
+            CardProcess {
                 pid,
                 command: procs::stat(pid).map(|p| p.comm).unwrap_or_default(),
-                holds_chip: procs::maps_file(pid, &self.chip_lock_path(index)),
-            })
-            .collect()
+                holds_chip,
+                note: holders
+                    .note
+                    .clone()
+                    .filter(|_| holds_chip)
+                    .unwrap_or_default(),
+            }
+        };
+        let unlisted: Vec<u32> = holders
+            .pids
+            .iter()
+            .copied()
+            .filter(|pid| !seen.contains(pid))
+            .collect();
+        openers.into_iter().chain(unlisted).map(process).collect()
     }
 
     /// tt-umd's per-chip lock for `/dev/tenstorrent/<index>`: a robust
     /// mutex in `<dev_root>/shm/TT_UMD_LOCK.CHIP_IN_USE_<index>_PCIe`
     /// (tt-umd `lock_manager.cpp`, `robust_mutex.cpp`), mapped by every
-    /// process that opened the chip as an engine does (`LocalChip`) and
-    /// held while it uses it. A monitoring tool (a tt-smi display, an
-    /// exporter) opens the device without it.
+    /// process that opened the chip as an engine does (`LocalChip`) for
+    /// its whole life, and held while it uses it ([`umd`] reads who). A
+    /// monitoring tool (a tt-smi display, an exporter) opens the device
+    /// without it.
     pub fn chip_lock_path(&self, index: u32) -> PathBuf {
         self.dev_root
             .join(format!("shm/TT_UMD_LOCK.CHIP_IN_USE_{index}_PCIe"))

@@ -727,8 +727,8 @@ impl CardManager {
 
     /// Who other than the daemon uses these cards: holders of a lock the
     /// daemon does not hold, and processes (not the daemon's) that hold the
-    /// chip (its tt-umd CHIP_IN_USE lock mapped), as `card: pid N (user:
-    /// command)` lines. A process that only has the device open (a
+    /// chip (its tt-umd CHIP_IN_USE lock names them), as `card: pid N
+    /// (user: command)` lines. A process that only has the device open (a
     /// monitoring tool) is not a user: it reads telemetry, and resets and
     /// engines work beside it.
     pub fn foreign_users(&self, bdfs: &[String]) -> Vec<String> {
@@ -755,8 +755,13 @@ impl CardManager {
                     },
                     ..LockHolder::default()
                 };
+                let how = if p.note.is_empty() {
+                    "its tt-umd CHIP_IN_USE lock names it".to_string()
+                } else {
+                    p.note.clone()
+                };
                 out.push(format!(
-                    "{bdf}: {} (holds the chip: its tt-umd CHIP_IN_USE lock is mapped)",
+                    "{bdf}: {} (holds the chip: {how})",
                     holder.describe()
                 ));
             }

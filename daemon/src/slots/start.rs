@@ -231,7 +231,18 @@ async fn prepare(
             .device_indices(&plan.cards)
             .map_err(|reason| Outcome::start_failed(reason, false))?,
     };
-    let spec = WorkerSpec {
+    // tt-umd's hugepage files of these cards left by an engine that is
+    // gone (reads /proc: off the runtime).
+    let (hw, name, cards) = (
+        mgr.cards().hardware().clone(),
+        slot.clone(),
+        plan.cards.clone(),
+    );
+    let _ = tokio::task::spawn_blocking(move || {
+        crate::worker::leftovers::clear_hugepages(&hw, &name, &cards)
+    })
+    .await;
+    let mut spec = WorkerSpec {
         slot: slot.clone(),
         command: plan.worker_command.clone(),
         env: worker_env(
@@ -244,7 +255,15 @@ async fn prepare(
         ),
         socket: plan.socket.clone(),
         memory_max: m.memory_max_mib.map(|mib| mib * 1024 * 1024),
+        leftovers: None,
     };
+    // Open MPI's segments go to the slot's own directory, unless the
+    // model's environment says where.
+    spec.leftovers = Some(crate::worker::leftovers::Leftovers::for_start(
+        &mgr.cards().hardware().dev_root,
+        slot,
+        &mut spec.env,
+    ));
     Ok(Prepared {
         variant,
         mode,
@@ -571,7 +590,7 @@ async fn seal_cache(
         CacheMode::Warm => warm_start_failure(variant, runtime_files, worker),
     };
     if failure.is_none() && prepared.mode == CacheMode::Cold {
-        record_digests(plan, variant);
+        record_digests(mgr, plan, variant).await;
     }
     stop_on_failure(mgr, plan, worker, engine, failure).await
 }
@@ -632,20 +651,30 @@ fn warm_start_failure(
 }
 
 /// After a cold build: the files' content hashes, for `ttctl cache
-/// verify`, computed off the start's path (the slot serves meanwhile).
-fn record_digests(plan: &SlotPlan, variant: &Variant) {
+/// verify`. Read once more after minutes of building (a 27B model's 30 GB
+/// hash in well under a minute at SHA-NI speed), off the runtime; before
+/// Ready, so that a verify right after the build finds them. A failure is
+/// said and leaves the variant unverifiable, not broken.
+async fn record_digests(mgr: &Arc<SlotManager>, plan: &SlotPlan, variant: &Variant) {
+    mgr.transition(
+        &plan.slot,
+        SlotState::Verifying,
+        format!(
+            "hashing cache variant {} for `ttctl cache verify`",
+            variant.key
+        ),
+    );
     let (slot, dir, key) = (plan.slot.clone(), variant.dir.clone(), variant.key.clone());
-    tokio::task::spawn_blocking(move || {
-        let started = Instant::now();
-        match crate::cache::digest::record(&dir) {
-            Ok(d) => {
-                tracing::info!(%slot, variant = %key, files = d.files.len(), secs = started.elapsed().as_secs_f64(), "cache content hashes recorded")
-            }
-            Err(e) => {
-                tracing::warn!(%slot, variant = %key, error = %e, "cache content hashes not recorded; `ttctl cache verify` will say so")
-            }
+    let started = Instant::now();
+    match tokio::task::spawn_blocking(move || crate::cache::digest::record(&dir)).await {
+        Ok(Ok(d)) => {
+            tracing::info!(%slot, variant = %key, files = d.files.len(), secs = started.elapsed().as_secs_f64(), "cache content hashes recorded")
         }
-    });
+        Ok(Err(e)) => {
+            tracing::warn!(%slot, variant = %key, error = %e, "cache content hashes not recorded; `ttctl cache verify` will say so")
+        }
+        Err(e) => tracing::warn!(%slot, variant = %key, error = %e, "cache hashing stopped"),
+    }
 }
 
 /// A check that failed (`Some(reason)`) stops the worker cleanly and ends

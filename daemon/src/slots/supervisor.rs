@@ -280,7 +280,7 @@ fn card_blockers(mgr: &Arc<SlotManager>, plan: &SlotPlan) -> (Vec<String>, Vec<S
                 if c.state == CardState::Ready && c.processes.iter().any(|p| p.holds_chip) =>
             {
                 blocking.push(format!(
-                    "card {bdf} is used by {} outside the daemon (tt-umd chip lock mapped); stop it (the slot starts when it is gone)",
+                    "card {bdf} is used by {} outside the daemon (its tt-umd chip lock names it); stop it (the slot starts when it is gone)",
                     c.processes
                         .iter()
                         .filter(|p| p.holds_chip)

@@ -50,6 +50,8 @@ pub async fn probe(slot: &str, command: &[String], env: &BTreeMap<String, String
         // Never bound: the step has no socket in its environment.
         socket: PathBuf::new(),
         memory_max: None,
+        // It starts no cluster: nothing is left in shared memory.
+        leftovers: None,
     };
     let logs = Arc::new(LogRing::new(256));
     let mut worker = match Worker::spawn(&spec, logs.clone()) {

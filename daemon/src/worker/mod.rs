@@ -16,6 +16,7 @@ pub mod banners;
 pub mod containment;
 pub mod env_file;
 pub mod identity;
+pub mod leftovers;
 pub mod logs;
 
 use containment::{Enclosure, Memory, OomEvidence};
@@ -47,6 +48,9 @@ pub struct WorkerSpec {
     /// The most memory the slot's processes may use, in bytes
     /// (`models.<name>.memory_max_mib`).
     pub memory_max: Option<u64>,
+    /// The shared-memory files it may leave, removed after it exits
+    /// (None: nothing to clean, as for the identity step).
+    pub leftovers: Option<leftovers::Leftovers>,
 }
 
 /// Why a worker exited.
@@ -247,6 +251,8 @@ pub struct Worker {
     /// The program's file name: a worker's own failure line starts with
     /// it (`tt-worker-openai: ...`).
     program: String,
+    /// What it may leave in shared memory, removed once it exited.
+    leftovers: Option<leftovers::Leftovers>,
 }
 
 /// The newest of `lines` that starts with `<program>: `.
@@ -367,6 +373,11 @@ impl Worker {
                 Ok(())
             });
         }
+        // Before the spawn: its files are no older than this.
+        let leftovers = spec
+            .leftovers
+            .clone()
+            .map(|l| l.spawned_at(std::time::SystemTime::now()));
         let mut child = cmd.spawn().map_err(|source| SpawnError::Exec {
             slot: spec.slot.clone(),
             program: program.clone(),
@@ -420,6 +431,7 @@ impl Worker {
                 .and_then(|p| std::path::Path::new(p).file_name())
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
+            leftovers,
         })
     }
 
@@ -493,6 +505,11 @@ impl Worker {
         // still hold a pipe.
         let drain = futures_join_all(std::mem::take(&mut self.captures));
         let _ = tokio::time::timeout(OUTPUT_DRAIN, drain).await;
+        // Nothing of the slot runs now: what it left in shared memory
+        // (Open MPI's segments) is nobody's. It reads /proc; off the runtime.
+        if let Some(leftovers) = self.leftovers.clone() {
+            let _ = tokio::task::spawn_blocking(move || leftovers.clean()).await;
+        }
         let exit = Exit {
             cause,
             oom,

@@ -109,7 +109,7 @@ fn cards_table(cards: &[Card]) -> String {
             };
             if process.holds_chip {
                 table.note(format!(
-                    "pid {}{command} holds the chip (its tt-umd CHIP_IN_USE lock is mapped): a second user",
+                    "pid {}{command} holds the chip (its tt-umd CHIP_IN_USE lock names it): a second user",
                     process.pid
                 ));
             } else {

@@ -110,7 +110,7 @@ fn held_elsewhere_card_names_the_lock_holder_and_open_processes() {
     );
     assert_eq!(
         after.next(),
-        Some("    pid 4343 (vllm) holds the chip (its tt-umd CHIP_IN_USE lock is mapped): a second user")
+        Some("    pid 4343 (vllm) holds the chip (its tt-umd CHIP_IN_USE lock names it): a second user")
     );
 }
 
