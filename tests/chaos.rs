@@ -334,10 +334,17 @@ fn hung_and_frozen_workers_end_every_request_within_its_bound() {
     let report = check_invariants(&rig.daemon, &base);
     let m = &report.metrics;
     for (slot, kills) in [("one", 2.0), ("two", 1.0)] {
-        let watchdog = m.sum(
-            "tt_serving_worker_restarts_total",
-            &[("slot", slot), ("cause", "watchdog")],
-        );
+        // A frozen worker is the watchdog's (unanswered Health), a hung
+        // decode the stall's.
+        let watchdog = ["watchdog", "stalled"]
+            .iter()
+            .map(|cause| {
+                m.sum(
+                    "tt_serving_worker_restarts_total",
+                    &[("slot", slot), ("cause", cause)],
+                )
+            })
+            .sum::<f64>();
         assert!(watchdog >= kills, "{slot}: {}", m.text);
     }
     assert!(
@@ -565,6 +572,9 @@ fn a_frozen_heartbeat_under_a_hung_tp2_worker_quarantines_the_slot() {
         m.sum(
             "tt_serving_worker_restarts_total",
             &[("slot", "two"), ("cause", "watchdog")]
+        ) + m.sum(
+            "tt_serving_worker_restarts_total",
+            &[("slot", "two"), ("cause", "stalled")]
         ),
         1.0
     );

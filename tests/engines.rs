@@ -290,7 +290,7 @@ fn a_long_silent_prefill_is_not_a_hang_but_a_hung_engine_is_caught() {
     );
     let reason = wait_until("the watchdog's reason", || {
         let log = hang.log_text();
-        log.contains("worker hung").then_some(log)
+        log.contains("stalled: ").then_some(log)
     });
     assert!(reason.contains("prompt tokens pending prefill"), "{reason}");
 }

@@ -258,7 +258,7 @@ fn a_silent_prefill_past_its_allowance_is_a_hang() {
             .as_str()
             .unwrap_or("")
             .to_string();
-        reason.contains("worker hung").then_some(reason)
+        reason.contains("stalled: ").then_some(reason)
     });
     assert!(
         reason

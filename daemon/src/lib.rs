@@ -16,6 +16,8 @@
 //!    per-card locks, reset with proof, and [`cards::CardManager`], the one
 //!    owner of card state.
 //! 3. [`cache`]: tensor cache variants, markers, the guard, warm or cold;
+//!    [`hang`]: tt-metal's device-hang lines and the capture kept with a
+//!    hang (also `tt-servingd hang-capture`);
 //!    [`worker`]: spawning and watching a worker process, and containing
 //!    everything it starts ([`worker::containment`]: a cgroup v2 per slot,
 //!    or the process tree).
@@ -46,6 +48,7 @@ pub mod demo;
 mod echo;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+pub mod hang;
 mod hostfs;
 pub mod listen;
 mod metrics;

@@ -239,7 +239,15 @@ impl Status {
             tokio::spawn(async move { status.refresh_load(port, kind).await });
         }
         match (cache.counts, age) {
-            (Some(counts), Some(age)) if age < LOAD_STALE => counts,
+            // vLLM publishes its gauges with a finished step's outputs: a
+            // request in its first step (a prefill, or a device hang there)
+            // is in none of them. Every request of ours the engine does not
+            // count as waiting is running, so the daemon's stall watchdog
+            // sees it (docs/ENGINES.md, "Device hangs").
+            (Some((running, waiting)), Some(age)) if age < LOAD_STALE => (
+                running.max(self.in_flight().saturating_sub(waiting)),
+                waiting,
+            ),
             _ => (self.in_flight(), 0),
         }
     }

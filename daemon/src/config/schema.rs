@@ -459,6 +459,10 @@ pub struct ModelConfig {
     /// Restart policy and watchdogs.
     #[serde(default)]
     pub restart: RestartConfig,
+    /// Device hangs: tt-metal's own timeout and the capture kept with the
+    /// death.
+    #[serde(default)]
+    pub hang: HangConfig,
     /// Requests waiting for a slot beyond this get RESOURCE_EXHAUSTED.
     #[serde(default = "default_max_queue")]
     pub max_queue: u32,
@@ -695,6 +699,45 @@ impl Default for ReadinessConfig {
             expect: None,
             warmup_prompt_tokens: Vec::new(),
             accuracy: None,
+        }
+    }
+}
+
+/// Device hangs, caught as tt-metal reports them (docs/ENGINES.md,
+/// "Device hangs"): the engine gets `TT_METAL_OPERATION_TIMEOUT_SECONDS`
+/// and a capture command in `TT_METAL_DISPATCH_TIMEOUT_COMMAND_TO_EXECUTE`
+/// (an engine not built on tt-metal ignores both); the capture also runs
+/// when the stall watchdog stops a worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HangConfig {
+    /// Seconds without dispatch progress before tt-metal declares the
+    /// device hung (its own default: never). Tenstorrent's service uses 5;
+    /// 30 leaves room for a long traced prefill on a big mesh. 0: not set.
+    /// The model's `env` table wins when it sets the variable itself.
+    pub operation_timeout_secs: u64,
+    /// Whether to capture evidence (the runtime's timeout command, and the
+    /// stall watchdog before it stops a worker).
+    pub capture: bool,
+    /// The capture's time budget, in seconds; the cards are reset only
+    /// after it (never while its triage reads them).
+    pub capture_timeout_secs: u64,
+    /// The capture file's size bound, in KiB.
+    pub capture_max_kib: u64,
+    /// Tenstorrent's triage program and arguments, run by the capture only
+    /// when found on PATH, limited to the slot's cards
+    /// (`TT_VISIBLE_DEVICES`). Empty: none.
+    pub triage_command: Vec<String>,
+}
+
+impl Default for HangConfig {
+    fn default() -> Self {
+        HangConfig {
+            operation_timeout_secs: 30,
+            capture: true,
+            capture_timeout_secs: 120,
+            capture_max_kib: 1024,
+            triage_command: vec!["tt-triage".into(), "--disable-progress".into()],
         }
     }
 }

@@ -546,6 +546,31 @@ fn check_model(
         86_400,
         "s",
     );
+    let h = &m.hang;
+    range(
+        problems,
+        &key("hang.operation_timeout_secs"),
+        h.operation_timeout_secs,
+        0,
+        86_400,
+        "s",
+    );
+    range(
+        problems,
+        &key("hang.capture_timeout_secs"),
+        h.capture_timeout_secs,
+        1,
+        3600,
+        "s",
+    );
+    range(
+        problems,
+        &key("hang.capture_max_kib"),
+        h.capture_max_kib,
+        16,
+        65_536,
+        "KiB",
+    );
     range(
         problems,
         &key("restart.stop_timeout_secs"),

@@ -26,8 +26,14 @@ pub(super) enum RestartCause {
     CardMissing,
     /// The worker passed `restart.max_rss_mib`.
     Rss,
-    /// The Ready watchdog saw no progress.
+    /// The worker stopped answering Health (frozen).
     Watchdog,
+    /// Requests active and the engine's progress stopped, with no word
+    /// from the runtime.
+    Stalled,
+    /// The runtime said the device hung (tt-metal's timeout lines, or its
+    /// timeout command ran the capture).
+    DeviceHang,
 }
 
 impl RestartCause {
@@ -39,6 +45,8 @@ impl RestartCause {
             RestartCause::CardMissing => "card_missing",
             RestartCause::Rss => "rss",
             RestartCause::Watchdog => "watchdog",
+            RestartCause::Stalled => "stalled",
+            RestartCause::DeviceHang => "device_hang",
         }
     }
 }
@@ -88,6 +96,69 @@ pub(super) struct SlotPlan {
     pub(super) tick: Duration,
     /// How long the Ready watchdog waits for one Health answer.
     pub(super) health_timeout: Duration,
+    /// `<state_dir>/captures/<slot>`: hang captures.
+    pub(super) captures: PathBuf,
+}
+
+impl SlotPlan {
+    /// A hang capture of this slot, of process `pid`'s tree.
+    pub(super) fn capture_spec(
+        &self,
+        sys_root: &std::path::Path,
+        pid: Option<u32>,
+        why: String,
+    ) -> crate::hang::CaptureSpec {
+        let h = &self.m.hang;
+        crate::hang::CaptureSpec {
+            slot: self.slot.clone(),
+            dir: self.captures.clone(),
+            cards: self.cards.clone(),
+            pid,
+            sys_root: sys_root.to_path_buf(),
+            why,
+            timeout: Duration::from_secs(h.capture_timeout_secs),
+            max_bytes: usize::try_from(h.capture_max_kib * 1024).unwrap_or(usize::MAX),
+            triage: h.triage_command.clone(),
+        }
+    }
+}
+
+/// A worker death the runtime named a device hang (its timeout line, or
+/// its timeout command's capture): the reason, with the capture's path
+/// and first lines. Waits for a capture still being written first, so the
+/// cards are never reset while its triage reads them. None for any other
+/// death.
+pub(super) async fn device_hang(plan: &SlotPlan, worker: &Worker) -> Option<String> {
+    let line = worker.device_hang_line();
+    let limit = Duration::from_secs(plan.m.hang.capture_timeout_secs);
+    if !crate::hang::wait_finished(&plan.captures, limit).await {
+        tracing::warn!(slot = %plan.slot, "a hang capture did not finish within hang.capture_timeout_secs; resetting anyway");
+    }
+    let capture = crate::hang::latest_since(&plan.captures, worker.started_at());
+    if line.is_none() && capture.is_none() {
+        return None;
+    }
+    let said = match &line {
+        Some(l) => format!("the runtime said \"{}\"", l.trim()),
+        None => "the runtime's timeout command ran".to_string(),
+    };
+    let evidence = match &capture {
+        Some(path) => {
+            worker.logs.push(crate::worker::logs::LogLine {
+                unix_ms: tt_serving_proto::time::unix_ms(std::time::SystemTime::now()),
+                stream: crate::worker::logs::Stream::Stderr,
+                text: format!("tt-servingd: device hang capture: {}", path.display()),
+            });
+            format!("capture {}: {}", path.display(), crate::hang::head(path, 3))
+        }
+        None => {
+            "no capture was written (hang.capture is off, or the command failed: see `ttctl logs`)"
+                .into()
+        }
+    };
+    Some(format!(
+        "device hang: {said}; {evidence}; the cards are reset"
+    ))
 }
 
 /// Stop the worker cleanly, then report the failure (cards dirty only if the
@@ -100,6 +171,15 @@ pub(super) async fn fail_after_stop(
     reason: String,
 ) -> Outcome {
     let exit = drain_and_stop(mgr, plan, worker, engine, "stopping after a failed check").await;
+    // A check that failed because the device hung (the runtime's timeout
+    // ended the engine under the readiness ping) is a device hang.
+    if let Some(hang) = device_hang(plan, worker).await {
+        return Outcome::Failed {
+            reason: format!("{reason}; {hang}"),
+            dirty: true,
+            cause: RestartCause::DeviceHang,
+        };
+    }
     Outcome::start_failed(reason, exit.leaves_cards_dirty())
 }
 

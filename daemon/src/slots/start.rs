@@ -247,6 +247,7 @@ async fn prepare(
         command: plan.worker_command.clone(),
         env: worker_env(
             plan,
+            &mgr.cards().hardware().sys_root,
             &variant,
             mode,
             &visible_devices,
@@ -371,6 +372,9 @@ async fn wait_loaded(
         }
         tokio::select! {
             exit = worker.wait() => {
+                if let Some(reason) = super::attempt::device_hang(plan, worker).await {
+                    return Err(Outcome::Failed { reason, dirty: true, cause: RestartCause::DeviceHang });
+                }
                 let reason = format!("worker {} while loading; last output: {}", exit.describe(), log_tail(worker));
                 // An OOM kill counts as one in the restart metric whenever
                 // it happens: a limit too small for the model shows there.
@@ -744,6 +748,7 @@ fn device_nodes(mgr: &SlotManager, cards: &[String]) -> Result<String, String> {
 /// (`secrets`), then its flags, then the contract.
 fn worker_env(
     plan: &SlotPlan,
+    sys_root: &std::path::Path,
     variant: &Variant,
     mode: CacheMode,
     visible_devices: &str,
@@ -751,7 +756,8 @@ fn worker_env(
     secrets: BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
     let m = &plan.m;
-    let mut env = BTreeMap::new();
+    // First, so the model's own env table wins.
+    let mut env = hang_env(plan, sys_root);
     env.extend(m.env.clone());
     env.extend(match mode {
         CacheMode::Cold => m.cold_env.clone(),
@@ -769,6 +775,36 @@ fn worker_env(
     env.insert(names::TP.into(), m.tp.to_string());
     env.insert(names::CACHE_DIR.into(), variant.dir.display().to_string());
     env.insert(names::CACHE_MODE.into(), mode.as_str().into());
+    env
+}
+
+/// tt-metal's hang switches for the engine (`[models.X.hang]`): its
+/// dispatch timeout, and the capture it runs on one (this binary's
+/// `hang-capture`, with the engine as `$PPID`).
+fn hang_env(plan: &SlotPlan, sys_root: &std::path::Path) -> BTreeMap<String, String> {
+    let h = &plan.m.hang;
+    let mut env = BTreeMap::new();
+    if h.operation_timeout_secs == 0 {
+        return env;
+    }
+    env.insert(
+        "TT_METAL_OPERATION_TIMEOUT_SECONDS".into(),
+        h.operation_timeout_secs.to_string(),
+    );
+    match std::env::current_exe() {
+        Ok(exe) if h.capture => {
+            let spec =
+                plan.capture_spec(sys_root, None, "tt-metal's dispatch timeout fired".into());
+            env.insert(
+                "TT_METAL_DISPATCH_TIMEOUT_COMMAND_TO_EXECUTE".into(),
+                crate::hang::command_line(&exe, &spec),
+            );
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(slot = %plan.slot, error = %e, "cannot name this binary for the hang capture command; tt-metal's timeout will run none")
+        }
+    }
     env
 }
 

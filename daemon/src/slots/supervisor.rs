@@ -56,6 +56,7 @@ fn plan(mgr: &Arc<SlotManager>, slot: &str) -> Option<SlotPlan> {
         cache_dir: config.daemon.cache_dir.clone(),
         tick: Duration::from_millis(config.daemon.tick_ms),
         health_timeout: config.daemon.health_poll_timeout(),
+        captures: crate::hang::dir_for(&config.daemon.state_dir, slot),
         m,
     })
 }

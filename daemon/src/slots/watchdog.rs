@@ -5,7 +5,9 @@
 //! (`UNANSWERED_HEALTH_POLLS` polls in a row), or has requests active
 //! without decode progress for `restart.stall_timeout_secs`.
 
-use super::attempt::{drain_and_stop, log_tail, stop_worker, Outcome, RestartCause, SlotPlan};
+use super::attempt::{
+    device_hang, drain_and_stop, log_tail, stop_worker, Outcome, RestartCause, SlotPlan,
+};
 use super::{SlotCommand, SlotManager, SlotState};
 use crate::config::UNANSWERED_HEALTH_POLLS;
 use crate::worker::Worker;
@@ -47,6 +49,9 @@ pub(super) async fn serve(
         tokio::select! {
             exit = worker.wait() => {
                 mgr.set_engine(&plan.slot, None);
+                if let Some(reason) = device_hang(plan, worker).await {
+                    return Outcome::Failed { reason, dirty: true, cause: RestartCause::DeviceHang };
+                }
                 // The last word on its memory: memory.peak catches a spike
                 // between two ticks (an allocation the OOM killer ended).
                 mgr.update(&plan.slot, |v| v.worker_memory_peak_bytes = v.worker_memory_peak_bytes.max(exit.memory_peak));
@@ -211,10 +216,10 @@ async fn check_health(
             String::new()
         };
         let reason = format!(
-            "worker hung: {active} sequence(s) active and no decode progress for {:.0}s (restart.stall_timeout_secs{allowance}); killed it",
+            "stalled: {active} sequence(s) active and no decode progress for {:.0}s (restart.stall_timeout_secs{allowance}) while the worker still answered Health",
             stall.as_secs_f64()
         );
-        return Some(kill_hung(worker, reason).await);
+        return Some(stalled(mgr, plan, worker, reason).await);
     }
     None
 }
@@ -229,6 +234,56 @@ fn stall_bound(restart: &crate::config::RestartConfig, prefill_tokens: u64) -> D
         0 => base,
         rate => base + Duration::from_secs_f64(prefill_tokens as f64 / rate as f64),
     }
+}
+
+/// A worker whose engine stopped progressing: if the runtime's own
+/// timeout is capturing right now, that capture finishes and the death is
+/// a device hang; otherwise the daemon captures the slot itself (the
+/// worker's tree, the cards), then kills it. The cards are reset after.
+async fn stalled(
+    mgr: &Arc<SlotManager>,
+    plan: &SlotPlan,
+    worker: &mut Worker,
+    reason: String,
+) -> Outcome {
+    tracing::error!(slot = %plan.slot, "{reason}");
+    if crate::hang::in_progress(&plan.captures) {
+        if let Some(hang) = device_hang(plan, worker).await {
+            let mut outcome = kill_hung(worker, format!("{reason}; {hang}")).await;
+            if let Outcome::Failed { cause, .. } = &mut outcome {
+                *cause = RestartCause::DeviceHang;
+            }
+            return outcome;
+        }
+    }
+    let evidence = if plan.m.hang.capture {
+        mgr.transition(
+            &plan.slot,
+            SlotState::Failed,
+            format!("{reason}; capturing the slot before it is stopped"),
+        );
+        let spec = plan.capture_spec(
+            &mgr.cards().hardware().sys_root,
+            Some(worker.pid()),
+            reason.clone(),
+        );
+        match tokio::task::spawn_blocking(move || crate::hang::capture(&spec)).await {
+            Ok(Ok(path)) => format!(
+                "; capture {}: {}",
+                path.display(),
+                crate::hang::head(&path, 3)
+            ),
+            Ok(Err(e)) => format!("; the capture failed: {e}"),
+            Err(e) => format!("; the capture stopped: {e}"),
+        }
+    } else {
+        String::new()
+    };
+    let mut outcome = kill_hung(worker, format!("{reason}; killed it{evidence}")).await;
+    if let Outcome::Failed { cause, .. } = &mut outcome {
+        *cause = RestartCause::Stalled;
+    }
+    outcome
 }
 
 /// SIGKILL a hung worker (it ends a stopped process too; no SIGCONT

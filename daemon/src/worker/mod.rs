@@ -238,6 +238,10 @@ pub struct Worker {
     /// The engine's own words that it (re)built a tensor cache file
     /// ([`crate::cache::REBUILD_LINES`]), first few.
     cache_rebuilds: Arc<Mutex<Vec<String>>>,
+    /// The runtime's first word that the device hung ([`crate::hang`]).
+    device_hang: Arc<Mutex<Option<String>>>,
+    /// When it was started: captures made since are of this run.
+    started_at: std::time::SystemTime,
     signalled: bool,
     stop_requested: bool,
     /// Its slot's containment.
@@ -392,6 +396,7 @@ impl Worker {
         enclosure.started(pid);
         let engaged = Arc::new(Mutex::new(BTreeSet::new()));
         let cache_rebuilds = Arc::new(Mutex::new(Vec::new()));
+        let device_hang = Arc::new(Mutex::new(None));
         let mut captures = Vec::new();
         if let Some(out) = child.stdout.take() {
             captures.push(tokio::spawn(capture(
@@ -401,6 +406,7 @@ impl Worker {
                 logs.clone(),
                 engaged.clone(),
                 cache_rebuilds.clone(),
+                device_hang.clone(),
             )));
         }
         if let Some(err) = child.stderr.take() {
@@ -411,6 +417,7 @@ impl Worker {
                 logs.clone(),
                 engaged.clone(),
                 cache_rebuilds.clone(),
+                device_hang.clone(),
             )));
         }
         tracing::info!(slot = %spec.slot, pid, command = %spec.command.join(" "), "worker started");
@@ -420,6 +427,8 @@ impl Worker {
             logs,
             engaged,
             cache_rebuilds,
+            device_hang,
+            started_at: std::time::SystemTime::now(),
             signalled: false,
             stop_requested: false,
             enclosure,
@@ -473,6 +482,20 @@ impl Worker {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The runtime's first line saying the device hung (tt-metal's
+    /// `Timeout detected`, `TIMEOUT: device timeout ...`), if it printed one.
+    pub fn device_hang_line(&self) -> Option<String> {
+        self.device_hang
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// When the worker was started.
+    pub fn started_at(&self) -> std::time::SystemTime {
+        self.started_at
     }
 
     /// Record that a stop was asked for (a clean exit then counts as
@@ -593,6 +616,7 @@ async fn capture(
     logs: Arc<LogRing>,
     engaged: Arc<Mutex<BTreeSet<String>>>,
     cache_rebuilds: Arc<Mutex<Vec<String>>>,
+    device_hang: Arc<Mutex<Option<String>>>,
 ) {
     let mut lines = BufReader::new(pipe).lines();
     loop {
@@ -602,6 +626,13 @@ async fn capture(
                     let mut set = engaged.lock().unwrap_or_else(|e| e.into_inner());
                     if set.insert(flag.to_string()) {
                         tracing::info!(slot = %slot, flag, "banner seen");
+                    }
+                }
+                if crate::hang::is_device_hang_line(&text) {
+                    let mut first = device_hang.lock().unwrap_or_else(|e| e.into_inner());
+                    if first.is_none() {
+                        tracing::error!(slot = %slot, line = %text, "the runtime says the device hung");
+                        *first = Some(text.clone());
                     }
                 }
                 if crate::cache::is_rebuild_line(&text) {
