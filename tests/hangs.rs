@@ -208,6 +208,10 @@ fn a_silent_hang_is_stalled_captured_reset_and_back() {
     let files = captures(&daemon);
     assert_eq!(files.len(), 1, "{files:?}");
     assert!(reason.contains("capture "), "{reason}");
+    assert!(
+        reason.contains("the engine's counters stayed at vllm:generation_tokens_total"),
+        "vLLM's own counters, frozen: {reason}"
+    );
     let text = std::fs::read_to_string(&files[0]).unwrap();
     assert!(
         text.contains(&format!("pid {}", first["worker_pid"])),

@@ -66,6 +66,24 @@ impl EngineKind {
         }
     }
 
+    /// Counters in the engine's `/metrics` that move only while its engine
+    /// loop advances (Health `engine_counters`, read by the daemon's stall
+    /// watchdog): vLLM 0.32's `vllm:generation_tokens_total` (+1 a token)
+    /// and `vllm:prompt_tokens_total` (a prompt, at its first token)
+    /// (vllm/v1/metrics/loggers.py); llama-server's `llamacpp:tokens_predicted_total`
+    /// and `llamacpp:prompt_tokens_total` (tools/server/server.cpp metrics).
+    pub fn progress_counters(self) -> &'static [&'static str] {
+        match self {
+            EngineKind::Vllm | EngineKind::VllmTt => {
+                &["vllm:generation_tokens_total", "vllm:prompt_tokens_total"]
+            }
+            EngineKind::LlamaServer => &[
+                "llamacpp:tokens_predicted_total",
+                "llamacpp:prompt_tokens_total",
+            ],
+        }
+    }
+
     /// The path that answers 200 once the engine can serve.
     pub fn default_health_path(self) -> &'static str {
         "/health"

@@ -156,6 +156,7 @@ impl Backend for OpenAiBackend {
             // export the blocks only its prefix cache holds.
             kv_blocks_in_use: self.status.kv_blocks_in_use(),
             kv_blocks_cached: 0,
+            engine_counters: self.status.engine_counters(),
             ..Default::default()
         }
     }

@@ -48,6 +48,8 @@ struct LoadCache {
     /// blocks held by running requests; blocks only its prefix cache keeps
     /// count as free there).
     kv_usage: Option<f64>,
+    /// The engine's progress counters ([`EngineKind::progress_counters`]).
+    counters: std::collections::BTreeMap<String, f64>,
     /// When they were read.
     at: Option<Instant>,
     /// A read is under way.
@@ -255,9 +257,15 @@ impl Status {
     async fn refresh_load(&self, port: u16, kind: EngineKind) {
         let (running, waiting) = kind.load_gauges();
         let mut kv_usage = None;
+        let mut counters = std::collections::BTreeMap::new();
         let counts = match http::get(port, "/metrics", Duration::from_secs(2)).await {
             Ok((code, text)) if code.is_success() => {
                 kv_usage = metrics::gauge(&text, "vllm:kv_cache_usage_perc");
+                for name in kind.progress_counters() {
+                    if let Some(value) = metrics::gauge(&text, name) {
+                        counters.insert(name.to_string(), value);
+                    }
+                }
                 match (
                     metrics::count(&text, running),
                     metrics::count(&text, waiting),
@@ -283,6 +291,13 @@ impl Status {
         cache.at = Some(Instant::now());
         cache.counts = counts;
         cache.kv_usage = kv_usage;
+        cache.counters = counters;
+    }
+
+    /// The engine's progress counters from its last metrics read.
+    pub fn engine_counters(&self) -> std::collections::HashMap<String, f64> {
+        let cache = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        cache.counters.clone().into_iter().collect()
     }
 
     /// KV blocks in use by running requests, from the engine's last fresh

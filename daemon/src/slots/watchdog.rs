@@ -27,6 +27,9 @@ struct Watch {
     last_progress_ms: u64,
     /// Health polls in a row that got no answer.
     unanswered: u32,
+    /// The engine's own progress counters as last reported: a change is
+    /// progress (they move only while its engine loop does).
+    counters: std::collections::BTreeMap<String, f64>,
     /// The KV blocks (in use, cached) the worker last reported; the slot's
     /// view is updated only when they change.
     kv_blocks: (u32, u32),
@@ -148,10 +151,14 @@ async fn check_health(
 ) -> Option<Outcome> {
     let health =
         tokio::time::timeout(plan.health_timeout, engine.health(pb::HealthRequest {})).await;
-    let (active, progress_ms, prefill_tokens) = match health {
+    let (active, progress_ms, prefill_tokens, counters_moved) = match health {
         Ok(Ok(h)) => {
             watch.unanswered = 0;
             let h = h.into_inner();
+            let counters: std::collections::BTreeMap<String, f64> =
+                h.engine_counters.into_iter().collect();
+            let counters_moved = counters != watch.counters;
+            watch.counters = counters;
             let kv_blocks = (h.kv_blocks_in_use, h.kv_blocks_cached);
             if kv_blocks != watch.kv_blocks {
                 watch.kv_blocks = kv_blocks;
@@ -165,6 +172,7 @@ async fn check_health(
                 h.active_sequences + h.queued_sequences,
                 h.last_progress_unix_ms,
                 h.prefill_tokens,
+                counters_moved,
             )
         }
         // A worker that does not answer Health (frozen by SIGSTOP, its RPC
@@ -194,7 +202,7 @@ async fn check_health(
             return Some(kill_hung(worker, format!("{reason}; killed it")).await);
         }
     };
-    if active == 0 || progress_ms != watch.last_progress_ms {
+    if active == 0 || progress_ms != watch.last_progress_ms || counters_moved {
         watch.busy_since = (active > 0).then(Instant::now);
         watch.last_progress_ms = progress_ms;
     } else if watch.busy_since.is_none() {
@@ -215,8 +223,21 @@ async fn check_health(
         } else {
             String::new()
         };
+        let counters = if watch.counters.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; the engine's counters stayed at {}",
+                watch
+                    .counters
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
         let reason = format!(
-            "stalled: {active} sequence(s) active and no decode progress for {:.0}s (restart.stall_timeout_secs{allowance}) while the worker still answered Health",
+            "stalled: {active} sequence(s) active and no decode progress for {:.0}s (restart.stall_timeout_secs{allowance}) while the worker still answered Health{counters}",
             stall.as_secs_f64()
         );
         return Some(stalled(mgr, plan, worker, reason).await);
