@@ -707,3 +707,31 @@ fn readiness_accuracy_names_a_gate_with_a_file_of_questions() {
         "give an absolute path",
     );
 }
+
+#[test]
+fn hang_settings_are_on_by_default_bounded_and_unknown_keys_refused() {
+    let config = parse(ONE_MODEL).expect("one model");
+    let hang = &config.models["qwen"].hang;
+    assert_eq!(hang.operation_timeout_secs, 30);
+    assert!(hang.capture);
+    let off = parse(&format!(
+        "{ONE_MODEL}[models.qwen.hang]\noperation_timeout_secs = 0\ncapture = false\n"
+    ))
+    .expect("off");
+    assert_eq!(off.models["qwen"].hang.operation_timeout_secs, 0);
+    assert_rejected(
+        &format!("{ONE_MODEL}[models.qwen.hang]\ncapture_max_kib = 1\n"),
+        "models.qwen.hang.capture_max_kib",
+        "from 16 to 65536",
+    );
+    assert_rejected(
+        &format!("{ONE_MODEL}[models.qwen.hang]\ncapture_timeout_secs = 0\n"),
+        "models.qwen.hang.capture_timeout_secs",
+        "from 1 to 3600",
+    );
+    let typo = problems_of(&format!("{ONE_MODEL}[models.qwen.hang]\ntimeout = 5\n"));
+    assert!(
+        typo.iter().any(|p| p.to_string().contains("timeout")),
+        "{typo:?}"
+    );
+}
