@@ -1031,3 +1031,141 @@ fn a_workers_open_mpi_segments_and_its_cards_stale_hugepages_go_and_nothing_else
     assert!(log.contains("Open MPI segment(s) the worker left"), "{log}");
     assert!(log.contains("stale hugepage file"), "{log}");
 }
+
+// ---- A tt-smi that never returns (tt-smi issues 85, 185) ----
+
+/// Whether `pid` runs (a zombie has ended: an orphan's zombie waits for an
+/// init that may never reap it).
+fn runs(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            Some(!matches!(state, 'Z' | 'X'))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_reset_whose_tt_smi_never_returns_is_cut_at_its_deadline_and_only_an_operator_tries_again() {
+    let hw = FakeHw::new(1);
+    let bdf = FakeHw::bdf(0);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    // `extra` goes into the [reset] table first: a 2 s deadline for tt-smi.
+    let table = model_table(
+        "m",
+        1,
+        &[0],
+        &model,
+        "[models.m.restart]\nbackoff_ms = 50\n",
+    );
+    let mut daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            // Every start resets the slot's cards: the restart below must
+            // refuse to.
+            policy: "always",
+            extra: format!("tt_smi_timeout_secs = 2\n{table}"),
+            ..Default::default()
+        },
+    );
+    let worker = daemon.wait_slot_state("m", "ready")["worker_pid"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(worker > 0, "{:#}", daemon.slot("m"));
+    hw.root.set_fault(&bdf, Fault::SmiHangs).unwrap();
+    let resets_before = hw.smi_resets().len();
+    let began = Instant::now();
+    // The worker dies uncleanly: the slot resets its card, and that
+    // tt-smi never returns.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the worker");
+    let card = daemon.wait_card_state(&bdf, "quarantined");
+    assert!(began.elapsed() >= Duration::from_secs(2), "{card:#}");
+    let reason = card["state_reason"].as_str().unwrap_or("").to_string();
+    assert!(
+        reason.starts_with(
+            "reset hung: reset did not return within 2s; the host may need a reboot (tt-smi issues 85, 185)"
+        ),
+        "{reason}"
+    );
+    assert!(
+        reason.contains(&format!("reboot the host, then `ttctl card reset {bdf}`")),
+        "{reason}"
+    );
+    // It was killed with its process group: neither tt-smi nor the child
+    // it started runs any more.
+    let hung: Vec<_> = hw
+        .root
+        .tt_smi_log()
+        .unwrap()
+        .into_iter()
+        .filter(|i| i.hung)
+        .collect();
+    assert_eq!(hung.len(), 1, "{hung:?}");
+    assert_eq!(hung[0].pids.len(), 2, "{hung:?}");
+    for pid in &hung[0].pids {
+        assert!(!runs(*pid), "tt-smi's process {pid} outlived its deadline");
+    }
+    // `ttctl status` tells it apart from a failed proof, with the hint.
+    let text = output_text(&daemon.ttctl(&["status"]));
+    let row = text.lines().find(|l| l.contains(&bdf)).unwrap_or_default();
+    assert!(
+        row.trim_end().ends_with("quarantined (reset hung)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("the host may need a reboot (tt-smi issues 85, 185)"),
+        "{text}"
+    );
+    let slot = daemon.wait_slot_state("m", "quarantined");
+    assert!(
+        slot["reason"].as_str().unwrap_or("").contains("reset hung"),
+        "{slot:#}"
+    );
+    let hung_resets = tt_serving_tests::chaos_support::scrape(&daemon).sum(
+        "tt_serving_card_resets_total",
+        &[("card", bdf.as_str()), ("outcome", "hung")],
+    );
+    assert_eq!(hung_resets, 1.0);
+
+    // The slot wants its card back, but no second reset is tried: not by
+    // the slot, and not by a restarted daemon's start-up reset.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        hw.smi_resets().len(),
+        resets_before + 1,
+        "{:?}",
+        hw.smi_calls()
+    );
+    let refusal = format!("automatic reset of {bdf} refused");
+    let refusals = daemon.log_text().matches(&refusal).count();
+    daemon.terminate();
+    daemon.spawn(&[]);
+    wait_until("the start-up reset to be refused", || {
+        (daemon.log_text().matches(&refusal).count() > refusals).then_some(())
+    });
+    assert_eq!(hw.smi_resets().len(), resets_before + 1);
+    let card = daemon.wait_card_state(&bdf, "quarantined");
+    assert!(
+        card["state_reason"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("reset hung: "),
+        "{card:#}"
+    );
+    daemon.wait_slot_state("m", "quarantined");
+
+    // The operator (after the reboot the hint asks for) may still reset
+    // it; proven back, the quarantine lifts and the slot serves again.
+    hw.root.clear_fault(&bdf).unwrap();
+    let out = daemon.ttctl(&["card", "reset", &bdf]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    assert!(hw.smi_resets().len() > resets_before + 1);
+    daemon.wait_slot_state("m", "ready");
+    assert_eq!(daemon.card(&bdf)["state"], "ready");
+}

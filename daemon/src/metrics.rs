@@ -111,8 +111,31 @@ pub struct CardLabels {
 pub struct CardOutcomeLabels {
     /// PCI address.
     pub card: String,
-    /// `proven` or `failed`.
+    /// `proven`, `failed` or `hung`.
     pub outcome: String,
+}
+
+/// How a card reset ended, as `card_resets` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetOutcome {
+    /// Back and proven.
+    Proven,
+    /// Every attempt failed; the card is quarantined.
+    Failed,
+    /// tt-smi did not return and was killed; the card is quarantined until
+    /// an operator resets it (no automatic reset tries it again).
+    Hung,
+}
+
+impl ResetOutcome {
+    /// The `outcome` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            ResetOutcome::Proven => "proven",
+            ResetOutcome::Failed => "failed",
+            ResetOutcome::Hung => "hung",
+        }
+    }
 }
 
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -291,7 +314,7 @@ impl Metrics {
         );
         r.register(
             "card_resets",
-            "Card resets by outcome (proven: back and proven; failed: quarantined)",
+            "Card resets by outcome (proven: back and proven; failed: quarantined; hung: tt-smi did not return, quarantined until an operator resets the card)",
             m.card_resets.clone(),
         );
         r.register(
@@ -422,12 +445,12 @@ impl Metrics {
             .inc();
     }
 
-    /// A reset ended: proven back or given up; how long it took.
-    pub fn card_reset(&self, card: &str, proven: bool, took: Duration) {
+    /// A reset ended: proven back, given up, or hung; how long it took.
+    pub fn card_reset(&self, card: &str, outcome: ResetOutcome, took: Duration) {
         self.card_resets
             .get_or_create(&CardOutcomeLabels {
                 card: card.to_string(),
-                outcome: if proven { "proven" } else { "failed" }.into(),
+                outcome: outcome.label().into(),
             })
             .inc();
         self.reset_duration

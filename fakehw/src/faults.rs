@@ -50,6 +50,16 @@ pub enum Fault {
     /// `--no_reinit`) fails on this card, whichever cards were reset: it
     /// re-discovers every card on the host.
     ReinitFails,
+    /// `tt-smi -r` naming this card never returns, as if stuck in the
+    /// reset ioctl: no card is touched, it ignores SIGTERM, SIGINT and
+    /// SIGHUP, and only SIGKILL ends it (a process really stuck in the
+    /// kernel does not even die to that until the ioctl returns). It also
+    /// forks a child that hangs the same way, so that a test sees a whole
+    /// process group go. Seen for real: `tt-smi -r` on a Galaxy appears
+    /// stuck (tt-umd issue 2439), a reset hung 15 minutes and then returned
+    /// non-zero (tt-smi issue 85), and one left the host unresponsive until
+    /// a hard reboot (tt-smi issue 185).
+    SmiHangs,
 }
 
 impl Fault {
@@ -69,6 +79,7 @@ impl Fault {
             Fault::Downtrained => "downtrained",
             Fault::ThermTrip => "therm-trip",
             Fault::ReinitFails => "reinit-fails",
+            Fault::SmiHangs => "smi-hangs",
         }
     }
 }
@@ -100,10 +111,11 @@ impl FromStr for Fault {
             "downtrained" => Ok(Fault::Downtrained),
             "therm-trip" => Ok(Fault::ThermTrip),
             "reinit-fails" => Ok(Fault::ReinitFails),
+            "smi-hangs" => Ok(Fault::SmiHangs),
             other => Err(format!(
                 "unknown fault {other:?}; expected never-returns, new-index, slow, \
                  frozen-heartbeat, smi-exit-1, hot-plug, ioctl-fails, downtrained, \
-                 therm-trip or reinit-fails"
+                 therm-trip, reinit-fails or smi-hangs"
             )),
         }
     }
@@ -133,6 +145,8 @@ pub struct CardFaults {
     pub therm_trip: bool,
     /// [`Fault::ReinitFails`] is on.
     pub reinit_fails: bool,
+    /// [`Fault::SmiHangs`] is on.
+    pub smi_hangs: bool,
 }
 
 impl CardFaults {
@@ -149,6 +163,7 @@ impl CardFaults {
             Fault::Downtrained => self.downtrained = true,
             Fault::ThermTrip => self.therm_trip = true,
             Fault::ReinitFails => self.reinit_fails = true,
+            Fault::SmiHangs => self.smi_hangs = true,
         }
     }
 
@@ -181,6 +196,7 @@ impl CardFaults {
             (self.downtrained, Fault::Downtrained),
             (self.therm_trip, Fault::ThermTrip),
             (self.reinit_fails, Fault::ReinitFails),
+            (self.smi_hangs, Fault::SmiHangs),
         ] {
             if on {
                 out.push(fault);
@@ -213,6 +229,7 @@ mod tests {
             "downtrained",
             "therm-trip",
             "reinit-fails",
+            "smi-hangs",
         ] {
             let fault: Fault = name.parse().unwrap();
             assert_eq!(fault.name(), name);

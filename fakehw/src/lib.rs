@@ -66,7 +66,7 @@ pub use faults::{CardFaults, Fault};
 pub use firmware::{run_firmware, FirmwareThread, ReturnedCard, TickReport};
 pub use kmd::{Kmd, DEFAULT_DRIVER_VERSION, DEFAULT_TT_SMI_VERSION};
 pub use running::FirmwareState;
-pub use smi::{run_smi, TT_SMI_VERSION};
+pub use smi::{run_smi, run_smi_to_end, SmiEnd, SmiHang, HUNG_EXIT_CODE, TT_SMI_VERSION};
 pub use state::{CardInfo, PendingReset, SmiInvocation, DEFAULT_RESET_DELAY_MS};
 
 use layout::Layout;

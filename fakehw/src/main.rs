@@ -13,8 +13,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use nix::sys::signal::{SigHandler, Signal};
 use tt_fakehw::{
-    CreateOptions, FakeRoot, Fault, FirmwareState, DEFAULT_DRIVER_VERSION, DEFAULT_RESET_DELAY_MS,
-    DEFAULT_TT_SMI_VERSION,
+    CreateOptions, FakeRoot, Fault, FirmwareState, SmiEnd, DEFAULT_DRIVER_VERSION,
+    DEFAULT_RESET_DELAY_MS, DEFAULT_TT_SMI_VERSION,
 };
 
 /// A fake Tenstorrent Blackhole hardware root (dev, sys, proc and tt-smi)
@@ -212,6 +212,8 @@ enum FaultArg {
     ThermTrip,
     /// tt-smi's re-initialisation (without --no_reinit) fails on this card.
     ReinitFails,
+    /// tt-smi -r on this card never returns; only SIGKILL ends it.
+    SmiHangs,
     /// Switch every fault of the card off.
     Clear,
 }
@@ -282,12 +284,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Smi { root, args } => {
-            let code = tt_fakehw::run_smi(
+            let end = tt_fakehw::run_smi_to_end(
                 &root,
                 &args,
                 &mut std::io::stdout().lock(),
                 &mut std::io::stderr().lock(),
             );
+            let code = match end {
+                SmiEnd::Exit(code) => code,
+                SmiEnd::Hang(hang) => hang.hang_until_killed(&mut std::io::stderr().lock()),
+            };
             if code > 128 {
                 // The real tool died of this signal (a negative logical id
                 // crashes tt-umd): so does the fake.
@@ -319,6 +325,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 FaultArg::Downtrained => Fault::Downtrained,
                 FaultArg::ThermTrip => Fault::ThermTrip,
                 FaultArg::ReinitFails => Fault::ReinitFails,
+                FaultArg::SmiHangs => Fault::SmiHangs,
             };
             fake.set_fault(&bdf, fault)?;
             println!("{bdf}: {fault} on");

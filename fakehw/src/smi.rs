@@ -27,13 +27,104 @@ pub const TT_SMI_VERSION: &str = "6.8.0";
 /// Runs the fake `tt-smi` against the root with `args` (the arguments
 /// after the program name), writing what the real tool would print to `out`
 /// and `err`, appending the run to `fakehw/tt-smi.log`, and returning the
-/// exit code.
+/// exit code. A run cannot hang in process: one that would (the
+/// `smi-hangs` fault) is logged as hung, says so on `err` and returns
+/// [`HUNG_EXIT_CODE`]; the binary hangs for real ([`run_smi_to_end`]).
 pub fn run_smi(
     root: &std::path::Path,
     args: &[String],
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> i32 {
+    match run_smi_to_end(root, args, out, err) {
+        SmiEnd::Exit(code) => code,
+        SmiEnd::Hang(hang) => {
+            say(
+                err,
+                "tt-smi (tt-fakehw): this reset hangs (smi-hangs fault); run in process it returns 137 instead, what the SIGKILL that ends it gives",
+            );
+            hang.log(Vec::new(), err);
+            HUNG_EXIT_CODE
+        }
+    }
+}
+
+/// What a hung run is logged with: 128 + SIGKILL, the only way it ends.
+pub const HUNG_EXIT_CODE: i32 = 137;
+
+/// How a run of the fake `tt-smi` ends.
+#[derive(Debug)]
+pub enum SmiEnd {
+    /// It exits with this code (128 + N: it dies of signal N); logged.
+    Exit(i32),
+    /// It hangs ([`SmiHang::hang_until_killed`]); not logged yet.
+    Hang(SmiHang),
+}
+
+/// A run of the fake `tt-smi` that hangs (the `smi-hangs` fault).
+#[derive(Debug)]
+pub struct SmiHang {
+    layout: Layout,
+    entry: SmiInvocation,
+}
+
+impl SmiHang {
+    fn log(mut self, pids: Vec<u32>, err: &mut dyn Write) {
+        self.entry.pids = pids;
+        if let Err(e) = state::append_smi_log(&self.layout, &self.entry) {
+            say(
+                err,
+                &format!("tt-smi (tt-fakehw): could not log this run: {e}"),
+            );
+        }
+    }
+
+    /// Hangs as tt-smi stuck in the reset ioctl does: deaf to SIGTERM,
+    /// SIGINT and SIGHUP, with a forked child deaf to them too (what the
+    /// tool started), so that only SIGKILL to the whole process group ends
+    /// it. The run is logged, with both pids, once both hang.
+    pub fn hang_until_killed(self, err: &mut dyn Write) -> ! {
+        use nix::sys::signal::{signal, SigHandler, Signal};
+        for sig in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+            // SAFETY: ignoring a signal installs no handler; the child
+            // inherits it across fork.
+            let _ = unsafe { signal(sig, SigHandler::SigIgn) };
+        }
+        let _ = std::io::stdout().flush();
+        let _ = err.flush();
+        let mut pids = vec![std::process::id()];
+        // SAFETY: the child only sleeps (nanosleep is async-signal-safe),
+        // whatever threads the parent has.
+        match unsafe { nix::unistd::fork() } {
+            Ok(nix::unistd::ForkResult::Child) => sleep_forever(),
+            Ok(nix::unistd::ForkResult::Parent { child }) => {
+                pids.extend(u32::try_from(child.as_raw()).ok());
+            }
+            Err(e) => say(
+                err,
+                &format!("tt-smi (tt-fakehw): could not fork the hanging child: {e}"),
+            ),
+        }
+        self.log(pids, err);
+        sleep_forever()
+    }
+}
+
+fn sleep_forever() -> ! {
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+    }
+}
+
+/// Runs the fake `tt-smi` as [`run_smi`] does, except that a run that
+/// hangs is handed back unlogged, for the caller to hang in
+/// ([`SmiHang::hang_until_killed`], what the binary does).
+pub fn run_smi_to_end(
+    root: &std::path::Path,
+    args: &[String],
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> SmiEnd {
     let layout = Layout::new(root);
     if !layout.cards_file().is_file() {
         say(
@@ -45,49 +136,54 @@ pub fn run_smi(
                 root.display()
             ),
         );
-        return 1;
+        return SmiEnd::Exit(1);
     }
-    let (code, reset_bdfs) = run(&layout, args, out, err);
+    let (code, reset_bdfs, hangs) = run(&layout, args, out, err);
     let entry = SmiInvocation {
         unix_ms: state::now_unix_ms(),
         args: args.to_vec(),
         exit_code: code,
         reset_bdfs,
+        hung: hangs,
+        pids: Vec::new(),
     };
+    if hangs {
+        return SmiEnd::Hang(SmiHang { layout, entry });
+    }
     if let Err(e) = state::append_smi_log(&layout, &entry) {
         say(
             err,
             &format!("tt-smi (tt-fakehw): could not log this run: {e}"),
         );
     }
-    code
+    SmiEnd::Exit(code)
 }
 
 /// One run: its exit code (128 + N for a death by signal N, which the
-/// binary then dies of) and the cards it reset.
+/// binary then dies of), the cards it reset, and whether it hangs instead.
 fn run(
     layout: &Layout,
     args: &[String],
     out: &mut dyn Write,
     err: &mut dyn Write,
-) -> (i32, Vec<String>) {
+) -> (i32, Vec<String>, bool) {
     let args = match parse_args(args) {
         Ok(Parsed::Run(args)) => args,
         Ok(Parsed::Help) => {
             say(out, HELP);
-            return (0, Vec::new());
+            return (0, Vec::new(), false);
         }
         Ok(Parsed::Version) => {
             let version = state::load_inventory(layout)
                 .map(|i| i.tt_smi_version)
                 .unwrap_or_else(|_| TT_SMI_VERSION.to_string());
             say(out, &version);
-            return (0, Vec::new());
+            return (0, Vec::new(), false);
         }
         Err(message) => {
             say(err, USAGE);
             say(err, &format!("tt-smi: error: {message}"));
-            return (2, Vec::new());
+            return (2, Vec::new(), false);
         }
     };
 
@@ -100,7 +196,7 @@ fn run(
                   https://github.com/tenstorrent/tt-kmd ",
             ),
         );
-        return (1, Vec::new());
+        return (1, Vec::new(), false);
     }
 
     if let Some(targets) = &args.reset {
@@ -118,20 +214,20 @@ fn run(
             Some(signal) => 128 + signal,
             None => run.code,
         };
-        return (code, run.reset_bdfs);
+        return (code, run.reset_bdfs, run.hangs);
     }
     if args.list {
-        return (list(layout, out, err), Vec::new());
+        return (list(layout, out, err), Vec::new(), false);
     }
     if args.snapshot || args.snapshot_no_tty {
         return match snapshot::snapshot_json(layout) {
             Ok(json) => {
                 say(out, &json);
-                (0, Vec::new())
+                (0, Vec::new(), false)
             }
             Err(e) => {
                 say(err, &format!(" Error while reading devices: {e} "));
-                (1, Vec::new())
+                (1, Vec::new(), false)
             }
         };
     }
@@ -140,7 +236,7 @@ fn run(
         "tt-smi (tt-fakehw): the interactive display is not part of the fake; \
          use -s for a snapshot, -ls to list boards or -r to reset",
     );
-    (1, Vec::new())
+    (1, Vec::new(), false)
 }
 
 /// Writes one line, ignoring a closed pipe: the exit code is what matters.
@@ -592,12 +688,15 @@ fn or_every_card(chosen: Vec<PresentCard>, present: &[PresentCard]) -> Vec<Prese
 }
 
 /// What one `-r` run did, for the log.
+#[derive(Default)]
 struct ResetRun {
     code: i32,
     reset_bdfs: Vec<String>,
     /// Die by this signal instead of exiting (tt-umd indexing out of
     /// bounds for a negative logical id).
     signal: Option<i32>,
+    /// Hang instead of exiting (the `smi-hangs` fault).
+    hangs: bool,
 }
 
 /// `tt-smi -r`: resolves the targets as the real tool does, resets them
@@ -611,8 +710,7 @@ fn reset(layout: &Layout, values: &[String], no_reinit: bool, out: &mut dyn Writ
             say(out, &red(&format!("Error while resetting devices: {e}")));
             ResetRun {
                 code: 1,
-                reset_bdfs: Vec::new(),
-                signal: None,
+                ..ResetRun::default()
             }
         }
     }
@@ -630,8 +728,7 @@ fn reset_inner(
     let present = present_cards(layout)?;
     let failed = |code| ResetRun {
         code,
-        reset_bdfs: Vec::new(),
-        signal: None,
+        ..ResetRun::default()
     };
     let legacy = !crate::kmd::tt_smi_takes_bdfs(&inventory.tt_smi_version);
     let selection = if legacy {
@@ -667,6 +764,7 @@ fn reset_inner(
                     code: 139,
                     reset_bdfs: Vec::new(),
                     signal: Some(nix::libc::SIGSEGV),
+                    ..ResetRun::default()
                 });
             }
             // Out-of-range ids are skipped (a warning, hidden without a
@@ -735,6 +833,19 @@ fn reset_inner(
         }
     };
 
+    if targets
+        .iter()
+        .any(|c| faults.get(&c.bdf).is_some_and(|f| f.smi_hangs))
+    {
+        // Stuck in the reset ioctl: nothing more is printed (tt-umd's
+        // progress lines are info, hidden without a TTY) and no card is
+        // touched here; the root's lock goes with this function.
+        return Ok(ResetRun {
+            code: HUNG_EXIT_CODE,
+            hangs: true,
+            ..ResetRun::default()
+        });
+    }
     if targets
         .iter()
         .any(|c| faults.get(&c.bdf).is_some_and(|f| f.smi_exit_1))
@@ -821,14 +932,14 @@ fn reset_inner(
             return Ok(ResetRun {
                 code: 1,
                 reset_bdfs,
-                signal: None,
+                ..ResetRun::default()
             });
         }
     }
     Ok(ResetRun {
         code: 0,
         reset_bdfs,
-        signal: None,
+        ..ResetRun::default()
     })
 }
 

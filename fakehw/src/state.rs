@@ -111,6 +111,15 @@ pub struct SmiInvocation {
     /// touched another card.
     #[serde(default)]
     pub reset_bdfs: Vec<String>,
+    /// The run hung (the `smi-hangs` fault). Such a run never ends by
+    /// itself, so it is logged when it begins to hang, with `exit_code`
+    /// 137: what the SIGKILL that ends it gives.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hung: bool,
+    /// The processes of a hung run (tt-smi, then the child it forked), for
+    /// a test to check that they are gone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pids: Vec<u32>,
 }
 
 /// Faults by BDF, as stored in `faults.json`.

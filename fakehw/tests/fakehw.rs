@@ -629,6 +629,81 @@ fn smi_exit_1_fault_fails_the_reset_and_leaves_the_card() {
     assert!(fake.pending_resets().unwrap().is_empty());
 }
 
+/// Whether `pid` runs (a zombie has ended: an orphan's zombie waits for an
+/// init that may never reap it).
+fn running(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            Some(!matches!(state, 'Z' | 'X'))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn smi_hangs_fault_hangs_the_reset_until_sigkill_reaches_its_group() {
+    use std::os::unix::process::CommandExt;
+    let f = fixture(2);
+    let fake = &f.fake;
+    let bdf = FakeRoot::bdf(1);
+    fake.set_fault(&bdf, Fault::SmiHangs).unwrap();
+    assert!(fake.faults(&bdf).unwrap().smi_hangs);
+    // A reset that does not name the card is not affected.
+    assert_eq!(
+        tt_smi(fake, &["-r", &FakeRoot::bdf(0)]).status.code(),
+        Some(0)
+    );
+
+    let mut child = Command::new(fake.tt_smi())
+        .args(["--no_reinit", "-r", &bdf])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let group = nix::unistd::Pid::from_raw(child.id() as i32);
+    let mut hung = None;
+    wait_for("the hung run to be logged", || {
+        hung = fake.tt_smi_log().unwrap().into_iter().find(|i| i.hung);
+        hung.is_some()
+    });
+    let hung = hung.unwrap();
+    assert_eq!(hung.exit_code, 137);
+    assert!(hung.reset_bdfs.is_empty(), "{hung:?}");
+    // tt-smi (the script execs the binary) and the child it forked.
+    assert_eq!(hung.pids.len(), 2, "{hung:?}");
+    assert_eq!(hung.pids[0], child.id());
+    // Nothing was done to the card, and SIGTERM does not end the run.
+    assert!(fake.pending_resets().unwrap().iter().all(|p| p.bdf != bdf));
+    assert!(fake.heartbeat(&bdf).is_some());
+    nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(child.try_wait().unwrap(), None, "SIGTERM ended it");
+    assert!(hung.pids.iter().all(|p| running(*p)), "{hung:?}");
+
+    nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    assert!(
+        out.contains("Resetting PCI BDFs: ['0000:02:00.0']"),
+        "{out}"
+    );
+    wait_for("the forked child to die too", || {
+        hung.pids.iter().all(|p| !running(*p))
+    });
+
+    // In process a run cannot hang: it says so and returns what SIGKILL gives.
+    let in_process = fake.run_smi(&["-r", &bdf]);
+    assert_eq!(in_process.code, 137);
+    assert!(in_process.stderr.contains("smi-hangs"), "{in_process:?}");
+}
+
 #[test]
 fn bad_flag_exits_2_with_argparse_usage() {
     let f = fixture(1);
@@ -873,9 +948,10 @@ fn fault_command_sets_and_clears_faults() {
         .success());
     assert!(fault(&["--card", &bdf, "new-index"]).status.success());
     assert!(fault(&["--card", "02:00.0", "smi-exit-1"]).status.success());
+    assert!(fault(&["--card", "1", "smi-hangs"]).status.success());
     let faults = fake.faults(&bdf).unwrap();
     assert_eq!(faults.slow_delay_ms, Some(1234));
-    assert!(faults.new_index && faults.smi_exit_1);
+    assert!(faults.new_index && faults.smi_exit_1 && faults.smi_hangs);
     assert!(fake.faults(&FakeRoot::bdf(0)).unwrap().is_clear());
 
     assert!(fault(&["--card", "1", "clear"]).status.success());

@@ -18,7 +18,9 @@ use crate::config::{CardRef, Config};
 use crate::hostfs;
 use discovery::{CardInfo, CardProcess, HardwareRoot};
 use lock::{CardLock, LockError, LockHolder, LockPolicy};
-use reset::{MissingCard, ResetError, ResetEvent, ResetFailure, ResetOutcome, Resetter};
+use reset::{
+    FailureKind, MissingCard, ResetError, ResetEvent, ResetFailure, ResetOutcome, Resetter,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -36,7 +38,8 @@ pub enum CardState {
     Resetting,
     /// Proving it came back.
     Probing,
-    /// Failed too many resets; unused until an operator resets it.
+    /// Failed too many resets, or a reset of it hung; unused until an
+    /// operator resets it ([`QuarantineKind`] says which).
     Quarantined,
     /// Configured but not found.
     Missing,
@@ -44,6 +47,38 @@ pub enum CardState {
     Failed,
     /// Not used by any model; not locked, not touched.
     Unmanaged,
+}
+
+/// What the reason of a quarantined card begins with when a tt-smi reset
+/// of it did not return. `ttctl status` shows such a card as `quarantined
+/// (reset hung)` by this prefix (ttctl's `render/status.rs` spells it too).
+pub const RESET_HUNG_PREFIX: &str = "reset hung: ";
+
+/// Why a card is quarantined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuarantineKind {
+    /// Its reset failed every attempt: it stays out until an operator's
+    /// reset proves it back. Automatic resets (start-up, a slot's) may still
+    /// run on it.
+    Failed,
+    /// A tt-smi reset of it did not return and was killed (tt-smi issues 85
+    /// and 185: the host may need a reboot). No reset of it is tried
+    /// automatically; an operator's `ttctl card reset` may try, and lifts
+    /// the quarantine once it proves the card back.
+    ResetHung,
+}
+
+impl QuarantineKind {
+    /// The kind a recorded quarantine reason says. The reason is what
+    /// survives a restart (the state dir keeps only it), so the kind is
+    /// read from it.
+    pub fn of(reason: &str) -> QuarantineKind {
+        if reason.starts_with(RESET_HUNG_PREFIX) {
+            QuarantineKind::ResetHung
+        } else {
+            QuarantineKind::Failed
+        }
+    }
 }
 
 /// Everything known about one card, as shown by `ttctl status`.
@@ -532,12 +567,25 @@ impl CardManager {
     /// Reset cards together and prove them back. Managed cards must be locked
     /// by the daemon already; an unmanaged card is locked for the duration.
     /// `manual` marks an operator's request: its success lifts quarantine.
+    /// Every automatic reset (start-up, a slot's, a loan's return) comes
+    /// through here with `manual` false and is refused, before tt-smi runs,
+    /// when one of the cards is quarantined because a reset of it hung.
     pub async fn reset(
         &self,
         bdfs: &[String],
         manual: bool,
         on_event: &mut (dyn FnMut(ResetEvent) + Send),
     ) -> Result<ResetOutcome, CardError> {
+        if !manual {
+            let hung = |bdf: &str| {
+                self.read_quarantine(bdf)
+                    .is_some_and(|q| QuarantineKind::of(&q) == QuarantineKind::ResetHung)
+            };
+            if let Some(refused) = refuse_automatic_reset(bdfs, hung) {
+                tracing::warn!(cards = %bdfs.join(","), "{refused}");
+                return Err(CardError::ResetFailed(refused));
+            }
+        }
         let mut temporary_locks = Vec::new();
         {
             let mut table = self.lock_table();
@@ -605,12 +653,19 @@ impl CardManager {
             self.notify();
             return Err(CardError::NotAttempted(missing.clone()));
         }
+        let outcome = match &result {
+            Ok(_) => crate::metrics::ResetOutcome::Proven,
+            Err(ResetError::Failed(f)) if f.kind == FailureKind::Hung => {
+                crate::metrics::ResetOutcome::Hung
+            }
+            Err(_) => crate::metrics::ResetOutcome::Failed,
+        };
         for bdf in bdfs {
             if result.is_err() {
                 // The last attempt's proof failed too.
                 metrics.reset_proof_failure(bdf);
             }
-            metrics.card_reset(bdf, result.is_ok(), began.elapsed());
+            metrics.card_reset(bdf, outcome, began.elapsed());
         }
         {
             let mut table = self.lock_table();
@@ -635,13 +690,10 @@ impl CardManager {
                     Err(ResetError::Failed(failure)) => {
                         entry.view.reset_failures += failure.attempts;
                         entry.view.last_reset_output = failure.tt_smi_output.clone();
-                        entry.view.reason = format!(
-                            "quarantined after {} failed reset attempt(s): {}. Fix the card, then `ttctl card reset {bdf}` to bring it back",
-                            failure.attempts, failure.reason
-                        );
+                        entry.view.reason = quarantine_reason(bdf, failure);
                         self.write_quarantine(bdf, &entry.view.reason);
                         entry.view.state = CardState::Quarantined;
-                        tracing::error!(card = %bdf, reason = %failure.reason, "card quarantined");
+                        tracing::error!(card = %bdf, reason = %failure.reason, kind = ?failure.kind, "card quarantined");
                     }
                     Err(ResetError::NotAttempted(_)) => {}
                 }
@@ -797,6 +849,44 @@ impl CardManager {
             entry.view.held_by_daemon = false;
         }
     }
+}
+
+/// The reason a card is quarantined with after this failed reset; one whose
+/// tt-smi hung begins with [`RESET_HUNG_PREFIX`].
+fn quarantine_reason(bdf: &str, failure: &ResetFailure) -> String {
+    match failure.kind {
+        FailureKind::Hung => format!(
+            "{RESET_HUNG_PREFIX}{}. No reset of this card is tried automatically: reboot the host, then `ttctl card reset {bdf}` (its quarantine lifts once that proves the card back)",
+            failure.reason
+        ),
+        FailureKind::Failed | FailureKind::Refused => format!(
+            "quarantined after {} failed reset attempt(s): {}. Fix the card, then `ttctl card reset {bdf}` to bring it back",
+            failure.attempts, failure.reason
+        ),
+    }
+}
+
+/// The refusal of an automatic reset of `bdfs` when one of them (`hung`
+/// says which) is quarantined because a reset of it hung: a second tt-smi
+/// call on it may hang the host for good (tt-smi issue 185), so only an
+/// operator decides. None: the reset may go ahead.
+fn refuse_automatic_reset(bdfs: &[String], hung: impl Fn(&str) -> bool) -> Option<ResetFailure> {
+    let stuck: Vec<&str> = bdfs
+        .iter()
+        .map(String::as_str)
+        .filter(|b| hung(b))
+        .collect();
+    let first = stuck.first()?;
+    Some(ResetFailure {
+        bdfs: bdfs.join(","),
+        reason: format!(
+            "a reset of card {} did not return (tt-smi hung), so no reset of it is tried automatically; the host may need a reboot (tt-smi issues 85, 185). Reboot the host, then `ttctl card reset {first}`: an operator's reset may try, and lifts the quarantine once it proves the card back",
+            stuck.join(", ")
+        ),
+        attempts: 0,
+        tt_smi_output: String::new(),
+        kind: FailureKind::Refused,
+    })
 }
 
 /// The entries of these cards, when every one exists and no reset runs on
@@ -961,4 +1051,62 @@ fn log_held_with_backoff(entry: &mut Entry) {
 /// else with a card open is a foreign user of the card.
 pub fn is_daemon_or_descendant(pid: u32) -> bool {
     tt_card_lock::procs::is_self_or_below(pid, std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(kind: FailureKind) -> ResetFailure {
+        ResetFailure {
+            bdfs: "0000:01:00.0".into(),
+            reason:
+                "reset did not return within 5s; the host may need a reboot (tt-smi issues 85, 185)"
+                    .into(),
+            attempts: 1,
+            tt_smi_output: String::new(),
+            kind,
+        }
+    }
+
+    #[test]
+    fn a_hung_reset_quarantines_with_its_own_kind_and_the_reboot_hint() {
+        let hung = quarantine_reason("0000:01:00.0", &failure(FailureKind::Hung));
+        assert!(hung.starts_with(RESET_HUNG_PREFIX), "{hung}");
+        assert!(
+            hung.contains("the host may need a reboot (tt-smi issues 85, 185)"),
+            "{hung}"
+        );
+        assert!(
+            hung.contains("reboot the host, then `ttctl card reset 0000:01:00.0`"),
+            "{hung}"
+        );
+        assert_eq!(QuarantineKind::of(&hung), QuarantineKind::ResetHung);
+        let failed = quarantine_reason("0000:01:00.0", &failure(FailureKind::Failed));
+        assert!(failed.starts_with("quarantined after 1 failed"), "{failed}");
+        assert_eq!(QuarantineKind::of(&failed), QuarantineKind::Failed);
+        // Only the start counts: a failure that quotes the words is not one.
+        assert_eq!(
+            QuarantineKind::of("quarantined after 1 failed reset attempt(s): reset hung: x"),
+            QuarantineKind::Failed
+        );
+    }
+
+    #[test]
+    fn automatic_resets_of_a_card_whose_reset_hung_are_refused() {
+        let cards = vec!["0000:01:00.0".to_string(), "0000:02:00.0".to_string()];
+        assert!(refuse_automatic_reset(&cards, |_| false).is_none());
+        // One hung card of a TP=2 slot stops the slot's whole reset: its
+        // cards share one tt-smi call.
+        let refused = refuse_automatic_reset(&cards, |b| b == "0000:02:00.0").expect("refused");
+        assert_eq!(refused.kind, FailureKind::Refused);
+        assert_eq!(refused.attempts, 0);
+        let text = refused.to_string();
+        assert!(
+            text.starts_with("automatic reset of 0000:01:00.0,0000:02:00.0 refused: a reset of card 0000:02:00.0 did not return"),
+            "{text}"
+        );
+        assert!(text.contains("`ttctl card reset 0000:02:00.0`"), "{text}");
+        assert!(text.contains("lifts the quarantine"), "{text}");
+    }
 }

@@ -18,15 +18,27 @@
 //!   thermal trip count unchanged; then the site's probe command, if any.
 //! - A card that keeps failing must stop being used: after the configured
 //!   attempts the caller quarantines it.
+//! - `tt-smi -r` itself can hang: on a Galaxy it appears stuck (tt-umd issue
+//!   2439), a reset hung 15 minutes before it returned non-zero (tt-smi
+//!   issue 85), and one left the host unresponsive until a hard reboot
+//!   (tt-smi issue 185). So tt-smi runs in its own process group with a
+//!   deadline; at the deadline the whole group is killed, the attempt is
+//!   not retried (a second call may hang the host for good), and the caller
+//!   quarantines the cards as [`FailureKind::Hung`].
 
 use super::discovery::HardwareRoot;
 use super::driver::{self, Driver};
 use crate::config::ResetConfig;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
+use tt_card_lock::procs;
 
 /// The phase of a reset attempt, as reported to the operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,9 +83,23 @@ pub struct ResetOutcome {
     pub tt_smi_output: String,
 }
 
-/// A reset whose every attempt failed.
+/// How a reset that did not prove its cards back ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Every attempt ran and failed: tt-smi's exit code or output, or the
+    /// proof.
+    Failed,
+    /// tt-smi did not return within `tt_smi_timeout_secs`: its process
+    /// group was killed and no further attempt was made.
+    Hung,
+    /// Not tried: an automatic reset of a card whose last reset hung (only
+    /// an operator's `ttctl card reset` may try it again).
+    Refused,
+}
+
+/// A reset whose every attempt failed, or that hung, or that was refused.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("reset of {bdfs} failed after {attempts} attempt(s): {reason}")]
+#[error("{}", self.describe())]
 pub struct ResetFailure {
     /// The cards, comma-separated.
     pub bdfs: String,
@@ -83,6 +109,26 @@ pub struct ResetFailure {
     pub attempts: u32,
     /// Output of the last tt-smi run.
     pub tt_smi_output: String,
+    /// How it ended.
+    pub kind: FailureKind,
+}
+
+impl ResetFailure {
+    fn describe(&self) -> String {
+        match self.kind {
+            FailureKind::Failed => format!(
+                "reset of {} failed after {} attempt(s): {}",
+                self.bdfs, self.attempts, self.reason
+            ),
+            FailureKind::Hung => format!(
+                "reset of {} hung at attempt {} and was not retried: {}",
+                self.bdfs, self.attempts, self.reason
+            ),
+            FailureKind::Refused => {
+                format!("automatic reset of {} refused: {}", self.bdfs, self.reason)
+            }
+        }
+    }
 }
 
 /// Why a reset did not happen or did not prove its cards back.
@@ -248,6 +294,8 @@ pub fn strip_ansi(line: &str) -> String {
 enum AttemptError {
     /// A target is gone: stop, do not retry.
     Missing(MissingCard),
+    /// tt-smi did not return and was killed: stop, do not retry.
+    Hung(String),
     /// Failed; another attempt may follow.
     Failed(String),
 }
@@ -386,6 +434,20 @@ impl Resetter {
                     });
                     return Err(ResetError::NotAttempted(missing));
                 }
+                Err(AttemptError::Hung(why)) => {
+                    on_event(ResetEvent {
+                        phase: Phase::Failed,
+                        attempt,
+                        message: why.clone(),
+                    });
+                    return Err(ResetError::Failed(ResetFailure {
+                        bdfs: bdfs.join(","),
+                        reason: why,
+                        attempts: attempt,
+                        tt_smi_output: last_output,
+                        kind: FailureKind::Hung,
+                    }));
+                }
                 Err(AttemptError::Failed(why)) => reason = why,
             }
             if attempt < attempts {
@@ -412,6 +474,7 @@ impl Resetter {
             reason,
             attempts,
             tt_smi_output: last_output,
+            kind: FailureKind::Failed,
         }))
     }
 
@@ -454,14 +517,28 @@ impl Resetter {
         );
         event(Phase::RunningTtSmi, format!("running {command}"));
         let mut smi = Waiting::new(Duration::from_secs(self.cfg.tt_smi_timeout_secs));
-        let (code, output) = smi
+        let run = smi
             .around(self.run_tt_smi(&targets), |elapsed| {
                 event(
                     Phase::RunningTtSmi,
                     format!("{command} still running ({elapsed})"),
                 )
             })
-            .await?;
+            .await;
+        let (code, output) = match run {
+            Ok(done) => done,
+            Err(RunError::Failed(e)) => {
+                return Err(format!("tt-smi ({}): {e}", self.tt_smi.display()).into())
+            }
+            Err(RunError::TimedOut { output, left, .. }) => {
+                *last_output = output;
+                return Err(AttemptError::Hung(hung_reason(
+                    self.cfg.tt_smi_timeout_secs,
+                    &targets,
+                    left.as_deref(),
+                )));
+            }
+        };
         *last_output = output.clone();
         if code != Some(0) {
             return Err(format!(
@@ -527,12 +604,10 @@ impl Resetter {
         Ok(indices)
     }
 
-    async fn run_tt_smi(&self, targets: &ResetTargets) -> Result<(Option<i32>, String), String> {
+    async fn run_tt_smi(&self, targets: &ResetTargets) -> Result<(Option<i32>, String), RunError> {
         let mut cmd = Command::new(&self.tt_smi);
         cmd.args(targets.tt_smi_args());
-        run_with_deadline(cmd, Duration::from_secs(self.cfg.tt_smi_timeout_secs))
-            .await
-            .map_err(|e| format!("tt-smi ({}): {e}", self.tt_smi.display()))
+        run_with_deadline(cmd, Duration::from_secs(self.cfg.tt_smi_timeout_secs)).await
     }
 
     /// Wait until the card's PCIe link is up at the speed and width it
@@ -682,7 +757,7 @@ impl Resetter {
         let (code, output) =
             run_with_deadline(cmd, Duration::from_secs(self.cfg.probe_timeout_secs))
                 .await
-                .map_err(|e| format!("probe {program}: {e}"))?;
+                .map_err(|e| format!("probe {program}: {}", e.describe()))?;
         match code {
             Some(0) => Ok(()),
             other => Err(format!(
@@ -828,29 +903,239 @@ fn check_therm_trips(hw: &HardwareRoot, bdf: &str, before: &Baseline) -> Result<
     }
 }
 
-/// Run a command, collecting stdout and stderr, killing it at the deadline.
+/// Why a command run with a deadline gave no exit status.
+#[derive(Debug)]
+enum RunError {
+    /// It could not be started, or waiting for it failed.
+    Failed(String),
+    /// Still running at the deadline: its whole process group was killed.
+    TimedOut {
+        /// The deadline.
+        after: Duration,
+        /// The tail of what it printed before.
+        output: String,
+        /// What of its process group outlived SIGKILL, if anything.
+        left: Option<String>,
+    },
+}
+
+impl RunError {
+    fn describe(&self) -> String {
+        match self {
+            RunError::Failed(e) => e.clone(),
+            RunError::TimedOut { after, left, .. } => {
+                let mut text = format!(
+                    "still running after {}s; killed it with its process group",
+                    after.as_secs()
+                );
+                if let Some(left) = left {
+                    text.push_str("; ");
+                    text.push_str(left);
+                }
+                text
+            }
+        }
+    }
+}
+
+/// How long a killed process group may take to be gone, and a command's
+/// pipes to close after it exits.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// The attempt's reason when tt-smi did not return by its deadline.
+fn hung_reason(secs: u64, targets: &ResetTargets, left: Option<&str>) -> String {
+    let mut reason = format!(
+        "reset did not return within {secs}s; the host may need a reboot (tt-smi issues 85, 185). tt-smi -r {} was killed with its process group",
+        targets.argument()
+    );
+    if let Some(left) = left {
+        reason.push_str(", but ");
+        reason.push_str(left);
+    }
+    reason
+}
+
+/// Run a command in its own process group, collecting stdout and stderr;
+/// at the deadline the whole group is killed (what tt-smi started with it),
+/// so nothing of a hung command stays behind.
 async fn run_with_deadline(
     mut cmd: Command,
     deadline: Duration,
-) -> Result<(Option<i32>, String), String> {
+) -> Result<(Option<i32>, String), RunError> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .kill_on_drop(true);
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start it: {e}; check the path in the config"))?;
-    match tokio::time::timeout(deadline, child.wait_with_output()).await {
-        Err(_) => Err(format!(
-            "still running after {}s; killed it",
-            deadline.as_secs()
-        )),
-        Ok(Err(e)) => Err(format!("waiting for it failed: {e}")),
-        Ok(Ok(out)) => {
-            let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-            text.push_str(&String::from_utf8_lossy(&out.stderr));
-            Ok((out.status.code(), tail(&text, OUTPUT_LIMIT)))
+    let mut child = cmd.spawn().map_err(|e| {
+        RunError::Failed(format!(
+            "cannot start it: {e}; check the path in the config"
+        ))
+    })?;
+    // process_group(0): the group's id is the child's pid.
+    let group = child
+        .id()
+        .and_then(|pid| i32::try_from(pid).ok())
+        .map(Pid::from_raw);
+    // Armed until the command is over: a reset abandoned midway (the
+    // daemon stopping) kills the group too.
+    let mut guard = GroupGuard(group);
+    let mut stdout = Collector::start(child.stdout.take());
+    let mut stderr = Collector::start(child.stderr.take());
+    let finished = async {
+        let status = child.wait().await;
+        stdout.closed().await;
+        stderr.closed().await;
+        status
+    };
+    let result = tokio::time::timeout(deadline, finished).await;
+    match result {
+        Ok(Err(e)) => Err(RunError::Failed(format!("waiting for it failed: {e}"))),
+        Ok(Ok(status)) => {
+            guard.0 = None;
+            let text = stdout.text() + &stderr.text();
+            Ok((status.code(), tail(&text, OUTPUT_LIMIT)))
         }
+        Err(_) => {
+            let left = match guard.0.take() {
+                Some(group) => kill_group(group, &mut child).await,
+                None => {
+                    let _ = child.start_kill();
+                    None
+                }
+            };
+            // Killed, its pipes close: read what it printed last.
+            let _ = tokio::time::timeout(KILL_GRACE, async {
+                stdout.closed().await;
+                stderr.closed().await;
+            })
+            .await;
+            let text = stdout.text() + &stderr.text();
+            Err(RunError::TimedOut {
+                after: deadline,
+                output: tail(&text, OUTPUT_LIMIT),
+                left,
+            })
+        }
+    }
+}
+
+/// SIGKILL to the process group, before the leader is reaped (so the id
+/// cannot name another group yet), then reap the leader and wait up to
+/// [`KILL_GRACE`] until nothing of it runs. A process stuck in the kernel
+/// (an ioctl in uninterruptible sleep) does not die even to SIGKILL: say so
+/// rather than wait on it; dropping the child leaves it to tokio to reap.
+async fn kill_group(group: Pid, child: &mut tokio::process::Child) -> Option<String> {
+    // What runs of it, read before the kill, while parent links still lead
+    // from tt-smi to what it started; with start times, so that a reused
+    // pid is not taken for one of them. Its process group cannot be polled
+    // instead: an orphan's zombie stays in it until an init reaps it, and
+    // some inits (in containers) take seconds or never do.
+    let leader = u32::try_from(group.as_raw()).unwrap_or(0);
+    let members: Vec<procs::Proc> = tokio::task::spawn_blocking(move || {
+        procs::tree(leader)
+            .into_iter()
+            .filter_map(procs::stat)
+            .collect()
+    })
+    .await
+    .unwrap_or_default();
+    let _ = killpg(group, Signal::SIGKILL);
+    let began = Instant::now();
+    let reaped = tokio::time::timeout(KILL_GRACE, child.wait()).await.is_ok();
+    loop {
+        let left: Vec<String> = members
+            .iter()
+            .filter(|p| still_runs(p))
+            .map(procs::Proc::words)
+            .collect();
+        if reaped && left.is_empty() {
+            return None;
+        }
+        if began.elapsed() >= KILL_GRACE {
+            let who = if left.is_empty() {
+                format!("tt-smi (pid {leader})")
+            } else {
+                left.join(", ")
+            };
+            return Some(format!(
+                "{who} still ran {}s after SIGKILL to its process group: stuck in the kernel, which only a reboot ends",
+                KILL_GRACE.as_secs()
+            ));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Whether this process (the same one: same start time) still runs; a
+/// zombie has ended.
+fn still_runs(p: &procs::Proc) -> bool {
+    procs::stat(p.pid).is_some_and(|now| now.start == p.start && !now.is_zombie())
+}
+
+/// Kills a process group with SIGKILL when dropped, unless disarmed.
+struct GroupGuard(Option<Pid>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(group) = self.0.take() {
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+    }
+}
+
+/// What a pipe delivered so far, read as it arrives: a command killed at
+/// its deadline still shows what it printed. Keeps a bounded tail.
+struct Collector {
+    text: Arc<Mutex<Vec<u8>>>,
+    task: tokio::task::JoinHandle<()>,
+    done: bool,
+}
+
+impl Collector {
+    fn start(pipe: Option<impl AsyncRead + Unpin + Send + 'static>) -> Collector {
+        let text = Arc::new(Mutex::new(Vec::new()));
+        let sink = text.clone();
+        let task = tokio::spawn(async move {
+            let Some(mut pipe) = pipe else {
+                return;
+            };
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = pipe.read(&mut chunk).await {
+                let mut buf = sink.lock().unwrap_or_else(|e| e.into_inner());
+                buf.extend_from_slice(&chunk[..n]);
+                if buf.len() > 2 * OUTPUT_LIMIT {
+                    let cut = buf.len() - OUTPUT_LIMIT;
+                    buf.drain(..cut);
+                }
+            }
+        });
+        Collector {
+            text,
+            task,
+            done: false,
+        }
+    }
+
+    /// Returns once the pipe is closed (every holder of its write end
+    /// gone).
+    async fn closed(&mut self) {
+        if !self.done {
+            let _ = (&mut self.task).await;
+            self.done = true;
+        }
+    }
+
+    fn text(&self) -> String {
+        let buf = self.text.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        // A pipe a stuck process still holds is never closed.
+        self.task.abort();
     }
 }
 
@@ -1002,5 +1287,94 @@ mod tests {
         assert_eq!(baseline.expected_link(&gen4), gen4.current);
         assert!(gen4.satisfies(&baseline.expected_link(&gen4)));
         assert!(!downtrained.satisfies(&baseline.expected_link(&downtrained)));
+    }
+    /// Whether `pid` runs (a zombie has ended: only its parent's reaping is
+    /// left, and an orphan's parent here may be an init that never reaps).
+    fn running(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+                Some(!matches!(state, 'Z' | 'X'))
+            })
+            .unwrap_or(false)
+    }
+
+    #[tokio::test]
+    async fn a_command_past_its_deadline_dies_with_everything_it_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let pids = dir.path().join("pids");
+        // Deaf to SIGTERM, as a process stuck in an ioctl is, with a child
+        // that inherits that: only SIGKILL to the whole group ends both.
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c").arg(format!(
+            "trap '' TERM INT HUP; sleep 600 & echo $! > {p}; echo $$ >> {p}; echo Resetting; wait",
+            p = pids.display()
+        ));
+        let began = Instant::now();
+        let err = run_with_deadline(cmd, Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(began.elapsed() < Duration::from_secs(1) + KILL_GRACE);
+        let RunError::TimedOut { output, left, .. } = &err else {
+            panic!("{err:?}");
+        };
+        assert!(output.contains("Resetting"), "{output:?}");
+        assert_eq!(left, &None, "{err:?}");
+        assert!(err.describe().contains("killed it with its process group"));
+        let text = std::fs::read_to_string(&pids).unwrap();
+        let pids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        assert_eq!(pids.len(), 2, "{text}");
+        for pid in pids {
+            assert!(!running(pid), "pid {pid} outlived the deadline");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_command_that_ends_in_time_gives_its_code_and_output() {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c").arg("echo out; echo err >&2; exit 3");
+        let (code, output) = run_with_deadline(cmd, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(code, Some(3));
+        assert_eq!(output, "out\nerr\n");
+    }
+
+    #[test]
+    fn a_hung_reset_says_the_host_may_need_a_reboot() {
+        let (_d, hw) = root(&[(0, "0000:01:00.0", true)]);
+        let targets = ResetTargets::check(&hw, &s(&["0000:01:00.0"])).unwrap();
+        let reason = hung_reason(120, &targets, None);
+        assert!(
+            reason.starts_with("reset did not return within 120s; the host may need a reboot (tt-smi issues 85, 185)"),
+            "{reason}"
+        );
+        assert!(
+            reason.contains("tt-smi -r 0000:01:00.0 was killed"),
+            "{reason}"
+        );
+        let stuck = hung_reason(
+            120,
+            &targets,
+            Some("its process group 7 still has processes"),
+        );
+        assert!(
+            stuck.ends_with(", but its process group 7 still has processes"),
+            "{stuck}"
+        );
+        let failure = ResetFailure {
+            bdfs: "0000:01:00.0".into(),
+            reason,
+            attempts: 1,
+            tt_smi_output: String::new(),
+            kind: FailureKind::Hung,
+        };
+        assert!(
+            failure.to_string().starts_with(
+                "reset of 0000:01:00.0 hung at attempt 1 and was not retried: reset did not return"
+            ),
+            "{failure}"
+        );
     }
 }

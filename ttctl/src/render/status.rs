@@ -96,7 +96,7 @@ fn cards_table(cards: &[Card]) -> String {
             heartbeat_word(card).to_string(),
             lock_words(card),
             or_dash(&card.slot).to_string(),
-            CardState::word(card.state),
+            card_state_words(card),
         ]);
         if !card.state_reason.is_empty() {
             table.note(format!("reason: {}", one_line(&card.state_reason)));
@@ -121,6 +121,25 @@ fn cards_table(cards: &[Card]) -> String {
         }
     }
     table.render()
+}
+
+/// What a quarantined card's reason begins with when a tt-smi reset of it
+/// did not return (the daemon's `cards::RESET_HUNG_PREFIX`, spelled here
+/// too: ttctl does not link the daemon).
+const RESET_HUNG_PREFIX: &str = "reset hung: ";
+
+/// The card's state word; `quarantined (reset hung)` for a card whose
+/// reset hung: no automatic reset touches it again and the host may need a
+/// reboot, so it must not read like a card that only failed its proof.
+pub(crate) fn card_state_words(card: &Card) -> String {
+    let word = CardState::word(card.state);
+    let hung = CardState::try_from(card.state) == Ok(CardState::Quarantined)
+        && card.state_reason.starts_with(RESET_HUNG_PREFIX);
+    if hung {
+        format!("{word} (reset hung)")
+    } else {
+        word
+    }
 }
 
 /// `ok` when the heartbeat advanced at the last check, `stalled` when it did

@@ -1,3 +1,4 @@
+use super::super::status::card_state_words;
 use super::*;
 
 #[test]
@@ -124,6 +125,36 @@ fn quarantined_card_shows_its_reason_on_one_line() {
     assert!(table.contains(
         "\n    reason: 3 resets in a row failed: heartbeat did not advance / after 5s\n"
     ));
+}
+
+#[test]
+fn a_card_whose_reset_hung_reads_apart_from_one_that_failed_its_proof() {
+    let mut hung = quarantined_card();
+    hung.state_reason = "reset hung: reset did not return within 120s; the host may need a reboot (tt-smi issues 85, 185). No reset of this card is tried automatically".into();
+    let mut status = status();
+    status.cards = vec![hung.clone(), quarantined_card()];
+    status.cards[1].bdf = "0000:05:00.0".into();
+    let table = status_table(&status, NOW);
+    let row = line_of(&table, "0000:04:00.0  p150a");
+    assert!(
+        row.trim_end().ends_with("quarantined (reset hung)"),
+        "{table}"
+    );
+    assert!(
+        table.contains(
+            "reason: reset hung: reset did not return within 120s; the host may need a reboot"
+        ),
+        "{table}"
+    );
+    let failed = line_of(&table, "0000:05:00.0  p150a");
+    assert_eq!(words(failed).last(), Some(&"quarantined"), "{table}");
+    // The words alone, in another state or later in a reason, are no mark.
+    let mut resetting = hung.clone();
+    resetting.state = CardState::Resetting as i32;
+    assert_eq!(card_state_words(&resetting), "resetting");
+    let mut quoted = quarantined_card();
+    quoted.state_reason = "quarantined after 1 failed reset attempt(s): reset hung: x".into();
+    assert_eq!(card_state_words(&quoted), "quarantined");
 }
 
 #[test]
