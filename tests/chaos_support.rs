@@ -178,6 +178,8 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
 /// Name of the completeness marker in a variant dir.
 pub const MARKER: &str = ".tt-serving-complete.json";
 const DESCRIPTION: &str = ".tt-serving-variant.json";
+/// The content hashes a cold build records beside its marker.
+const DIGESTS: &str = ".tt-serving-digests.json";
 
 /// Variant dirs (`<cache>/<model>/<variant>/`) under a cache dir.
 pub fn variant_dirs(cache_dir: &Path) -> Vec<PathBuf> {
@@ -220,7 +222,12 @@ pub fn marked_variant_problems(cache_dir: &Path) -> Vec<String> {
             .map(|files| {
                 files
                     .iter()
-                    .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(u64::MAX)))
+                    // Each entry is the file's stamp (size, times, inode),
+                    // or its size alone in an older marker.
+                    .map(|(k, v)| {
+                        let size = v["size"].as_u64().or_else(|| v.as_u64());
+                        (k.clone(), size.unwrap_or(u64::MAX))
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -243,7 +250,7 @@ pub fn marked_variant_problems(cache_dir: &Path) -> Vec<String> {
                 .strip_prefix(&dir)
                 .map(|p| p.display().to_string())
                 .unwrap_or_default();
-            if name == MARKER || name == DESCRIPTION {
+            if name == MARKER || name == DESCRIPTION || name == DIGESTS {
                 continue;
             }
             if !listed.contains_key(&name) {
