@@ -332,7 +332,10 @@ fn hung_worker_is_killed_by_the_watchdog_and_the_slot_recovers() {
         (slot["state"] == "ready" && slot["worker_pid"] != first["worker_pid"]).then_some(slot)
     });
     assert!(
-        again["last_error"].as_str().unwrap_or("").contains("hung"),
+        again["last_error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("stalled: "),
         "{again:#}"
     );
     assert!(hw
@@ -485,12 +488,51 @@ fn slot_restart_returns_once_a_new_worker_serves_and_never_reports_the_old_one()
     assert_eq!(answer.last.slot, "m");
 }
 
+/// The field's deterministic failure after a long load (a NameError once
+/// the weights are in), scaled down: each attempt fails the same way after
+/// its load, alone in the restart window. It is not retried for ever: the
+/// second identical failure gives up, and no more resets follow.
+#[test]
+fn a_start_that_fails_the_same_way_after_its_load_gives_up_after_the_second_time() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_SLOW_LOAD_MS = \"1200\", TTW_FAULT_CRASH_AFTER_TOKENS = \"0\" }\n[models.m.restart]\nmax_attempts = 5\nwindow_secs = 1\nbackoff_ms = 50\n";
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
+    let slot = wait_until("the slot to give up", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "failed" && slot["reason"].as_str().unwrap_or("").contains("gave up"))
+            .then_some(slot)
+    });
+    let reason = slot["reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("the same failure 2 times in a row (restart.max_identical = 2)"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("card reset(s) since the slot last served"),
+        "what the attempts cost: {reason}"
+    );
+    let resets = hw.smi_resets().len();
+    assert_eq!(
+        resets,
+        1,
+        "one reset between the two attempts: {:?}",
+        hw.smi_calls()
+    );
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(hw.smi_resets().len(), resets, "no attempt after giving up");
+    assert_eq!(daemon.slot("m")["state"], "failed");
+}
+
 #[test]
 fn repeated_start_failures_back_off_then_stay_failed_until_restarted() {
     let hw = FakeHw::new(1);
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
-    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_EXIT_AT_START = \"3\" }\n[models.m.restart]\nmax_attempts = 3\nbackoff_ms = 50\n";
+    // The same failure every time: max_identical off, so the backoff and
+    // max_attempts are what is tested here.
+    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_EXIT_AT_START = \"3\" }\n[models.m.restart]\nmax_attempts = 3\nmax_identical = 0\nbackoff_ms = 50\n";
     let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
     let slot = wait_until("the slot to give up", || {
         let slot = daemon.slot("m");

@@ -272,6 +272,8 @@ mod tests {
             cache_mode: None,
             attempt: 0,
             starts: 1,
+            served: 0,
+            resets_since_served: 0,
             retry_at: None,
             worker_pid: 0,
             worker_rss_bytes: 0,

@@ -746,9 +746,15 @@ impl Default for HangConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RestartConfig {
-    /// Attempts within `window_secs` before the slot stays Failed until
-    /// `ttctl slot restart`.
+    /// Failed starts within `window_secs`, or in a row without serving
+    /// (whatever the time between: a start that fails after a 25-minute
+    /// load never has two failures in a window), before the slot stays
+    /// Failed until `ttctl slot restart`.
     pub max_attempts: u32,
+    /// Failed starts in a row with the same cause and reason (numbers
+    /// aside) before the slot gives up: a deterministic failure is not
+    /// retried for ever. 0: no such limit.
+    pub max_identical: u32,
     /// The window for counting attempts, in seconds.
     pub window_secs: u64,
     /// First backoff, in milliseconds; doubles per attempt.
@@ -777,6 +783,7 @@ impl Default for RestartConfig {
     fn default() -> Self {
         RestartConfig {
             max_attempts: 5,
+            max_identical: 2,
             window_secs: 600,
             backoff_ms: 1000,
             backoff_max_ms: 60_000,

@@ -507,6 +507,14 @@ fn check_model(
     );
     range(
         problems,
+        &key("restart.max_identical"),
+        s.max_identical.into(),
+        0,
+        1000,
+        "failures",
+    );
+    range(
+        problems,
         &key("restart.window_secs"),
         s.window_secs,
         1,

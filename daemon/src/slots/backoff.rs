@@ -1,23 +1,48 @@
 //! The restart policy of a slot (`models.<name>.restart`): failed starts
-//! are counted within a window; below `max_attempts` the next start waits
-//! an exponentially growing backoff, at `max_attempts` the slot gives up
-//! until an operator restarts it.
+//! are counted within a window and in a row without serving; below
+//! `max_attempts` the next start waits a backoff that grows with the
+//! attempts and with what the failed start cost, at `max_attempts` the slot
+//! gives up until an operator restarts it. A failure identical to the one
+//! before (same cause, same reason but for numbers) gives up after
+//! `max_identical` in a row, whatever the time between: at a 27B model's
+//! scale a start fails deterministically after a 25-minute load, and
+//! retrying it resets the cards and reloads for ever.
 
 use crate::config::RestartConfig;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// Failed starts within the window, and the policy that judges them.
+/// The longest backoff a start's cost can add.
+const COST_BACKOFF_CAP: Duration = Duration::from_secs(3600);
+
+/// Failed starts, and the policy that judges them.
 pub struct Backoff {
     failures: VecDeque<Instant>,
     window: Duration,
     max_attempts: u32,
+    max_identical: u32,
     first: Duration,
     longest: Duration,
+    /// Failed starts in a row that never served.
+    unserved: u32,
+    /// The last failure's fingerprint and how many in a row had it.
+    last: Option<(String, u32)>,
+}
+
+/// One failed start, as the policy judges it.
+#[derive(Debug, Clone, Copy)]
+pub struct Failure<'a> {
+    /// The cause's label and the reason with its numbers taken out
+    /// ([`fingerprint`]).
+    pub fingerprint: &'a str,
+    /// How long the attempt ran before it failed.
+    pub took: Duration,
+    /// Whether it reached Ready (a worker that served, then died).
+    pub served: bool,
 }
 
 /// What to do after a failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// Wait `delay`, then make attempt `attempt` of `max_attempts`.
     Retry {
@@ -28,13 +53,36 @@ pub enum Verdict {
         /// `restart.max_attempts`.
         max_attempts: u32,
     },
-    /// Stop trying: `failures` starts failed within the window.
-    GiveUp {
-        /// Failed starts within the window.
-        failures: u32,
-        /// `restart.window_secs`.
-        window_secs: u64,
-    },
+    /// Stop trying, and why, in words (which limit, with its numbers).
+    GiveUp(String),
+}
+
+/// A failure's fingerprint: the cause, and the reason with every word
+/// that holds a digit as `#` (pids, ports, durations, addresses and
+/// temporary names differ between two runs of the same failure).
+pub fn fingerprint(cause: &str, reason: &str) -> String {
+    let mut out = String::with_capacity(cause.len() + reason.len() + 1);
+    out.push_str(cause);
+    out.push(':');
+    let mut word = String::new();
+    let mut flush = |word: &mut String, out: &mut String| {
+        if word.chars().any(|c| c.is_ascii_digit()) {
+            out.push('#');
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    };
+    for c in reason.chars() {
+        if c.is_alphanumeric() || c == '_' {
+            word.push(c);
+        } else {
+            flush(&mut word, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
 }
 
 impl Backoff {
@@ -44,23 +92,28 @@ impl Backoff {
             failures: VecDeque::new(),
             window: Duration::from_secs(r.window_secs),
             max_attempts: r.max_attempts,
+            max_identical: r.max_identical,
             first: Duration::from_millis(r.backoff_ms),
             longest: Duration::from_millis(r.backoff_max_ms),
+            unserved: 0,
+            last: None,
         }
     }
 
     /// Forget past failures (a start that served, an operator's restart).
     pub fn clear(&mut self) {
         self.failures.clear();
+        self.unserved = 0;
+        self.last = None;
     }
 
     /// The number of the next start attempt.
     pub fn attempt(&self) -> u32 {
-        self.failures.len() as u32 + 1
+        (self.failures.len() as u32).max(self.unserved) + 1
     }
 
     /// Count a failure at `now` and judge it.
-    pub fn fail(&mut self, now: Instant) -> Verdict {
+    pub fn fail(&mut self, now: Instant, failure: Failure<'_>) -> Verdict {
         self.failures.push_back(now);
         while self
             .failures
@@ -69,19 +122,48 @@ impl Backoff {
         {
             self.failures.pop_front();
         }
-        let failures = self.failures.len() as u32;
-        if failures >= self.max_attempts {
-            return Verdict::GiveUp {
-                failures,
-                window_secs: self.window.as_secs(),
+        // A start that served began a new run of failures.
+        if failure.served {
+            self.unserved = 0;
+            self.last = None;
+        } else {
+            self.unserved += 1;
+            let same = match &self.last {
+                Some((fp, n)) if fp == failure.fingerprint => n + 1,
+                _ => 1,
             };
+            self.last = Some((failure.fingerprint.to_string(), same));
+            if self.max_identical > 0 && same >= self.max_identical {
+                return Verdict::GiveUp(format!(
+                    "the same failure {same} times in a row (restart.max_identical = {}), the last after {:.0}s",
+                    self.max_identical,
+                    failure.took.as_secs_f64()
+                ));
+            }
         }
-        // 1x, 2x, 4x ... the first backoff, capped.
+        let in_window = self.failures.len() as u32;
+        if in_window >= self.max_attempts {
+            return Verdict::GiveUp(format!(
+                "{in_window} failed start(s) within {}s (restart.max_attempts)",
+                self.window.as_secs()
+            ));
+        }
+        if self.unserved >= self.max_attempts {
+            return Verdict::GiveUp(format!(
+                "{} failed start(s) in a row without serving (restart.max_attempts)",
+                self.unserved
+            ));
+        }
+        let failures = in_window.max(self.unserved);
+        // 1x, 2x, 4x ... the first backoff, capped; plus a tenth of what
+        // the failed start cost (a start that loaded for 25 minutes waits
+        // 2.5 more before the next), so retries of costly starts stay rare.
         let exponent = failures.saturating_sub(1).min(20);
         let delay = self
             .first
             .saturating_mul(1u32 << exponent)
-            .min(self.longest);
+            .min(self.longest)
+            + (failure.took / 10).min(COST_BACKOFF_CAP);
         Verdict::Retry {
             delay,
             attempt: failures + 1,
@@ -97,6 +179,7 @@ mod tests {
     fn policy(max_attempts: u32) -> RestartConfig {
         RestartConfig {
             max_attempts,
+            max_identical: 0,
             window_secs: 60,
             backoff_ms: 100,
             backoff_max_ms: 350,
@@ -104,37 +187,112 @@ mod tests {
         }
     }
 
+    /// A quick failure that never served, with its own fingerprint.
+    fn quick(fp: &str) -> Failure<'_> {
+        Failure {
+            fingerprint: fp,
+            took: Duration::ZERO,
+            served: false,
+        }
+    }
+
     #[test]
     fn backoff_doubles_up_to_the_longest_then_gives_up() {
         let mut b = Backoff::new(&policy(5));
         let now = Instant::now();
-        let delays: Vec<Verdict> = (0..5).map(|_| b.fail(now)).collect();
+        let verdicts: Vec<Verdict> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|fp| b.fail(now, quick(fp)))
+            .collect();
         let ms = |v: &Verdict| match v {
             Verdict::Retry { delay, .. } => delay.as_millis(),
-            Verdict::GiveUp { .. } => 0,
+            Verdict::GiveUp(_) => 0,
         };
         assert_eq!(
-            delays.iter().take(4).map(ms).collect::<Vec<_>>(),
+            verdicts.iter().take(4).map(ms).collect::<Vec<_>>(),
             [100, 200, 350, 350]
         );
-        assert_eq!(
-            delays[4],
-            Verdict::GiveUp {
-                failures: 5,
-                window_secs: 60
-            }
+        assert!(
+            matches!(&verdicts[4], Verdict::GiveUp(why) if why.contains("5 failed start(s) within 60s")),
+            "{:?}",
+            verdicts[4]
         );
         b.clear();
         assert_eq!(b.attempt(), 1);
     }
 
     #[test]
-    fn failures_outside_the_window_are_forgotten() {
+    fn failures_outside_the_window_still_count_in_a_row_without_serving() {
         let mut b = Backoff::new(&policy(2));
         let start = Instant::now();
-        assert!(matches!(b.fail(start), Verdict::Retry { attempt: 2, .. }));
-        let later = start + Duration::from_secs(61);
-        assert!(matches!(b.fail(later), Verdict::Retry { attempt: 2, .. }));
-        assert!(matches!(b.fail(later), Verdict::GiveUp { failures: 2, .. }));
+        assert!(matches!(
+            b.fail(start, quick("a")),
+            Verdict::Retry { attempt: 2, .. }
+        ));
+        // 25 minutes later: alone in the window, but the second in a row.
+        let later = start + Duration::from_secs(1500);
+        assert!(
+            matches!(b.fail(later, quick("b")), Verdict::GiveUp(why) if why.contains("2 failed start(s) in a row without serving")),
+        );
+        // A start that served breaks the run.
+        let mut b = Backoff::new(&policy(2));
+        b.fail(start, quick("a"));
+        let served = Failure {
+            served: true,
+            ..quick("a")
+        };
+        assert!(matches!(b.fail(later, served), Verdict::Retry { .. }));
+    }
+
+    #[test]
+    fn the_same_failure_twice_gives_up_whatever_the_time_between_and_another_is_retried() {
+        let r = RestartConfig {
+            max_identical: 2,
+            ..policy(5)
+        };
+        let start = Instant::now();
+        let load = Duration::from_secs(25 * 60);
+        let same = fingerprint(
+            "start_failed",
+            "NameError after loading 64 layers (pid 4121, at 0x7ffd3c2a, tmp.Ab3x)",
+        );
+        let again = fingerprint(
+            "start_failed",
+            "NameError after loading 64 layers (pid 9313, at 0x7ffe91b0, tmp.Q9zz)",
+        );
+        assert_eq!(same, again, "numbers aside");
+        let failure = |fp| Failure {
+            fingerprint: fp,
+            took: load,
+            served: false,
+        };
+        let mut b = Backoff::new(&r);
+        match b.fail(start, failure(&same)) {
+            // The backoff grows with the start's cost: a tenth of 25 min.
+            Verdict::Retry { delay, .. } => {
+                assert_eq!(delay, Duration::from_millis(100) + load / 10)
+            }
+            v => panic!("{v:?}"),
+        }
+        let v = b.fail(start + 2 * load, failure(&again));
+        assert!(
+            matches!(&v, Verdict::GiveUp(why) if why.contains("the same failure 2 times in a row (restart.max_identical = 2), the last after 1500s")),
+            "{v:?}"
+        );
+
+        let mut b = Backoff::new(&r);
+        b.fail(start, failure(&same));
+        let other = fingerprint("exit_code", "shape mismatch in layer 3");
+        assert!(matches!(
+            b.fail(start + 2 * load, failure(&other)),
+            Verdict::Retry { attempt: 3, .. }
+        ));
+        // max_identical = 0: no such limit.
+        let mut b = Backoff::new(&policy(5));
+        b.fail(start, failure(&same));
+        assert!(matches!(
+            b.fail(start, failure(&same)),
+            Verdict::Retry { .. }
+        ));
     }
 }

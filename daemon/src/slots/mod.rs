@@ -135,6 +135,11 @@ pub struct SlotView {
     /// Start attempts since the slot was configured; a restart is done when
     /// a start other than the one its request found is Ready.
     pub starts: u64,
+    /// Starts that reached Ready (the restart policy tells a worker that
+    /// served, then died, from a start that never did).
+    pub served: u64,
+    /// Card resets this slot's supervisor made since it last served.
+    pub resets_since_served: u32,
     /// Next retry (Failed only).
     pub retry_at: Option<SystemTime>,
     /// Worker pid (0 when none).
@@ -248,6 +253,8 @@ impl SlotEntry {
                 cache_mode: None,
                 attempt: 0,
                 starts: 0,
+                served: 0,
+                resets_since_served: 0,
                 retry_at: None,
                 worker_pid: 0,
                 worker_rss_bytes: 0,

@@ -145,6 +145,10 @@ async fn start(
     // it (a request in between would go to another replica: the router
     // only picks Ready slots with a client).
     mgr.set_engine(&plan.slot, Some(engine.clone()));
+    mgr.update(&plan.slot, |v| {
+        v.served += 1;
+        v.resets_since_served = 0;
+    });
     mgr.transition(
         &plan.slot,
         SlotState::Ready,

@@ -15,7 +15,7 @@
 //! rule; a warm start is guarded against generating cache files.
 
 use super::attempt::{Outcome, SlotPlan};
-use super::backoff::{Backoff, Verdict};
+use super::backoff::{Backoff, Failure, Verdict};
 use super::{SlotCommand, SlotManager, SlotState};
 use crate::cards::CardState;
 use crate::worker;
@@ -81,6 +81,7 @@ pub async fn run(
             return stopped(&mgr, &slot);
         }
         if dirty {
+            mgr.update(&slot, |v| v.resets_since_served += 1);
             if !reset_cards(&mgr, &plan).await {
                 // Quarantined: wait_for_cards waits for an operator; a
                 // card missing: it waits for the card.
@@ -89,6 +90,8 @@ pub async fn run(
             dirty = false;
         }
         mgr.update(&slot, |v| v.attempt = backoff.attempt());
+        let served_before = mgr.view(&slot).map_or(0, |v| v.served);
+        let began = Instant::now();
         let next = match super::start::start_and_serve(&mgr, &plan, &mut commands).await {
             Outcome::Stopped => Next::Stop,
             Outcome::Restart { reason, dirty: d } => {
@@ -118,7 +121,13 @@ pub async fn run(
                     v.worker_pid = 0;
                     v.worker_rss_bytes = 0;
                 });
-                after_failure(&mgr, &plan, &mut backoff, reason, &mut commands).await
+                let fingerprint = super::backoff::fingerprint(cause.label(), &reason);
+                let failure = Failure {
+                    fingerprint: &fingerprint,
+                    took: began.elapsed(),
+                    served: mgr.view(&slot).map_or(0, |v| v.served) > served_before,
+                };
+                after_failure(&mgr, &plan, &mut backoff, reason, failure, &mut commands).await
             }
         };
         if let Next::Stop = next {
@@ -143,19 +152,21 @@ async fn after_failure(
     plan: &SlotPlan,
     backoff: &mut Backoff,
     reason: String,
+    failure: Failure<'_>,
     commands: &mut UnboundedReceiver<SlotCommand>,
 ) -> Next {
     let slot = &plan.slot;
-    match backoff.fail(Instant::now()) {
-        Verdict::GiveUp {
-            failures,
-            window_secs,
-        } => {
+    let took = failure.took.as_secs_f64();
+    let resets = mgr.view(slot).map_or(0, |v| v.resets_since_served);
+    let cost =
+        format!("the attempt ran {took:.1}s; {resets} card reset(s) since the slot last served");
+    match backoff.fail(Instant::now(), failure) {
+        Verdict::GiveUp(why) => {
             mgr.transition(
                 slot,
                 SlotState::Failed,
                 format!(
-                    "gave up after {failures} failed start(s) within {window_secs}s (restart.max_attempts); last: {reason}. Fix the cause, then `ttctl slot restart {slot}`",
+                    "gave up after {why}; last: {reason} ({cost}). Fix the cause, then `ttctl slot restart {slot}`",
                 ),
             );
             let cmd = commands.recv().await;
@@ -169,7 +180,7 @@ async fn after_failure(
             mgr.retry_later(
                 slot,
                 format!(
-                    "{reason}; retrying in {} ms (attempt {attempt} of {max_attempts})",
+                    "{reason}; retrying in {} ms (attempt {attempt} of {max_attempts}; {cost})",
                     delay.as_millis()
                 ),
                 SystemTime::now() + delay,
