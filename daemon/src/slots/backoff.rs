@@ -65,7 +65,7 @@ pub fn fingerprint(cause: &str, reason: &str) -> String {
     out.push_str(cause);
     out.push(':');
     let mut word = String::new();
-    let mut flush = |word: &mut String, out: &mut String| {
+    let flush = |word: &mut String, out: &mut String| {
         if word.chars().any(|c| c.is_ascii_digit()) {
             out.push('#');
         } else {
