@@ -59,11 +59,44 @@ pub enum Verdict {
 
 /// A failure's fingerprint: the cause, and the reason with every word
 /// that holds a digit as `#` (pids, ports, durations, addresses and
-/// temporary names differ between two runs of the same failure).
+/// temporary names differ between two runs of the same failure). Of the
+/// worker's last output quoted in a reason (`last output: a | b | c`) only
+/// the lines that say what went wrong count: which progress lines happen
+/// to be the last three depends on timing, not on the failure.
 pub fn fingerprint(cause: &str, reason: &str) -> String {
+    const WRONG: &[&str] = &[
+        "error",
+        "Error",
+        "ERROR",
+        "exception",
+        "Exception",
+        "Traceback",
+        "panicked",
+        "fatal",
+        "FATAL",
+        "TT_THROW",
+        "failed",
+        "abort",
+        "tt-worker",
+    ];
+    let (head, tail) = reason.split_once("last output: ").unwrap_or((reason, ""));
+    let telling: Vec<&str> = tail
+        .split(" | ")
+        .filter(|line| WRONG.iter().any(|w| line.contains(w)))
+        .collect();
     let mut out = String::with_capacity(cause.len() + reason.len() + 1);
     out.push_str(cause);
     out.push(':');
+    normalize(head, &mut out);
+    for line in telling {
+        out.push_str(" | ");
+        normalize(line, &mut out);
+    }
+    out
+}
+
+/// `text` onto `out` with every word that holds a digit as `#`.
+fn normalize(text: &str, out: &mut String) {
     let mut word = String::new();
     let flush = |word: &mut String, out: &mut String| {
         if word.chars().any(|c| c.is_ascii_digit()) {
@@ -73,16 +106,15 @@ pub fn fingerprint(cause: &str, reason: &str) -> String {
         }
         word.clear();
     };
-    for c in reason.chars() {
+    for c in text.chars() {
         if c.is_alphanumeric() || c == '_' {
             word.push(c);
         } else {
-            flush(&mut word, &mut out);
+            flush(&mut word, out);
             out.push(c);
         }
     }
-    flush(&mut word, &mut out);
-    out
+    flush(&mut word, out);
 }
 
 impl Backoff {
@@ -261,6 +293,21 @@ mod tests {
             "NameError after loading 64 layers (pid 9313, at 0x7ffe91b0, tmp.Q9zz)",
         );
         assert_eq!(same, again, "numbers aside");
+        // The last output's progress lines are timing, its errors are not.
+        let tail = |lines: &str| {
+            fingerprint(
+                "exit_code",
+                &format!("worker exited with status 1; last output: {lines}"),
+            )
+        };
+        assert_eq!(
+            tail("INFO loading layer 3/64 | NameError: name 'x' is not defined"),
+            tail("INFO Model loading took 1.2 s | INFO warming up | NameError: name 'x' is not defined"),
+        );
+        assert_ne!(
+            tail("NameError: name 'x' is not defined"),
+            tail("RuntimeError: shape mismatch"),
+        );
         let failure = |fp| Failure {
             fingerprint: fp,
             took: load,
