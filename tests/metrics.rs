@@ -223,7 +223,15 @@ fn ttctl_top_shows_rates_queue_and_latency_per_slot() {
     };
     let (first, second) = (row(frames[0]), row(frames[1]));
     assert_eq!(first.get(1).map(String::as_str), Some("ready"), "{text}");
-    assert_eq!(first.get(3).map(String::as_str), Some("0/64"), "{text}");
+    // The queue as waiting/limit: the load runs while top samples, so one
+    // request may be waiting then.
+    assert!(
+        first
+            .get(3)
+            .and_then(|q| q.strip_suffix("/64"))
+            .is_some_and(|waiting| waiting.parse::<u32>().is_ok_and(|w| w <= 1)),
+        "{text}"
+    );
     assert_eq!(
         first.get(4).map(String::as_str),
         Some("-"),
