@@ -9,14 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tonic::Code;
-use tt_serving_tests::{bin, generate, output_text, wait_until, Daemon, DaemonOptions, FakeHw};
+use tt_serving_tests::{
+    bin, generate, output_text, standin, wait_until, Daemon, DaemonOptions, FakeHw,
+};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("tokio runtime")
-}
-
-fn standin() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("engines/vllm_standin.py")
 }
 
 /// A model table whose worker is tt-worker-openai running the stand-in as
@@ -947,17 +945,6 @@ fn files_named(dir: &Path, needle: &str) -> Vec<String> {
     out
 }
 
-/// Stop the daemon, give it `extra` as its model tables, start it again.
-fn restart_with(daemon: &mut Daemon, hw: &FakeHw, extra: String) {
-    daemon.terminate();
-    let opts = DaemonOptions {
-        extra,
-        ..Default::default()
-    };
-    daemon.rewrite_config(hw, &opts);
-    daemon.spawn(&[]);
-}
-
 /// Wait for slot `m` to be Failed; its reason.
 fn failed_reason(daemon: &Daemon, what: &str) -> String {
     let slot = wait_until(what, || {
@@ -993,7 +980,7 @@ fn a_vllm_tt_warm_start_may_write_new_kv_buffers_but_not_new_weights() {
     );
 
     // Tuned scheduler: new KV buffer names, same weights: warm and served.
-    restart_with(&mut daemon, &hw, vllm_tt_cache_table(&ckpt, 2, 16));
+    daemon.restart_with(&hw, vllm_tt_cache_table(&ckpt, 2, 16));
     let slot = daemon.wait_slot_state("m", "ready");
     assert_eq!(slot["cache_mode"], "warm", "{slot:#}");
     assert_eq!(
@@ -1004,7 +991,7 @@ fn a_vllm_tt_warm_start_may_write_new_kv_buffers_but_not_new_weights() {
     rt_generate_ok(&daemon);
 
     // A warm start that generates a weights file serves placeholders: refused.
-    restart_with(&mut daemon, &hw, vllm_tt_cache_table(&ckpt, 3, 16));
+    daemon.restart_with(&hw, vllm_tt_cache_table(&ckpt, 3, 16));
     let reason = failed_reason(&daemon, "the guard to refuse the warm start");
     assert!(
         reason.contains("warm start refused")
@@ -1073,8 +1060,7 @@ fn a_warm_up_runs_each_listed_prompt_length_before_ready_and_shows_which() {
         "{log}"
     );
 
-    restart_with(
-        &mut daemon,
+    daemon.restart_with(
         &hw,
         standin_table(
             "m",

@@ -11,11 +11,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
-use tt_serving_tests::{bin, generate, wait_until, Daemon, DaemonOptions, FakeHw};
-
-fn standin() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("engines/vllm_standin.py")
-}
+use tt_serving_tests::{bin, generate, standin, wait_until, Daemon, DaemonOptions, FakeHw};
 
 /// Slot `m` on card 0 running the stand-in with `env` (TOML inline-table
 /// entries) and `extra` tables after it.

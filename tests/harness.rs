@@ -431,6 +431,17 @@ backoff_ms = 50
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Stop the daemon, give it `extra` as its model tables, start it again.
+    pub fn restart_with(&mut self, hw: &FakeHw, extra: String) {
+        self.terminate();
+        let opts = DaemonOptions {
+            extra,
+            ..Default::default()
+        };
+        self.rewrite_config(hw, &opts);
+        self.spawn(&[]);
+    }
+
     /// Write a new config in place (for reload tests); the daemon reads it
     /// at its next reload.
     pub fn rewrite_config(&self, hw: &FakeHw, opts: &DaemonOptions) {
@@ -723,6 +734,11 @@ pub fn real_smollm2() -> Option<PathBuf> {
             None
         }
     }
+}
+
+/// The vLLM stand-in (`tests/engines/vllm_standin.py`).
+pub fn standin() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("engines/vllm_standin.py")
 }
 
 /// The Python of the real ttnn 0.81.1 and tt-umd 0.9.14 (`TT_TTNN_PYTHON`,

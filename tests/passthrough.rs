@@ -11,15 +11,11 @@
 //! really reach them. Those tests skip loudly without their engine, and
 //! fail under `CI`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tt_serving_proto::v1 as pb;
-use tt_serving_tests::{bin, output_text, sdk_python, Daemon, DaemonOptions, FakeHw};
-
-fn standin() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("engines/vllm_standin.py")
-}
+use tt_serving_tests::{bin, output_text, sdk_python, standin, Daemon, DaemonOptions, FakeHw};
 
 /// A stand-in model on card `card`, with `flags` added to its vLLM command
 /// line.

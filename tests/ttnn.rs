@@ -7,11 +7,7 @@
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use tt_serving_tests::{bin, real_ttnn, wait_until, Daemon, DaemonOptions, FakeHw};
-
-fn standin() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("engines/vllm_standin.py")
-}
+use tt_serving_tests::{bin, real_ttnn, standin, wait_until, Daemon, DaemonOptions, FakeHw};
 
 /// Slot `m` on card 0: the stand-in under `python` writing `layers`
 /// layers through ttnn; `env` adds entries to the model's env table.
@@ -34,17 +30,6 @@ fn start(hw: &FakeHw, extra: String) -> Daemon {
             ..Default::default()
         },
     )
-}
-
-/// Stop the daemon, give it `extra` as its model tables, start it again.
-fn restart_with(daemon: &mut Daemon, hw: &FakeHw, extra: String) {
-    daemon.terminate();
-    let opts = DaemonOptions {
-        extra,
-        ..Default::default()
-    };
-    daemon.rewrite_config(hw, &opts);
-    daemon.spawn(&[]);
 }
 
 /// Slot `m` once Ready or Failed.
@@ -111,7 +96,7 @@ fn a_real_ttnn_cache_builds_cold_loads_warm_and_any_rebuild_of_a_cached_file_is_
 
     // Warm: ttnn loads every file and writes none.
     let mark = daemon.log_text().len();
-    restart_with(&mut daemon, &hw, plain.clone());
+    daemon.restart_with(&hw, plain.clone());
     ready(&daemon, "warm");
     let log = log_since(&daemon, mark);
     assert!(log.contains("Loaded cache for"), "ttnn's own line");
@@ -125,8 +110,7 @@ fn a_real_ttnn_cache_builds_cold_loads_warm_and_any_rebuild_of_a_cached_file_is_
     // placeholder. Refused, quoting ttnn, and the variant goes cold.
     for damage in ["header", "truncate"] {
         let mark = daemon.log_text().len();
-        restart_with(
-            &mut daemon,
+        daemon.restart_with(
             &hw,
             table(
                 &python,
@@ -160,7 +144,7 @@ fn a_real_ttnn_cache_builds_cold_loads_warm_and_any_rebuild_of_a_cached_file_is_
 
         // The next start builds it cold, from real weights, and serves.
         let mark = daemon.log_text().len();
-        restart_with(&mut daemon, &hw, plain.clone());
+        daemon.restart_with(&hw, plain.clone());
         let slot = ready(&daemon, "cold");
         assert_eq!(
             slot["cache_variant"],
@@ -247,19 +231,19 @@ fn an_engine_upgrade_is_a_new_variant_built_cold_once_then_warm() {
         &ckpt,
         &format!(", PYTHONPATH = \"{}\"", shadow.display()),
     );
-    restart_with(&mut daemon, &hw, upgraded.clone());
+    daemon.restart_with(&hw, upgraded.clone());
     let new = ready(&daemon, "cold")["cache_variant"]
         .as_str()
         .unwrap()
         .to_string();
     assert_ne!(new, old);
-    restart_with(&mut daemon, &hw, upgraded);
+    daemon.restart_with(&hw, upgraded);
     assert_eq!(ready(&daemon, "warm")["cache_variant"], new.as_str());
     let listed = variants(&daemon);
     let inputs = &listed.iter().find(|v| v["key"] == new.as_str()).unwrap()["inputs"];
     assert_eq!(inputs["engine python ttnn"], "0.82.0", "{inputs:#}");
     // Going back finds the old engine's variant warm.
-    restart_with(&mut daemon, &hw, table(&python, &ckpt, ""));
+    daemon.restart_with(&hw, table(&python, &ckpt, ""));
     assert_eq!(ready(&daemon, "warm")["cache_variant"], old.as_str());
 }
 
