@@ -44,6 +44,17 @@ pub struct SlotLabels {
     pub model: String,
 }
 
+/// `{slot, model, parameter}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SlotParameterLabels {
+    /// Slot name.
+    pub slot: String,
+    /// Model name.
+    pub model: String,
+    /// A GenerateRequest parameter's name.
+    pub parameter: String,
+}
+
 /// `{slot, model, state}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SlotStateLabels {
@@ -149,6 +160,7 @@ pub struct Metrics {
     prefix_cache_queries: Family<SlotLabels, Counter>,
     prefix_cache_hits: Family<SlotLabels, Counter>,
     affinity_routed: Family<SlotOutcomeLabels, Counter>,
+    host_sampling: Family<SlotParameterLabels, Counter>,
     kv_budget: Family<SlotLabels, Gauge>,
     kv_blocks: Family<KvBlockLabels, Gauge>,
     kv_usage: Family<SlotLabels, FloatGauge>,
@@ -195,6 +207,7 @@ impl Metrics {
             prefix_cache_queries: Family::default(),
             prefix_cache_hits: Family::default(),
             affinity_routed: Family::default(),
+            host_sampling: Family::default(),
             kv_budget: Family::default(),
             kv_blocks: Family::default(),
             kv_usage: Family::default(),
@@ -246,6 +259,11 @@ impl Metrics {
             "affinity_routed",
             "Requests routed among two or more Ready replicas with prefix affinity: to their key's replica (affine) or elsewhere, as it was over the load bound or full (fallback)",
             m.affinity_routed.clone(),
+        );
+        r.register(
+            "host_sampling_requests",
+            "Requests served on the engine's host-sampling path, by the parameter that put them there (Engine.Info host_sampling_parameters): on vLLM-TT one such request moves its whole batch off device sampling",
+            m.host_sampling.clone(),
         );
         r.register_with_unit(
             "kv_cache_budget",
@@ -397,6 +415,18 @@ impl Metrics {
                 slot: slot.to_string(),
                 model: model.to_string(),
                 outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// A request routed to `slot` asked for `parameter`, which its
+    /// engine honours by sampling on the host.
+    pub fn host_sampling(&self, model: &str, slot: &str, parameter: &str) {
+        self.host_sampling
+            .get_or_create(&SlotParameterLabels {
+                slot: slot.to_string(),
+                model: model.to_string(),
+                parameter: parameter.to_string(),
             })
             .inc();
     }

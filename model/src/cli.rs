@@ -128,6 +128,13 @@ impl Cli {
     /// Checks the serving arguments against each other and the filesystem.
     pub fn serve_args(self) -> Result<ServeArgs, UsageError> {
         let contract = self.contract.validate()?;
+        if std::env::var_os(names::TT_CONFIG).is_some() {
+            // Fail closed: the model's vLLM-TT settings mean nothing here.
+            return Err(UsageError(format!(
+                "{} is set (the model has a [models.<name>.tt] table), but tt-worker is not vLLM-TT and cannot honour it; remove the table or run tt-worker-openai --engine vllm-tt",
+                names::TT_CONFIG
+            )));
+        }
         let model = PathBuf::from(&contract.model);
         if !model.is_file() {
             return Err(UsageError(format!(

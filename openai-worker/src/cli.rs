@@ -114,7 +114,7 @@ impl EngineKind {
     pub fn supported_parameters(self) -> &'static [&'static str] {
         use tt_serving_proto::parameters::*;
         match self {
-            EngineKind::Vllm | EngineKind::VllmTt => &[
+            EngineKind::Vllm => &[
                 PRESENCE_PENALTY,
                 FREQUENCY_PENALTY,
                 REPETITION_PENALTY,
@@ -124,6 +124,19 @@ impl EngineKind {
                 LOGPROBS,
                 PROMPT_TOKENS,
                 PROMPT_LOGPROBS,
+            ],
+            // The TT platform refuses prompt_logprobs ("Not yet supporting
+            // prompt_logprobs on tt": vllm-tt-plugin platform.py:1171-1183
+            // at e3fc849), so completions' echo with logprobs too.
+            EngineKind::VllmTt => &[
+                PRESENCE_PENALTY,
+                FREQUENCY_PENALTY,
+                REPETITION_PENALTY,
+                MIN_TOKENS,
+                IGNORE_EOS,
+                STOP_TOKEN_IDS,
+                LOGPROBS,
+                PROMPT_TOKENS,
             ],
             EngineKind::LlamaServer => &[
                 PRESENCE_PENALTY,
@@ -287,6 +300,8 @@ pub struct Settings {
     pub devices: Vec<String>,
     /// The engine's command line before substitution.
     pub engine_argv: Vec<String>,
+    /// The `vllm-tt` preset's additions (None for other engines).
+    pub tt: Option<crate::tt::Preset>,
 }
 
 /// A container the engine runs in.
@@ -356,10 +371,21 @@ impl Cli {
                 self.engine_argv
             )));
         }
-        let engine_argv = if self.engine == EngineKind::VllmTt {
-            tt_engine_argv(self.engine_argv, contract.tp)?
+        let table = std::env::var(names::TT_CONFIG).ok();
+        let (engine_argv, tt) = if self.engine == EngineKind::VllmTt {
+            let preset = crate::tt::preset(self.engine_argv, contract.tp, table.as_deref(), |n| {
+                std::env::var(n).ok()
+            })?;
+            (preset.argv.clone(), Some(preset))
+        } else if table.is_some() {
+            // Fail closed: the model's TT settings would be dropped.
+            return Err(UsageError(format!(
+                "{} is set (the model has a [models.<name>.tt] table) but --engine is {}: only --engine vllm-tt passes TT settings; remove the table or use vllm-tt",
+                names::TT_CONFIG,
+                self.engine.name()
+            )));
         } else {
-            self.engine_argv
+            (self.engine_argv, None)
         };
         Ok(Settings {
             kind: self.engine,
@@ -382,44 +408,9 @@ impl Cli {
             devices: contract.devices.clone(),
             contract,
             engine_argv,
+            tt,
         })
     }
-}
-
-/// The value of an engine option given as `--name V` or `--name=V`.
-fn option_value<'a>(argv: &'a [String], names: &[&str]) -> Option<&'a str> {
-    argv.iter().enumerate().find_map(|(i, a)| {
-        names.iter().find_map(|n| {
-            if a == n {
-                argv.get(i + 1).map(String::as_str)
-            } else {
-                a.strip_prefix(n).and_then(|r| r.strip_prefix('='))
-            }
-        })
-    })
-}
-
-/// vLLM-TT's command line: refused with a tensor-parallel size above 1,
-/// and given the scheduler settings tt-inference-server passes unless the
-/// operator chose them.
-fn tt_engine_argv(mut argv: Vec<String>, tp: u32) -> Result<Vec<String>, UsageError> {
-    if let Some(v) = option_value(&argv, &["--tensor-parallel-size", "-tp"]) {
-        let size = v.replace("{tp}", &tp.to_string());
-        if size != "1" {
-            return Err(UsageError(format!(
-                "--engine vllm-tt: the engine command sets --tensor-parallel-size {v} (= {size}); vLLM's TT backend refuses it above 1 (\"TT backend does not support distributed execution\"): the mesh comes from MESH_DEVICE, which the daemon sets. Remove the option"
-            )));
-        }
-    }
-    if option_value(&argv, &["--block-size"]).is_none() {
-        argv.extend(["--block-size".to_string(), "64".to_string()]);
-    }
-    if option_value(&argv, &["--max-num-batched-tokens"]).is_none() {
-        if let Some(len) = option_value(&argv, &["--max-model-len"]).map(String::from) {
-            argv.extend(["--max-num-batched-tokens".to_string(), len]);
-        }
-    }
-    Ok(argv)
 }
 
 /// The engine argument that becomes `--device <node>` per card.

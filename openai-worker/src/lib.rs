@@ -42,4 +42,5 @@ pub mod output;
 pub mod ready;
 pub mod server;
 pub mod status;
+pub mod tt;
 pub mod worker;

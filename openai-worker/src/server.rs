@@ -35,6 +35,9 @@ pub struct Identity {
     /// (`openai::supported_parameters`), listed in Info and checked again
     /// on each request.
     pub supported_parameters: Vec<&'static str>,
+    /// Those of them that move a batch to host sampling (Info
+    /// `host_sampling_parameters`; `tt::Preset::host_sampling_parameters`).
+    pub host_sampling_parameters: Vec<&'static str>,
 }
 
 /// The backend: the engine's HTTP API behind the worker contract.
@@ -135,6 +138,12 @@ impl Backend for OpenAiBackend {
                 .identity
                 .kind
                 .runtime_cache_files()
+                .iter()
+                .map(|p| p.to_string())
+                .collect(),
+            host_sampling_parameters: self
+                .identity
+                .host_sampling_parameters
                 .iter()
                 .map(|p| p.to_string())
                 .collect(),

@@ -7,7 +7,7 @@ use crate::engine::{Engine, Stopped};
 use crate::ready::Probe;
 use crate::server::{Identity, OpenAiBackend};
 use crate::status::Status;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tt_serving_proto::CacheMode;
@@ -115,10 +115,11 @@ fn engine_env(s: &Settings) -> Result<Vec<(String, String)>, Failure> {
         // why).
         ("TT_METAL_CACHE".to_string(), kernels.display().to_string()),
     ];
-    if s.kind == cli::EngineKind::VllmTt && std::env::var_os("HF_MODEL").is_none() {
-        // tt_transformers refuses to start without it (tt-inference-server
-        // sets it to the model it serves).
-        env.push(("HF_MODEL".to_string(), s.checkpoint.clone()));
+    if let Some(tt) = &s.tt {
+        env.extend(tt.env.iter().cloned());
+        if std::env::var_os("HF_MODEL").is_none() {
+            env.push(("HF_MODEL".to_string(), hf_model(s)?));
+        }
     }
     if s.cache_mode == CacheMode::Cold {
         // A cold start rebuilds the tensor cache from the checkpoint instead
@@ -126,6 +127,28 @@ fn engine_env(s: &Settings) -> Result<Vec<(String, String)>, Failure> {
         env.push(("TT_TRANSFORMERS_FORCE_MODEL_LOAD".into(), "1".into()));
     }
     Ok(env)
+}
+
+/// `HF_MODEL` for vLLM-TT: tt_transformers refuses to start without it
+/// and keys its model-specific settings by its last path component
+/// (`tt::model_name`). A Hugging Face snapshot is named by a link after
+/// its repository, as tt-inference-server names its weights
+/// (`run_vllm_api_server.py:403-418`); any other checkpoint is its own
+/// name.
+fn hf_model(s: &Settings) -> Result<String, Failure> {
+    let Some(name) = crate::tt::model_name(&s.checkpoint) else {
+        return Ok(s.checkpoint.clone());
+    };
+    let link = crate::tt::hf_model_link(&s.cache_dir, &name).ok_or_else(|| {
+        Failure::new(
+            2,
+            format!("the cache dir {} has no parent", s.cache_dir.display()),
+        )
+    })?;
+    crate::tt::place_link(&link, Path::new(&s.checkpoint))
+        .map_err(|e| Failure::new(1, format!("HF_MODEL: {e}")))?;
+    tracing::info!(link = %link.display(), checkpoint = %s.checkpoint, model_name = %name, "HF_MODEL names the snapshot by its repository (tt_transformers keys its settings by the name)");
+    Ok(link.display().to_string())
 }
 
 /// A free loopback port for the engine. The port is released again before
@@ -169,6 +192,11 @@ async fn life(s: Settings) -> Result<(), Failure> {
             token_ids_field: s.token_ids_field.clone(),
             default_max_tokens: s.default_max_tokens,
             supported_parameters: crate::openai::supported_parameters(s.kind, &s.engine_argv),
+            host_sampling_parameters: s
+                .tt
+                .as_ref()
+                .map(|tt| tt.host_sampling_parameters())
+                .unwrap_or_default(),
         },
         status.clone(),
     ));

@@ -49,6 +49,7 @@ pub mod serve;
 pub mod service;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tt_config;
 
 pub use args::{CacheModeArg, Contract, ContractArgs, UsageError};
 pub use backend::{Backend, DrainReport, GenerateError, Phase, PhaseCell, TokenStream};

@@ -20,6 +20,12 @@ pub const VISIBLE_DEVICES: &str = "TT_VISIBLE_DEVICES";
 pub const DEVICES: &str = "TT_WORKER_DEVICES";
 /// The mesh shape vLLM-TT reads (`(1,1)`, `(1,2)`).
 pub const MESH_DEVICE: &str = "MESH_DEVICE";
+/// The model's `[models.X.tt]` table as a JSON object, set only when the
+/// table is: the settings vLLM-TT takes as `--additional-config
+/// '{"tt": ...}'` (tt-worker-openai `--engine vllm-tt` passes them; a
+/// worker that does not know the variable must refuse to start, so the
+/// settings are never dropped silently).
+pub const TT_CONFIG: &str = "TT_WORKER_TT_CONFIG";
 /// The worker's log filter (tracing's `EnvFilter` syntax; default `info`).
 pub const LOG: &str = "TT_WORKER_LOG";
 
@@ -45,6 +51,7 @@ pub const RESERVED: &[&str] = &[
     CACHE_MODE,
     DEVICES,
     IDENTIFY,
+    TT_CONFIG,
 ];
 
 /// Exit status of a worker that served and drained (or was stopped

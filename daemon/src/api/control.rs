@@ -463,8 +463,7 @@ impl Control for ControlService {
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         self.rule.authorize(&request, Operation::Generate)?;
-        let stream = super::route::generate(&self.state, request).await?;
-        Ok(Response::new(Box::pin(stream)))
+        super::route::generate(&self.state, request, |stream| stream).await
     }
 
     async fn list_cache(

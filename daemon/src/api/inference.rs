@@ -34,13 +34,15 @@ impl Inference for InferenceService {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let max = self.state.config().limits.max_streams_per_connection;
         let place = super::limits::admit(&request, max)?;
-        let stream = super::route::generate(&self.state, request).await?;
-        // The place is held for as long as the client's stream lives.
-        let stream = tokio_stream::StreamExt::map(stream, move |chunk| {
-            let _held = &place;
-            chunk
-        });
-        Ok(Response::new(Box::pin(stream)))
+        super::route::generate(&self.state, request, move |stream| {
+            // The place is held for as long as the client's stream lives.
+            let stream = tokio_stream::StreamExt::map(stream, move |chunk| {
+                let _held = &place;
+                chunk
+            });
+            Box::pin(stream) as Self::GenerateStream
+        })
+        .await
     }
 
     async fn list_models(

@@ -15,10 +15,15 @@ use tt_serving_proto::v1 as pb;
 pub const GRPC_PUSHBACK: &str = "grpc-retry-pushback-ms";
 
 /// Route a gRPC Generate request; the stream's errors are gRPC statuses.
-pub async fn generate(
+/// `respond` makes the answer of a stream and gets the response metadata
+/// that marks a request served on the host sampling path.
+pub async fn generate<S>(
     state: &DaemonState,
     request: Request<pb::GenerateRequest>,
-) -> Result<impl Stream<Item = Result<pb::GenerateResponse, Status>> + Send + 'static, Status> {
+    respond: impl FnOnce(
+        std::pin::Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send + 'static>>,
+    ) -> S,
+) -> Result<tonic::Response<S>, Status> {
     let timeout = request
         .metadata()
         .get("grpc-timeout")
@@ -29,7 +34,17 @@ pub async fn generate(
         .generate(request.into_inner(), timeout)
         .await
         .map_err(status)?;
-    Ok(stream.map(|chunk| chunk.map_err(status)))
+    let sampling = stream.host_sampling().join(",");
+    let mut response =
+        tonic::Response::new(respond(Box::pin(stream.map(|chunk| chunk.map_err(status)))));
+    if !sampling.is_empty() {
+        if let Ok(value) = MetadataValue::try_from(format!("host; parameters={sampling}")) {
+            response
+                .metadata_mut()
+                .insert(crate::api::openai::SAMPLING_HEADER, value);
+        }
+    }
+    Ok(response)
 }
 
 /// The gRPC status of a router error.

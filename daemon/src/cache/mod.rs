@@ -388,6 +388,13 @@ impl Variant {
                 }
             };
         }
+        // vLLM-TT settings that change the weights written (`optimizations`
+        // picks each layer's precision).
+        for key in tt_worker_contract::tt_config::TT_CACHE_KEYS {
+            if let Some(value) = m.tt.get(*key) {
+                inputs.insert(format!("tt {key}"), value.to_string());
+            }
+        }
         let arm = (m.cache_layout == CacheLayout::Shared).then(|| arm.join(","));
         if arm.is_some() {
             inputs.insert("layout".to_string(), "shared".to_string());

@@ -319,6 +319,16 @@ impl Default for HardwareConfig {
     }
 }
 
+/// When a slot resets its cards before starting its worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StartReset {
+    /// Before every start, clean or not.
+    Always,
+    /// Only when the last worker on the cards ended uncleanly.
+    IfUnclean,
+}
+
 /// When the daemon resets cards at startup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -411,6 +421,13 @@ pub struct ModelConfig {
     /// tt-servingd.
     #[serde(default)]
     pub worker: Vec<String>,
+    /// When the slot resets its cards before a start: `if-unclean` (only
+    /// after an unclean end) or `always`. Default: `always` for a slot of
+    /// two or more cards, `if-unclean` for one. A clean stop of a cabled
+    /// 2x P150a can leave its Ethernet cores unresettable for the next
+    /// open (tt-metal issue 53281), so a multi-card start follows a reset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset_before_start: Option<StartReset>,
     /// MESH_DEVICE for the worker; default `(1,1)` for TP=1 and `(1,2)`
     /// for TP=2.
     #[serde(default)]
@@ -434,6 +451,14 @@ pub struct ModelConfig {
     /// carry what the flags change (ttnn names files by dtype and layout).
     #[serde(default)]
     pub cache_layout: CacheLayout,
+    /// vLLM-TT's settings, `[models.X.tt]`: passed to the worker as
+    /// TT_WORKER_TT_CONFIG and to vLLM as `--additional-config
+    /// '{"tt": ...}'` (tt-worker-openai `--engine vllm-tt`). Keys are the
+    /// ones vllm-tt-plugin reads (`trace_region_size`,
+    /// `sample_on_device_mode`, `optimizations`, ...: checked by name);
+    /// `optimizations` changes the weights, so it keys the cache variant.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tt: BTreeMap<String, toml::Value>,
     /// Extra environment for every start.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -581,6 +606,31 @@ impl ModelConfig {
             vec![self.cards.clone()]
         } else {
             self.replicas.clone()
+        }
+    }
+
+    /// Whether every start of this model's slots follows a reset of its
+    /// cards (`reset_before_start`, default by card count).
+    pub fn resets_before_every_start(&self) -> bool {
+        match self.reset_before_start {
+            Some(StartReset::Always) => true,
+            Some(StartReset::IfUnclean) => false,
+            None => self.tp > 1,
+        }
+    }
+
+    /// The `tt` table as the JSON object the worker reads (None when
+    /// empty). TOML's values map onto JSON's one to one but for dates,
+    /// which no TT setting takes (they become strings, and the key check
+    /// refuses them).
+    pub fn tt_json(&self) -> Option<serde_json::Map<String, serde_json::Value>> {
+        if self.tt.is_empty() {
+            return None;
+        }
+        let value = serde_json::to_value(&self.tt).ok()?;
+        match value {
+            serde_json::Value::Object(map) => Some(map),
+            _ => None,
         }
     }
 

@@ -735,3 +735,41 @@ fn hang_settings_are_on_by_default_bounded_and_unknown_keys_refused() {
         "{typo:?}"
     );
 }
+
+#[test]
+fn tt_settings_are_checked_by_name_and_a_mesh_must_match_the_cards() {
+    let tt = |table: &str| format!("{ONE_MODEL}[models.qwen.tt]\n{table}\n");
+    let config = parse(&tt(
+        "sample_on_device_mode = \"decode_only\"\ntrace_region_size = 56000000",
+    ))
+    .expect("the plugin's keys pass");
+    let json = config.models["qwen"].tt_json().expect("a table");
+    assert_eq!(json["trace_region_size"], 56000000);
+    assert_rejected(
+        &tt("trace_regoin_size = 1"),
+        "models.qwen.tt",
+        "trace_regoin_size",
+    );
+    assert_rejected(
+        &tt("trace_mode = \"sometimes\""),
+        "models.qwen.tt",
+        "decode_only",
+    );
+    // TT_VISIBLE_DEVICES would silently win over a mesh of another size.
+    let mesh = |m: &str| format!("{ONE_MODEL}mesh_device = \"{m}\"\n");
+    assert_rejected(&mesh("P150x2"), "models.qwen.mesh_device", "tp = 1");
+    assert_rejected(&mesh("p150"), "models.qwen.mesh_device", "case matters");
+    assert_rejected(
+        &mesh("(1,x)"),
+        "models.qwen.mesh_device",
+        "two positive numbers",
+    );
+    parse(&mesh("P150")).expect("a one-device preset");
+    parse(&mesh("[1, 1]")).expect("a list");
+    // A two-card model resets before every start unless told otherwise.
+    let two = parse(EXAMPLE_CONFIG).expect("example");
+    assert!(two.models["smollm2"].resets_before_every_start());
+    assert!(!parse(ONE_MODEL).expect("one").models["qwen"].resets_before_every_start());
+    let never = format!("{ONE_MODEL}reset_before_start = \"always\"\n");
+    assert!(parse(&never).expect("always").models["qwen"].resets_before_every_start());
+}

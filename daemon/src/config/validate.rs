@@ -408,6 +408,26 @@ fn check_model(
             "is empty; remove it for the default ((1,1) for TP=1, (1,2) for TP=2) or name a mesh",
         ));
     }
+    if let Some(mesh) = m.mesh_device.as_deref().filter(|s| !s.trim().is_empty()) {
+        match mesh_devices(mesh) {
+            Err(e) => problems.push(problem(key("mesh_device"), &e)),
+            // vllm-tt-plugin worker.py:123-147: a TT_VISIBLE_DEVICES whose
+            // count differs replaces the grid with (1, count), silently.
+            Ok(Some(n)) if n != m.tp => problems.push(problem(
+                key("mesh_device"),
+                format!(
+                    "{mesh:?} is a mesh of {n} device(s) but the model has tp = {} card(s): vllm-tt-plugin would silently open (1,{}) instead (TT_VISIBLE_DEVICES wins); name a mesh of {} device(s) or remove it",
+                    m.tp, m.tp, m.tp
+                ),
+            )),
+            Ok(_) => {}
+        }
+    }
+    if let Some(tt) = m.tt_json() {
+        if let Err(e) = tt_worker_contract::tt_config::check_tt_table(&tt) {
+            problems.push(problem(key("tt"), &e));
+        }
+    }
     for (table, vars) in [
         ("flags", &m.flags),
         ("env", &m.env),
@@ -798,4 +818,49 @@ fn check_accuracy_gate(problems: &mut Vec<Problem>, key: &str, gate: &AccuracyGa
             ),
         ));
     }
+}
+
+/// The number of devices a MESH_DEVICE names, read as vllm-tt-plugin reads
+/// it (`utils/dp_discovery.py:23-75` at e3fc849): a two-number tuple or
+/// list, or one of its preset names (case-sensitive). `Ok(None)`: a Galaxy
+/// preset, whose grid the plugin takes from the system.
+pub fn mesh_devices(mesh: &str) -> Result<Option<u32>, String> {
+    const PRESETS: [(&str, u32); 11] = [
+        ("N150", 1),
+        ("P100", 1),
+        ("P150", 1),
+        ("P150x2", 2),
+        ("N300", 2),
+        ("P300", 2),
+        ("N150x4", 4),
+        ("P150x4", 4),
+        ("T3K", 8),
+        ("P150x8", 8),
+        ("P300x2", 4),
+    ];
+    let trimmed = mesh.trim();
+    if let Some(inner) = trimmed
+        .strip_prefix('(')
+        .and_then(|r| r.strip_suffix(')'))
+        .or_else(|| trimmed.strip_prefix('[').and_then(|r| r.strip_suffix(']')))
+    {
+        let dims: Vec<Result<u32, _>> = inner.split(',').map(|d| d.trim().parse::<u32>()).collect();
+        return match dims.as_slice() {
+            [Ok(r), Ok(c)] if *r > 0 && *c > 0 => Ok(Some(r * c)),
+            _ => Err(format!(
+                "{mesh:?} is not a mesh shape: give two positive numbers, e.g. \"(1,2)\""
+            )),
+        };
+    }
+    if let Some((_, n)) = PRESETS.iter().find(|(name, _)| *name == trimmed) {
+        return Ok(Some(*n));
+    }
+    if matches!(trimmed, "TG" | "BH-Galaxy") {
+        return Ok(None);
+    }
+    let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+    Err(format!(
+        "{mesh:?} is neither a shape like \"(1,2)\" nor a name vllm-tt-plugin knows (\"Invalid MESH_DEVICE\"); use one of {}, TG, BH-Galaxy (case matters)",
+        names.join(", ")
+    ))
 }

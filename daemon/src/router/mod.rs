@@ -420,6 +420,10 @@ impl Router {
             route.stats.affinity(placement == Placement::Affine);
         }
         let queued_us = arrived.elapsed().as_micros() as u64;
+        let host_sampling = validate::host_sampling(&request, &route.engine_facts);
+        for parameter in &host_sampling {
+            crate::metrics::get().host_sampling(&model, &route.slot, parameter);
+        }
         Ok(ChunkStream::new(relay::Routed {
             upstream,
             deadline,
@@ -430,6 +434,7 @@ impl Router {
             stats: route.stats.clone(),
             arrived,
             queued_us,
+            host_sampling,
         }))
     }
 }

@@ -37,6 +37,9 @@ pub struct ChunkStream {
     arrived: Instant,
     queued_us: u64,
     last_tokens: Option<Instant>,
+    /// The parameters of the request that its engine honours on the host
+    /// sampling path (Engine.Info host_sampling_parameters).
+    host_sampling: Vec<&'static str>,
     /// The final chunk went to the client: the request was answered.
     finished: bool,
     /// How it ended, once it has; recorded in the metrics on drop.
@@ -54,6 +57,7 @@ pub(super) struct Routed {
     pub stats: Arc<SlotStats>,
     pub arrived: Instant,
     pub queued_us: u64,
+    pub host_sampling: Vec<&'static str>,
 }
 
 impl ChunkStream {
@@ -71,10 +75,17 @@ impl ChunkStream {
             metrics,
             arrived: r.arrived,
             queued_us: r.queued_us,
+            host_sampling: r.host_sampling,
             last_tokens: None,
             finished: false,
             outcome: None,
         }
+    }
+
+    /// The parameters of this request that put it on its engine's host
+    /// sampling path (empty: none did).
+    pub fn host_sampling(&self) -> &[&'static str] {
+        &self.host_sampling
     }
 
     /// Counts a chunk on its way to the client.

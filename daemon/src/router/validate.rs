@@ -162,6 +162,16 @@ pub fn check_engine_supports(
     )))
 }
 
+/// The parameters `request` asks for that `engine` honours only by
+/// sampling on the host (Engine.Info `host_sampling_parameters`): served,
+/// but slower, and on vLLM-TT for the whole batch it joins.
+pub fn host_sampling(request: &pb::GenerateRequest, engine: &EngineFacts) -> Vec<&'static str> {
+    tt_serving_proto::parameters::requested(request)
+        .into_iter()
+        .filter(|p| engine.host_sampling_parameters.iter().any(|h| h == p))
+        .collect()
+}
+
 /// Every chat message names one of [`CHAT_ROLES`].
 fn check_roles(messages: &[pb::ChatMessage]) -> Result<(), RouteError> {
     match messages
@@ -322,9 +332,17 @@ mod tests {
         let engine = EngineFacts {
             version: "tt-worker 0.1.0".into(),
             supported_parameters: vec!["ignore_eos".into(), "logprobs".into()],
+            host_sampling_parameters: vec!["logprobs".into()],
         };
         let plain = chat(&["user"]);
         assert!(check_engine_supports(&plain, &engine).is_ok());
+        assert!(host_sampling(&plain, &engine).is_empty());
+        let scored = pb::GenerateRequest {
+            logprobs: Some(2),
+            ignore_eos: true,
+            ..chat(&["user"])
+        };
+        assert_eq!(host_sampling(&scored, &engine), vec!["logprobs"]);
         // Values that mean "off" ask for nothing, whatever the engine.
         let off = pb::GenerateRequest {
             repetition_penalty: 1.0,
@@ -402,6 +420,7 @@ mod tests {
             &EngineFacts {
                 version: "tt-worker-openai 0.1.0 (vllm 0.32.0)".into(),
                 supported_parameters: vec!["seed".into(), "response_format".into()],
+                ..EngineFacts::default()
             },
         )
         .expect_err("refused");

@@ -193,6 +193,9 @@ pub struct EngineFacts {
     /// `supported_parameters`: the optional GenerateRequest parameters it
     /// honours (none when it lists none).
     pub supported_parameters: Vec<String>,
+    /// `host_sampling_parameters`: those of them that move the request's
+    /// whole batch to the engine's slower host sampling.
+    pub host_sampling_parameters: Vec<String>,
 }
 
 /// An engine's KV memory: the pool every sequence's keys and values share

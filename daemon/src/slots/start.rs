@@ -418,6 +418,7 @@ async fn wait_loaded(
                     let facts = Arc::new(EngineFacts {
                         version: info.engine_version,
                         supported_parameters: info.supported_parameters,
+                        host_sampling_parameters: info.host_sampling_parameters,
                     });
                     let kv = info.kv_cache.map(|k| KvMemory {
                         budget_bytes: k.budget_bytes,
@@ -774,6 +775,12 @@ fn worker_env(
     env.insert(names::VISIBLE_DEVICES.into(), visible_devices.into());
     env.insert(names::DEVICES.into(), device_nodes.into());
     env.insert(names::MESH_DEVICE.into(), m.mesh_device());
+    if let Some(tt) = m.tt_json() {
+        env.insert(
+            names::TT_CONFIG.into(),
+            serde_json::Value::Object(tt).to_string(),
+        );
+    }
     env.insert(names::SOCKET.into(), plan.socket.display().to_string());
     env.insert(names::MODEL.into(), m.checkpoint.display().to_string());
     env.insert(names::TP.into(), m.tp.to_string());

@@ -80,9 +80,17 @@ pub async fn run(
         if !wait_for_cards(&mgr, &plan, &mut commands).await {
             return stopped(&mgr, &slot);
         }
-        if dirty {
+        let before_start = !dirty && plan.m.resets_before_every_start();
+        if dirty || before_start {
             mgr.update(&slot, |v| v.resets_since_served += 1);
-            if !reset_cards(&mgr, &plan).await {
+            let why = if dirty {
+                "resetting the cards after an unclean worker exit"
+            } else {
+                // reset_before_start: a clean stop of a cabled pair can leave
+                // its Ethernet cores unresettable for the next open.
+                "resetting the cards before the start (reset_before_start: always, the default for two or more cards; tt-metal issue 53281)"
+            };
+            if !reset_cards(&mgr, &plan, why).await {
                 // Quarantined: wait_for_cards waits for an operator; a
                 // card missing: it waits for the card.
                 continue;
@@ -243,12 +251,8 @@ async fn park(
 
 /// Reset the slot's cards (one tt-smi call) and prove them back. False
 /// when they did not come back: the slot is Quarantined.
-async fn reset_cards(mgr: &Arc<SlotManager>, plan: &SlotPlan) -> bool {
-    mgr.transition(
-        &plan.slot,
-        SlotState::Resetting,
-        "resetting the cards after an unclean worker exit",
-    );
+async fn reset_cards(mgr: &Arc<SlotManager>, plan: &SlotPlan, why: &str) -> bool {
+    mgr.transition(&plan.slot, SlotState::Resetting, why);
     let cards = mgr.cards().clone();
     let (events_mgr, events_slot) = (mgr.clone(), plan.slot.clone());
     let mut on_event = move |e: crate::cards::reset::ResetEvent| {

@@ -400,6 +400,7 @@ impl ChunkWriter {
 /// connection drops the body, with it the router's stream, and the worker
 /// cancels the sequence.
 fn streamed(head: Head, stream: ChunkStream, include_usage: bool) -> Response {
+    let sampling = sampling_header(stream.host_sampling());
     let writer = ChunkWriter::new(&head);
     // A chat stream opens with the assistant's role.
     let opening = (head.endpoint == Endpoint::Chat).then(|| {
@@ -430,14 +431,34 @@ fn streamed(head: Head, stream: ChunkStream, include_usage: bool) -> Response {
     let body = axum::body::Body::from_stream(
         tokio_stream::iter(opening.map(Ok::<_, std::convert::Infallible>)).chain(events),
     );
-    (
+    let mut response = (
         [
             (axum::http::header::CONTENT_TYPE, "text/event-stream"),
             (axum::http::header::CACHE_CONTROL, "no-cache"),
         ],
         body,
     )
-        .into_response()
+        .into_response();
+    add_sampling_header(&mut response, sampling);
+    response
+}
+
+/// The response header that marks a request its engine served on the host
+/// sampling path, naming the parameters that put it there (Engine.Info
+/// `host_sampling_parameters`): `host; parameters=logprobs,min_tokens`.
+pub const SAMPLING_HEADER: &str = "x-tt-sampling";
+
+fn sampling_header(parameters: &[&str]) -> Option<axum::http::HeaderValue> {
+    if parameters.is_empty() {
+        return None;
+    }
+    axum::http::HeaderValue::try_from(format!("host; parameters={}", parameters.join(","))).ok()
+}
+
+fn add_sampling_header(response: &mut Response, value: Option<axum::http::HeaderValue>) {
+    if let Some(value) = value {
+        response.headers_mut().insert(SAMPLING_HEADER, value);
+    }
 }
 
 /// The events of one router chunk, in one piece of the body: a text delta,
@@ -489,10 +510,13 @@ struct Collected {
     /// The prompt's logprobs, when asked for (`echo`).
     prompt: Vec<pb::TokenLogprob>,
     last: pb::GenerationFinal,
+    /// The parameters that put it on the host sampling path.
+    host_sampling: Vec<&'static str>,
 }
 
 async fn collect(mut stream: ChunkStream) -> Result<Collected, ApiError> {
     let mut c = Collected {
+        host_sampling: stream.host_sampling().to_vec(),
         text: String::new(),
         reasoning: String::new(),
         tool_calls: ToolCalls::default(),
@@ -573,16 +597,24 @@ async fn collected(
     }
     let mut choices = Vec::with_capacity(answers.len());
     let mut total = pb::GenerationFinal::default();
+    let mut host_sampling: Vec<&'static str> = Vec::new();
     for (index, (c, prompt_text)) in answers.into_iter().zip(prompt_texts).enumerate() {
         let Some(c) = c else {
             continue;
         };
+        for p in &c.host_sampling {
+            if !host_sampling.contains(p) {
+                host_sampling.push(p);
+            }
+        }
         add_usage(&mut total, &c.last);
         choices.push(choice(&head, index, echo, prompt_text, c));
     }
     let mut body = head.body(false, serde_json::Value::Array(choices));
     body["usage"] = serde_json::json!(Usage::of(&total));
-    axum::Json(body).into_response()
+    let mut response = axum::Json(body).into_response();
+    add_sampling_header(&mut response, sampling_header(&host_sampling));
+    response
 }
 
 /// A batch's usage: the sum of its prompts'.

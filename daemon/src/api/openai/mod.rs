@@ -34,6 +34,7 @@ use errors::ApiError;
 use std::sync::Arc;
 use tokio::net::TcpListener;
 
+pub use generate::SAMPLING_HEADER;
 pub use tls::HttpTls;
 
 /// Everything a handler reads.
