@@ -356,3 +356,42 @@ fn the_example_passes_offline_and_on_a_host_prepared_as_its_comments_say() {
     assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("valid (1 model(s), 1 slot(s))"), "{text}");
 }
+
+/// A model spec's firmware and driver minimums (tt-inference-server's
+/// `system_requirements`): the fake card runs firmware 19.11.0 on tt-kmd
+/// 2.10.0, so a spec asking 19.2.0 / 2.5.0 passes and one asking 20.0 /
+/// 3.0 is refused naming the card, the version found and the minimum.
+#[test]
+fn a_host_below_the_models_firmware_or_driver_minimum_is_refused_by_name() {
+    let files = tempfile::tempdir().unwrap();
+    let checkpoint = tiny_model(files.path());
+    let ok = Setup::new(
+        "",
+        &model(
+            "m",
+            &checkpoint,
+            None,
+            "[models.m.requires]\nfirmware = \"19.2.0\"\nkmd = \"2.5.0\"",
+        ),
+    );
+    let (code, text) = check_config(&ok.config, false, None);
+    assert_eq!(code, Some(0), "{text}");
+    let short = Setup::new(
+        "",
+        &model(
+            "m",
+            &checkpoint,
+            None,
+            "[models.m.requires]\nfirmware = \"20.0\"\nkmd = \"3.0.0\"",
+        ),
+    );
+    short.assert_problems(&[
+        "models.m.requires.firmware",
+        &format!(
+            "card {} runs firmware bundle 19.11.0, below the 20.0.0",
+            FakeHw::bdf(0)
+        ),
+        "models.m.requires.kmd",
+        "the tenstorrent driver is 2.10.0, below the tt-kmd 3.0.0",
+    ]);
+}

@@ -57,6 +57,11 @@ impl Version {
         .unwrap_or(Version(parts.to_vec()))
     }
 
+    /// Whether this is `other` or newer.
+    pub fn not_below(&self, other: &Version) -> bool {
+        self >= other
+    }
+
     fn at_least(&self, parts: &[u32]) -> bool {
         *self >= Version::of(parts)
     }

@@ -1011,6 +1011,71 @@ pub fn check_cards_exist(config: &Config, hw: &HardwareRoot) -> Vec<crate::confi
     problems
 }
 
+/// Where the host falls short of a model's `[models.X.requires]`: one
+/// message per card below the firmware minimum and one for a driver below
+/// the kmd minimum (an unreadable version counts as short: the model's
+/// spec says it is required). `cards` are the model's cards as found.
+pub fn requirement_shortfalls(
+    m: &crate::config::ModelConfig,
+    cards: &[&CardInfo],
+    driver_version: Option<&str>,
+) -> Vec<(&'static str, String)> {
+    use driver::Version;
+    let mut short = Vec::new();
+    if let Some(min) = m.requires.firmware.as_deref().and_then(Version::parse) {
+        for card in cards {
+            match Version::parse(&card.fw_bundle_version) {
+                Some(v) if v.not_below(&min) => {}
+                found => short.push((
+                    "firmware",
+                    format!(
+                        "card {} runs firmware bundle {}, below the {min} the model's engine build requires; update the card's firmware (tt-flash) or serve a build whose spec allows it",
+                        card.bdf,
+                        found.map_or_else(|| "(unreadable tt_fw_bundle_ver)".to_string(), |v| v.to_string())
+                    ),
+                )),
+            }
+        }
+    }
+    if let Some(min) = m.requires.kmd.as_deref().and_then(Version::parse) {
+        match driver_version.and_then(Version::parse) {
+            Some(v) if v.not_below(&min) => {}
+            found => short.push((
+                "kmd",
+                format!(
+                    "the tenstorrent driver is {}, below the tt-kmd {min} the model's engine build requires; upgrade tt-kmd",
+                    found.map_or_else(|| "unreadable".to_string(), |v| v.to_string())
+                ),
+            )),
+        }
+    }
+    short
+}
+
+/// `requirement_shortfalls` for every model of `config`, as check-config
+/// problems at `models.X.requires.<firmware|kmd>`.
+pub fn check_requirements(config: &Config, hw: &HardwareRoot) -> Vec<crate::config::Problem> {
+    let found = hw.discover().unwrap_or_default();
+    let driver = hw.driver_version();
+    let mut problems = Vec::new();
+    for (model, m) in &config.models {
+        let cards: Vec<&CardInfo> = m
+            .card_sets()
+            .iter()
+            .flatten()
+            .filter_map(|card| resolve(card, &found))
+            .filter_map(|bdf| found.iter().find(|c| c.bdf == bdf))
+            .collect();
+        for (field, message) in requirement_shortfalls(m, &cards, driver.as_deref()) {
+            problems.push(crate::config::Problem {
+                key: format!("models.{model}.requires.{field}"),
+                message,
+            });
+        }
+    }
+    problems
+}
+
 /// The lock policy a config gives: the admin group, when one is configured
 /// and exists (a missing group stops the daemon earlier, in `api::AdminRule`).
 pub fn lock_policy(config: &Config) -> LockPolicy {

@@ -319,6 +319,21 @@ impl Default for HardwareConfig {
     }
 }
 
+/// `[models.X.requires]`: the oldest firmware and driver the model's
+/// engine build runs on (tt-inference-server model spec
+/// `system_requirements`, e.g. Llama-3.1-8B-Instruct on P300: firmware
+/// 19.2.0, tt-kmd 2.5.0, both STRICT).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Requirements {
+    /// The oldest firmware bundle (each card's `tt_fw_bundle_ver`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub firmware: Option<String>,
+    /// The oldest tt-kmd (`/sys/module/tenstorrent/version`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kmd: Option<String>,
+}
+
 /// When a slot resets its cards before starting its worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -488,6 +503,12 @@ pub struct ModelConfig {
     /// death.
     #[serde(default)]
     pub hang: HangConfig,
+    /// The host the model's engine build needs: firmware and driver
+    /// minimums, as tt-inference-server's model specs state them
+    /// (`system_requirements`). `check-config` and the slot's start refuse
+    /// a card or driver below them by name.
+    #[serde(default)]
+    pub requires: Requirements,
     /// Requests waiting for a slot beyond this get RESOURCE_EXHAUSTED.
     #[serde(default = "default_max_queue")]
     pub max_queue: u32,

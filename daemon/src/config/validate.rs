@@ -423,6 +423,16 @@ fn check_model(
             Ok(_) => {}
         }
     }
+    for (field, value) in [("firmware", &m.requires.firmware), ("kmd", &m.requires.kmd)] {
+        if let Some(v) = value {
+            if crate::cards::driver::Version::parse(v).is_none() {
+                problems.push(problem(
+                    key(&format!("requires.{field}")),
+                    format!("{v:?} is not a version; write the minimum as dotted numbers, e.g. \"19.2.0\""),
+                ));
+            }
+        }
+    }
     if let Some(tt) = m.tt_json() {
         if let Err(e) = tt_worker_contract::tt_config::check_tt_table(&tt) {
             problems.push(problem(key("tt"), &e));

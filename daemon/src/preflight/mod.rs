@@ -86,6 +86,7 @@ fn check_host(config: &Config, untyped: &BTreeSet<String>) -> Vec<Problem> {
         // Without the driver no card can be found; the caller says so.
         if hw.driver_loaded() {
             problems.extend(crate::cards::check_cards_exist(config, &hw));
+            problems.extend(crate::cards::check_requirements(config, &hw));
         }
     }
     if read("reset") {

@@ -299,6 +299,21 @@ async fn on_engine(
         tracing::warn!(%slot, %why, "the worker did not say which engine it runs; the cache key holds the worker program's file identity only");
     }
     let hw = mgr.cards().hardware();
+    // The engine build's firmware and driver minimums, read at every start
+    // (a card reflashed or a driver changed since check-config).
+    let found: Vec<_> = plan.cards.iter().filter_map(|bdf| hw.find(bdf)).collect();
+    let short = crate::cards::requirement_shortfalls(
+        m,
+        &found.iter().collect::<Vec<_>>(),
+        hw.driver_version().as_deref(),
+    );
+    if !short.is_empty() {
+        let why: Vec<String> = short.into_iter().map(|(_, m)| m).collect();
+        return Err(Outcome::start_failed(
+            format!("[models.{}.requires]: {}", plan.model, why.join("; ")),
+            false,
+        ));
+    }
     let mut types = Vec::with_capacity(plan.cards.len());
     for bdf in &plan.cards {
         match hw.find(bdf).map(|c| c.card_type).filter(|t| !t.is_empty()) {
