@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tonic::Code;
 use tt_serving_tests::{
-    bin, generate, output_text, standin, wait_until, Daemon, DaemonOptions, FakeHw,
+    bin, generate, output_text, standin, ttnn_importable, wait_until, Daemon, DaemonOptions, FakeHw,
 };
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -927,11 +927,12 @@ fn a_vllm_start_up_failure_is_reported_with_vllms_own_error_not_as_oom() {
 /// `layers` weights files plus KV buffers shaped by `max_num_seqs`.
 fn vllm_tt_cache_table(checkpoint: &Path, layers: u32, max_num_seqs: u32) -> String {
     format!(
-        "\n[models.m]\ntp = 1\ncards = [\"{card}\"]\ncheckpoint = \"{checkpoint}\"\nworker = [\"{worker}\", \"--engine\", \"vllm-tt\", \"--stop-timeout-secs\", \"2\", \"--\", \"python3\", \"{standin}\", \"serve\", \"{{checkpoint}}\", \"--port\", \"{{port}}\", \"--max-model-len\", \"4096\", \"--max-num-seqs\", \"{max_num_seqs}\"]\ndrain_timeout_secs = 5\nenv = {{ STANDIN_TT_CACHE = \"{layers}\" }}\n[models.m.restart]\nmax_attempts = 1\nstop_timeout_secs = 5\n",
+        "\n[models.m]\ntp = 1\ncards = [\"{card}\"]\ncheckpoint = \"{checkpoint}\"\nworker = [\"{worker}\", \"--engine\", \"vllm-tt\", \"--stop-timeout-secs\", \"2\", \"--\", \"python3\", \"{standin}\", \"serve\", \"{{checkpoint}}\", \"--port\", \"{{port}}\", \"--max-model-len\", \"4096\", \"--max-num-seqs\", \"{max_num_seqs}\"]\ndrain_timeout_secs = 5\nenv = {{ STANDIN_TT_CACHE = \"{layers}\", PYTHONPATH = \"{ttnn}\" }}\n[models.m.restart]\nmax_attempts = 1\nstop_timeout_secs = 5\n",
         card = FakeHw::bdf(0),
         checkpoint = checkpoint.display(),
         worker = bin("tt-worker-openai").display(),
         standin = standin().display(),
+        ttnn = ttnn_importable().display(),
     )
 }
 

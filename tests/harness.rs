@@ -736,6 +736,14 @@ pub fn real_smollm2() -> Option<PathBuf> {
     }
 }
 
+/// A directory to put on the engine's PYTHONPATH so that `import ttnn`
+/// works where the real ttnn cannot be installed (it has no wheel for the
+/// vLLM venv's Python): vllm-tt-plugin's platform, and the stand-ins'
+/// TT side, are active only when ttnn imports.
+pub fn ttnn_importable() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("engines/vllm_tt_plugin/ttnn_importable")
+}
+
 /// The vLLM stand-in (`tests/engines/vllm_standin.py`).
 pub fn standin() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("engines/vllm_standin.py")

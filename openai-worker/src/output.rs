@@ -44,7 +44,18 @@ pub struct OutputScan {
     errors: Mutex<std::collections::VecDeque<String>>,
     /// Streams (stdout, stderr) that reached their end.
     closed: watch::Sender<u8>,
+    /// vllm-tt-plugin's model runner said it started ([`TT_RUNNER_LINE`]).
+    tt_runner: std::sync::atomic::AtomicBool,
 }
+
+/// What vllm-tt-plugin's model runner logs (INFO) when it starts, on the
+/// TT platform only (`model_runner.py:164-170` at e3fc849:
+/// `TTModelRunner: trace_mode=%s, sample_on_device_mode=%s,
+/// enable_model_warmup=%s`). Without it vLLM chose another platform: the
+/// plugin's platform is active only when `ttnn` imports
+/// (`entrypoints.py:50-59`), and vLLM falls back to its own without a
+/// word at the default log level.
+pub const TT_RUNNER_LINE: &str = "TTModelRunner: trace_mode=";
 
 impl Default for OutputScan {
     fn default() -> Self {
@@ -55,6 +66,7 @@ impl Default for OutputScan {
             subprocess_death: watch::Sender::new(None),
             errors: Mutex::new(std::collections::VecDeque::new()),
             closed: watch::Sender::new(0),
+            tt_runner: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -74,6 +86,11 @@ impl OutputScan {
     pub fn banners(&self) -> Vec<String> {
         let banners = self.banners.lock().unwrap_or_else(|e| e.into_inner());
         banners.iter().cloned().collect()
+    }
+
+    /// Whether vllm-tt-plugin's model runner said it started.
+    pub fn tt_runner_started(&self) -> bool {
+        self.tt_runner.load(Ordering::Acquire)
     }
 
     /// The line that said the engine core is gone, if one did.
@@ -121,6 +138,9 @@ impl OutputScan {
         if let Some(flag) = tt_worker_contract::banner::flag_in_line(&text) {
             let mut banners = self.banners.lock().unwrap_or_else(|e| e.into_inner());
             banners.insert(flag.to_string());
+        }
+        if text.contains(TT_RUNNER_LINE) {
+            self.tt_runner.store(true, Ordering::Release);
         }
         let line = || text.trim().chars().take(500).collect::<String>();
         if let Some(when) = core_gone(&text) {

@@ -151,6 +151,20 @@ fn hf_model(s: &Settings) -> Result<String, Failure> {
     Ok(link.display().to_string())
 }
 
+/// Whether the TT platform's model runner started in the engine: its line
+/// comes long before `/health` answers (warm-up runs in between), but the
+/// output is read on its own task, so a line still in the pipe gets a
+/// moment.
+async fn tt_platform_ran(engine: &Engine) -> bool {
+    for _ in 0..20 {
+        if engine.output.tt_runner_started() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
 /// A free loopback port for the engine. The port is released again before
 /// the engine binds it; another process taking it in between makes the
 /// engine fail to bind, and the worker exits naming the engine's exit.
@@ -258,6 +272,18 @@ async fn wait_ready(
             }
             loaded = async { tokio::time::sleep(PROBE_EVERY).await; probe.once().await } => {
                 if let Some(loaded) = loaded {
+                    if s.kind == cli::EngineKind::VllmTt && !tt_platform_ran(&engine).await {
+                        let stopped = engine.stop(s.stop_timeout).await;
+                        let mut message = format!(
+                            "vLLM answered {} but vllm-tt-plugin's model runner never started (no `{}` line): vLLM runs on another platform, because ttnn does not import in the engine's Python (the plugin's platform is active only then) or VLLM_PLUGINS leaves out `tt`; check `python -c 'import ttnn'` in that environment (a VLLM_LOGGING_LEVEL above INFO hides the line too)",
+                            s.health_path,
+                            crate::output::TT_RUNNER_LINE
+                        );
+                        if stopped == Stopped::Killed {
+                            message.push_str("; it ignored SIGTERM and was killed");
+                        }
+                        return Err(End::Died(Failure::new(1, message)));
+                    }
                     tracing::info!(
                         model = %loaded.model,
                         context_length = loaded.context_length,

@@ -199,6 +199,7 @@ Behaviour switched by environment variables:
 """
 
 import ctypes
+import importlib.util
 import http.server
 import json
 import mmap
@@ -1139,6 +1140,14 @@ def main():
     else:
         print(f"STANDIN_TT_CACHE_ENGINE={engine}: only 'ttnn' is known", file=sys.stderr, flush=True)
         sys.exit(2)
+    if importlib.util.find_spec("ttnn") is not None:
+        # vllm-tt-plugin's platform is active only when ttnn imports
+        # (entrypoints.py:50-59 @e3fc849); its model runner then logs this
+        # (model_runner.py:164-170). The `vllm-tt` preset refuses an engine
+        # that never says it. Tests without the real ttnn put
+        # tests/engines/vllm_tt_plugin/ttnn_importable on PYTHONPATH.
+        log("INFO", "model_runner.py:164", "TTModelRunner: trace_mode=all, "
+            "sample_on_device_mode=None, enable_model_warmup=True")
     log("INFO", "gpu_model_runner.py:1843", "Model loading took 0.01 GiB and "
         f"{time.time() - START:.2f} seconds")
     loading[0] = False

@@ -574,7 +574,7 @@ async fn collected(
         tasks.spawn(async move {
             let answer = match state.router().generate(request, timeout).await {
                 Ok(stream) => collect(stream).await,
-                Err(e) => Err(ApiError::from(e)),
+                Err(e) => Err(ApiError::from(echo_refusal(e, echo))),
             };
             (i, answer)
         });
@@ -615,6 +615,22 @@ async fn collected(
     let mut response = axum::Json(body).into_response();
     add_sampling_header(&mut response, sampling_header(&host_sampling));
     response
+}
+
+/// A refusal of `prompt_logprobs` said in the terms of the OpenAI request
+/// that asked for it: `echo` with `logprobs` (or with a prompt of token
+/// ids, whose text only the engine's prompt logprobs carry). vLLM-TT
+/// refuses the prompt's logprobs ("Not yet supporting prompt_logprobs on
+/// tt").
+fn echo_refusal(e: RouteError, echo: wire::Echo) -> RouteError {
+    match e {
+        RouteError::Invalid(m) if echo != wire::Echo::Off && m.starts_with("prompt_logprobs:") => {
+            RouteError::Invalid(format!(
+                "echo: needs the prompt's logprobs (with \"logprobs\", or a prompt given as token ids), and {m} (answer without \"echo\", or without \"logprobs\" and with a text prompt)"
+            ))
+        }
+        other => other,
+    }
 }
 
 /// A batch's usage: the sum of its prompts'.

@@ -11,6 +11,7 @@ platform.py:815 @ e3fc849) appear here as TT_DEVICE_NAME, and in the worker,
 which reads TT_VISIBLE_DEVICES itself.
 """
 
+import logging
 import os
 
 from vllm.exceptions import VLLMClientError
@@ -51,6 +52,19 @@ class UnsupportedOnTT(VLLMClientError, ValueError):
 
 
 class TTPlatform(CpuPlatform):
+    @classmethod
+    def log_warnings(cls) -> None:
+        # vLLM logs "Platform plugin %s is activated" at INFO when it picks an
+        # out-of-tree platform (vllm/platforms/__init__.py:237 @ 0.25.1, same
+        # line in 0.32). On 0.25.1 logging is configured at import, so the
+        # line is printed; vLLM 0.32 configures logging only after parsing
+        # the CLI, after the platform was resolved, and the line is dropped
+        # (seen here). 0.32 calls this hook in each process once logging is
+        # configured, so the stand-in prints the line the pinned version
+        # prints, on vLLM's platforms logger.
+        super().log_warnings()
+        logging.getLogger("vllm.platforms").info("Platform plugin %s is activated", "tt")
+
     @classmethod
     def validate_request(cls, processed_inputs, params) -> None:
         # vllm-tt-plugin platform.py:1171-1183 @ e3fc849: the only
