@@ -272,7 +272,7 @@ async fn wait_ready(
             }
             loaded = async { tokio::time::sleep(PROBE_EVERY).await; probe.once().await } => {
                 if let Some(loaded) = loaded {
-                    if s.kind == cli::EngineKind::VllmTt && !tt_platform_ran(&engine).await {
+                    if s.kind == cli::EngineKind::VllmTt && !tt_platform_ran(engine).await {
                         let stopped = engine.stop(s.stop_timeout).await;
                         let mut message = format!(
                             "vLLM answered {} but vllm-tt-plugin's model runner never started (no `{}` line): vLLM runs on another platform, because ttnn does not import in the engine's Python (the plugin's platform is active only then) or VLLM_PLUGINS leaves out `tt`; check `python -c 'import ttnn'` in that environment (a VLLM_LOGGING_LEVEL above INFO hides the line too)",
