@@ -781,3 +781,89 @@ pub fn real_vllm() -> Option<(PathBuf, PathBuf)> {
         }
     }
 }
+
+/// One HTTP exchange as curl made it.
+#[derive(Debug)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// Header lines, names lowercased.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: String,
+}
+
+impl Answer {
+    /// The first header of `name` (lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
+    }
+
+    /// The OpenAI error object.
+    pub fn error(&self) -> serde_json::Value {
+        let body = self.json();
+        assert!(body["error"].is_object(), "not an OpenAI error: {body}");
+        body["error"].clone()
+    }
+}
+
+/// `curl -sS -N -i` with a bearer token (when given) and a JSON body from a
+/// file (when given), on HTTP/1.1.
+pub fn curl(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> Answer {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cmd = Command::new("curl");
+    // `Expect:` off: curl's `100 Continue` for big bodies would come first.
+    cmd.args([
+        "-sS",
+        "-N",
+        "-i",
+        "--http1.1",
+        "--max-time",
+        "60",
+        "-X",
+        method,
+    ]);
+    cmd.args(["-H", "Expect:"]);
+    if let Some(token) = token {
+        cmd.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    if let Some(body) = body {
+        let file = dir.path().join("body.json");
+        std::fs::write(&file, body).expect("write body");
+        cmd.args(["-H", "Content-Type: application/json"]);
+        cmd.arg("--data-binary").arg(format!("@{}", file.display()));
+    }
+    let out = cmd
+        .arg(url)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run curl");
+    assert!(out.status.success(), "curl {url}: {}", output_text(&out));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header end in {text:?}"));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {head:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Answer {
+        status,
+        headers,
+        body: body.to_string(),
+    }
+}

@@ -91,6 +91,21 @@ pub fn supported_parameters(ready: &[&crate::slots::SlotView]) -> Vec<String> {
         .collect()
 }
 
+/// The optional parameters that put a request on the host sampling path
+/// of some ready replica's engine (`x-tt-sampling`): those any of them
+/// lists.
+pub fn host_sampling_parameters(ready: &[&crate::slots::SlotView]) -> Vec<String> {
+    let mut all: Vec<String> = Vec::new();
+    for s in ready {
+        for p in &s.engine_facts.host_sampling_parameters {
+            if !all.contains(p) {
+                all.push(p.clone());
+            }
+        }
+    }
+    all
+}
+
 /// The context length a request can count on whichever ready replica serves
 /// it: the smallest any of them reported (replicas of one model normally
 /// agree). 0 when none is ready or none reported one.

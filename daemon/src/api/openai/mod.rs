@@ -143,6 +143,7 @@ async fn models(State(front): State<Front>) -> Response {
                 "replicas": m.card_sets().len(),
                 "ready_replicas": ready.len(),
                 "supported_parameters": super::inference::supported_parameters(&ready),
+                "host_sampling_parameters": super::inference::host_sampling_parameters(&ready),
             })
         })
         .collect();
