@@ -93,10 +93,22 @@ impl FakeHw {
     /// Lay out `cards` cards playing tt-kmd `driver` and tt-smi `tt_smi`,
     /// and start their firmware.
     pub fn with_versions(cards: usize, driver: &str, tt_smi: &str) -> FakeHw {
-        let dir = tempfile::tempdir().expect("temp dir");
         let mut opts = tt_fakehw::CreateOptions::new(cards, &bin("tt-fakehw"));
         opts.driver_version = driver.to_string();
         opts.tt_smi_version = tt_smi.to_string();
+        FakeHw::with_options(opts)
+    }
+
+    /// Lay out `cards` cards whose device nodes are character devices
+    /// (what a container runtime's `--device` takes; root only).
+    pub fn with_char_dev_nodes(cards: usize) -> FakeHw {
+        let mut opts = tt_fakehw::CreateOptions::new(cards, &bin("tt-fakehw"));
+        opts.char_dev_nodes = true;
+        FakeHw::with_options(opts)
+    }
+
+    fn with_options(opts: tt_fakehw::CreateOptions) -> FakeHw {
+        let dir = tempfile::tempdir().expect("temp dir");
         let root = FakeRoot::create_with(&dir.path().join("hw"), &opts).expect("create fake root");
         let firmware = Some(root.spawn_firmware_thread(Duration::from_millis(20)));
         FakeHw {

@@ -100,6 +100,12 @@ impl Layout {
         self.dev_dir().join(index.to_string())
     }
 
+    /// Present when device nodes are character devices (see
+    /// [`crate::CreateOptions::char_dev_nodes`]).
+    pub(crate) fn char_dev_nodes_marker(&self) -> PathBuf {
+        self.state_dir().join("char-dev-nodes")
+    }
+
     pub(crate) fn by_id_dir(&self) -> PathBuf {
         self.dev_dir().join("by-id")
     }
@@ -450,7 +456,30 @@ pub(crate) fn materialize_card(
         symlink_atomic(Path::new(&format!("../{index}")), &by_id_link(layout, card))?;
     }
 
+    if layout.char_dev_nodes_marker().exists() {
+        return char_node_atomic(&layout.dev_node(index));
+    }
     write_atomic(&layout.dev_node(index), b"")
+}
+
+/// A character device node with /dev/null's numbers (1, 3), made under a
+/// temporary name and renamed into place: what a container runtime's
+/// `--device` needs, where a regular file is refused ("not a device
+/// node"). Needs root (CAP_MKNOD).
+fn char_node_atomic(path: &Path) -> Result<()> {
+    use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+    let tmp = tmp_sibling(path);
+    mknod(
+        &tmp,
+        SFlag::S_IFCHR,
+        Mode::from_bits_truncate(0o666),
+        makedev(1, 3),
+    )
+    .map_err(|e| FakeHwError::io("making device node", &tmp, e.into()))?;
+    fs::rename(&tmp, path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        FakeHwError::io("renaming into", path, e)
+    })
 }
 
 fn by_id_link(layout: &Layout, card: &CardInfo) -> PathBuf {

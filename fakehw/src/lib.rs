@@ -92,6 +92,10 @@ pub struct CreateOptions {
     /// The tt-smi release `bin/tt-smi` plays (`-v` prints it; before 4.2.0
     /// `-r` takes only integer indices or a JSON file).
     pub tt_smi_version: String,
+    /// Make each card's device node a character device (/dev/null's
+    /// numbers) instead of an empty file, so that a container runtime
+    /// takes it as `--device` (root only).
+    pub char_dev_nodes: bool,
 }
 
 impl CreateOptions {
@@ -104,6 +108,7 @@ impl CreateOptions {
             force: false,
             driver_version: DEFAULT_DRIVER_VERSION.to_string(),
             tt_smi_version: DEFAULT_TT_SMI_VERSION.to_string(),
+            char_dev_nodes: false,
         }
     }
 }
@@ -210,6 +215,9 @@ impl FakeRoot {
             tt_smi_version: opts.tt_smi_version.trim().to_string(),
         };
         layout::create_static(&layout, &inventory.cards, &fakehw_bin, &inventory.kmd)?;
+        if opts.char_dev_nodes {
+            layout::write_atomic(&layout.char_dev_nodes_marker(), b"")?;
+        }
         for card in &inventory.cards {
             let readings = layout::Readings {
                 heartbeat: 1_000 + 100 * u64::from(card.created_index),

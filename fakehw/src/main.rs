@@ -61,6 +61,10 @@ enum Command {
         /// 4.2.0 `-r` takes only integer indices or a JSON file).
         #[arg(long, default_value = DEFAULT_TT_SMI_VERSION)]
         tt_smi_version: String,
+        /// Make the device nodes character devices (/dev/null's numbers),
+        /// which a container runtime's `--device` takes (root only).
+        #[arg(long)]
+        char_dev_nodes: bool,
     },
     /// Run the card firmware: advance heartbeats and complete resets, every
     /// interval, until the parent process dies (or a SIGTERM, SIGINT or
@@ -243,6 +247,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             force,
             driver_version,
             tt_smi_version,
+            char_dev_nodes,
         } => {
             let bin = match tt_fakehw_bin {
                 Some(bin) => bin,
@@ -257,6 +262,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 force,
                 driver_version,
                 tt_smi_version,
+                char_dev_nodes,
             };
             let fake = FakeRoot::create_with(&root, &opts)
                 .with_context(|| format!("creating fake root {}", root.display()))?;

@@ -65,8 +65,10 @@ pub fn emergency_stop() {
         let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
     }
     if let Some(c) = CONTAINER.get() {
-        let _ = Command::new(&c.runtime)
-            .args(["rm", "-f", &c.name])
+        // Twice: see remove_container.
+        let _ = Command::new("/bin/sh")
+            .args(["-c", "\"$0\" rm -f \"$1\" || \"$0\" rm -f \"$1\""])
+            .args([&c.runtime, &c.name])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -430,21 +432,39 @@ pub fn signal_name(signal: i32) -> String {
 }
 
 /// `<runtime> rm -f NAME`, quietly: a container left by an earlier run (or
-/// this one) would keep its cards.
+/// this one) would keep its cards. Tried three times: after its monitor
+/// was killed (a worker killed outright), podman 4.3's first `rm -f` fails
+/// ("timed out waiting for file /run/libpod/exits/<id>", status 125) and
+/// the second removes it; "no such container" is success.
 pub fn remove_container(c: &Container) {
-    container_command(c, &["rm", "-f"]);
+    for _ in 0..3 {
+        match container_command(c, &["rm", "-f"]) {
+            Some(true) | None => return,
+            Some(false) => {}
+        }
+    }
+    tracing::warn!(runtime = %c.runtime, container = %c.name, "the container runtime could not remove the engine's container; the next start removes it by name");
 }
 
-fn container_command(c: &Container, verb: &[&str]) {
-    let status = Command::new(&c.runtime)
+/// Run `<runtime> VERB... NAME`: Some(true) when it succeeded or the
+/// container does not exist, None when the runtime cannot be run.
+fn container_command(c: &Container, verb: &[&str]) -> Option<bool> {
+    let out = Command::new(&c.runtime)
         .args(verb)
         .arg(&c.name)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    if let Err(e) = status {
-        tracing::warn!(runtime = %c.runtime, container = %c.name, %e, "cannot run the container runtime");
+        .stderr(Stdio::piped())
+        .output();
+    match out {
+        Err(e) => {
+            tracing::warn!(runtime = %c.runtime, container = %c.name, %e, "cannot run the container runtime");
+            None
+        }
+        Ok(out) => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            Some(out.status.success() || err.contains("no such container"))
+        }
     }
 }
 

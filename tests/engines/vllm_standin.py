@@ -51,6 +51,8 @@ It mirrors what vLLM shows a supervisor, on the wire and in its output:
 Behaviour switched by environment variables:
 
 - STANDIN_LOAD_SECS=S: the load takes S seconds, printing progress lines.
+- STANDIN_STOP_SECS=S: after SIGTERM the teardown takes S seconds, then
+  `Teardown finished after S s`, then exit 0.
 - STANDIN_HANG=load: the load never ends. STANDIN_HANG=generate: requests
   are admitted and never produce a token. STANDIN_HANG=generate-after-first:
   the first request (a supervisor's readiness ping) is served, later ones
@@ -1095,6 +1097,12 @@ def main():
             return
         STATE.shutting_down = True
         print("INFO:     Shutting down", file=sys.stderr, flush=True)
+        # STANDIN_STOP_SECS=S: the teardown takes S seconds (a TT mesh
+        # close), so a test sees whether the stop grace was given.
+        stop_secs = float(os.environ.get("STANDIN_STOP_SECS", "0"))
+        if stop_secs > 0:
+            time.sleep(stop_secs)
+            print(f"INFO:     Teardown finished after {stop_secs:g} s", file=sys.stderr, flush=True)
         if STATE.core is not None:
             STATE.core.terminate()
             STATE.core.wait()
