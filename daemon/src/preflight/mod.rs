@@ -8,6 +8,7 @@
 //! Checks run as the user who runs `check-config`; run it as the daemon's
 //! user (root under the NixOS module) to see what the daemon will see.
 
+mod container;
 mod gguf;
 mod programs;
 
@@ -203,6 +204,9 @@ fn check_model(name: &str, m: &ModelConfig, problems: &mut Vec<Problem>) {
     // tt-worker loads one GGUF file; other engines (vLLM and the like) take
     // a file or a directory in their own format, so only its existence is
     // theirs to share.
+    for why in container::problems(&command) {
+        problems.push(problem(key("worker"), why));
+    }
     let gguf_engine = Path::new(program).file_name() == Some("tt-worker".as_ref());
     check_checkpoint(&key("checkpoint"), &m.checkpoint, gguf_engine, problems);
     if let Some(path) = &m.env_file {
