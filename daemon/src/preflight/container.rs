@@ -108,7 +108,7 @@ fn bind_sources(run: &[String]) -> Vec<String> {
         };
         if let Some(m) = mount {
             let fields: Vec<&str> = m.split(',').collect();
-            let is_bind = fields.iter().any(|f| *f == "type=bind");
+            let is_bind = fields.contains(&"type=bind");
             let source = fields
                 .iter()
                 .find_map(|f| f.strip_prefix("src=").or_else(|| f.strip_prefix("source=")));
