@@ -234,6 +234,28 @@ fn a_slot_runs_its_engine_in_a_podman_container_with_only_its_card_and_leaves_no
     want.sort();
     assert_eq!(mounts, want);
 
+    // The image's id keys the cache variant: a new image builds cold.
+    let id = Command::new("podman")
+        .env("CONTAINERS_CONF", &conf)
+        .args(["image", "inspect", "--format", "{{.Id}}", &image])
+        .output()
+        .expect("podman image inspect");
+    let id = String::from_utf8_lossy(&id.stdout).trim().to_string();
+    let listing: serde_json::Value =
+        serde_json::from_slice(&daemon.ttctl(&["cache", "ls", "--json"]).stdout)
+            .expect("cache ls --json");
+    let inputs = &listing["variants"][0]["inputs"];
+    assert_eq!(
+        inputs["engine container image"],
+        image.as_str(),
+        "{inputs:#}"
+    );
+    assert_eq!(
+        inputs["engine container image id"],
+        id.as_str(),
+        "{inputs:#}"
+    );
+
     // It serves, and its processes are the slot's: in the slot's cgroup,
     // where the daemon's containment counts and ends them.
     let answer = tokio::runtime::Runtime::new()

@@ -46,9 +46,22 @@ pub fn identify(cli: &Cli) -> BTreeMap<String, String> {
         return out;
     };
     if cli.container.is_some() {
-        // The image is somewhere in the runtime's own arguments; until
-        // container mode names it, the command is the identity.
+        // What runs is the image: its id changes with any layer (a new
+        // tt-metal, plugin or vLLM inside).
         out.insert("engine command".into(), cli.engine_argv.join(" "));
+        match container_image(&cli.engine_argv) {
+            None => {
+                out.insert(
+                    "container image".into(),
+                    "unknown: no image argument found".into(),
+                );
+            }
+            Some(image) => {
+                let id = image_id(program, &image).unwrap_or_else(|why| format!("unknown: {why}"));
+                out.insert("container image".into(), image);
+                out.insert("container image id".into(), id);
+            }
+        }
         return out;
     }
     let resolved = resolve(program);
@@ -75,6 +88,94 @@ pub fn identify(cli: &Cli) -> BTreeMap<String, String> {
         }
     }
     out
+}
+
+/// The options of `podman run` / `docker run` that take a value as the
+/// next argument (the image is the first argument that is neither an
+/// option nor such a value).
+const RUN_OPTIONS_WITH_VALUE: &[&str] = &[
+    "--name",
+    "-v",
+    "--volume",
+    "--mount",
+    "-e",
+    "--env",
+    "--env-file",
+    "--device",
+    "--entrypoint",
+    "-u",
+    "--user",
+    "--network",
+    "--net",
+    "--ipc",
+    "--cgroups",
+    "-w",
+    "--workdir",
+    "--shm-size",
+    "--ulimit",
+    "--cap-add",
+    "--cap-drop",
+    "--security-opt",
+    "-l",
+    "--label",
+    "--pull",
+    "-p",
+    "--publish",
+    "-h",
+    "--hostname",
+    "--runtime",
+    "--add-host",
+    "-m",
+    "--memory",
+    "--cpus",
+    "--group-add",
+    "--tmpfs",
+    "--stop-timeout",
+    "--stop-signal",
+    "--pidfile",
+    "--log-driver",
+    "--log-opt",
+    "--pid",
+    "--uts",
+    "--platform",
+    "--userns",
+    "--restart",
+    "--gpus",
+    "--sig-proxy",
+];
+
+/// The image of a `<runtime> run ...` command line.
+pub fn container_image(argv: &[String]) -> Option<String> {
+    let run = argv.iter().position(|a| a == "run")?;
+    let mut args = argv[run + 1..].iter();
+    while let Some(a) = args.next() {
+        if RUN_OPTIONS_WITH_VALUE.contains(&a.as_str()) {
+            args.next();
+        } else if a.starts_with('-') || a.contains('{') {
+            // `--opt=value`, a flag, or a placeholder (`{devices}`).
+        } else {
+            return Some(a.clone());
+        }
+    }
+    None
+}
+
+/// The image's id as the runtime has it (`<runtime> image inspect`).
+fn image_id(runtime: &str, image: &str) -> Result<String, String> {
+    let out = Command::new(runtime)
+        .args(["image", "inspect", "--format", "{{.Id}}", image])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {runtime}: {e}"))?;
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() && !id.is_empty() {
+        Ok(id)
+    } else {
+        Err(format!(
+            "{runtime} image inspect {image}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
 }
 
 /// A bare program name as the engine's start would find it on PATH.
@@ -168,6 +269,37 @@ fn python_packages(python: &Path) -> Result<BTreeMap<String, String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_image_is_the_first_argument_after_the_runs_options() {
+        let argv: Vec<String> = [
+            "podman",
+            "run",
+            "--name",
+            "c",
+            "--rm",
+            "--cgroups=split",
+            "--ipc",
+            "host",
+            "{devices}",
+            "-v",
+            "/a:/a",
+            "-e",
+            "HF_MODEL",
+            "--entrypoint",
+            "/p/python",
+            "ghcr.io/x/vllm:1",
+            "-m",
+            "vllm",
+            "--name",
+            "not-the-image",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(container_image(&argv).as_deref(), Some("ghcr.io/x/vllm:1"));
+        assert_eq!(container_image(&argv[..2]), None);
+    }
 
     #[test]
     fn a_console_scripts_interpreter_is_found_from_its_shebang() {
