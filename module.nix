@@ -289,6 +289,35 @@ in
       '';
     };
 
+    containerRuntime = mkOption {
+      type = types.nullOr (
+        types.enum [
+          "docker"
+          "podman"
+        ]
+      );
+      default = null;
+      example = "podman";
+      description = ''
+        A container runtime for models whose worker runs its engine in a
+        container (`tt-worker-openai --container NAME --container-runtime
+        docker -- docker run ...`, docs/ENGINES.md "From a container
+        image"). The module enables it and lets the unit reach it through
+        its API socket: the service's user joins the runtime's socket
+        group, the `docker` client is on the unit's PATH, and `DOCKER_HOST`
+        names the socket (for podman, its Docker-compatible socket). The
+        unit's hardening stays: the client only talks to the socket, and
+        the containers are the runtime's children, not the unit's, so the
+        worker removes its container on every exit path (kill -9 of the
+        daemon included). Joining the socket's group is root-equivalent on
+        this host. Running podman inside the unit instead (whose
+        `--cgroups=split` keeps the container in the slot's cgroup) needs
+        root, user and mount namespaces and the mount system calls, which
+        this unit denies (User=, RestrictNamespaces=, SystemCallFilter=
+        ~@mount): not offered. `null`: no runtime.
+      '';
+    };
+
     environmentFile = mkOption {
       type = types.nullOr types.str;
       default = null;
@@ -517,6 +546,15 @@ in
 
       networking.firewall.allowedTCPPorts = lib.optional cfg.openFirewall cfg.port;
 
+      virtualisation = lib.optionalAttrs (cfg.containerRuntime == "docker") {
+        docker.enable = true;
+      }
+      // lib.optionalAttrs (cfg.containerRuntime == "podman") {
+        podman.enable = true;
+        # /run/docker.sock, served by podman, owned by group podman.
+        podman.dockerSocket.enable = true;
+      };
+
       systemd.services.tenstorrent-serving = {
         description = "tt-serving: language models on Tenstorrent cards";
         wantedBy = [ "multi-user.target" ];
@@ -535,7 +573,14 @@ in
         restartTriggers = [
           (builtins.hashString "sha256" (builtins.toJSON (removeAttrs finalSettings [ "models" ])))
         ];
-        environment.HOME = d.state_dir;
+        environment = {
+          HOME = d.state_dir;
+        }
+        // lib.optionalAttrs (cfg.containerRuntime != null) {
+          DOCKER_HOST = "unix:///run/docker.sock";
+        };
+        # The docker client talks to either runtime's socket.
+        path = lib.optional (cfg.containerRuntime != null) pkgs.docker-client;
         unitConfig.RequiresMountsFor = lib.optional cfg.hugepages.enable cfg.hugepages.mountPoint;
         serviceConfig = {
           # Type=notify, not notify-reload: systemd 252 does not know
@@ -558,7 +603,9 @@ in
           # The admin group: lock files are given to it (mode 0660).
           SupplementaryGroups =
             lib.optional (cfg.controlSocketGroup != null) cfg.controlSocketGroup
-            ++ lib.optional (cfg.adminGroup != null) cfg.adminGroup;
+            ++ lib.optional (cfg.adminGroup != null) cfg.adminGroup
+            # The runtime's API socket (/run/docker.sock) is group-owned.
+            ++ lib.optional (cfg.containerRuntime != null) cfg.containerRuntime;
           EnvironmentFile = lib.optional (cfg.environmentFile != null) cfg.environmentFile;
           # Tokens, certificate, key and the models' env files, rendered as
           # paths under /run/credentials/tenstorrent-serving.service/ (mode

@@ -1,9 +1,11 @@
-# vLLM with the Tenstorrent plugin on two cabled P150a cards (TP=2, one 1x2
-# mesh: MESH_DEVICE=(1,2)), supervised by tt-worker-openai, with the OpenAI
-# front door on port 8000. vLLM-TT is installed on the host under
-# /opt/tt-vllm. The settings are tt-inference-server v0.20.0's for
-# Llama-3.1-8B on a P300 (two Blackhole chips as one 1x2 mesh; it has no
-# 2x P150 spec); docs/ENGINES.md has the sources and the container form.
+# vLLM with the Tenstorrent plugin (upstream vLLM 0.25.1 + vllm-tt-plugin)
+# on two cabled P150a cards (TP=2, one 1x2 mesh: MESH_DEVICE=(1,2)),
+# supervised by tt-worker-openai, with the OpenAI front door on port 8000.
+# vLLM-TT is installed on the host under /opt/tt-vllm. The settings are
+# tt-inference-server's model spec for Llama-3.1-8B-Instruct on a P300 (two
+# Blackhole chips as one 1x2 mesh; it has no 2x P150 spec):
+# docs/ENGINES.md has the sources, the recipe from a spec and the container
+# form.
 { config, ... }:
 let
   serving = config.services.tenstorrent-serving;
@@ -27,9 +29,11 @@ in
       checkpoint = "/srv/models/Llama-3.1-8B-Instruct";
       worker = [
         "${serving.package}/bin/tt-worker-openai"
-        # The TT preset: HF_MODEL, --block-size 64, --max-num-batched-tokens
-        # = --max-model-len, no tensor-parallel option, a 60 s stop grace,
-        # the paged-attention KV files declared as runtime cache files.
+        # The TT preset: HF_MODEL, the launcher's environment, --block-size
+        # 64, --max-num-batched-tokens = --max-model-len, `tt` below as
+        # --additional-config, no tensor-parallel option, a 60 s stop
+        # grace, the paged-attention KV files declared as runtime cache
+        # files.
         "--engine"
         "vllm-tt"
         "--"
@@ -48,9 +52,19 @@ in
         "32"
         "--seed"
         "9472"
-        "--additional-config"
-        ''{"tt": {"sample_on_device_mode": "decode_only", "trace_region_size": 56000000}}''
       ];
+      # The spec's override_tt_config: vllm-tt-plugin's settings, checked
+      # by name, passed as --additional-config '{"tt": {...}}'.
+      tt = {
+        sample_on_device_mode = "decode_only";
+        trace_region_size = 56000000;
+      };
+      # The spec's system_requirements (STRICT): check-config and every
+      # start refuse a card or driver below them.
+      requires = {
+        firmware = "19.2.0";
+        kmd = "2.5.0";
+      };
       # = --max-num-seqs: the daemon admits what vLLM batches.
       max_in_flight = 32;
       # A recovery takes minutes: refuse at once with a retry hint.

@@ -72,4 +72,6 @@ else
     systemPackages = map (p: p.name) c.environment.systemPackages;
     hardwareTenstorrentEnable = if withTenstorrentOption then c.hardware.tenstorrent.enable else null;
     package = "${cfg.package}";
+    inherit (cfg) containerRuntime;
+    inherit (c) virtualisation;
   }

@@ -136,6 +136,18 @@ def example(d, out_toml):
         check(group in d["groups"], f"group {group} not created")
         check(group in sc.get("SupplementaryGroups", []), f"daemon not in {group}")
     check(d["hardwareTenstorrentEnable"] is True, "hardware.tenstorrent.enable not defaulted to true")
+    # containerRuntime: the runtime enabled, its socket's group joined, the
+    # docker client on the unit's PATH pointed at the socket.
+    runtime = d.get("containerRuntime")
+    if runtime:
+        check(d["virtualisation"].get(runtime, {}).get("enable") is True, f"virtualisation.{runtime}.enable not set")
+        check(runtime in sc.get("SupplementaryGroups", []), f"daemon not in the {runtime} socket group")
+        check(u.get("environment", {}).get("DOCKER_HOST") == "unix:///run/docker.sock", "DOCKER_HOST not the runtime's socket")
+        check(any("docker" in str(p) for p in u.get("path", [])), f"no docker client on the unit's path: {u.get('path')}")
+        if runtime == "podman":
+            check(d["virtualisation"]["podman"].get("dockerSocket", {}).get("enable") is True, "podman's Docker-compatible socket not enabled")
+    else:
+        check("DOCKER_HOST" not in u.get("environment", {}), "DOCKER_HOST set without a containerRuntime")
     if admin:
         check(admin in d["groups"], f"admin group {admin} not created")
 

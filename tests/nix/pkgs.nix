@@ -62,6 +62,12 @@ in
     };
 
   runCommand = name: env: script: storePath name script;
+
+  docker-client = fakePackage {
+    pname = "docker-client";
+    version = "27.3.1";
+    mainProgram = "docker";
+  };
 }
 // lib.optionalAttrs withTtSmi {
   tt-smi = fakePackage {

@@ -121,6 +121,11 @@ in
       type = types.listOf types.str;
       default = [ ];
     };
+    # virtualisation.docker / virtualisation.podman (containerRuntime).
+    virtualisation = mkOption {
+      type = freeform;
+      default = { };
+    };
     boot.kernelParams = mkOption {
       type = types.listOf types.str;
       default = [ ];
