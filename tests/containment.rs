@@ -469,3 +469,127 @@ fn cgroup_containment_that_cannot_be_had_stops_the_daemon_naming_the_fix() {
         "{text}"
     );
 }
+
+/// The cgroup2 mount point, where the mount shows the whole hierarchy.
+fn cgroup2_mount() -> Option<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mounts.lines().find_map(|l| {
+        let (fields, fs) = l.split_once(" - ")?;
+        (fs.split_whitespace().next()? == "cgroup2").then_some(())?;
+        let fields: Vec<&str> = fields.split_whitespace().collect();
+        (*fields.get(3)? == "/").then_some(())?;
+        fields.get(4).map(PathBuf::from)
+    })
+}
+
+/// A grandchild that does what `podman run --cgroups=split` does in a
+/// slot: the "container" (itself) goes into `libpod-payload-<pid>/`, every
+/// other process of the slot's cgroup (the worker too) into `runtime/`,
+/// and the slot's own `cgroup.procs` is left empty.
+fn split_like_podman(dir: &Path, mount: &Path) -> PathBuf {
+    let script = dir.join("split.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\n\
+             cg=\"{mount}$(sed -n 's/^0:://p' /proc/self/cgroup)\"\n\
+             case \"$cg\" in */slot-m)\n\
+             \x20 mkdir \"$cg/runtime\" \"$cg/libpod-payload-$$\" || exit 1\n\
+             \x20 echo $$ > \"$cg/libpod-payload-$$/cgroup.procs\"\n\
+             \x20 for p in $(cat \"$cg/cgroup.procs\"); do echo $p 2>/dev/null > \"$cg/runtime/cgroup.procs\"; done\n\
+             esac\n\
+             exec sleep 120\n",
+            mount = mount.display(),
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+/// Wait until the worker is in `runtime/` below the slot and `grandchild`
+/// in its payload cgroup, with nothing in the slot's own `cgroup.procs`.
+fn wait_split(dir: &Path, worker: u32, grandchild: u32) {
+    let payload = format!("/slot-m/libpod-payload-{grandchild}");
+    wait_until(
+        "the worker and its grandchild to move below the slot",
+        || {
+            (cgroup_of(worker).ends_with("/slot-m/runtime")
+                && cgroup_of(grandchild).ends_with(&payload)
+                && alive(grandchild, "sleep"))
+            .then_some(())
+        },
+    );
+    let own = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    assert!(own.trim().is_empty(), "in the slot's own cgroup: {own}");
+}
+
+/// A worker whose engine runs under `podman run --cgroups=split` leaves
+/// the slot's own `cgroup.procs` empty: everything runs in cgroups below
+/// it. A restart, a daemon killed outright and a stop end it all the
+/// same, and remove those cgroups.
+#[test]
+fn what_runs_in_cgroups_below_the_slot_ends_with_it() {
+    let Some(mount) = cgroup2_mount() else {
+        eprintln!("SKIPPED: no cgroup2 mount showing the whole hierarchy");
+        return;
+    };
+    let scripts = tempfile::tempdir().unwrap();
+    let setup = Setup::new(
+        &split_like_podman(scripts.path(), &mount)
+            .display()
+            .to_string(),
+    );
+    let mut daemon = setup.start(Mode::Auto, "");
+    let first = daemon.wait_slot_state("m", "ready");
+    let Some(dir) = containment(&daemon, Mode::Auto) else {
+        return;
+    };
+    let escaped = setup.grandchild(0);
+    wait_split(&dir, worker_pid(&first), escaped);
+
+    let out = daemon.ttctl(&["slot", "restart", "m"]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    wait_gone(escaped, "sleep", "the first worker's grandchild");
+    let second = daemon.wait_slot_state("m", "ready");
+    let error = second["last_error"].as_str().unwrap_or("");
+    assert!(
+        error.contains(&format!("killed: pid {escaped} (sleep)")),
+        "{second:#}"
+    );
+    // The next worker made `runtime/` again: the first one's was removed.
+    let grandchild = setup.grandchild(1);
+    wait_split(&dir, worker_pid(&second), grandchild);
+    assert!(!dir.join(format!("libpod-payload-{escaped}")).exists());
+
+    // Killed outright: the next daemon ends the slot and removes the
+    // cgroups the dead one made.
+    let pid = daemon.pid();
+    daemon.kill9();
+    wait_gone(worker_pid(&second), "tt-worker", "the worker");
+    assert!(alive(grandchild, "sleep"), "nothing ended the stray yet");
+    daemon.spawn(&[]);
+    wait_gone(grandchild, "sleep", "the stray grandchild");
+    let third = daemon.wait_slot_state("m", "ready");
+    let old_root = dir.parent().map(Path::to_path_buf).unwrap_or_default();
+    if old_root.ends_with(format!("tt-servingd-{pid}")) {
+        assert!(!old_root.exists(), "{} left behind", old_root.display());
+    }
+
+    let dir = containment(&daemon, Mode::Auto).expect("a cgroup again");
+    let grandchild = setup.grandchild(2);
+    wait_split(&dir, worker_pid(&third), grandchild);
+    let pid = daemon.pid();
+    assert_eq!(daemon.terminate(), Some(0), "{}", daemon.log_text());
+    assert!(
+        !alive(grandchild, "sleep"),
+        "the daemon stopped, the grandchild runs"
+    );
+    assert!(!dir.exists(), "{} left behind", dir.display());
+    if let Some(root) = dir.parent() {
+        if root.ends_with(format!("tt-servingd-{pid}")) {
+            assert!(!root.exists(), "{} left behind", root.display());
+        }
+    }
+}

@@ -78,8 +78,7 @@ impl Hierarchy {
             // A previous run of this daemon, killed outright, left these.
             for dir in children(&root, SLOT_PREFIX) {
                 tracing::warn!(cgroup = %dir.display(), "ending a slot cgroup a previous daemon left");
-                kill_cgroup_sync(&dir);
-                let _ = std::fs::remove_dir(&dir);
+                end_cgroup(&dir);
             }
         }
         if own_root {
@@ -140,6 +139,14 @@ impl Hierarchy {
             // SmolLM2, seen in the systemd guest) and memory.max
             // does not bound them.
             kill_cgroup_sync(&dir);
+            // What a container engine made below it (`podman
+            // --cgroups=split`: `runtime/`, `libpod-payload-*/`) goes,
+            // its charges moving up to the slot, and so do the
+            // controllers its runtime enabled in the slot's
+            // `cgroup.subtree_control`: with any there, the slot may
+            // hold no process, and the next worker could not join it.
+            remove_below(&dir);
+            clear_subtree_control(&dir);
         }
         if let Err(e) = std::fs::create_dir(&dir) {
             if e.kind() != std::io::ErrorKind::AlreadyExists {
@@ -185,10 +192,7 @@ impl Hierarchy {
     pub(super) fn release(&self, slot: &str) {
         let dir = self.slot_dir(slot);
         if dir.exists() {
-            kill_cgroup_sync(&dir);
-            if let Err(e) = std::fs::remove_dir(&dir) {
-                tracing::debug!(cgroup = %dir.display(), error = %e, "slot cgroup not removed");
-            }
+            end_cgroup(&dir);
         }
     }
 
@@ -196,14 +200,13 @@ impl Hierarchy {
     /// cgroups, and the daemon's own root when it made one.
     pub(super) fn close(&self) {
         for dir in children(&self.root, SLOT_PREFIX) {
-            kill_cgroup_sync(&dir);
-            let _ = std::fs::remove_dir(&dir);
+            end_cgroup(&dir);
         }
         if self.own_root {
             // Back into the cgroup it came from, so its root can go.
             let pid = std::process::id().to_string();
             if write_file(&self.origin.join("cgroup.procs"), &pid).is_ok() {
-                let _ = std::fs::remove_dir(self.root.join(DAEMON_LEAF));
+                remove_below(&self.root);
                 if let Err(e) = std::fs::remove_dir(&self.root) {
                     tracing::debug!(root = %self.root.display(), error = %e, "cgroup root left in place");
                 }
@@ -253,10 +256,9 @@ fn end_stale_roots(shared: &Path) {
         }
         for slot in children(&dir, SLOT_PREFIX) {
             tracing::warn!(cgroup = %slot.display(), "ending a slot cgroup that a previous daemon, now dead, left");
-            kill_cgroup_sync(&slot);
-            let _ = std::fs::remove_dir(&slot);
+            end_cgroup(&slot);
         }
-        let _ = std::fs::remove_dir(dir.join(DAEMON_LEAF));
+        remove_below(&dir);
         if let Err(e) = std::fs::remove_dir(&dir) {
             tracing::debug!(cgroup = %dir.display(), error = %e, "a dead daemon's cgroup left in place");
         }
@@ -289,9 +291,10 @@ impl SlotCgroup {
         self.procs.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
-    /// The cgroup's processes now, zombies left out.
+    /// The processes of the cgroup and of those below it (a container
+    /// engine's) now, zombies left out.
     pub(super) fn members(&self) -> Vec<Proc> {
-        cgroup_pids(&self.dir)
+        subtree_pids(&self.dir)
             .into_iter()
             .filter_map(procs::stat)
             .filter(|p| !p.is_zombie())
@@ -325,9 +328,10 @@ impl SlotCgroup {
             .and_then(|s| stat_field(&s, "oom_kill"))
     }
 
-    /// SIGKILL everything in it without waiting; how many there were.
+    /// SIGKILL everything in it and below it without waiting; how many
+    /// there were.
     pub(super) fn kill(&self) -> usize {
-        let n = cgroup_pids(&self.dir).len();
+        let n = subtree_pids(&self.dir).len();
         kill_cgroup(&self.dir);
         n
     }
@@ -342,26 +346,118 @@ impl SlotCgroup {
     }
 }
 
-/// `cgroup.kill`, or SIGKILL to each process listed (before Linux 5.14).
-/// False when the daemon may not kill them.
+/// `cgroup.kill` (which takes the cgroups below too), or SIGKILL to each
+/// process listed in it and below it (before Linux 5.14). False when the
+/// daemon may not kill them.
 pub(super) fn kill_cgroup(dir: &Path) -> bool {
     let kill = dir.join("cgroup.kill");
     if kill.exists() && write_file(&kill, "1").is_ok() {
         return true;
     }
-    cgroup_pids(dir).into_iter().all(sigkill)
+    kill_each(dir)
 }
 
-/// Kill a cgroup's processes and wait (blocking, bounded) until it is
-/// empty: for startup, shutdown and a slot's leftover cgroup.
+/// SIGKILL to each process of the cgroup and of those below it.
+fn kill_each(dir: &Path) -> bool {
+    subtree_pids(dir).into_iter().all(sigkill)
+}
+
+/// Kill a cgroup's processes, those below it included, and wait
+/// (blocking, bounded) until it is empty: for startup, shutdown and a
+/// slot's leftover cgroup.
 pub(super) fn kill_cgroup_sync(dir: &Path) {
     let deadline = Instant::now() + KILL_WAIT;
-    while !cgroup_pids(dir).is_empty() && Instant::now() < deadline {
+    while populated(dir) {
+        if Instant::now() >= deadline {
+            tracing::warn!(cgroup = %dir.display(), "processes in this cgroup survive SIGKILL (uninterruptible sleep?); giving up waiting for them");
+            return;
+        }
         if !kill_cgroup(dir) {
             tracing::warn!(cgroup = %dir.display(), "cannot kill the processes in this cgroup (not the daemon's to kill)");
             return;
         }
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Kill everything in a cgroup and below it, then remove it and the
+/// cgroups below it: a slot that ends, or one a previous daemon left.
+pub(super) fn end_cgroup(dir: &Path) {
+    kill_cgroup_sync(dir);
+    remove_below(dir);
+    if let Err(e) = std::fs::remove_dir(dir) {
+        tracing::debug!(cgroup = %dir.display(), error = %e, "cgroup not removed");
+    }
+}
+
+/// Whether any process runs in the cgroup or below it: `cgroup.events`
+/// `populated` (the slot's own `cgroup.procs` is empty while a container
+/// engine holds its processes in child cgroups), else each `cgroup.procs`.
+pub(super) fn populated(dir: &Path) -> bool {
+    match std::fs::read_to_string(dir.join("cgroup.events"))
+        .ok()
+        .and_then(|s| stat_field(&s, "populated"))
+    {
+        Some(n) => n != 0,
+        None => !subtree_pids(dir).is_empty(),
+    }
+}
+
+/// The pids of a cgroup and of every cgroup below it.
+pub(super) fn subtree_pids(dir: &Path) -> Vec<u32> {
+    let mut pids = cgroup_pids(dir);
+    for below in descendants(dir) {
+        pids.extend(cgroup_pids(&below));
+    }
+    pids
+}
+
+/// The cgroups below `dir`, each after all of its own descendants (the
+/// order they can be removed in). No link is followed (a `DirEntry`'s
+/// type is its own).
+pub(super) fn descendants(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut next = vec![dir.to_path_buf()];
+    while let Some(parent) = next.pop() {
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            continue;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                found.push(entry.path());
+                next.push(entry.path());
+            }
+        }
+    }
+    // Found parents before children: reversed, children come first.
+    found.reverse();
+    found
+}
+
+/// Remove the (empty) cgroups below `dir`, deepest first. rmdir only: a
+/// cgroup's control files go with its directory, and cannot be unlinked.
+pub(super) fn remove_below(dir: &Path) {
+    for below in descendants(dir) {
+        if let Err(e) = std::fs::remove_dir(&below) {
+            tracing::debug!(cgroup = %below.display(), error = %e, "cgroup not removed");
+        }
+    }
+}
+
+/// Disable every controller enabled in `dir`'s `cgroup.subtree_control`
+/// (once the cgroups below it are gone).
+fn clear_subtree_control(dir: &Path) {
+    let path = dir.join("cgroup.subtree_control");
+    let enabled = std::fs::read_to_string(&path).unwrap_or_default();
+    let off: Vec<String> = enabled
+        .split_whitespace()
+        .map(|c| format!("-{c}"))
+        .collect();
+    if off.is_empty() {
+        return;
+    }
+    if let Err(e) = write_file(&path, &off.join(" ")) {
+        tracing::warn!(cgroup = %dir.display(), error = %e, "controllers left enabled below the slot: its next worker cannot join it");
     }
 }
 
@@ -480,5 +576,129 @@ mod tests {
         assert_eq!(stat_field(events, "oom_kill"), Some(1));
         assert_eq!(stat_field(events, "oom"), Some(2));
         assert_eq!(stat_field(events, "nope"), None);
+    }
+
+    #[test]
+    fn cgroups_below_come_before_their_parents_and_count_as_populated() {
+        let dir = tempfile::tempdir().unwrap();
+        let slot = dir.path().join("slot-m");
+        for d in [
+            "runtime",
+            "libpod-payload-x/inner",
+            "libpod-payload-x/other",
+        ] {
+            std::fs::create_dir_all(slot.join(d)).unwrap();
+        }
+        let below = descendants(&slot);
+        assert_eq!(below.len(), 4, "{below:?}");
+        let at = |name: &str| below.iter().position(|d| d.ends_with(name)).unwrap();
+        assert!(at("libpod-payload-x/inner") < at("libpod-payload-x"));
+        assert!(at("libpod-payload-x/other") < at("libpod-payload-x"));
+        // No cgroup.events: each cgroup.procs, those below included.
+        std::fs::write(slot.join("cgroup.procs"), "").unwrap();
+        assert!(!populated(&slot));
+        std::fs::write(slot.join("libpod-payload-x/inner/cgroup.procs"), "42\n").unwrap();
+        assert!(populated(&slot));
+        assert_eq!(subtree_pids(&slot), [42]);
+        // cgroup.events counts what is below, and is believed first.
+        std::fs::write(slot.join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
+        assert!(!populated(&slot));
+        std::fs::write(slot.join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+        std::fs::write(slot.join("libpod-payload-x/inner/cgroup.procs"), "").unwrap();
+        assert!(populated(&slot));
+    }
+
+    /// A cgroup for a test under this process's own, on the real cgroup2
+    /// mount; None (the test skipped) where it cannot be had.
+    fn real_cgroup(name: &str) -> Option<PathBuf> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: not root");
+            return None;
+        }
+        let rel = procs::own_cgroup_v2().ok()??;
+        let (mount, mount_root) = procs::cgroup2_mount().ok()??;
+        let own = cgroup_dir(&mount, &mount_root, &rel)?;
+        let dir = own.join(format!("tt-cgroup-test-{}-{name}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => Some(dir),
+            Err(e) => {
+                eprintln!("SKIPPED: cannot create {}: {e}", dir.display());
+                None
+            }
+        }
+    }
+
+    /// Ends a test's cgroup and what runs in it, the test failed or not.
+    struct Cleanup(PathBuf);
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            end_cgroup(&self.0);
+        }
+    }
+
+    /// A `sleep` moved into cgroup `dir`.
+    fn sleep_in(dir: &Path) -> std::process::Child {
+        std::fs::create_dir_all(dir).unwrap();
+        let child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        write_file(&dir.join("cgroup.procs"), &child.id().to_string()).unwrap();
+        child
+    }
+
+    fn killed(child: &mut std::process::Child) -> bool {
+        use std::os::unix::process::ExitStatusExt;
+        child.wait().unwrap().signal() == Some(libc::SIGKILL)
+    }
+
+    /// What `podman run --cgroups=split` leaves in a slot: every process
+    /// in cgroups below it (`runtime/`, `libpod-payload-*/`), none in its
+    /// own `cgroup.procs`. Killed and removed all the same, by
+    /// `cgroup.kill` and by the SIGKILL fallback.
+    #[test]
+    fn a_slot_whose_processes_sit_in_cgroups_below_it_is_killed_and_removed() {
+        let Some(base) = real_cgroup("split") else {
+            return;
+        };
+        let _cleanup = Cleanup(base.clone());
+        let h = Hierarchy {
+            origin: base.clone(),
+            root: base.clone(),
+            own_root: false,
+            memory: Err(ContainmentError::NoCgroupV2),
+        };
+        let slot = h.enclose("m", None).unwrap();
+        let dir = h.slot_dir("m");
+        let mut runtime = sleep_in(&dir.join("runtime"));
+        let mut payload = sleep_in(&dir.join("libpod-payload-x/inner"));
+        assert!(cgroup_pids(&dir).is_empty());
+        assert!(populated(&dir));
+        let members: Vec<u32> = slot.members().iter().map(|p| p.pid).collect();
+        assert!(members.contains(&runtime.id()), "{members:?}");
+        assert!(members.contains(&payload.id()), "{members:?}");
+        // Before Linux 5.14: SIGKILL to each, those below included.
+        assert!(kill_each(&dir));
+        assert!(killed(&mut runtime) && killed(&mut payload));
+        assert!(!populated(&dir));
+
+        // The slot's next worker: what the last left below it goes.
+        let mut left = sleep_in(&dir.join("runtime"));
+        drop(h.enclose("m", None).unwrap());
+        assert!(killed(&mut left));
+        assert!(dir.is_dir() && descendants(&dir).is_empty());
+
+        // The slot removed by a reload, then at shutdown.
+        let mut left = sleep_in(&dir.join("libpod-payload-y"));
+        h.release("m");
+        assert!(killed(&mut left));
+        assert!(!dir.exists());
+        drop(h.enclose("m", None).unwrap());
+        let mut left = sleep_in(&dir.join("runtime/deeper"));
+        h.close();
+        assert!(killed(&mut left));
+        assert!(!dir.exists());
+        std::fs::remove_dir(&base).unwrap();
     }
 }

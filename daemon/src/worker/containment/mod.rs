@@ -14,7 +14,10 @@
 //!   (a pre-exec hook writes "0" to the slot's `cgroup.procs`, opened
 //!   before the fork), so nothing it starts is ever outside. A slot is
 //!   killed with `cgroup.kill` (Linux 5.14) or by SIGKILL to each process
-//!   in `cgroup.procs`; its memory is `memory.current` less the inactive
+//!   in its `cgroup.procs` and those of the cgroups below it (podman's
+//!   `--cgroups=split` moves the worker into `runtime/` and the container
+//!   into `libpod-payload-<id>/`); it is empty when `cgroup.events` says
+//!   `populated 0`, and its children are removed deepest first; its memory is `memory.current` less the inactive
 //!   file cache (what the kernel cannot just drop), its peak
 //!   `memory.peak`, and `memory.events` `oom_kill` before and after a
 //!   death says whether the OOM killer took part. `models.<name>.
