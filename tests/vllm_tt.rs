@@ -164,6 +164,45 @@ fn vllm_tt_on_the_plugins_contract_refuses_what_it_refuses_and_marks_host_sampli
         "{listed}"
     );
 
+    // Every parameter the preset declares is honoured by the engine.
+    let ask = |extra: serde_json::Value| {
+        let mut body = serde_json::json!({"model": "t", "prompt": "The capital of France is",
+                                          "max_tokens": 6, "temperature": 0});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let answer = post(&base, "/v1/completions", body.clone());
+        assert_eq!(answer.status, 200, "{body}: {answer:?}");
+        answer.json()
+    };
+    let long = ask(serde_json::json!({"ignore_eos": true, "max_tokens": 12}));
+    assert_eq!(long["usage"]["completion_tokens"], 12, "{long}");
+    for penalty in [
+        serde_json::json!({"presence_penalty": 0.5}),
+        serde_json::json!({"frequency_penalty": 0.5}),
+        serde_json::json!({"repetition_penalty": 1.2}),
+    ] {
+        ask(penalty);
+    }
+    let ids = ask(serde_json::json!({"prompt": [504, 3575, 282, 4649, 314]}));
+    assert!(ids["choices"][0]["text"].is_string(), "{ids}");
+    let first = ask(serde_json::json!({"temperature": 1.0, "seed": 7}));
+    let again = ask(serde_json::json!({"temperature": 1.0, "seed": 7}));
+    assert_eq!(
+        first["choices"][0]["text"], again["choices"][0]["text"],
+        "seed 7 twice"
+    );
+    // Stop token ids: given every id the answer could start with but one
+    // (here: the ids 0..=20000 stop it), the answer ends at once.
+    let stopped = ask(
+        serde_json::json!({"stop_token_ids": (0..20000).collect::<Vec<u32>>(),
+                                         "ignore_eos": false}),
+    );
+    assert!(
+        stopped["usage"]["completion_tokens"].as_u64().unwrap_or(99) <= 1,
+        "{stopped}"
+    );
+
     // Refused at the door, naming what the request asked: never forwarded.
     let echo = post(
         &base,
