@@ -108,6 +108,30 @@ fn rungs_are_measured_calibrated_and_recorded_with_what_ran() {
         assert_eq!(slot["flags"]["TTW_KV_F16"], "1");
         assert!(!slot["cache_variant"].as_str().unwrap().is_empty());
         assert_eq!(rec["identity"]["cards"][0]["bdf"], FakeHw::bdf(0));
+        // Made on a fake root: said so, and no card type, firmware or
+        // driver is claimed.
+        let identity = &rec["identity"];
+        assert!(
+            identity["hardware"]
+                .as_str()
+                .unwrap()
+                .starts_with("simulated: sys_root "),
+            "{identity}"
+        );
+        assert!(identity["driver"].is_null(), "{identity}");
+        assert!(identity["cards"][0]["card_type"].is_null(), "{identity}");
+        assert!(identity["cards"][0]["firmware"].is_null(), "{identity}");
+        // What moves the numbers: the engine's context, the batch limit
+        // and the worker's command line.
+        assert!(slot["context_length"].as_u64().unwrap() > 0, "{slot}");
+        assert!(slot["max_in_flight"].as_u64().unwrap() > 0, "{slot}");
+        assert!(
+            slot["worker_command"][0]
+                .as_str()
+                .unwrap()
+                .ends_with("tt-worker"),
+            "{slot}"
+        );
         // The checkpoint's and the worker binary's identity, from the
         // variant's inputs.
         let variant = slot["cache_variant"].as_str().unwrap();

@@ -125,6 +125,13 @@ pub fn slot(view: &SlotView) -> pb::Slot {
         affinity_fallback: stats.fallback,
         // The last worker's figures stay in the view until the next one is
         // Ready (as for the KV gauges of /metrics).
+        context_length: view.context_length,
+        max_in_flight: view.definition.as_ref().map_or(0, |d| d.max_in_flight),
+        worker_command: view
+            .definition
+            .as_ref()
+            .map(|d| crate::worker::command_for(d))
+            .unwrap_or_default(),
         kv: view
             .kv
             .filter(|_| view.state == SlotState::Ready)
@@ -203,6 +210,7 @@ pub fn status(state: &DaemonState) -> pb::StatusResponse {
             openai_address: state.openai_address().to_string(),
             lock_dir: state.config().daemon.lock_dir.display().to_string(),
             containment: crate::worker::containment::get().describe().to_string(),
+            hardware: state.cards().hardware().kind(),
         }),
         cards: state.cards().snapshot().iter().map(card).collect(),
         slots: state.slots().iter().map(|v| slot_of(state, v)).collect(),

@@ -22,6 +22,27 @@ pub struct HardwareRoot {
     pub proc_root: PathBuf,
 }
 
+impl HardwareRoot {
+    /// `cards` when the roots are the host's own (`/sys`, `/dev`, `/proc`),
+    /// otherwise `simulated: ...` naming them: cards found there are not
+    /// the host's (a fake root), and nothing measured on them may be
+    /// reported as a card's.
+    pub fn kind(&self) -> String {
+        if self.sys_root == Path::new("/sys")
+            && self.dev_root == Path::new("/dev")
+            && self.proc_root == Path::new("/proc")
+        {
+            "cards".into()
+        } else {
+            format!(
+                "simulated: sys_root {}, dev_root {} (not the host's /sys and /dev)",
+                self.sys_root.display(),
+                self.dev_root.display()
+            )
+        }
+    }
+}
+
 impl From<&HardwareConfig> for HardwareRoot {
     fn from(h: &HardwareConfig) -> Self {
         HardwareRoot {

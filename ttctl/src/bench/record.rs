@@ -31,6 +31,13 @@ pub struct SlotIdentity {
     pub cache_mode: String,
     /// The definition's feature flags.
     pub flags: BTreeMap<String, String>,
+    /// The context its engine declared, tokens.
+    pub context_length: u32,
+    /// Requests it serves at once (`max_in_flight`; match the engine's
+    /// batch, e.g. vLLM's `--max-num-seqs`, which is in the command).
+    pub max_in_flight: u32,
+    /// The worker's command line (the engine's options move the numbers).
+    pub worker_command: Vec<String>,
 }
 
 /// One card the model runs on.
@@ -38,10 +45,12 @@ pub struct SlotIdentity {
 pub struct CardIdentity {
     /// PCI address.
     pub bdf: String,
-    /// Board type.
-    pub card_type: String,
-    /// Firmware bundle.
-    pub firmware: String,
+    /// Board type (absent on simulated hardware).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub card_type: Option<String>,
+    /// Firmware bundle (absent on simulated hardware).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub firmware: Option<String>,
 }
 
 /// Where a run happened: read from `Status` before it.
@@ -53,8 +62,13 @@ pub struct Identity {
     pub daemon_version: String,
     /// ttctl's version.
     pub ttctl_version: String,
-    /// Kernel driver version.
-    pub driver: String,
+    /// `cards`, or `simulated: ...` when the daemon's hardware roots are
+    /// not the host's (a fake root): then no card type, firmware or driver
+    /// is claimed.
+    pub hardware: String,
+    /// Kernel driver version (absent on simulated hardware).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
     /// The model's Ready slots.
     pub slots: Vec<SlotIdentity>,
     /// Their cards.
@@ -82,24 +96,36 @@ impl Identity {
                 cache_variant: s.cache_variant.clone(),
                 cache_mode: s.cache_mode.clone(),
                 flags: s.flags.clone().into_iter().collect(),
+                context_length: s.context_length,
+                max_in_flight: s.max_in_flight,
+                worker_command: s.worker_command.clone(),
             })
             .collect();
+        let daemon = status.daemon.clone().unwrap_or_default();
+        // A daemon before the field said nothing: it ran on its host's roots.
+        let hardware = if daemon.hardware.is_empty() {
+            "cards".to_string()
+        } else {
+            daemon.hardware.clone()
+        };
+        let real = hardware == "cards";
+        let claim = |v: &String| real.then(|| v.clone());
         let cards = status
             .cards
             .iter()
             .filter(|c| slots.iter().any(|s| s.cards.contains(&c.bdf)))
             .map(|c| CardIdentity {
                 bdf: c.bdf.clone(),
-                card_type: c.card_type.clone(),
-                firmware: c.fw_bundle_version.clone(),
+                card_type: claim(&c.card_type),
+                firmware: claim(&c.fw_bundle_version),
             })
             .collect();
-        let daemon = status.daemon.clone().unwrap_or_default();
         Identity {
             host: hostname(),
             daemon_version: daemon.version,
             ttctl_version: env!("CARGO_PKG_VERSION").to_string(),
-            driver: daemon.driver_version,
+            driver: claim(&daemon.driver_version),
+            hardware,
             slots,
             cards,
             variants: BTreeMap::new(),

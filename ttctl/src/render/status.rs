@@ -21,6 +21,13 @@ pub fn status_table(status: &StatusResponse, now_unix_ms: u64) -> String {
             one_line(&d.containment)
         ));
     }
+    if let Some(d) = status
+        .daemon
+        .as_ref()
+        .filter(|d| d.hardware.starts_with("simulated"))
+    {
+        out.push_str(&format!("\nhardware: {}", one_line(&d.hardware)));
+    }
     out.push_str("\n\n");
     out.push_str(&cards_table(&status.cards));
     out.push('\n');

@@ -35,6 +35,7 @@ fn daemon() -> DaemonInfo {
         openai_address: "127.0.0.1:8000".into(),
         lock_dir: "/run/lock/tenstorrent".into(),
         containment: "cgroup v2 at /sys/fs/cgroup/system.slice/tenstorrent-serving.service (memory accounted)".into(),
+        hardware: "cards".into(),
     }
 }
 
