@@ -198,6 +198,10 @@ let
   totalCards = lib.foldl' (
     n: m: n + builtins.length m.cards + lib.foldl' (k: r: k + builtins.length r) 0 (m.replicas or [ ])
   ) 0 models;
+  # What the models' slots pin together: hugepages_per_card (the daemon's
+  # default 4) for each card.
+  modelCards = m: builtins.length m.cards + lib.foldl' (k: r: k + builtins.length r) 0 (m.replicas or [ ]);
+  hugepagesNeeded = lib.foldl' (n: m: n + modelCards m * (m.hugepages_per_card or 4)) 0 models;
 
   # The daemon extends the start timeout (EXTEND_TIMEOUT_USEC) while it
   # resets cards and builds caches; the base still covers the longest
@@ -380,13 +384,16 @@ in
         # (tenstorrent/tt-system-tools, hugepages-setup.sh), and tt-metal
         # pins its host buffers from /dev/hugepages-1G: one page per card is
         # the bare minimum (the warning below), not what engines are tuned for.
-        default = 4 * lib.max 1 totalCards;
-        defaultText = literalExpression "4 * (number of cards the models use, at least 1)";
+        default = lib.max 4 hugepagesNeeded;
+        defaultText = literalExpression "what the models' slots need (each model's hugepages_per_card, 4 by default, for each card), at least 4";
         description = ''
           1 GiB pages to reserve (kernel command line, and topped up at
-          runtime when memory allows). The default is 4 per card the models
-          use (at least 4), as Tenstorrent's `hugepages-setup.sh` reserves;
-          fewer than one per card draws a warning.
+          runtime when memory allows). The default is what the models'
+          slots need together: each model's `hugepages_per_card` (4 by
+          default, as Tenstorrent's `hugepages-setup.sh` reserves) for each
+          of its cards, at least 4. The daemon refuses slots that need more
+          than the host reserved (`check-config` at build time, and every
+          start); fewer than one per card draws a warning.
         '';
       };
       mountPoint = mkOption {

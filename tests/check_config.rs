@@ -395,3 +395,27 @@ fn a_host_below_the_models_firmware_or_driver_minimum_is_refused_by_name() {
         "the tenstorrent driver is 2.10.0, below the tt-kmd 3.0.0",
     ]);
 }
+
+/// Hugepages: the host's 1 GiB reservation against what the models' slots
+/// need together (hugepages_per_card for each card, 4 by default).
+#[test]
+fn slots_that_need_more_hugepages_than_the_host_reserved_are_refused_naming_both() {
+    let files = tempfile::tempdir().unwrap();
+    let checkpoint = tiny_model(files.path());
+    let setup = Setup::new("", &model("m", &checkpoint, None, ""));
+    let pages = setup
+        ._hw
+        .root
+        .sys_root()
+        .join("kernel/mm/hugepages/hugepages-1048576kB");
+    std::fs::create_dir_all(&pages).unwrap();
+    std::fs::write(pages.join("nr_hugepages"), "2\n").unwrap();
+    setup.assert_problems(&[
+        "models.m.hugepages_per_card",
+        "the models need 4 1 GiB hugepages together (m 4;",
+        "the host has 2 reserved",
+    ]);
+    std::fs::write(pages.join("nr_hugepages"), "4\n").unwrap();
+    let (code, text) = check_config(&setup.config, false, None);
+    assert_eq!(code, Some(0), "{text}");
+}

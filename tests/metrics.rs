@@ -243,3 +243,41 @@ fn ttctl_top_shows_rates_queue_and_latency_per_slot() {
     );
     assert!(text.contains(" ms"), "a latency is shown: {text}");
 }
+
+/// The host memory the engines share, as the daemon's hardware roots show
+/// it: 1 GiB hugepages reserved and free, MemTotal and MemAvailable.
+#[test]
+fn metrics_show_the_hosts_hugepages_and_memory() {
+    let hw = FakeHw::new(1);
+    let pages = hw
+        .root
+        .sys_root()
+        .join("kernel/mm/hugepages/hugepages-1048576kB");
+    std::fs::create_dir_all(&pages).unwrap();
+    std::fs::write(pages.join("nr_hugepages"), "8\n").unwrap();
+    std::fs::write(pages.join("free_hugepages"), "3\n").unwrap();
+    std::fs::write(
+        hw.root.proc_root().join("meminfo"),
+        "MemTotal:       15728640 kB\nMemFree:         100 kB\nMemAvailable:    2097152 kB\n",
+    )
+    .unwrap();
+    let daemon = Daemon::start(&hw, DaemonOptions::default());
+    let scrape = http_get(&daemon, "/metrics");
+    assert_eq!(
+        sample(&scrape, "tt_serving_host_hugepages_1g{state=\"total\"}"),
+        Some(8.0),
+        "{scrape}"
+    );
+    assert_eq!(
+        sample(&scrape, "tt_serving_host_hugepages_1g{state=\"free\"}"),
+        Some(3.0)
+    );
+    assert_eq!(
+        sample(&scrape, "tt_serving_host_memory_bytes{kind=\"available\"}"),
+        Some(2097152.0 * 1024.0)
+    );
+    assert_eq!(
+        sample(&scrape, "tt_serving_host_memory_bytes{kind=\"total\"}"),
+        Some(15728640.0 * 1024.0)
+    );
+}

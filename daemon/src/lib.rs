@@ -11,7 +11,8 @@
 //!      reading secret files; [`bus`]: the status bus that cards and slots
 //!      publish changes on.
 //!    - [`hostfs`]: writing on the host so that no planted link redirects
-//!      it; [`metrics`]: the Prometheus registry (events only).
+//!      it; [`metrics`]: the Prometheus registry (events only);
+//!      [`host_memory`]: the hugepages and RAM the engines share.
 //! 2. [`cards`]: discovery under `dev_root`/`sys_root`/`proc_root`,
 //!    per-card locks, reset with proof, and [`cards::CardManager`], the one
 //!    owner of card state.
@@ -49,6 +50,7 @@ mod echo;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod hang;
+mod host_memory;
 mod hostfs;
 pub mod listen;
 mod metrics;

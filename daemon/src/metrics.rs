@@ -44,6 +44,20 @@ pub struct SlotLabels {
     pub model: String,
 }
 
+/// `{kind}`: `total`, `available` or `shm_used`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HostMemoryLabels {
+    /// Which figure.
+    pub kind: String,
+}
+
+/// `{state}`: `total` or `free`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HugepageLabels {
+    /// Which count.
+    pub state: String,
+}
+
 /// `{slot, model, parameter}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SlotParameterLabels {
@@ -161,6 +175,8 @@ pub struct Metrics {
     prefix_cache_hits: Family<SlotLabels, Counter>,
     affinity_routed: Family<SlotOutcomeLabels, Counter>,
     host_sampling: Family<SlotParameterLabels, Counter>,
+    host_memory: Family<HostMemoryLabels, Gauge>,
+    hugepages: Family<HugepageLabels, Gauge>,
     kv_budget: Family<SlotLabels, Gauge>,
     kv_blocks: Family<KvBlockLabels, Gauge>,
     kv_usage: Family<SlotLabels, FloatGauge>,
@@ -208,6 +224,8 @@ impl Metrics {
             prefix_cache_hits: Family::default(),
             affinity_routed: Family::default(),
             host_sampling: Family::default(),
+            host_memory: Family::default(),
+            hugepages: Family::default(),
             kv_budget: Family::default(),
             kv_blocks: Family::default(),
             kv_usage: Family::default(),
@@ -259,6 +277,17 @@ impl Metrics {
             "affinity_routed",
             "Requests routed among two or more Ready replicas with prefix affinity: to their key's replica (affine) or elsewhere, as it was over the load bound or full (fallback)",
             m.affinity_routed.clone(),
+        );
+        r.register_with_unit(
+            "host_memory",
+            "The host's memory (MemTotal, MemAvailable from meminfo; /dev/shm used), under the daemon's hardware roots",
+            Unit::Bytes,
+            m.host_memory.clone(),
+        );
+        r.register(
+            "host_hugepages_1g",
+            "The host's 1 GiB hugepages (reserved, free), which tt-metal engines pin their host buffers in; models.<name>.hugepages_per_card says what each slot needs",
+            m.hugepages.clone(),
         );
         r.register(
             "host_sampling_requests",
@@ -570,6 +599,31 @@ impl Metrics {
                 .get_or_create(&model_labels(model))
                 .set(i64::from(*n));
         }
+        self.host_memory.clear();
+        self.hugepages.clear();
+        for (kind, value) in [
+            ("total", now.host.mem_total_bytes),
+            ("available", now.host.mem_available_bytes),
+            ("shm_used", now.shm_used_bytes),
+        ] {
+            if let Some(v) = value {
+                self.host_memory
+                    .get_or_create(&HostMemoryLabels { kind: kind.into() })
+                    .set(i64::try_from(v).unwrap_or(i64::MAX));
+            }
+        }
+        for (state, value) in [
+            ("total", now.host.hugepages_total),
+            ("free", now.host.hugepages_free),
+        ] {
+            if let Some(v) = value {
+                self.hugepages
+                    .get_or_create(&HugepageLabels {
+                        state: state.into(),
+                    })
+                    .set(i64::try_from(v).unwrap_or(i64::MAX));
+            }
+        }
         for c in &now.cards {
             if let Some(v) = c.temperature_c {
                 self.card_temperature
@@ -608,6 +662,10 @@ pub struct Snapshot {
     pub waiting: Vec<(String, u32)>,
     /// Each card's sensors.
     pub cards: Vec<CardGauges>,
+    /// The host's hugepages and RAM, where readable.
+    pub host: crate::host_memory::HostMemory,
+    /// Bytes used on /dev/shm, where readable.
+    pub shm_used_bytes: Option<u64>,
 }
 
 /// One slot's gauges.

@@ -119,5 +119,19 @@ fn snapshot(state: &DaemonState) -> crate::metrics::Snapshot {
                 })
             })
             .collect(),
+        host: crate::host_memory::HostMemory::read(state.cards().hardware()),
+        shm_used_bytes: shm_used(&state.cards().hardware().dev_root.join("shm")),
     }
+}
+
+/// Bytes in use on the shared-memory filesystem (tt-umd's locks, Open
+/// MPI's segments and the engines' buffers live there).
+fn shm_used(dir: &std::path::Path) -> Option<u64> {
+    let v = nix::sys::statvfs::statvfs(dir).ok()?;
+    // The field types differ by platform (c_ulong, fsblkcnt_t).
+    let (blocks, free, size) = (v.blocks(), v.blocks_free(), v.fragment_size());
+    #[allow(clippy::useless_conversion)]
+    let used = u64::from(blocks).saturating_sub(u64::from(free));
+    #[allow(clippy::useless_conversion)]
+    Some(used.saturating_mul(u64::from(size)))
 }

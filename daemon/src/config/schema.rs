@@ -334,6 +334,10 @@ pub struct Requirements {
     pub kmd: Option<String>,
 }
 
+fn default_hugepages_per_card() -> u32 {
+    4
+}
+
 /// When a slot resets its cards before starting its worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -503,6 +507,13 @@ pub struct ModelConfig {
     /// death.
     #[serde(default)]
     pub hang: HangConfig,
+    /// 1 GiB hugepages the engine pins per card (tt-metal's host buffers):
+    /// Tenstorrent's host setup reserves 4 per card; Llama-3.1-8B on a P150
+    /// needs 12 (tt-inference-server issue 4023). 0 for an engine that
+    /// pins none (tt-worker, llama-server). `check-config` and every start
+    /// refuse slots that need more together than the host reserved.
+    #[serde(default = "default_hugepages_per_card")]
+    pub hugepages_per_card: u32,
     /// The host the model's engine build needs: firmware and driver
     /// minimums, as tt-inference-server's model specs state them
     /// (`system_requirements`). `check-config` and the slot's start refuse

@@ -88,6 +88,7 @@ fn check_host(config: &Config, untyped: &BTreeSet<String>) -> Vec<Problem> {
         if hw.driver_loaded() {
             problems.extend(crate::cards::check_cards_exist(config, &hw));
             problems.extend(crate::cards::check_requirements(config, &hw));
+            problems.extend(crate::host_memory::check(config, &hw));
         }
     }
     if read("reset") {

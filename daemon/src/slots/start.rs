@@ -307,10 +307,22 @@ async fn on_engine(
         &found.iter().collect::<Vec<_>>(),
         hw.driver_version().as_deref(),
     );
-    if !short.is_empty() {
-        let why: Vec<String> = short.into_iter().map(|(_, m)| m).collect();
+    let mut why: Vec<String> = short.into_iter().map(|(_, m)| m).collect();
+    // The host's hugepages against what every configured slot needs (a
+    // reservation lowered since check-config shows here).
+    if m.hugepages_per_card > 0 {
+        let host = crate::host_memory::HostMemory::read(hw);
+        if let Some(short) = crate::host_memory::shortfall(&mgr.config(), &host) {
+            why.push(short);
+        }
+    }
+    if !why.is_empty() {
         return Err(Outcome::start_failed(
-            format!("[models.{}.requires]: {}", plan.model, why.join("; ")),
+            format!(
+                "the host falls short of model {}: {}",
+                plan.model,
+                why.join("; ")
+            ),
             false,
         ));
     }
