@@ -1128,3 +1128,46 @@ fn devices_in_the_engine_command_name_the_slots_own_device_nodes() {
     daemon.wait_slot_state("m", "ready");
     assert_eq!(devices_of(&daemon), vec![node(0)]);
 }
+
+/// Readiness at the production batch: the stand-in answers the third of
+/// several requests running at once wrong (cut short after two tokens, or
+/// with another request's token in it) and every request alone right. The
+/// readiness pings run `max_in_flight` (up to 4) at once, so the start
+/// fails naming the position (whichever the engine admitted third) and
+/// what was wrong; at batch 1 it would have passed.
+#[test]
+fn a_fault_only_a_batch_shows_fails_readiness_naming_the_position() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = checkpoint(dir.path());
+    let table = |fault: &str, extra: &str| {
+        standin_table(
+            "m",
+            &ckpt,
+            &format!(
+                "max_in_flight = 4\nenv = {{ STANDIN_BATCH_FAULT = \"{fault}\" }}\n[models.m.restart]\nmax_attempts = 1\n{extra}"
+            ),
+        )
+    };
+    let mut daemon = start(&hw, table("truncate", ""));
+    let failed = daemon.wait_slot_state("m", "failed");
+    let reason = failed["reason"].as_str().unwrap_or_default();
+    // Which position the engine admitted third is the scheduler's.
+    assert!(
+        reason.contains("of a batch of 4 (readiness.concurrency) answered \" w0 w1\" where the others answered \" w0 w1 w2 w3\""),
+        "{failed:#}"
+    );
+    daemon.restart_with(&hw, table("leak", ""));
+    let failed = daemon.wait_slot_state("m", "failed");
+    let reason = failed["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("of a batch of 4") && reason.contains("\" w0 leaked w2 w3\""),
+        "{failed:#}"
+    );
+    // One request at a time never meets the fault.
+    daemon.restart_with(
+        &hw,
+        table("leak", "[models.m.readiness]\nconcurrency = 1\n"),
+    );
+    daemon.wait_slot_state("m", "ready");
+}

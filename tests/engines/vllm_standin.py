@@ -51,14 +51,19 @@ It mirrors what vLLM shows a supervisor, on the wire and in its output:
 Behaviour switched by environment variables:
 
 - STANDIN_LOAD_SECS=S: the load takes S seconds, printing progress lines.
+- STANDIN_BATCH_FAULT=truncate|leak: a request admitted while two others
+  run (the third of a batch) is cut short after two tokens, or gets
+  another request's token (` leaked`) as its second; a request alone is
+  answered right.
 - STANDIN_STOP_SECS=S: after SIGTERM the teardown takes S seconds, then
   `Teardown finished after S s`, then exit 0.
 - STANDIN_HANG=load: the load never ends. STANDIN_HANG=generate: requests
   are admitted and never produce a token. STANDIN_HANG=generate-after-first:
-  the first request (a supervisor's readiness ping) is served, later ones
-  hang.
+  the first requests (a supervisor's readiness pings, sent together: all
+  admitted before one ends) are served, later ones hang.
 - STANDIN_HANG=device-timeout: a Tenstorrent device hang caught as
-  tt-metal catches it. The first request is served; the second streams
+  tt-metal catches it. The first requests (the readiness batch, as above)
+  are served; the next streams
   STANDIN_HANG_AFTER_TOKENS tokens (default 2) and then the whole engine
   stops: no request gets another token, /health still answers 200, and
   /metrics is served frozen as it stood (vLLM publishes it per finished
@@ -416,6 +421,9 @@ class State:
         self.waiting = 0
         self.slots = threading.Semaphore(opts["max_num_seqs"])
         self.requests = 0
+        # Requests that ended: the readiness batch (a supervisor's pings,
+        # sent together) is everything admitted before the first ends.
+        self.ended = 0
         self.shutting_down = False
         self.core = None
         self.core_reply = None
@@ -733,8 +741,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             s.waiting -= 1
             s.running += 1
             s.requests += 1
-            first_request = s.requests == 1
-        if first_request and os.environ.get("STANDIN_BANNERS_AT") == "first-request":
+            first_request = s.ended == 0
+            very_first = s.requests == 1
+            # STANDIN_BATCH_FAULT: the third request running at once is
+            # answered wrong; alone, every request is answered right.
+            batch_fault = os.environ.get("STANDIN_BATCH_FAULT") if s.running == 3 else None
+        if very_first and os.environ.get("STANDIN_BANNERS_AT") == "first-request":
             print_banners()
         created = int(time.time())
         ids = body.get("return_token_ids")
@@ -845,6 +857,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     finish = "stop"
                     break
                 word = f" w{i}"
+                if batch_fault == "truncate" and i == 2:
+                    # Cut short at token 2 with a normal finish, as the
+                    # field's 8-of-32 truncations looked to clients.
+                    finish = "stop"
+                    break
+                if batch_fault == "leak" and i == 1:
+                    # Another request's token in this one's answer.
+                    word = " leaked"
                 candidate = generated + word
                 hit = next((st for st in stops if st in candidate), None)
                 if hit is not None:
@@ -893,6 +913,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         finally:
             with s.lock:
                 s.running -= 1
+                s.ended += 1
                 if hidden[0]:
                     s.hidden -= 1
             s.slots.release()

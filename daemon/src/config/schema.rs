@@ -666,6 +666,15 @@ impl ModelConfig {
         }
     }
 
+    /// How many readiness pings run at once (`readiness.concurrency`,
+    /// default `max_in_flight` up to 4).
+    pub fn readiness_concurrency(&self) -> u32 {
+        self.readiness
+            .concurrency
+            .unwrap_or_else(|| self.max_in_flight.min(4))
+            .max(1)
+    }
+
     /// MESH_DEVICE for this model's workers.
     pub fn mesh_device(&self) -> String {
         match &self.mesh_device {
@@ -770,6 +779,13 @@ pub struct ReadinessConfig {
     /// whose numerics broke is never served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<String>,
+    /// How many readiness pings (and warm-up requests per length) run at
+    /// once, so that failures only a batch shows (an assert above a batch
+    /// size, answers cut short, one request's text in another's) fail the
+    /// start instead of reaching clients. Every answer must be whole and
+    /// the same (greedy, one prompt). Default: `max_in_flight`, at most 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
 }
 
 impl Default for ReadinessConfig {
@@ -781,6 +797,7 @@ impl Default for ReadinessConfig {
             expect: None,
             warmup_prompt_tokens: Vec::new(),
             accuracy: None,
+            concurrency: None,
         }
     }
 }

@@ -433,6 +433,17 @@ fn check_model(
             }
         }
     }
+    if let Some(n) = m.readiness.concurrency {
+        if n == 0 || n > m.max_in_flight {
+            problems.push(problem(
+                key("readiness.concurrency"),
+                format!(
+                    "{n} is not between 1 and max_in_flight ({}): the daemon never sends the engine more at once than max_in_flight",
+                    m.max_in_flight
+                ),
+            ));
+        }
+    }
     if let Some(tt) = m.tt_json() {
         if let Err(e) = tt_worker_contract::tt_config::check_tt_table(&tt) {
             problems.push(problem(key("tt"), &e));

@@ -846,16 +846,94 @@ fn hang_env(plan: &SlotPlan, sys_root: &std::path::Path) -> BTreeMap<String, Str
     env
 }
 
-/// A greedy generation of the readiness prompt; the text it produced.
+/// The readiness prompt, greedily, `readiness_concurrency` times at once:
+/// the text every position produced, which must be one and the same (one
+/// prompt, greedy). A batch shows what one request alone does not: an
+/// engine that fails above some batch size, cuts answers short, or lets
+/// one request's tokens into another's.
 async fn ping(engine: &mut EngineClient<Channel>, m: &ModelConfig) -> Result<String, String> {
-    let (text, _) = generate_once(
+    let n = m.readiness_concurrency();
+    let answers = batch(
         engine,
+        n,
         m.readiness.ping_prompt.clone(),
         m.readiness.ping_max_tokens,
         "readiness-ping",
     )
-    .await?;
-    Ok(text)
+    .await;
+    let texts = answers
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| a.map(|(text, _)| text).map_err(|e| at_position(i, n, &e)))
+        .collect::<Result<Vec<String>, String>>()?;
+    same_answers(&texts)?;
+    Ok(texts.into_iter().next().unwrap_or_default())
+}
+
+/// `n` generations of `prompt` at once; each answer in its position.
+async fn batch(
+    engine: &EngineClient<Channel>,
+    n: u32,
+    prompt: String,
+    max_tokens: u32,
+    request_id: &str,
+) -> Vec<Result<(String, Option<pb::Usage>), String>> {
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..n as usize {
+        let mut engine = engine.clone();
+        let prompt = prompt.clone();
+        let id = if n == 1 {
+            request_id.to_string()
+        } else {
+            format!("{request_id}-{}", i + 1)
+        };
+        calls.spawn(async move { (i, generate_once(&mut engine, prompt, max_tokens, &id).await) });
+    }
+    let mut answers: Vec<Result<(String, Option<pb::Usage>), String>> =
+        (0..n).map(|_| Err("not answered".to_string())).collect();
+    while let Some(joined) = calls.join_next().await {
+        match joined {
+            Ok((i, answer)) => answers[i] = answer,
+            Err(e) => return vec![Err(format!("a readiness request ended abnormally: {e}"))],
+        }
+    }
+    answers
+}
+
+fn at_position(i: usize, n: u32, e: &str) -> String {
+    if n == 1 {
+        e.to_string()
+    } else {
+        format!(
+            "position {} of a batch of {n} (readiness.concurrency): {e}",
+            i + 1
+        )
+    }
+}
+
+/// Greedy answers to one prompt in one batch must be the same: the first
+/// position that differs from the most common answer is named, with both.
+fn same_answers(texts: &[String]) -> Result<(), String> {
+    let mut counts: Vec<(&String, usize)> = Vec::new();
+    for t in texts {
+        match counts.iter_mut().find(|(s, _)| *s == t) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((t, 1)),
+        }
+    }
+    let Some((common, _)) = counts.iter().max_by_key(|(_, c)| *c) else {
+        return Ok(());
+    };
+    match texts.iter().position(|t| t != *common) {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "position {} of a batch of {} (readiness.concurrency) answered {:?} where the others answered {:?}: greedy answers to one prompt must be the same; the engine cut it short or mixed another request's tokens in (set readiness.concurrency = 1 only for an engine whose batches are known not to be batch-invariant)",
+            i + 1,
+            texts.len(),
+            texts[i],
+            common
+        )),
+    }
 }
 
 /// A prompt of about `tokens` tokens: one common word repeated, a single
@@ -902,8 +980,17 @@ async fn warm_up(
         );
         let began = Instant::now();
         let remaining = deadline.saturating_duration_since(began);
+        let n = m.readiness_concurrency();
+        let at_batch = async {
+            let answers = batch(engine, n, warmup_prompt(tokens), 2, "warm-up").await;
+            let mut usage = None;
+            for (i, a) in answers.into_iter().enumerate() {
+                usage = a.map_err(|e| at_position(i, n, &e))?.1;
+            }
+            Ok::<_, String>(((), usage))
+        };
         let result = tokio::select! {
-            r = tokio::time::timeout(remaining, generate_once(engine, warmup_prompt(tokens), 2, "warm-up")) => r,
+            r = tokio::time::timeout(remaining, at_batch) => r,
             exit = worker.wait() => {
                 return Err(Outcome::start_failed(
                     format!("worker {} during the warm-up at {tokens} prompt tokens; last output: {}", exit.describe(), log_tail(worker)),
