@@ -42,9 +42,21 @@ struct Rig {
 }
 
 fn tables(model: &Path, extra: &str, restart: &str) -> String {
-    let section = |name: &str| format!("{extra}\n[models.{name}.restart]\n{restart}\n");
+    // One readiness ping at a time: the workers' faults count every token
+    // generated (TTW_FAULT_*_AFTER_TOKENS), the pings' included.
+    let section = |name: &str| {
+        format!("{extra}\n[models.{name}.restart]\n{restart}\n[models.{name}.readiness]\nconcurrency = 1\n")
+    };
+    // The pair resets only after unclean ends here (not before every
+    // start, its default): the tests count the resets kills cause.
     model_table("one", 1, &[0], model, &section("one"))
-        + &model_table("two", 2, &[1, 2], model, &section("two"))
+        + &model_table(
+            "two",
+            2,
+            &[1, 2],
+            model,
+            &format!("reset_before_start = \"if-unclean\"\n{}", section("two")),
+        )
 }
 
 fn rig(extra: &str, restart: &str, policy: &'static str) -> Rig {

@@ -491,8 +491,10 @@ fn llama_server_serves_smollm2_through_the_daemon_cancels_and_recovers_from_kill
         serde_json::json!({"model": "smol", "prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 1}),
     );
     let message = refused["error"]["message"].as_str().unwrap_or_default();
+    // Said in the request's terms: echo with logprobs needs the prompt's.
     assert!(
-        message.starts_with("prompt_logprobs: not supported by engine tt-worker-openai"),
+        message.starts_with("echo: needs the prompt's logprobs")
+            && message.contains("prompt_logprobs: not supported by engine tt-worker-openai"),
         "{refused}"
     );
     // Echo without logprobs needs nothing of the engine.

@@ -739,7 +739,7 @@ fn streams_beyond_the_per_connection_limit_are_resource_exhausted() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     // The hang keeps every admitted stream open.
-    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_HANG_AFTER_TOKENS = \"6\" }\n[models.m.restart]\nstall_timeout_secs = 60\n";
+    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_HANG_AFTER_TOKENS = \"6\" }\n[models.m.restart]\nstall_timeout_secs = 60\n[models.m.readiness]\nconcurrency = 1\n";
     let daemon = Daemon::start(
         &hw,
         DaemonOptions {

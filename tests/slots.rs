@@ -285,7 +285,7 @@ fn crash_mid_stream_ends_the_stream_resets_the_card_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     // The readiness ping uses 4 tokens; the crash comes 6 tokens later.
-    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_CRASH_AFTER_TOKENS = \"10\" }\n[models.m.restart]\nbackoff_ms = 50\n";
+    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_CRASH_AFTER_TOKENS = \"10\" }\n[models.m.restart]\nbackoff_ms = 50\n[models.m.readiness]\nconcurrency = 1\n";
     let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
     let first = daemon.wait_slot_state("m", "ready");
     let address = daemon.inference_address();
@@ -319,7 +319,7 @@ fn hung_worker_is_killed_by_the_watchdog_and_the_slot_recovers() {
     let hw = FakeHw::new(1);
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
-    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_HANG_AFTER_TOKENS = \"8\" }\n[models.m.restart]\nstall_timeout_secs = 1\nbackoff_ms = 50\n";
+    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_HANG_AFTER_TOKENS = \"8\" }\n[models.m.restart]\nstall_timeout_secs = 1\nbackoff_ms = 50\n[models.m.readiness]\nconcurrency = 1\n";
     let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
     let first = daemon.wait_slot_state("m", "ready");
     let address = daemon.inference_address();
@@ -974,7 +974,7 @@ fn a_client_that_goes_away_frees_its_place_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     // The hang keeps the request running until the client cancels it.
-    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_HANG_AFTER_TOKENS = \"6\" }\n[models.m.restart]\nstall_timeout_secs = 600\n";
+    let extra = "env = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_HANG_AFTER_TOKENS = \"6\" }\n[models.m.restart]\nstall_timeout_secs = 600\n[models.m.readiness]\nconcurrency = 1\n";
     let daemon = start(&hw, model_table("m", 1, &[0], &model, extra));
     daemon.wait_slot_state("m", "ready");
     let address = daemon.inference_address();

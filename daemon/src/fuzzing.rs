@@ -41,7 +41,7 @@ fn request_config() -> Config {
             Err(problems) => panic!("the fuzz config is invalid: {problems:?}"),
         };
     config.limits.max_prompt_bytes = MAX_PROMPT_BYTES;
-    config.limits.max_tokens = MAX_TOKENS;
+    config.limits.max_tokens = Some(MAX_TOKENS);
     config.limits.max_stop_strings = MAX_STOP_STRINGS;
     config.limits.max_stop_bytes = MAX_STOP_BYTES;
     config
@@ -85,10 +85,7 @@ fn check_request(config: &Config, request: &pb::GenerateRequest) {
                 prompt_bytes as u64 <= config.limits.max_prompt_bytes,
                 "{request:?}"
             );
-            assert!(
-                request.max_tokens <= config.limits.max_tokens,
-                "{request:?}"
-            );
+            assert!(request.max_tokens <= MAX_TOKENS, "{request:?}");
             if let Some(s) = &request.sampling {
                 assert!(
                     s.temperature.is_finite() && s.temperature >= 0.0,

@@ -227,8 +227,12 @@ pub struct LimitsConfig {
     /// contents together.
     pub max_prompt_bytes: u64,
     /// Largest `max_tokens` a request may ask for (0, the worker's default,
-    /// is always allowed).
-    pub max_tokens: u32,
+    /// is always allowed). Unset: the serving engine's declared context
+    /// (Engine.Info `context_length`) bounds it, so a 131072-token model is
+    /// not capped at a small model's number. `check-config` refuses a value
+    /// above a model's context as its command line declares it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
     /// Generate streams one client connection may have open at once.
     pub max_streams_per_connection: u32,
     /// Most stop strings one request may give (each is matched against the
@@ -241,8 +245,11 @@ pub struct LimitsConfig {
 impl Default for LimitsConfig {
     fn default() -> Self {
         LimitsConfig {
-            max_prompt_bytes: 256 * 1024,
-            max_tokens: 4096,
+            // About a million tokens of text at four bytes a token: room
+            // for a 256k-token context in any script; the engine counts
+            // tokens itself.
+            max_prompt_bytes: 4 * 1024 * 1024,
+            max_tokens: None,
             max_streams_per_connection: 16,
             max_stop_strings: 16,
             max_stop_bytes: 256,

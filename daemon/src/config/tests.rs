@@ -292,8 +292,11 @@ fn security_and_limit_defaults() {
     assert_eq!(config.daemon.control_admin_group, None);
     assert_eq!(config.inference, InferenceConfig::default());
     assert_eq!(config.inference.tokens_file, None);
-    assert_eq!(config.limits.max_prompt_bytes, 256 * 1024);
-    assert_eq!(config.limits.max_tokens, 4096);
+    assert_eq!(config.limits.max_prompt_bytes, 4 * 1024 * 1024);
+    assert_eq!(
+        config.limits.max_tokens, None,
+        "the engine's context bounds it"
+    );
     assert_eq!(config.limits.max_streams_per_connection, 16);
     assert_eq!(config.limits.max_stop_strings, 16);
     assert_eq!(config.limits.max_stop_bytes, 256);
@@ -772,4 +775,19 @@ fn tt_settings_are_checked_by_name_and_a_mesh_must_match_the_cards() {
     assert!(!parse(ONE_MODEL).expect("one").models["qwen"].resets_before_every_start());
     let never = format!("{ONE_MODEL}reset_before_start = \"always\"\n");
     assert!(parse(&never).expect("always").models["qwen"].resets_before_every_start());
+}
+
+#[test]
+fn a_max_tokens_limit_above_a_models_declared_context_is_refused() {
+    let model = |context: &str| {
+        format!(
+            "[limits]\nmax_tokens = 8192\n[models.v]\ntp = 1\ncards = [0]\ncheckpoint = \"/m\"\nworker = [\"tt-worker-openai\", \"--\", \"vllm\", \"serve\", \"{{checkpoint}}\", \"--port\", \"{{port}}\", \"--max-model-len\", \"{context}\"]\n"
+        )
+    };
+    assert_rejected(
+        &model("4096"),
+        "limits.max_tokens",
+        "model v's context of 4096 tokens (--max-model-len",
+    );
+    parse(&model("131072")).expect("within the context");
 }

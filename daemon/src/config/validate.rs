@@ -114,8 +114,40 @@ pub(super) fn check(config: &Config) -> Vec<Problem> {
     let mut claimed: BTreeMap<String, String> = BTreeMap::new();
     for (name, model) in &config.models {
         check_model(name, model, &mut claimed, &mut problems);
+        if let (Some(max), Some((context, option))) =
+            (config.limits.max_tokens, declared_context(&model.worker))
+        {
+            if max >= context {
+                problems.push(problem(
+                    "limits.max_tokens",
+                    format!(
+                        "{max} does not fit model {name}'s context of {context} tokens ({option} in its worker command, prompt included): no request could use it; lower it below {context}, or remove it so each engine's context bounds its requests"
+                    ),
+                ));
+            }
+        }
     }
     problems
+}
+
+/// The context an engine's command line declares: vLLM's `--max-model-len`,
+/// llama-server's `-c` / `--ctx-size`. The value and the option.
+fn declared_context(worker: &[String]) -> Option<(u32, &'static str)> {
+    let dashes = worker.iter().position(|a| a == "--")?;
+    let engine = &worker[dashes + 1..];
+    for option in ["--max-model-len", "--ctx-size", "-c"] {
+        for (i, a) in engine.iter().enumerate() {
+            let value = if a == option {
+                engine.get(i + 1).map(String::as_str)
+            } else {
+                a.strip_prefix(option).and_then(|r| r.strip_prefix('='))
+            };
+            if let Some(n) = value.and_then(|v| v.parse::<u32>().ok()) {
+                return Some((n, option));
+            }
+        }
+    }
+    None
 }
 
 fn check_daemon(d: &DaemonConfig, problems: &mut Vec<Problem>) {
@@ -244,14 +276,16 @@ fn check_limits(l: &LimitsConfig, problems: &mut Vec<Problem>) {
         MAX_PROMPT_BYTES_LIMIT,
         "bytes",
     );
-    range(
-        problems,
-        "limits.max_tokens",
-        l.max_tokens.into(),
-        1,
-        1_000_000,
-        "tokens",
-    );
+    if let Some(max_tokens) = l.max_tokens {
+        range(
+            problems,
+            "limits.max_tokens",
+            max_tokens.into(),
+            1,
+            1_000_000,
+            "tokens",
+        );
+    }
     range(
         problems,
         "limits.max_streams_per_connection",

@@ -397,6 +397,9 @@ impl Router {
             // Fail closed: a parameter this slot's engine does not honour is
             // refused, never silently dropped.
             check_engine_supports(&request, &route.engine_facts)?;
+            if config.limits.max_tokens.is_none() {
+                validate::check_engine_context(&request, &route.engine_facts)?;
+            }
             let engine_request = pb::EngineGenerateRequest {
                 request: Some(request.clone()),
                 request_id: format!("req-{}", self.next_id.fetch_add(1, Ordering::Relaxed)),

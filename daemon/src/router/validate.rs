@@ -79,10 +79,10 @@ pub fn validate_request(
                 .into(),
         ));
     }
-    if request.max_tokens > limits.max_tokens {
+    if let Some(max) = limits.max_tokens.filter(|max| request.max_tokens > *max) {
         return Err(RouteError::Invalid(format!(
-            "max_tokens: {} is above this server's limit of {} (limits.max_tokens); ask for at most {}",
-            request.max_tokens, limits.max_tokens, limits.max_tokens
+            "max_tokens: {} is above this server's limit of {max} (limits.max_tokens); ask for at most {max}",
+            request.max_tokens
         )));
     }
     if let Some(s) = &request.sampling {
@@ -170,6 +170,24 @@ pub fn host_sampling(request: &pb::GenerateRequest, engine: &EngineFacts) -> Vec
         .into_iter()
         .filter(|p| engine.host_sampling_parameters.iter().any(|h| h == p))
         .collect()
+}
+
+/// Refuse a `max_tokens` the chosen slot's engine cannot give: at or above
+/// the context it declared (the prompt needs room too). `limits.max_tokens`,
+/// when set, was checked already.
+pub fn check_engine_context(
+    request: &pb::GenerateRequest,
+    engine: &EngineFacts,
+) -> Result<(), RouteError> {
+    if engine.context_length > 0 && request.max_tokens >= engine.context_length {
+        return Err(RouteError::Invalid(format!(
+            "max_tokens: {} does not fit model {}'s context of {} tokens (its engine's, prompt included); ask for less",
+            request.max_tokens,
+            echo(&request.model),
+            engine.context_length
+        )));
+    }
+    Ok(())
 }
 
 /// Every chat message names one of [`CHAT_ROLES`].
@@ -333,6 +351,7 @@ mod tests {
             version: "tt-worker 0.1.0".into(),
             supported_parameters: vec!["ignore_eos".into(), "logprobs".into()],
             host_sampling_parameters: vec!["logprobs".into()],
+            context_length: 2048,
         };
         let plain = chat(&["user"]);
         assert!(check_engine_supports(&plain, &engine).is_ok());
@@ -343,6 +362,25 @@ mod tests {
             ..chat(&["user"])
         };
         assert_eq!(host_sampling(&scored, &engine), vec!["logprobs"]);
+        // The engine's context bounds max_tokens (limits.max_tokens unset).
+        let long = pb::GenerateRequest {
+            max_tokens: 2048,
+            ..chat(&["user"])
+        };
+        let err = check_engine_context(&long, &engine).expect_err("refused");
+        assert!(
+            err.message().contains("context of 2048 tokens"),
+            "{}",
+            err.message()
+        );
+        assert!(check_engine_context(
+            &pb::GenerateRequest {
+                max_tokens: 2047,
+                ..chat(&["user"])
+            },
+            &engine
+        )
+        .is_ok());
         // Values that mean "off" ask for nothing, whatever the engine.
         let off = pb::GenerateRequest {
             repetition_penalty: 1.0,

@@ -196,6 +196,8 @@ pub struct EngineFacts {
     /// `host_sampling_parameters`: those of them that move the request's
     /// whole batch to the engine's slower host sampling.
     pub host_sampling_parameters: Vec<String>,
+    /// `context_length`: tokens of prompt and answer together (0: not said).
+    pub context_length: u32,
 }
 
 /// An engine's KV memory: the pool every sequence's keys and values share

@@ -446,6 +446,7 @@ async fn wait_loaded(
                         version: info.engine_version,
                         supported_parameters: info.supported_parameters,
                         host_sampling_parameters: info.host_sampling_parameters,
+                        context_length: info.context_length,
                     });
                     let kv = info.kv_cache.map(|k| KvMemory {
                         budget_bytes: k.budget_bytes,
