@@ -1173,3 +1173,36 @@ fn a_fault_only_a_batch_shows_fails_readiness_naming_the_position() {
     );
     daemon.wait_slot_state("m", "ready");
 }
+
+/// Limits from the engine: with no `limits.max_tokens`, a model whose
+/// engine declares a 131072-token context takes a 100k-token prompt (500 KB
+/// of text, above the old 256 KiB default) by default, and a `max_tokens`
+/// of the whole context is refused naming it, before the engine sees it.
+#[test]
+fn an_engines_declared_context_sets_the_limits_by_default() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = checkpoint(dir.path());
+    let table = standin_table("m", &ckpt, "").replace("\"4096\"", "\"131072\"");
+    let daemon = start(&hw, table);
+    daemon.wait_slot_state("m", "ready");
+    let rt = runtime();
+    let prompt = " word".repeat(100_000);
+    let answer = rt
+        .block_on(generate(&daemon.inference_address(), "m", &prompt, 3))
+        .expect("a 100k-token prompt within a 131072-token context");
+    assert_eq!(
+        answer.last.usage.map(|u| u.prompt_tokens),
+        Some(100_000),
+        "{answer:?}"
+    );
+    let err = rt
+        .block_on(generate(&daemon.inference_address(), "m", "hi", 131_072))
+        .expect_err("the whole context for the answer");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message()
+            .contains("does not fit model m's context of 131072 tokens"),
+        "{err:?}"
+    );
+}
