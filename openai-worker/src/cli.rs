@@ -113,31 +113,24 @@ impl EngineKind {
     /// and its OpenAI logprobs are not relayed: neither is claimed.
     pub fn supported_parameters(self) -> &'static [&'static str] {
         use tt_serving_proto::parameters::*;
+        const VLLM: [&str; 9] = [
+            PRESENCE_PENALTY,
+            FREQUENCY_PENALTY,
+            REPETITION_PENALTY,
+            MIN_TOKENS,
+            IGNORE_EOS,
+            STOP_TOKEN_IDS,
+            LOGPROBS,
+            PROMPT_TOKENS,
+            PROMPT_LOGPROBS,
+        ];
         match self {
-            EngineKind::Vllm => &[
-                PRESENCE_PENALTY,
-                FREQUENCY_PENALTY,
-                REPETITION_PENALTY,
-                MIN_TOKENS,
-                IGNORE_EOS,
-                STOP_TOKEN_IDS,
-                LOGPROBS,
-                PROMPT_TOKENS,
-                PROMPT_LOGPROBS,
-            ],
-            // The TT platform refuses prompt_logprobs ("Not yet supporting
-            // prompt_logprobs on tt": vllm-tt-plugin platform.py:1171-1183
-            // at e3fc849), so completions' echo with logprobs too.
-            EngineKind::VllmTt => &[
-                PRESENCE_PENALTY,
-                FREQUENCY_PENALTY,
-                REPETITION_PENALTY,
-                MIN_TOKENS,
-                IGNORE_EOS,
-                STOP_TOKEN_IDS,
-                LOGPROBS,
-                PROMPT_TOKENS,
-            ],
+            EngineKind::Vllm => &VLLM,
+            // All but the last: the TT platform refuses prompt_logprobs
+            // ("Not yet supporting prompt_logprobs on tt": vllm-tt-plugin
+            // platform.py:1171-1183 at e3fc849), so completions' echo with
+            // logprobs too.
+            EngineKind::VllmTt => VLLM.split_last().map_or(&[], |(_, rest)| rest),
             EngineKind::LlamaServer => &[
                 PRESENCE_PENALTY,
                 FREQUENCY_PENALTY,
