@@ -470,6 +470,14 @@ fn the_dashboard_has_its_variables_and_every_panel_uses_the_datasource_variable(
 #[test]
 fn every_metric_and_label_on_the_dashboard_is_one_the_daemon_exports() {
     let hw = FakeHw::new(3);
+    // A host with a 1 GiB hugepage pool (the fake root plays none).
+    let pages = hw
+        .root
+        .sys_root()
+        .join("kernel/mm/hugepages/hugepages-1048576kB");
+    std::fs::create_dir_all(&pages).unwrap();
+    std::fs::write(pages.join("nr_hugepages"), "16\n").unwrap();
+    std::fs::write(pages.join("free_hugepages"), "16\n").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let daemon = Daemon::start(

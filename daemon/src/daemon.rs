@@ -60,6 +60,16 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     // SIGHUP's default action ends the process; catch it from the start.
     let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .context("cannot install the SIGHUP handler")?;
+    // SIGTERM and SIGINT too: installed only once the daemon serves, a stop
+    // sent in between (systemd stopping a unit that just started, a test's
+    // quick SIGTERM) took the default action, death without the clean
+    // shutdown (seen as `terminate()` returning no exit code under load).
+    let terms = (
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("cannot install the SIGTERM handler")?,
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .context("cannot install the SIGINT handler")?,
+    );
     // Secrets and groups first: a tokens file every user can read, a bad
     // certificate or a missing admin group stops the daemon before it
     // touches a card.
@@ -220,7 +230,7 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
         "listening"
     );
 
-    let signals = tokio::spawn(wait_for_signal(trigger.clone()));
+    let signals = tokio::spawn(wait_for_signal(trigger.clone(), terms));
     let starting = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let ticker = tokio::spawn(tick_loop(state.clone(), starting.clone(), shutdown.clone()));
 
@@ -301,15 +311,10 @@ async fn wait_until_ready(state: &Arc<DaemonState>, shutdown: &Shutdown) {
     }
 }
 
-async fn wait_for_signal(trigger: shutdown::ShutdownTrigger) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop the daemon with SIGKILL");
-        return;
-    };
+async fn wait_for_signal(
+    trigger: shutdown::ShutdownTrigger,
+    (mut term, mut int): (tokio::signal::unix::Signal, tokio::signal::unix::Signal),
+) {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM received"),
         _ = int.recv() => tracing::info!("SIGINT received"),

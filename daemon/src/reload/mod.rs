@@ -265,8 +265,7 @@ async fn apply(
     let mut started: Vec<String> = plan.slots(Action::Start);
     started.extend(moving.iter().cloned());
     for slot in &started {
-        let logs = slots.remove_slot(slot);
-        slots.add_slot(slot, &model_of(slot), logs);
+        slots.replace_slot(slot, &model_of(slot));
     }
 
     // 4. Rolling restarts, one replica per model per wave.
@@ -309,8 +308,7 @@ async fn apply(
             .collect();
         slots.stop_slots(&stops, old.stop_limit()).await;
         for slot in &go {
-            let logs = slots.remove_slot(slot);
-            slots.add_slot(slot, &model_of(slot), logs);
+            slots.replace_slot(slot, &model_of(slot));
         }
         let views = wait_settled(state, &go, &rollback_models).await;
         for (slot, view) in views {

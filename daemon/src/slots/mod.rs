@@ -414,6 +414,28 @@ impl SlotManager {
         self.publish();
     }
 
+    /// Replace a stopped slot with a fresh one of the same name (a reload's
+    /// restart) in one step: the status never shows the model without it
+    /// (a scrape between a removal and an add did). Its log lines stay.
+    pub fn replace_slot(self: &Arc<Self>, name: &str, model: &str) {
+        let cards = self
+            .cards
+            .slot_cards()
+            .get(name)
+            .cloned()
+            .unwrap_or_default();
+        {
+            let mut table = self.table();
+            let logs = table
+                .remove(name)
+                .map(|e| e.logs)
+                .unwrap_or_else(|| Arc::new(LogRing::new(LOG_LINES)));
+            table.insert(name.to_string(), SlotEntry::new(name, model, cards, logs));
+        }
+        self.spawn_supervisor(name);
+        self.publish();
+    }
+
     /// Remove a stopped slot (reload); returns its log ring.
     pub fn remove_slot(&self, name: &str) -> Option<Arc<LogRing>> {
         let entry = self.table().remove(name)?;
