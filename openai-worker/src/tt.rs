@@ -419,6 +419,16 @@ mod tests {
             place_link(&link, Path::new("/snap/a")).is_err(),
             "a file is left alone"
         );
+        assert_eq!(std::fs::read(&link).expect("file"), b"x");
+        // A directory planted as a link to somewhere else is not followed:
+        // nothing is written where it points.
+        let elsewhere = dir.join("elsewhere");
+        std::fs::create_dir(&elsewhere).expect("dir");
+        let planted = dir.join("planted");
+        std::os::unix::fs::symlink(&elsewhere, &planted).expect("link");
+        let e = place_link(&planted.join("Model"), Path::new("/snap/a")).expect_err("refused");
+        assert!(e.contains("not a directory"), "{e}");
+        assert_eq!(std::fs::read_dir(&elsewhere).expect("read").count(), 0);
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

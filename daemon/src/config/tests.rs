@@ -791,3 +791,33 @@ fn a_max_tokens_limit_above_a_models_declared_context_is_refused() {
     );
     parse(&model("131072")).expect("within the context");
 }
+
+#[test]
+fn requirements_and_readiness_concurrency_are_checked_by_name() {
+    assert_rejected(
+        &format!("{ONE_MODEL}[models.qwen.requires]\nfirmware = \"latest\"\n"),
+        "models.qwen.requires.firmware",
+        "dotted numbers",
+    );
+    for n in ["0", "9"] {
+        assert_rejected(
+            &format!("{ONE_MODEL}max_in_flight = 8\n[models.qwen.readiness]\nconcurrency = {n}\n"),
+            "models.qwen.readiness.concurrency",
+            "between 1 and max_in_flight (8)",
+        );
+    }
+    let config = parse(&format!(
+        "{ONE_MODEL}max_in_flight = 2\n[models.qwen.requires]\nkmd = \"2.5.0\"\n"
+    ))
+    .expect("valid");
+    assert_eq!(
+        config.models["qwen"].readiness_concurrency(),
+        2,
+        "max_in_flight caps it"
+    );
+    assert_rejected(
+        &format!("{ONE_MODEL}reset_before_start = \"sometimes\"\n"),
+        "models.qwen.reset_before_start",
+        "",
+    );
+}

@@ -166,6 +166,10 @@ pub fn check_engine_supports(
 /// sampling on the host (Engine.Info `host_sampling_parameters`): served,
 /// but slower, and on vLLM-TT for the whole batch it joins.
 pub fn host_sampling(request: &pb::GenerateRequest, engine: &EngineFacts) -> Vec<&'static str> {
+    // Most engines have no such path: nothing to work out per request.
+    if engine.host_sampling_parameters.is_empty() {
+        return Vec::new();
+    }
     tt_serving_proto::parameters::requested(request)
         .into_iter()
         .filter(|p| engine.host_sampling_parameters.iter().any(|h| h == p))
