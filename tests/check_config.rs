@@ -419,3 +419,62 @@ fn slots_that_need_more_hugepages_than_the_host_reserved_are_refused_naming_both
     let (code, text) = check_config(&setup.config, false, None);
     assert_eq!(code, Some(0), "{text}");
 }
+
+/// RAM: hugepages come out of the host's RAM, and what they leave must
+/// hold the engines' own processes: a reservation that leaves less than
+/// `host.ram_floor_mib` is refused naming the numbers (the field's host:
+/// 15 GB, 10 of them in hugepages).
+#[test]
+fn hugepages_that_leave_less_ram_than_the_floor_are_refused_naming_the_numbers() {
+    let files = tempfile::tempdir().unwrap();
+    let checkpoint = tiny_model(files.path());
+    let table = model("m", &checkpoint, None, "");
+    let setup = Setup::new("", &format!("{table}\n[host]\nram_floor_mib = 6144\n"));
+    let pages = setup
+        ._hw
+        .root
+        .sys_root()
+        .join("kernel/mm/hugepages/hugepages-1048576kB");
+    std::fs::create_dir_all(&pages).unwrap();
+    std::fs::write(pages.join("nr_hugepages"), "4\n").unwrap();
+    std::fs::write(
+        setup._hw.root.proc_root().join("meminfo"),
+        "MemTotal:        8388608 kB\nMemFree:  1000 kB\nMemAvailable:    3000000 kB\n",
+    )
+    .unwrap();
+    let text = setup.assert_problems(&[
+        "host.ram_floor_mib",
+        "the host has 8192 MiB of RAM and 4 GiB of it go to 1 GiB hugepages (the slots need 4, the host reserved 4): 4096 MiB are left",
+        "below host.ram_floor_mib (6144 MiB)",
+    ]);
+    assert!(
+        !text.contains("hugepages_per_card:"),
+        "the pages suffice: {text}"
+    );
+    // The default floor (4 GiB) holds.
+    let lower = Setup::new("", &table);
+    std::fs::create_dir_all(
+        lower
+            ._hw
+            .root
+            .sys_root()
+            .join("kernel/mm/hugepages/hugepages-1048576kB"),
+    )
+    .unwrap();
+    std::fs::write(
+        lower
+            ._hw
+            .root
+            .sys_root()
+            .join("kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages"),
+        "4\n",
+    )
+    .unwrap();
+    std::fs::write(
+        lower._hw.root.proc_root().join("meminfo"),
+        "MemTotal:        8388608 kB\nMemAvailable:    3000000 kB\n",
+    )
+    .unwrap();
+    let (code, text) = check_config(&lower.config, false, None);
+    assert_eq!(code, Some(0), "{text}");
+}

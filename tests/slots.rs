@@ -1037,3 +1037,75 @@ fn visible_devices_index_names_the_device_node_and_refuses_a_host_numbered_out_o
         "{slot}"
     );
 }
+
+/// The field's leak (10 GB over six days), scaled to seconds: a worker
+/// whose memory grows steadily is reported (status, gauge, log) as soon
+/// as one `restart.rss_growth_window_secs` shows it, before
+/// `restart.rss_limit_mib` restarts it; the restart's reason recalls the
+/// report. A worker that does not leak is never reported.
+#[test]
+fn a_worker_whose_memory_grows_steadily_is_reported_before_the_limit_restarts_it() {
+    let hw = FakeHw::new(2);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let restart = "[models.{m}.restart]\nrss_growth_window_secs = 3\nrss_growth_report_mib = 16\nrss_limit_mib = 192\nbackoff_ms = 50\n";
+    let leaky = model_table(
+        "leaky",
+        1,
+        &[0],
+        &model,
+        &format!(
+            "env = {{ TTW_TEST_FAULTS = \"1\", TTW_FAULT_LEAK_MIB_PER_SEC = \"24\" }}\n{}",
+            restart.replace("{m}", "leaky")
+        ),
+    );
+    let steady = model_table("steady", 1, &[1], &model, &restart.replace("{m}", "steady"));
+    let daemon = start(&hw, format!("{leaky}{steady}"));
+    daemon.wait_slot_state("steady", "ready");
+    let first = daemon.wait_slot_state("leaky", "ready");
+    let reported = wait_until("the growth to be reported while it serves", || {
+        let slot = daemon.slot("leaky");
+        let growth = slot["memory_growth"].as_str()?.to_string();
+        (slot["worker_pid"] == first["worker_pid"] && !growth.is_empty()).then_some(growth)
+    });
+    assert!(
+        reported.starts_with("grew ")
+            && reported.contains(" per hour")
+            && reported.contains("reaches restart.rss_limit_mib (192 MiB) in about"),
+        "{reported}"
+    );
+    let rate = tt_serving_tests::chaos_support::scrape(&daemon).sum(
+        "tt_serving_worker_memory_growth_bytes_per_hour",
+        &[("slot", "leaky")],
+    );
+    // 24 MiB a second is about 84 GiB an hour; the worker's own start
+    // and the sampling move it, not its order.
+    assert!(rate > 20.0 * 1024.0 * 1024.0 * 3600.0, "{rate}");
+    let restarted = wait_until("the limit to restart the worker", || {
+        let slot = daemon.slot("leaky");
+        let error = slot["last_error"].as_str()?.to_string();
+        error
+            .contains("over restart.rss_limit_mib")
+            .then_some(error)
+    });
+    assert!(
+        restarted.contains("is over restart.rss_limit_mib (192 MiB)")
+            && restarted.contains("(reported before: grew "),
+        "{restarted}"
+    );
+    let logs = daemon.log_text();
+    let warned = logs
+        .find("the worker's memory grew ")
+        .expect("the report in the daemon's log");
+    let killed = logs
+        .find("is over restart.rss_limit_mib")
+        .expect("the restart in the log");
+    assert!(warned < killed, "reported before the restart:\n{logs}");
+    let quiet = daemon.slot("steady");
+    assert_eq!(
+        quiet["memory_growth"].as_str().unwrap_or(""),
+        "",
+        "{quiet:#}"
+    );
+    assert_eq!(quiet["last_error"].as_str().unwrap_or(""), "", "{quiet:#}");
+}

@@ -4,7 +4,8 @@
 //! reserves 4 per card, `hugepages-setup.sh`; Llama-3.1-8B on a P150 needs
 //! 12, tt-inference-server issue 4023); `check-config` and every start
 //! refuse a config whose slots together need more than the host reserved,
-//! and `/metrics` shows what is there.
+//! or whose reservation leaves less RAM than `host.ram_floor_mib`, and
+//! `/metrics` shows what is there.
 //!
 //! Read under the daemon's hardware roots (`hardware.sys_root` and
 //! `proc_root`), so a fake root plays a host's numbers too.
@@ -87,19 +88,72 @@ pub fn shortfall(config: &Config, host: &HostMemory) -> Option<String> {
     ))
 }
 
+/// Why the RAM the hugepages leave is below `host.ram_floor_mib`, if it
+/// is: hugepages come out of RAM (MemTotal counts them), so what is left
+/// for the engines' own processes and the system is MemTotal less the
+/// reservation (what the slots need, or what the host reserved if more).
+/// None when it is enough, the floor is 0, there are no models, or the
+/// host's MemTotal is not known.
+pub fn ram_shortfall(config: &Config, host: &HostMemory) -> Option<String> {
+    let floor = config.host.ram_floor_mib * MIB;
+    let total = host.mem_total_bytes?;
+    if floor == 0 || config.models.is_empty() {
+        return None;
+    }
+    let (needed, _) = hugepages_needed(config);
+    let pages = needed.max(host.hugepages_total.unwrap_or(0));
+    let left = total.saturating_sub(pages * GIB);
+    if left >= floor {
+        return None;
+    }
+    let reserved = if pages == 0 {
+        String::new()
+    } else {
+        format!(
+            " and {pages} GiB of it go to 1 GiB hugepages (the slots need {needed}, the host reserved {})",
+            host.hugepages_total.unwrap_or(0)
+        )
+    };
+    Some(format!(
+        "the host has {} MiB of RAM{reserved}: {} MiB are left for the engines' own processes and the system, below host.ram_floor_mib ({} MiB); add RAM, reserve fewer hugepages (lower a model's hugepages_per_card or run fewer slots), or lower host.ram_floor_mib if the engines need less",
+        total / MIB,
+        left / MIB,
+        config.host.ram_floor_mib
+    ))
+}
+
+const MIB: u64 = 1024 * 1024;
+const GIB: u64 = 1024 * MIB;
+
+/// Every way the host falls short of the configured slots' memory, for a
+/// start's refusal.
+pub fn shortfalls(config: &Config, host: &HostMemory) -> Vec<String> {
+    shortfall(config, host)
+        .into_iter()
+        .chain(ram_shortfall(config, host))
+        .collect()
+}
+
 /// `check-config`'s problems: the first model that needs any is named.
 pub fn check(config: &Config, hw: &HardwareRoot) -> Vec<crate::config::Problem> {
     let host = HostMemory::read(hw);
-    let Some(message) = shortfall(config, &host) else {
-        return Vec::new();
-    };
-    let key = config
-        .models
-        .iter()
-        .find(|(_, m)| m.hugepages_per_card > 0)
-        .map(|(name, _)| format!("models.{name}.hugepages_per_card"))
-        .unwrap_or_else(|| "models".into());
-    vec![crate::config::Problem { key, message }]
+    let mut problems = Vec::new();
+    if let Some(message) = shortfall(config, &host) {
+        let key = config
+            .models
+            .iter()
+            .find(|(_, m)| m.hugepages_per_card > 0)
+            .map(|(name, _)| format!("models.{name}.hugepages_per_card"))
+            .unwrap_or_else(|| "models".into());
+        problems.push(crate::config::Problem { key, message });
+    }
+    if let Some(message) = ram_shortfall(config, &host) {
+        problems.push(crate::config::Problem {
+            key: "host.ram_floor_mib".into(),
+            message,
+        });
+    }
+    problems
 }
 
 #[cfg(test)]
@@ -149,5 +203,43 @@ mod tests {
             None,
             "unknown host"
         );
+    }
+
+    #[test]
+    fn the_ram_the_hugepages_leave_is_held_to_the_floor() {
+        // The field's host: 15 GiB of RAM, 10 GiB of it in hugepages.
+        let host = HostMemory {
+            hugepages_total: Some(10),
+            hugepages_free: Some(10),
+            mem_total_bytes: Some(15 * GIB),
+            mem_available_bytes: Some(4 * GIB),
+        };
+        let two_cards = "[models.a]\ntp = 2\ncards = [0, 1]\ncheckpoint = \"/m\"\n";
+        let config = crate::config::parse(two_cards).expect("config");
+        assert_eq!(ram_shortfall(&config, &host), None, "5 GiB left, floor 4");
+        let config = crate::config::parse(&format!("[host]\nram_floor_mib = 6144\n{two_cards}"))
+            .expect("config");
+        let why = ram_shortfall(&config, &host).expect("below the floor");
+        assert!(
+            why.contains("15360 MiB of RAM and 10 GiB of it go to 1 GiB hugepages (the slots need 8, the host reserved 10): 5120 MiB are left")
+                && why.contains("host.ram_floor_mib (6144 MiB)"),
+            "{why}"
+        );
+        // The slots' need counts when the host has not reserved it yet.
+        let config = crate::config::parse(&format!(
+            "[host]\nram_floor_mib = 6144\n{two_cards}hugepages_per_card = 6\n"
+        ))
+        .expect("config");
+        let small = HostMemory {
+            hugepages_total: Some(0),
+            ..host
+        };
+        let why = ram_shortfall(&config, &small).expect("12 of 15 GiB");
+        assert!(why.contains("3072 MiB are left"), "{why}");
+        assert_eq!(shortfalls(&config, &small).len(), 2, "hugepages and RAM");
+        let off = crate::config::parse(&format!("[host]\nram_floor_mib = 0\n{two_cards}"))
+            .expect("config");
+        assert_eq!(ram_shortfall(&off, &small), None);
+        assert_eq!(ram_shortfall(&config, &HostMemory::default()), None);
     }
 }

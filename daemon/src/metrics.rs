@@ -187,6 +187,7 @@ pub struct Metrics {
     running: Family<ModelLabels, Gauge>,
     slot_state: Family<SlotStateLabels, Gauge>,
     worker_rss: Family<SlotLabels, Gauge>,
+    worker_memory_growth: Family<SlotLabels, Gauge>,
     worker_restarts: Family<RestartLabels, Counter>,
     slot_starts: Family<StartLabels, Counter>,
     card_resets: Family<CardOutcomeLabels, Counter>,
@@ -236,6 +237,7 @@ impl Metrics {
             running: Family::default(),
             slot_state: Family::default(),
             worker_rss: Family::default(),
+            worker_memory_growth: Family::default(),
             worker_restarts: Family::default(),
             slot_starts: Family::default(),
             card_resets: Family::default(),
@@ -348,6 +350,11 @@ impl Metrics {
             "Resident memory of each slot's worker and everything it started",
             Unit::Bytes,
             m.worker_rss.clone(),
+        );
+        r.register(
+            "worker_memory_growth_bytes_per_hour",
+            "How fast each serving worker's memory grows, when it grows steadily over restart.rss_growth_window_secs (0 otherwise): a leak seen before a limit or the OOM killer ends it",
+            m.worker_memory_growth.clone(),
         );
         r.register(
             "worker_restarts",
@@ -543,6 +550,7 @@ impl Metrics {
     fn refresh(&self, now: &Snapshot) {
         self.slot_state.clear();
         self.worker_rss.clear();
+        self.worker_memory_growth.clear();
         self.running.clear();
         self.waiting.clear();
         self.card_temperature.clear();
@@ -567,6 +575,9 @@ impl Metrics {
             self.worker_rss
                 .get_or_create(&labels)
                 .set(i64::try_from(s.rss_bytes).unwrap_or(i64::MAX));
+            self.worker_memory_growth
+                .get_or_create(&labels)
+                .set(i64::try_from(s.memory_growth_per_hour).unwrap_or(i64::MAX));
             self.running
                 .get_or_create(&model_labels(&s.model))
                 .inc_by(i64::from(s.in_flight));
@@ -679,6 +690,8 @@ pub struct SlotGauges {
     pub state: &'static str,
     /// The worker's RSS in bytes.
     pub rss_bytes: u64,
+    /// Its worker's steady memory growth, bytes per hour (0: none).
+    pub memory_growth_per_hour: u64,
     /// Requests running on it.
     pub in_flight: u32,
     /// Its engine's KV memory, while it is Ready and its engine says.
@@ -751,6 +764,7 @@ mod tests {
             model: "m".into(),
             state: "ready",
             rss_bytes: 0,
+            memory_growth_per_hour: 0,
             in_flight: 0,
             kv,
         }

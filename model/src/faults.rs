@@ -17,6 +17,7 @@
 //! | `TTW_FAULT_CACHE_WRITE_ERROR=N` | the Nth cache file of a cold build fails half-written with ENOSPC (a full cache disk) |
 //! | `TTW_FAULT_HOLD_FILE=PATH`     | while PATH exists, the load does not go on and the engine takes no step: admitted requests stay in the batch, commands and a drain's deadline are still handled; removing the file releases it (tests hold a request by this, not by racing a clock) |
 //! | `TTW_FAULT_EARLY_EXIT=1`       | the decoder runs only its first three quarters of layers: a quarter less work per step and wrong answers, with its banner (`TTW_FAULT_EARLY_EXIT engaged`), the harmful arm of accuracy gates' tests |
+//! | `TTW_FAULT_LEAK_MIB_PER_SEC=N` | once loaded, hold N MiB more of resident memory every second, for good: a steady leak (the field: 10 GB over six days) |
 //! | `TTW_FAULT_WITHHOLD_PARAMETERS=a,b` | Info leaves these optional GenerateRequest parameters out of `supported_parameters` and Generate refuses them, as an engine without them would |
 
 use std::collections::HashMap;
@@ -58,6 +59,8 @@ pub struct Faults {
     pub hold_file: Option<PathBuf>,
     /// Run only the first three quarters of the layers.
     pub early_exit: bool,
+    /// MiB of resident memory taken and kept every second once loaded.
+    pub leak_mib_per_sec: Option<u64>,
 }
 
 /// Why the fault variables could not be read.
@@ -113,10 +116,36 @@ impl Faults {
                 })
                 .unwrap_or_default(),
             hold_file: text("TTW_FAULT_HOLD_FILE").map(PathBuf::from),
+            leak_mib_per_sec: num("TTW_FAULT_LEAK_MIB_PER_SEC")?,
             early_exit: env
                 .get(EARLY_EXIT)
                 .is_some_and(|v| tt_worker_contract::banner::is_truthy(v)),
         })
+    }
+
+    /// `TTW_FAULT_LEAK_MIB_PER_SEC`: a thread that takes the memory in
+    /// tenths of a second, writes every page (so it is resident) and never
+    /// gives it back.
+    pub fn start_leak(&self) {
+        let Some(mib) = self.leak_mib_per_sec.filter(|m| *m > 0) else {
+            return;
+        };
+        tracing::warn!(
+            "test fault TTW_FAULT_LEAK_MIB_PER_SEC: holding {mib} MiB more every second"
+        );
+        let piece = (mib * 1024 * 1024 / 10) as usize;
+        let spawned = std::thread::Builder::new()
+            .name("ttw-leak".into())
+            .spawn(move || {
+                let mut held: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    held.push(vec![1u8; piece]);
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!("test fault TTW_FAULT_LEAK_MIB_PER_SEC: no thread: {e}");
+        }
     }
 
     /// Whether the hold file is there (the test has not released us yet).

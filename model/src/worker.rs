@@ -321,6 +321,7 @@ async fn serve_async(args: ServeArgs, faults: Faults) -> anyhow::Result<()> {
     if faults.early_exit {
         flags.push(faults::EARLY_EXIT);
     }
+    faults.start_leak();
     let pool = BlockPool::new(loaded.info.kv.blocks, args.prefix_cache);
     let tokenizer = Arc::new(loaded.tokenizer);
     let engine = scheduler::spawn(

@@ -91,6 +91,7 @@ fn snapshot(state: &DaemonState) -> crate::metrics::Snapshot {
                 model: s.model.clone(),
                 state: s.state.word(),
                 rss_bytes: s.worker_rss_bytes,
+                memory_growth_per_hour: s.memory_growth_per_hour,
                 in_flight: s.in_flight,
                 // The last worker's figures stay in the view until the
                 // next one is Ready.

@@ -13,6 +13,7 @@ const SECTIONS: &[&str] = &[
     "reset",
     "inference",
     "limits",
+    "host",
     "metrics",
     "openai",
     "models",
@@ -49,6 +50,7 @@ pub(super) fn deserialize(text: &str) -> Result<Parsed, Vec<Problem>> {
             "reset" => section(key, value, &mut parsed.problems, &mut config.reset),
             "inference" => section(key, value, &mut parsed.problems, &mut config.inference),
             "limits" => section(key, value, &mut parsed.problems, &mut config.limits),
+            "host" => section(key, value, &mut parsed.problems, &mut config.host),
             "metrics" => section(key, value, &mut parsed.problems, &mut config.metrics),
             "openai" => section(key, value, &mut parsed.problems, &mut config.openai),
             "models" => match value.as_table() {

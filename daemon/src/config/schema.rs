@@ -31,6 +31,9 @@ pub struct Config {
     /// Request limits enforced by the daemon before a worker sees a request.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// What the host must keep for itself beside the engines.
+    #[serde(default)]
+    pub host: HostConfig,
     /// The models to serve, by name. Empty is valid: the daemon then manages
     /// and reports every discovered card and can reset them.
     #[serde(default)]
@@ -322,6 +325,27 @@ impl Default for HardwareConfig {
             sys_root: "/sys".into(),
             proc_root: "/proc".into(),
             tt_smi: "tt-smi".into(),
+        }
+    }
+}
+
+/// `[host]`: the host's own share of its memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostConfig {
+    /// RAM, in MiB, that must stay outside the 1 GiB hugepages (the
+    /// reservation the slots need, or the host's if larger): the engines'
+    /// own host memory (vLLM's processes, weights staged on their way to
+    /// the cards, the tokenizer) and the system's live there. The field ran
+    /// a 27B model on a 15 GB host with 10 GB in hugepages. `check-config`
+    /// and every start refuse less, naming the numbers; 0: not checked.
+    pub ram_floor_mib: u64,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            ram_floor_mib: 4096,
         }
     }
 }
@@ -881,6 +905,13 @@ pub struct RestartConfig {
     /// Worker resident memory limit in MiB; over it the worker is drained
     /// and restarted before the kernel's OOM killer acts. None: no limit.
     pub rss_limit_mib: Option<u64>,
+    /// The span over which a serving worker's memory is judged for a
+    /// steady growth, in seconds (the field's leak: 10 GB over six days);
+    /// 0: not judged.
+    pub rss_growth_window_secs: u64,
+    /// The growth over that window, in MiB, from which it is reported
+    /// (log, status, `tt_serving_worker_memory_growth_bytes_per_hour`).
+    pub rss_growth_report_mib: u64,
     /// Grace period between SIGTERM and SIGKILL when stopping, in seconds.
     pub stop_timeout_secs: u64,
 }
@@ -896,6 +927,8 @@ impl Default for RestartConfig {
             stall_timeout_secs: 120,
             min_prefill_tokens_per_sec: 100,
             rss_limit_mib: None,
+            rss_growth_window_secs: 86_400,
+            rss_growth_report_mib: 1024,
             stop_timeout_secs: 20,
         }
     }

@@ -76,6 +76,14 @@ pub(super) fn check(config: &Config) -> Vec<Problem> {
     check_reset(&config.reset, &mut problems);
     check_inference(&config.inference, &mut problems);
     check_limits(&config.limits, &mut problems);
+    range(
+        &mut problems,
+        "host.ram_floor_mib",
+        config.host.ram_floor_mib,
+        0,
+        16 * 1024 * 1024,
+        "MiB",
+    );
     if !config.metrics.listen.is_empty() && config.metrics.listen.parse::<SocketAddr>().is_err() {
         problems.push(problem(
             "metrics.listen",
@@ -672,6 +680,22 @@ fn check_model(
             "MiB",
         );
     }
+    range(
+        problems,
+        &key("restart.rss_growth_window_secs"),
+        s.rss_growth_window_secs,
+        0,
+        30 * 86_400,
+        "s",
+    );
+    range(
+        problems,
+        &key("restart.rss_growth_report_mib"),
+        s.rss_growth_report_mib,
+        1,
+        16 * 1024 * 1024,
+        "MiB",
+    );
     if let Some(max) = m.memory_max_mib {
         range(
             problems,

@@ -11,6 +11,7 @@ mod attempt;
 mod backoff;
 mod error;
 mod generate;
+mod memory_trend;
 pub mod recovery;
 mod start;
 pub mod stats;
@@ -152,6 +153,12 @@ pub struct SlotView {
     /// `memory.peak`, or the highest seen), or of the last worker once it
     /// exited; 0 before the first.
     pub worker_memory_peak_bytes: u64,
+    /// The current worker's memory growth while it serves, when it grows
+    /// steadily (`memory_trend.rs`): what grew, how fast, and when a limit
+    /// is reached at that rate; empty otherwise.
+    pub memory_growth: String,
+    /// That growth's rate, bytes per hour (0 when not growing steadily).
+    pub memory_growth_per_hour: u64,
     /// Requests being served.
     pub in_flight: u32,
     /// Last error, kept after recovery.
@@ -263,6 +270,8 @@ impl SlotEntry {
                 retry_at: None,
                 worker_pid: 0,
                 worker_rss_bytes: 0,
+                memory_growth: String::new(),
+                memory_growth_per_hour: 0,
                 worker_memory_peak_bytes: 0,
                 in_flight: 0,
                 last_error: String::new(),

@@ -310,11 +310,10 @@ async fn on_engine(
     let mut why: Vec<String> = short.into_iter().map(|(_, m)| m).collect();
     // The host's hugepages against what every configured slot needs (a
     // reservation lowered since check-config shows here).
+    // and the RAM that reservation leaves.
     if m.hugepages_per_card > 0 {
         let host = crate::host_memory::HostMemory::read(hw);
-        if let Some(short) = crate::host_memory::shortfall(&mgr.config(), &host) {
-            why.push(short);
-        }
+        why.extend(crate::host_memory::shortfalls(&mgr.config(), &host));
     }
     if !why.is_empty() {
         return Err(Outcome::start_failed(

@@ -128,6 +128,8 @@ pub async fn run(
                     v.last_error = reason.clone();
                     v.worker_pid = 0;
                     v.worker_rss_bytes = 0;
+                    v.memory_growth.clear();
+                    v.memory_growth_per_hour = 0;
                 });
                 let fingerprint = super::backoff::fingerprint(cause.label(), &reason);
                 let failure = Failure {
@@ -149,6 +151,8 @@ fn stopped(mgr: &Arc<SlotManager>, slot: &str) {
     mgr.update(slot, |v| {
         v.worker_pid = 0;
         v.worker_rss_bytes = 0;
+        v.memory_growth.clear();
+        v.memory_growth_per_hour = 0;
     });
     mgr.transition(slot, SlotState::Stopped, "stopped on request");
 }
@@ -234,6 +238,8 @@ async fn park(
     mgr.update(slot, |v| {
         v.worker_pid = 0;
         v.worker_rss_bytes = 0;
+        v.memory_growth.clear();
+        v.memory_growth_per_hour = 0;
     });
     mgr.transition(
         slot,

@@ -8,6 +8,7 @@
 use super::attempt::{
     device_hang, drain_and_stop, log_tail, stop_worker, Outcome, RestartCause, SlotPlan,
 };
+use super::memory_trend::{MemoryTrend, Reported};
 use super::{SlotCommand, SlotManager, SlotState};
 use crate::config::UNANSWERED_HEALTH_POLLS;
 use crate::worker::Worker;
@@ -33,6 +34,11 @@ struct Watch {
     /// The KV blocks (in use, cached) the worker last reported; the slot's
     /// view is updated only when they change.
     kv_blocks: (u32, u32),
+    /// The worker's memory over its serving life.
+    memory: Option<MemoryTrend>,
+    /// The steady growth reported for it, if one was: a restart for its
+    /// memory says so.
+    growth_reported: Option<String>,
 }
 
 /// Ready: watch for exit, hangs, memory growth and commands.
@@ -70,7 +76,7 @@ pub(super) async fn serve(
         if let Some(outcome) = check_cards(mgr, plan, worker, engine).await {
             return outcome;
         }
-        if let Some(outcome) = check_rss(mgr, plan, worker, engine).await {
+        if let Some(outcome) = check_rss(mgr, plan, worker, engine, &mut watch).await {
             return outcome;
         }
         if let Some(outcome) = check_health(mgr, plan, worker, engine, &mut watch).await {
@@ -107,6 +113,7 @@ async fn check_rss(
     plan: &SlotPlan,
     worker: &mut Worker,
     engine: &mut EngineClient<Channel>,
+    watch: &mut Watch,
 ) -> Option<Outcome> {
     let memory = worker.memory();
     let rss = memory.current;
@@ -114,14 +121,18 @@ async fn check_rss(
         v.worker_rss_bytes = rss;
         v.worker_memory_peak_bytes = memory.peak;
     });
+    watch_growth(mgr, plan, rss, watch);
     let limit = plan.m.restart.rss_limit_mib?;
     if rss <= limit * 1024 * 1024 {
         return None;
     }
-    let reason = format!(
+    let mut reason = format!(
         "the slot's memory (its worker and everything it started) {} MiB is over restart.rss_limit_mib ({limit} MiB); restarting it before the kernel's OOM killer does",
         rss / (1024 * 1024)
     );
+    if let Some(growth) = &watch.growth_reported {
+        reason.push_str(&format!(" (reported before: {growth})"));
+    }
     tracing::warn!(slot = %plan.slot, "{reason}");
     mgr.update(&plan.slot, |v| v.last_error = reason.clone());
     let exit = drain_and_stop(mgr, plan, worker, Some(engine), "RSS over the limit").await;
@@ -138,6 +149,62 @@ async fn check_rss(
             dirty: false,
         }
     })
+}
+
+/// Judge the worker's memory for a steady growth (a leak), and report one
+/// the first time it shows: a warning, the slot's `memory_growth`, the
+/// growth gauge; a growth that stopped clears them.
+fn watch_growth(mgr: &Arc<SlotManager>, plan: &SlotPlan, rss: u64, watch: &mut Watch) {
+    let restart = &plan.m.restart;
+    let trend = watch.memory.get_or_insert_with(|| {
+        MemoryTrend::new(
+            Duration::from_secs(restart.rss_growth_window_secs),
+            restart.rss_growth_report_mib * 1024 * 1024,
+        )
+    });
+    let growth = match trend.sample(Instant::now(), rss) {
+        Reported::Unchanged | Reported::None => return,
+        Reported::Stopped => {
+            tracing::info!(slot = %plan.slot, "the worker's memory stopped growing");
+            mgr.update(&plan.slot, |v| {
+                v.memory_growth.clear();
+                v.memory_growth_per_hour = 0;
+            });
+            return;
+        }
+        Reported::New(g) | Reported::Still(g) => g,
+    };
+    // What it would run into at this rate: the watchdog's limit, else the
+    // kernel's, else what the host has left.
+    let limit = restart
+        .rss_limit_mib
+        .map(|mib| ("restart.rss_limit_mib", mib * 1024 * 1024))
+        .or(plan
+            .m
+            .memory_max_mib
+            .map(|mib| ("memory_max_mib", mib * 1024 * 1024)))
+        .or_else(|| {
+            crate::host_memory::HostMemory::read(mgr.cards().hardware())
+                .mem_available_bytes
+                .map(|free| ("the host's available memory", rss.saturating_add(free)))
+        });
+    let text = growth.describe(limit);
+    if watch.growth_reported.is_none() {
+        let then = if restart.rss_limit_mib.is_some() {
+            "the watchdog restarts it at restart.rss_limit_mib"
+        } else {
+            "set restart.rss_limit_mib to restart it before the kernel's OOM killer ends it"
+        };
+        tracing::warn!(
+            slot = %plan.slot,
+            "the worker's memory {text}: a leak in the engine? {then}"
+        );
+    }
+    watch.growth_reported = Some(text.clone());
+    mgr.update(&plan.slot, |v| {
+        v.memory_growth = text;
+        v.memory_growth_per_hour = growth.bytes_per_hour.max(0.0) as u64;
+    });
 }
 
 /// Poll `Health` once: an unanswered worker after a few polls, or one with

@@ -252,6 +252,9 @@ fn slots_table(slots: &[Slot], cards: &[Card], now_unix_ms: u64) -> String {
             }
             table.note(note);
         }
+        if !slot.memory_growth.is_empty() {
+            table.note(format!("memory: {}", one_line(&slot.memory_growth)));
+        }
         if !slot.trial.is_empty() {
             table.note(format!(
                 "trial: {}; the configured definition comes back when the trial ends",
