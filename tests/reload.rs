@@ -423,6 +423,11 @@ fn a_failing_new_definition_is_reported_failed_or_rolled_back() {
     assert_eq!(out.status.code(), Some(1), "{}", output_text(&out));
     let text = output_text(&out);
     assert!(text.contains("did not come up"), "{text}");
+    // While it waited, the states the slot passed through were lines (the
+    // reload answers only once the slot is up or failed; the status stream
+    // may merge quick changes, so which ones is not fixed).
+    assert!(text.contains("\n  slot b: "), "{text}");
+    assert!(!text.contains("slot a:"), "A never moved: {text}");
     let failed = daemon.wait_slot_state("b", "failed");
     assert!(
         failed["reason"].as_str().unwrap_or("").contains("status 3"),

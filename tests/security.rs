@@ -130,6 +130,17 @@ fn admin_group_refusal_names_the_group_and_the_caller() {
         text.contains("ttctl slot restart needs root or membership in group `root` (daemon.control_admin_group); uid 65534 (nobody) is in neither"),
         "{text}"
     );
+    for (verb, command) in [("stop", "ttctl slot stop"), ("start", "ttctl slot start")] {
+        let out = daemon.ttctl_as(NOBODY, NOBODY, &["slot", verb, "x"]);
+        let text = output_text(&out);
+        assert_eq!(out.status.code(), Some(1), "{text}");
+        assert!(
+            text.contains(&format!(
+                "{command} needs root or membership in group `root`"
+            )),
+            "{text}"
+        );
+    }
 }
 
 #[test]

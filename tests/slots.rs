@@ -1109,3 +1109,87 @@ fn a_worker_whose_memory_grows_steadily_is_reported_before_the_limit_restarts_it
     );
     assert_eq!(quiet["last_error"].as_str().unwrap_or(""), "", "{quiet:#}");
 }
+
+/// `ttctl slot stop` drains and stops a slot until `ttctl slot start`; the
+/// daemon keeps its card locked meanwhile (a job taking the card the
+/// documented way, flock(1), finds it held). A second stop, a start of a
+/// serving slot and a stop by a non-admin are refused by name.
+#[test]
+fn slot_stop_holds_the_card_until_slot_start() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let daemon = start(&hw, model_table("m", 1, &[0], &model, ""));
+    let first = daemon.wait_slot_state("m", "ready");
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    // Another user gets nowhere (here the socket refuses them already;
+    // tests/security.rs has the admin rule for socket-group members).
+    let nobody = daemon.ttctl_as(65534, 65534, &["slot", "stop", "m"]);
+    assert!(!nobody.status.success(), "{}", text(&nobody));
+    assert_eq!(daemon.slot("m")["state"], "ready");
+
+    let stop = daemon.ttctl(&["slot", "stop", "m"]);
+    assert_eq!(stop.status.code(), Some(0), "{}", text(&stop));
+    assert!(
+        text(&stop).contains("slot m is stopped: stopped by an operator (ttctl slot stop); the daemon keeps its cards locked; `ttctl slot start m` starts it again"),
+        "{}",
+        text(&stop)
+    );
+    let stopped = daemon.slot("m");
+    assert_eq!(stopped["state"], "stopped", "{stopped:#}");
+    let old = first["worker_pid"].as_i64().unwrap_or(0) as i32;
+    assert!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), None).is_err(),
+        "the worker {old} is gone"
+    );
+    let lock = daemon.lock_dir.join(format!("{}.lock", FakeHw::bdf(0)));
+    let job = Command::new("flock")
+        .args(["--nonblock", "--conflict-exit-code", "9"])
+        .arg(&lock)
+        .arg("true")
+        .status()
+        .expect("flock(1)");
+    assert_eq!(
+        job.code(),
+        Some(9),
+        "the daemon still holds {}",
+        lock.display()
+    );
+    let err = runtime()
+        .block_on(generate(&daemon.inference_address(), "m", "hello", 4))
+        .expect_err("no worker serves m");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+
+    let again = daemon.ttctl(&["slot", "stop", "m"]);
+    assert_eq!(again.status.code(), Some(1), "{}", text(&again));
+    assert!(
+        text(&again).contains("slot m is already stopped"),
+        "{}",
+        text(&again)
+    );
+
+    let begin = daemon.ttctl(&["slot", "start", "m"]);
+    assert_eq!(begin.status.code(), Some(0), "{}", text(&begin));
+    assert!(
+        text(&begin).contains("start of slot m requested (it was stopped")
+            && text(&begin).contains("slot m is ready again with a new worker"),
+        "{}",
+        text(&begin)
+    );
+    runtime()
+        .block_on(generate(&daemon.inference_address(), "m", "hello", 4))
+        .expect("served again");
+    let twice = daemon.ttctl(&["slot", "start", "m"]);
+    assert_eq!(twice.status.code(), Some(1), "{}", text(&twice));
+    assert!(
+        text(&twice).contains("slot m is ready") && text(&twice).contains("`ttctl slot restart m`"),
+        "{}",
+        text(&twice)
+    );
+}

@@ -565,6 +565,30 @@ pub enum SlotCommand {
         #[arg(long)]
         no_wait: bool,
     },
+    /// Stop a slot until `ttctl slot start`: drain its requests, stop its
+    /// worker. The daemon keeps the slot's cards locked meanwhile (nothing
+    /// else takes them; `ttctl card borrow` lends them to a job, `ttctl
+    /// card reset` resets them). Returns once the slot is stopped.
+    #[command(after_help = EXIT_CODES)]
+    Stop {
+        /// The slot: the model's name, or `model/N` for a replica.
+        #[arg(value_name = "SLOT")]
+        slot: String,
+    },
+    /// Start a slot that was stopped (`ttctl slot stop`) or gave up after
+    /// repeated failures, and follow it until its worker is ready (exit 0)
+    /// or the start failed (exit 1). A slot already starting or serving is
+    /// refused: `ttctl slot restart` restarts it.
+    #[command(after_help = EXIT_CODES)]
+    Start {
+        /// The slot: the model's name, or `model/N` for a replica.
+        #[arg(value_name = "SLOT")]
+        slot: String,
+
+        /// Return once the daemon has queued the start.
+        #[arg(long)]
+        no_wait: bool,
+    },
 }
 
 /// Options of `ttctl generate`.
@@ -574,9 +598,16 @@ pub struct GenerateArgs {
     #[arg(value_name = "MODEL")]
     pub model: String,
 
-    /// The prompt: raw text continued as is, or with --chat one user message.
-    #[arg(value_name = "PROMPT")]
-    pub prompt: String,
+    /// The prompt: raw text continued as is, or with --chat one user
+    /// message. `-` reads it from standard input (a prompt too long for a
+    /// command line: `ttctl generate m - < prompt.txt`).
+    #[arg(value_name = "PROMPT", required_unless_present = "prompt_file")]
+    pub prompt: Option<String>,
+
+    /// Read the prompt from this file (UTF-8) instead; `-` is standard
+    /// input.
+    #[arg(long, value_name = "PATH", conflicts_with = "prompt")]
+    pub prompt_file: Option<std::path::PathBuf>,
 
     /// The most tokens to generate (0: the server's default).
     #[arg(long, value_name = "N", default_value_t = 64)]

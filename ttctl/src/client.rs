@@ -222,6 +222,15 @@ impl Daemon {
         })
     }
 
+    /// A second handle on the same connection, for a call that runs beside
+    /// another (the status stream beside a reload).
+    pub(super) fn another(&self) -> Daemon {
+        Daemon {
+            client: self.client.clone(),
+            socket: self.socket.clone(),
+        }
+    }
+
     /// `Status`: one snapshot.
     pub(super) async fn status(&mut self) -> Result<StatusResponse, Failure> {
         let call = self.client.status(StatusRequest {});
@@ -266,6 +275,22 @@ impl Daemon {
     /// `RestartSlot`: the slot as the queued request found it.
     pub(super) async fn restart_slot(&mut self, slot: &str) -> Result<SlotReply, Failure> {
         let call = self.client.restart_slot(SlotRequest {
+            slot: slot.to_string(),
+        });
+        answer_within(RESTART_TIMEOUT, call, &self.socket).await
+    }
+
+    /// `StopSlot`: the slot as the request found it.
+    pub(super) async fn stop_slot(&mut self, slot: &str) -> Result<SlotReply, Failure> {
+        let call = self.client.stop_slot(SlotRequest {
+            slot: slot.to_string(),
+        });
+        answer_within(RESTART_TIMEOUT, call, &self.socket).await
+    }
+
+    /// `StartSlot`: the slot as the request found it.
+    pub(super) async fn start_slot(&mut self, slot: &str) -> Result<SlotReply, Failure> {
+        let call = self.client.start_slot(SlotRequest {
             slot: slot.to_string(),
         });
         answer_within(RESTART_TIMEOUT, call, &self.socket).await

@@ -15,16 +15,16 @@ use super::{emit, note, Failure, GenerateArgs};
 
 /// The request `args` describe. Sampling settings are sent only when one is
 /// given; none means greedy decoding, the daemon's default.
-pub(super) fn request(args: &GenerateArgs) -> GenerateRequest {
+pub(super) fn request(args: &GenerateArgs, prompt: String) -> GenerateRequest {
     let input = if args.chat {
         Input::Chat(ChatMessages {
             messages: vec![ChatMessage {
                 role: "user".to_string(),
-                content: args.prompt.clone(),
+                content: prompt,
             }],
         })
     } else {
-        Input::Prompt(args.prompt.clone())
+        Input::Prompt(prompt)
     };
     let sampled = args.temperature.is_some()
         || args.top_p.is_some()
@@ -51,6 +51,51 @@ pub(super) fn request(args: &GenerateArgs) -> GenerateRequest {
     }
 }
 
+/// The prompt as given: on the command line, or read from `--prompt-file`
+/// or from `stdin` (`-` as either). Bytes that are not UTF-8 are refused
+/// naming where they came from, rather than sent altered.
+pub(super) fn prompt_text(
+    args: &GenerateArgs,
+    stdin: &mut dyn std::io::Read,
+) -> Result<String, Failure> {
+    let from_stdin = |stdin: &mut dyn std::io::Read| -> Result<String, Failure> {
+        let mut bytes = Vec::new();
+        stdin.read_to_end(&mut bytes).map_err(|e| {
+            Failure::Failed(format!("cannot read the prompt from standard input: {e}"))
+        })?;
+        String::from_utf8(bytes).map_err(|e| {
+            Failure::Failed(format!(
+                "the prompt on standard input is not UTF-8 (byte {}); convert it first (iconv)",
+                e.utf8_error().valid_up_to()
+            ))
+        })
+    };
+    match (&args.prompt, &args.prompt_file) {
+        (Some(p), None) if p == "-" => from_stdin(stdin),
+        (Some(p), None) => Ok(p.clone()),
+        (None, Some(path)) if path.as_os_str() == "-" => from_stdin(stdin),
+        (None, Some(path)) => {
+            let bytes = std::fs::read(path).map_err(|e| {
+                Failure::Failed(format!(
+                    "cannot read the prompt file {}: {e}",
+                    path.display()
+                ))
+            })?;
+            String::from_utf8(bytes).map_err(|e| {
+                Failure::Failed(format!(
+                    "the prompt file {} is not UTF-8 (byte {}); convert it first (iconv)",
+                    path.display(),
+                    e.utf8_error().valid_up_to()
+                ))
+            })
+        }
+        // clap requires exactly one of them.
+        _ => Err(Failure::Failed(
+            "give the prompt as PROMPT, `-` (standard input) or --prompt-file PATH".into(),
+        )),
+    }
+}
+
 /// Stream the text to `out` as it arrives (flushed per delta, so a person
 /// watches it being written), end it with a newline, then put the summary
 /// from the final chunk on `err`. The parameters are checked by the daemon,
@@ -62,7 +107,8 @@ pub(super) async fn run(
     out: &mut (dyn Write + Send),
     err: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let mut stream = daemon.generate(request(args)).await?;
+    let prompt = prompt_text(args, &mut std::io::stdin().lock())?;
+    let mut stream = daemon.generate(request(args, prompt)).await?;
     // Whether what was printed so far ends a line; nothing printed does not,
     // so even an empty answer prints the final newline.
     let mut at_line_start = false;

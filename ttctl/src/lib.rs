@@ -112,8 +112,12 @@ async fn execute(
             card::borrow(daemon, &cards, &command, err).await
         }
         Command::Slot(SlotCommand::Restart { slot, no_wait }) => {
-            slot::restart(daemon, &slot, no_wait, out).await
+            slot::restart(daemon, &slot, slot::Start::Restart, no_wait, out).await
         }
+        Command::Slot(SlotCommand::Start { slot, no_wait }) => {
+            slot::restart(daemon, &slot, slot::Start::Start, no_wait, out).await
+        }
+        Command::Slot(SlotCommand::Stop { slot }) => slot::stop(daemon, &slot, out).await,
         Command::Generate(args) => generate::run(daemon, &args, out, err).await,
         Command::Logs(args) => logs::run(daemon, &args, out, tokio::signal::ctrl_c()).await,
         Command::Cache(CacheCommand::Ls { json }) => cache::ls(daemon, json, out).await,

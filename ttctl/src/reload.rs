@@ -18,12 +18,53 @@ pub(super) async fn run(
     args: ReloadArgs,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let report = daemon
-        .reload(ReloadRequest {
-            dry_run: args.dry_run,
-            no_wait: args.no_wait,
-        })
-        .await?;
+    let request = ReloadRequest {
+        dry_run: args.dry_run,
+        no_wait: args.no_wait,
+    };
+    // A reload that restarts slots answers only when they are up (a cold
+    // build: minutes): meanwhile each slot's state change is a line, from
+    // the status stream beside the call. Not with --json (one document)
+    // nor for a dry run (nothing moves).
+    let report = if args.json || args.dry_run {
+        daemon.reload(request).await?
+    } else {
+        let mut watcher = daemon.another();
+        // The slots as they stand before the reload, so that every change
+        // the reload makes is one.
+        let mut seen = std::collections::BTreeMap::new();
+        let mut updates = match watcher.watch_status().await {
+            Ok(mut updates) => match updates.next().await {
+                Ok(Some(status)) => {
+                    progress_lines(&mut seen, &status.slots, true);
+                    Some(updates)
+                }
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        let reload = daemon.reload(request);
+        tokio::pin!(reload);
+        loop {
+            let Some(stream) = updates.as_mut() else {
+                break reload.await?;
+            };
+            tokio::select! {
+                // Changes that arrived before the report are printed first.
+                biased;
+                update = stream.next() => match update {
+                    Ok(Some(status)) => {
+                        for line in progress_lines(&mut seen, &status.slots, false) {
+                            emit(out, &format!("  {line}\n"))?;
+                        }
+                    }
+                    // The report still comes; only the lines stop.
+                    Ok(None) | Err(_) => updates = None,
+                },
+                report = &mut reload => break report?,
+            }
+        }
+    };
     let text = if args.json {
         json_text(&report, true, "the report")?
     } else {
@@ -45,4 +86,32 @@ pub(super) async fn run(
             failed.join(", ")
         )))
     }
+}
+
+/// Lines for the slots whose state or reason changed since `seen` (the
+/// first snapshot only records them), and slots that appeared.
+fn progress_lines(
+    seen: &mut std::collections::BTreeMap<String, (i32, String)>,
+    slots: &[tt_serving_proto::v1::Slot],
+    first: bool,
+) -> Vec<String> {
+    use tt_serving_proto::Word;
+    let mut lines = Vec::new();
+    for slot in slots {
+        let now = (slot.state, slot.reason.clone());
+        if seen.get(&slot.name) == Some(&now) {
+            continue;
+        }
+        if !first {
+            let state = tt_serving_proto::v1::SlotState::word(slot.state);
+            let reason = super::render::one_line(&slot.reason);
+            lines.push(if reason.is_empty() {
+                format!("slot {}: {state}", slot.name)
+            } else {
+                format!("slot {}: {state}: {reason}", slot.name)
+            });
+        }
+        seen.insert(slot.name.clone(), now);
+    }
+    lines
 }

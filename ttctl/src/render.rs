@@ -29,7 +29,7 @@ pub use json::cache_json;
 pub(super) use json::json_text;
 pub use logs::log_line;
 pub use reload::{last_reload_line, reload_failed_slots, reload_report_text};
-pub use slot::{restart_step, slot_restart_requested_line, RestartFollow, RestartStep};
+pub use slot::{restart_step, slot_restart_requested_line, stop_step, RestartFollow, RestartStep};
 pub use status::status_table;
 pub use top::top_frame;
 
@@ -75,7 +75,7 @@ fn or_dash(s: &str) -> &str {
 
 /// Daemon-supplied text (errors, tt-smi output) may span lines; a table row
 /// must not, or the columns fall apart.
-fn one_line(s: &str) -> String {
+pub(crate) fn one_line(s: &str) -> String {
     s.split(|c: char| c.is_control())
         .map(str::trim)
         .filter(|part| !part.is_empty())

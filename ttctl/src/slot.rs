@@ -3,8 +3,11 @@
 use std::io::Write;
 
 use super::client::Daemon;
-use super::render::{restart_step, slot_restart_requested_line, RestartFollow, RestartStep};
+use super::render::{
+    restart_step, slot_restart_requested_line, stop_step, RestartFollow, RestartStep,
+};
 use super::{emit, Failure};
+use tt_serving_proto::Word;
 
 /// `ttctl slot restart <SLOT>`: ask the daemon to restart the slot, then
 /// (unless `no_wait`) follow it over WatchStatus, printing each state it
@@ -14,17 +17,26 @@ use super::{emit, Failure};
 /// unknown slot is refused by the daemon (NOT_FOUND, naming the slots
 /// there are): exit 1. There is no time limit: a cold start can take many
 /// minutes, and every state change is printed meanwhile.
+///
+/// `ttctl slot start` follows the same way, from a stopped or failed slot.
 pub(super) async fn restart(
     daemon: &mut Daemon,
     slot: &str,
+    how: Start,
     no_wait: bool,
     out: &mut (dyn Write + Send),
 ) -> Result<(), Failure> {
-    let reply = daemon.restart_slot(slot).await?;
+    let reply = match how {
+        Start::Restart => daemon.restart_slot(slot).await?,
+        Start::Start => daemon.start_slot(slot).await?,
+    };
     let Some(before) = reply.slot else {
         return emit(
             out,
-            &format!("restart of slot {slot} requested; follow it with `ttctl status --watch`\n"),
+            &format!(
+                "{} of slot {slot} requested; follow it with `ttctl status --watch`\n",
+                how.word()
+            ),
         );
     };
     // A slot with a worker has started at least once; a zero count comes
@@ -36,10 +48,12 @@ pub(super) async fn restart(
     } else {
         RestartFollow::Following
     };
-    emit(
-        out,
-        &format!("{}\n", slot_restart_requested_line(&before, follow)),
-    )?;
+    let line = slot_restart_requested_line(&before, follow);
+    let line = match how {
+        Start::Restart => line,
+        Start::Start => line.replacen("restart of slot", "start of slot", 1),
+    };
+    emit(out, &format!("{line}\n"))?;
     if follow != RestartFollow::Following {
         return Ok(());
     }
@@ -66,6 +80,73 @@ pub(super) async fn restart(
     }
     Err(updates.ended(&format!(
         "the status stream before the restart of slot {} finished",
+        before.name
+    )))
+}
+
+/// Which of the two starts `restart` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Start {
+    /// `slot restart`: drain, stop, start again.
+    Restart,
+    /// `slot start`: start a stopped or failed slot.
+    Start,
+}
+
+impl Start {
+    fn word(self) -> &'static str {
+        match self {
+            Start::Restart => "restart",
+            Start::Start => "start",
+        }
+    }
+}
+
+/// `ttctl slot stop <SLOT>`: ask the daemon to drain and stop the slot,
+/// then follow it until it is stopped (exit 0), printing each state on the
+/// way (a drain can take `drain_timeout_secs`).
+pub(super) async fn stop(
+    daemon: &mut Daemon,
+    slot: &str,
+    out: &mut (dyn Write + Send),
+) -> Result<(), Failure> {
+    let reply = daemon.stop_slot(slot).await?;
+    let Some(before) = reply.slot else {
+        return emit(
+            out,
+            &format!("stop of slot {slot} requested; follow it with `ttctl status --watch`\n"),
+        );
+    };
+    emit(
+        out,
+        &format!(
+            "stop of slot {} requested (it was {}); draining its requests, then stopping its worker\n",
+            before.name,
+            tt_serving_proto::v1::SlotState::word(before.state)
+        ),
+    )?;
+    let mut updates = daemon.watch_status().await?;
+    let mut printed = String::new();
+    while let Some(status) = updates.next().await? {
+        let Some(now) = status.slots.iter().find(|s| s.name == before.name) else {
+            return Err(Failure::Failed(format!(
+                "slot {} is no longer configured (a reload removed it); see `ttctl status`",
+                before.name
+            )));
+        };
+        match stop_step(&before, now) {
+            RestartStep::Unchanged => {}
+            RestartStep::Progress(line) if line == printed => {}
+            RestartStep::Progress(line) => {
+                emit(out, &format!("{line}\n"))?;
+                printed = line;
+            }
+            RestartStep::Done(line) => return emit(out, &format!("{line}\n")),
+            RestartStep::Failed(message) => return Err(Failure::Failed(message)),
+        }
+    }
+    Err(updates.ended(&format!(
+        "the status stream before slot {} stopped",
         before.name
     )))
 }

@@ -112,6 +112,10 @@ pub enum Operation {
     VerifyCache,
     /// `ttctl slot restart`.
     RestartSlot,
+    /// `ttctl slot stop`.
+    StopSlot,
+    /// `ttctl slot start`.
+    StartSlot,
     /// `ttctl reload`.
     Reload,
     /// `ttctl ab`: trial definitions of a model.
@@ -147,6 +151,8 @@ impl Operation {
             Operation::BuildCache => "ttctl cache build",
             Operation::VerifyCache => "ttctl cache verify",
             Operation::RestartSlot => "ttctl slot restart",
+            Operation::StopSlot => "ttctl slot stop",
+            Operation::StartSlot => "ttctl slot start",
             Operation::Reload => "ttctl reload",
             Operation::Trial => "ttctl ab",
         }
@@ -252,7 +258,9 @@ mod tests {
         }
     }
 
-    const DESTRUCTIVE: [Operation; 8] = [
+    const DESTRUCTIVE: [Operation; 10] = [
+        Operation::StopSlot,
+        Operation::StartSlot,
         Operation::Trial,
         Operation::VerifyCache,
         Operation::ResetCard,

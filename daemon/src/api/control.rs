@@ -390,6 +390,63 @@ impl Control for ControlService {
         }))
     }
 
+    async fn stop_slot(
+        &self,
+        request: Request<pb::SlotRequest>,
+    ) -> Result<Response<pb::SlotReply>, Status> {
+        self.rule.authorize(&request, Operation::StopSlot)?;
+        let slot = request.into_inner().slot;
+        let slots = self.state.slot_manager();
+        if let Some(view) = slots
+            .view(&slot)
+            .filter(|v| v.state == crate::slots::SlotState::Stopped)
+        {
+            return Err(Status::failed_precondition(format!(
+                "slot {} is already stopped: {}",
+                view.name, view.reason
+            )));
+        }
+        let view = slots.request_hold(&slot).map_err(slot_status)?;
+        tracing::info!(slot = %slot, "stop requested over the control socket");
+        Ok(Response::new(pb::SlotReply {
+            slot: Some(convert::slot(&view)),
+        }))
+    }
+
+    async fn start_slot(
+        &self,
+        request: Request<pb::SlotRequest>,
+    ) -> Result<Response<pb::SlotReply>, Status> {
+        self.rule.authorize(&request, Operation::StartSlot)?;
+        let slot = request.into_inner().slot;
+        let slots = self.state.slot_manager();
+        // Starting what already starts or serves would restart it: that
+        // is `slot restart`, asked for by name.
+        if let Some(view) = slots.view(&slot) {
+            use crate::slots::SlotState;
+            if view.reason == crate::slots::Park::Lent.reason(&view.name) {
+                return Err(Status::failed_precondition(format!(
+                    "slot {} is stopped because its cards are lent out (ttctl card borrow); it starts again when the loan ends",
+                    view.name
+                )));
+            }
+            if !matches!(view.state, SlotState::Stopped | SlotState::Failed) {
+                return Err(Status::failed_precondition(format!(
+                    "slot {} is {} ({}), not stopped; `ttctl slot restart {}` restarts it",
+                    view.name,
+                    view.state.word(),
+                    view.reason,
+                    view.name
+                )));
+            }
+        }
+        let view = slots.request_restart(&slot).map_err(slot_status)?;
+        tracing::info!(slot = %slot, "start requested over the control socket");
+        Ok(Response::new(pb::SlotReply {
+            slot: Some(convert::slot(&view)),
+        }))
+    }
+
     type LogsStream = BoxStream<pb::LogLine>;
 
     async fn logs(

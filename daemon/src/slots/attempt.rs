@@ -69,8 +69,9 @@ pub(super) enum Outcome {
     /// A requested cache build finished: the variant is complete and the
     /// build worker stopped cleanly; the slot starts again (warm).
     Built { reason: String },
-    /// Stopped because the cards are lent out.
-    Lent,
+    /// Stopped and parked until Restart: the cards are lent out, or an
+    /// operator stopped the slot.
+    Parked(super::Park),
 }
 
 impl Outcome {
@@ -226,6 +227,7 @@ pub(super) async fn stop_worker(
     let why = match cmd {
         Some(SlotCommand::Restart) => "restart requested".to_string(),
         Some(SlotCommand::Lend) => "draining: the cards are being lent out".to_string(),
+        Some(SlotCommand::Hold) => "draining: stopped by an operator (ttctl slot stop)".to_string(),
         Some(SlotCommand::Stop) | None => mgr
             .stop_reason(&plan.slot)
             .unwrap_or_else(|| "stop requested".into()),
@@ -252,11 +254,15 @@ pub(super) async fn stop_worker(
             reason: why,
             dirty: false,
         },
-        Some(SlotCommand::Lend) => {
+        Some(cmd @ (SlotCommand::Lend | SlotCommand::Hold)) => {
             if unclean {
                 mgr.cards().mark_dirty(&plan.cards);
             }
-            Outcome::Lent
+            Outcome::Parked(if cmd == SlotCommand::Lend {
+                super::Park::Lent
+            } else {
+                super::Park::Held
+            })
         }
         Some(SlotCommand::Stop) | None => {
             if unclean {

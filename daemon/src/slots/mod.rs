@@ -226,7 +226,7 @@ pub struct KvMemory {
 }
 
 /// Operator and daemon requests to a slot's supervisor.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotCommand {
     /// Drain and stop; the supervisor ends.
     Stop,
@@ -235,6 +235,31 @@ pub enum SlotCommand {
     /// Drain and stop because the cards are being lent out; wait for
     /// Restart.
     Lend,
+    /// Drain and stop on an operator's request (`ttctl slot stop`); the
+    /// daemon keeps the cards locked; wait for Restart (`ttctl slot
+    /// start`).
+    Hold,
+}
+
+/// Why a slot is parked: Stopped with its supervisor waiting for Restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Park {
+    /// Its cards are lent out (`ttctl card borrow`).
+    Lent,
+    /// An operator stopped it (`ttctl slot stop`).
+    Held,
+}
+
+impl Park {
+    /// The parked slot's reason.
+    pub fn reason(self, slot: &str) -> String {
+        match self {
+            Park::Lent => "stopped: its cards are lent out (ttctl card borrow)".into(),
+            Park::Held => format!(
+                "stopped by an operator (ttctl slot stop); the daemon keeps its cards locked; `ttctl slot start {slot}` starts it again"
+            ),
+        }
+    }
 }
 
 struct SlotEntry {
@@ -674,6 +699,16 @@ impl SlotManager {
     pub fn request_restart(&self, slot: &str) -> Result<SlotView, SlotError> {
         let table = self.table();
         let entry = Self::send(&table, slot, SlotCommand::Restart)?;
+        let mut view = entry.view.clone();
+        view.in_flight = entry.in_flight.load(Ordering::Relaxed);
+        Ok(view)
+    }
+
+    /// Ask a slot to drain and stop until `request_restart` (`ttctl slot
+    /// stop`); the slot as the request found it.
+    pub fn request_hold(&self, slot: &str) -> Result<SlotView, SlotError> {
+        let table = self.table();
+        let entry = Self::send(&table, slot, SlotCommand::Hold)?;
         let mut view = entry.view.clone();
         view.in_flight = entry.in_flight.load(Ordering::Relaxed);
         Ok(view)

@@ -16,7 +16,7 @@
 
 use super::attempt::{Outcome, SlotPlan};
 use super::backoff::{Backoff, Failure, Verdict};
-use super::{SlotCommand, SlotManager, SlotState};
+use super::{Park, SlotCommand, SlotManager, SlotState};
 use crate::cards::CardState;
 use crate::worker;
 use std::sync::Arc;
@@ -113,9 +113,9 @@ pub async fn run(
                 backoff.clear();
                 Next::Start
             }
-            Outcome::Lent => {
+            Outcome::Parked(why) => {
                 backoff.clear();
-                park(&mgr, &slot, &mut commands).await
+                park(&mgr, &slot, why, &mut commands).await
             }
             Outcome::Failed {
                 reason,
@@ -222,17 +222,22 @@ async fn on_command(
         }
         Some(SlotCommand::Lend) => {
             backoff.clear();
-            park(mgr, slot, commands).await
+            park(mgr, slot, Park::Lent, commands).await
+        }
+        Some(SlotCommand::Hold) => {
+            backoff.clear();
+            park(mgr, slot, Park::Held, commands).await
         }
         Some(SlotCommand::Stop) | None => Next::Stop,
     }
 }
 
-/// Park a slot whose cards are lent: Stopped until Restart (start again)
-/// or Stop.
+/// Park a slot whose cards are lent or that an operator stopped: Stopped
+/// until Restart (start again) or Stop.
 async fn park(
     mgr: &Arc<SlotManager>,
     slot: &str,
+    why: Park,
     commands: &mut UnboundedReceiver<SlotCommand>,
 ) -> Next {
     mgr.update(slot, |v| {
@@ -241,15 +246,12 @@ async fn park(
         v.memory_growth.clear();
         v.memory_growth_per_hour = 0;
     });
-    mgr.transition(
-        slot,
-        SlotState::Stopped,
-        "stopped: its cards are lent out (ttctl card borrow)",
-    );
+    mgr.transition(slot, SlotState::Stopped, why.reason(slot));
+    tracing::info!(slot = %slot, "{}", why.reason(slot));
     loop {
         match commands.recv().await {
             Some(SlotCommand::Restart) => return Next::Start,
-            Some(SlotCommand::Lend) => {}
+            Some(SlotCommand::Lend | SlotCommand::Hold) => {}
             Some(SlotCommand::Stop) | None => return Next::Stop,
         }
     }
@@ -355,8 +357,9 @@ async fn wait_for_cards(
             changed = changes.changed() => if changed.is_err() { return false },
             cmd = commands.recv() => match cmd {
                 Some(SlotCommand::Restart) => {}
-                Some(SlotCommand::Lend) => {
-                    if let Next::Stop = park(mgr, &plan.slot, commands).await {
+                Some(cmd @ (SlotCommand::Lend | SlotCommand::Hold)) => {
+                    let why = if cmd == SlotCommand::Lend { Park::Lent } else { Park::Held };
+                    if let Next::Stop = park(mgr, &plan.slot, why, commands).await {
                         return false;
                     }
                 }

@@ -95,3 +95,24 @@ pub fn restart_step(before: &Slot, now: &Slot) -> RestartStep {
         )),
     }
 }
+
+/// Where a stop stands: done once the slot is Stopped with the reason the
+/// stop gave it (a slot stopped before the request was already there).
+pub fn stop_step(before: &Slot, now: &Slot) -> RestartStep {
+    let reason = one_line(&now.reason);
+    let name = &now.name;
+    let moved = now.state != before.state || now.since_unix_ms != before.since_unix_ms;
+    match SlotState::try_from(now.state) {
+        Ok(SlotState::Stopped) if moved || reason.contains("ttctl slot stop") => {
+            RestartStep::Done(format!("slot {name} is stopped: {reason}"))
+        }
+        _ if !moved => RestartStep::Unchanged,
+        _ if reason.is_empty() => {
+            RestartStep::Progress(format!("slot {name}: {}", SlotState::word(now.state)))
+        }
+        _ => RestartStep::Progress(format!(
+            "slot {name}: {}: {reason}",
+            SlotState::word(now.state)
+        )),
+    }
+}

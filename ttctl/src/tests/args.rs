@@ -51,13 +51,16 @@ fn new_commands_parse_with_their_defaults() {
         panic!("{cli:?}");
     };
     assert_eq!(
-        (args.model.as_str(), args.prompt.as_str()),
-        ("qwen", "Hello")
+        (args.model.as_str(), args.prompt.as_deref()),
+        ("qwen", Some("Hello"))
     );
     assert_eq!(args.max_tokens, 64);
     assert!(!args.chat && args.stop.is_empty() && args.seed.is_none());
-    assert_eq!(crate::generate::request(&args).sampling, None);
-    let plain = crate::generate::request(&args);
+    assert_eq!(
+        crate::generate::request(&args, "Hello".into()).sampling,
+        None
+    );
+    let plain = crate::generate::request(&args, "Hello".into());
     assert!(tt_serving_proto::parameters::requested(&plain).is_empty());
 
     let cli = Cli::try_parse_from([
@@ -83,7 +86,7 @@ fn new_commands_parse_with_their_defaults() {
     let Command::Generate(args) = cli.command else {
         panic!("{cli:?}");
     };
-    let asked = crate::generate::request(&args);
+    let asked = crate::generate::request(&args, "Hello".into());
     assert_eq!(asked.presence_penalty, -0.5);
     assert_eq!(asked.stop_token_ids, [2, 7]);
     assert_eq!(
@@ -155,4 +158,62 @@ fn usage_errors_exit_2_and_help_documents_exit_codes() {
     assert!(help.contains("Exit codes:"), "{help}");
     assert!(help.contains("3  tt-servingd cannot be reached"), "{help}");
     assert!(help.contains("TTCTL_SOCKET"), "{help}");
+}
+
+#[test]
+fn the_generate_prompt_comes_from_the_line_a_file_or_stdin() {
+    let parse = |argv: &[&str]| -> crate::GenerateArgs {
+        match Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(Command::Generate(args)) => args,
+            other => panic!("{other:?}"),
+        }
+    };
+    let text = |args: &crate::GenerateArgs, stdin: &[u8]| {
+        crate::generate::prompt_text(args, &mut std::io::Cursor::new(stdin.to_vec()))
+    };
+    let long = "word ".repeat(200_000);
+    let args = parse(&["ttctl", "generate", "m", "-"]);
+    assert_eq!(
+        text(&args, long.as_bytes()).ok().as_deref(),
+        Some(long.as_str())
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompt.txt");
+    std::fs::write(&file, "from a file").unwrap();
+    let args = parse(&[
+        "ttctl",
+        "generate",
+        "m",
+        "--prompt-file",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(text(&args, b"").ok().as_deref(), Some("from a file"));
+    let args = parse(&["ttctl", "generate", "m", "--prompt-file", "-"]);
+    assert_eq!(text(&args, b"piped").ok().as_deref(), Some("piped"));
+    std::fs::write(&file, [0x66, 0xff, 0x66]).unwrap();
+    let args = parse(&[
+        "ttctl",
+        "generate",
+        "m",
+        "--prompt-file",
+        file.to_str().unwrap(),
+    ]);
+    let Err(crate::Failure::Failed(why)) = text(&args, b"") else {
+        panic!("not UTF-8 is refused");
+    };
+    assert!(why.contains("is not UTF-8 (byte 1)"), "{why}");
+    let missing = dir.path().join("missing");
+    let args = parse(&[
+        "ttctl",
+        "generate",
+        "m",
+        "--prompt-file",
+        missing.to_str().unwrap(),
+    ]);
+    assert!(
+        matches!(text(&args, b""), Err(crate::Failure::Failed(w)) if w.contains("cannot read the prompt file"))
+    );
+    // Exactly one of them.
+    assert!(Cli::try_parse_from(["ttctl", "generate", "m"]).is_err());
+    assert!(Cli::try_parse_from(["ttctl", "generate", "m", "x", "--prompt-file", "f"]).is_err());
 }

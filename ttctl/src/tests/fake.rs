@@ -307,6 +307,16 @@ impl Control for FakeDaemon {
         }
     }
 
+    // Slot stop and start are tested against the real daemon
+    // (tests/slots.rs).
+    async fn stop_slot(&self, _: Request<SlotRequest>) -> Result<Response<SlotReply>, Status> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+
+    async fn start_slot(&self, _: Request<SlotRequest>) -> Result<Response<SlotReply>, Status> {
+        Err(Status::unimplemented("not in the fake"))
+    }
+
     type LogsStream = Boxed<LogLine>;
 
     async fn logs(
