@@ -435,3 +435,319 @@ fn a_monitoring_process_with_the_card_open_is_shown_but_does_not_block_the_slot(
         "{table}"
     );
 }
+
+// The OpenAI door against a local user who opens many connections, sends
+// nothing or a byte at a time, and reads /health for what it gives away.
+
+/// A daemon with the OpenAI door on a free port, its `[openai]` settings
+/// `openai` (lines of the table) and the models `models`.
+fn openai_door(hw: &FakeHw, openai: &str, models: String) -> Daemon {
+    Daemon::start(
+        hw,
+        DaemonOptions {
+            extra: format!("[openai]\nlisten = \"127.0.0.1:0\"\n{openai}\n{models}"),
+            ..Default::default()
+        },
+    )
+}
+
+/// `host:port` of the OpenAI door, from `ttctl status`.
+fn door_address(daemon: &Daemon) -> String {
+    let address = daemon.status()["daemon"]["openai_address"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!address.is_empty(), "no openai_address in status");
+    address
+}
+
+/// One HTTP/1.1 request on `stream` (kept alive); the answer's head and
+/// body (read by its Content-Length).
+fn exchange(stream: &mut std::net::TcpStream, method: &str, path: &str) -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: door\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    format!("{head}\r\n{}", String::from_utf8_lossy(&body))
+}
+
+/// Whether the server closed `stream` (end of file or a reset) before
+/// `deadline`; whatever it sent first is skipped.
+fn closed_before(stream: &mut std::net::TcpStream, deadline: std::time::Instant) -> bool {
+    use std::io::Read;
+    let mut buf = [0u8; 1024];
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        stream.set_read_timeout(Some(left)).unwrap();
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false
+            }
+            Err(e) => panic!("reading a held connection: {e}"),
+        }
+    }
+}
+
+#[test]
+fn idle_and_trickling_connections_to_the_openai_door_are_closed_while_others_are_served() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    // Small timeouts, and room for every connection: the timeouts alone
+    // must free the door.
+    let daemon = openai_door(
+        &hw,
+        "header_read_timeout_secs = 2\nidle_timeout_secs = 2\nmax_connections_per_peer = 1000\n",
+        model_table("m", 1, &[0], &model, ""),
+    );
+    daemon.wait_slot_state("m", "ready");
+    let address = door_address(&daemon);
+    let timeout = Duration::from_secs(2);
+
+    let opened = Instant::now();
+    // 180 connections that send nothing, 20 that send a header byte a
+    // second and never finish.
+    let mut held: Vec<TcpStream> = (0..200)
+        .map(|_| TcpStream::connect(&address).expect("connect"))
+        .collect();
+    let tricklers: Vec<TcpStream> = held[180..].iter().map(|s| s.try_clone().unwrap()).collect();
+    let trickling = std::thread::spawn(move || {
+        let head = b"GET /health HTTP/1.1\r\nHost: door\r\nX-Slow: ".repeat(4);
+        for byte in head.iter().take(12) {
+            for mut s in &tricklers {
+                let _ = s.write_all(&[*byte]);
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    });
+    // A kept-alive connection that made one request, then went quiet.
+    let mut kept = TcpStream::connect(&address).unwrap();
+    let first = exchange(&mut kept, "GET", "/v1/models");
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    // A prompt still arriving (a long body, a byte at a time) on its own
+    // connection: a request in progress, which holds up no other.
+    let mut slow_body = TcpStream::connect(&address).unwrap();
+    write!(
+        slow_body,
+        "POST /v1/completions HTTP/1.1\r\nHost: door\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{\"model\":\"m\",\"prompt\":\""
+    )
+    .unwrap();
+
+    // Another client is served, and in time, while all of that is open.
+    let asked = Instant::now();
+    let served = tt_serving_tests::curl(
+        "POST",
+        &format!("http://{address}/v1/completions"),
+        None,
+        Some(r#"{"model":"m","prompt":"hello","max_tokens":4}"#),
+    );
+    assert_eq!(served.status, 200, "{served:?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "served after {:?}",
+        asked.elapsed()
+    );
+
+    // Every held connection is closed by the door within 4 times its
+    // timeout: the head's for the 200, the idle one for the kept one.
+    let bound = opened + 4 * timeout;
+    let open: Vec<usize> = held
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(i, s)| (!closed_before(s, bound)).then_some(i))
+        .collect();
+    assert!(
+        open.is_empty(),
+        "{} of 200 connections still open {:?} after they were opened: {open:?}",
+        open.len(),
+        opened.elapsed()
+    );
+    let quiet_since = Instant::now();
+    assert!(
+        closed_before(&mut kept, quiet_since + 4 * timeout),
+        "the idle kept-alive connection is still open"
+    );
+    trickling.join().unwrap();
+    // The body still arriving was not cut as idle.
+    slow_body
+        .write_all(b"a")
+        .expect("the slow body's connection is open");
+    // And the door serves new clients as before.
+    let mut fresh = TcpStream::connect(&address).unwrap();
+    let after = exchange(&mut fresh, "GET", "/health");
+    assert!(after.starts_with("HTTP/1.1 200"), "{after}");
+}
+
+#[test]
+fn connections_past_the_openai_doors_per_peer_cap_are_refused_and_the_first_keep_working() {
+    use std::net::TcpStream;
+    let hw = FakeHw::new(1);
+    let daemon = openai_door(
+        &hw,
+        "max_connections_per_peer = 4\nheader_read_timeout_secs = 60\nidle_timeout_secs = 60\n",
+        String::new(),
+    );
+    let address = door_address(&daemon);
+    let mut first: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(&address).expect("connect"))
+        .collect();
+    // Connections are accepted in the order they were made: the fifth
+    // from 127.0.0.1 is over the cap.
+    let mut extra = TcpStream::connect(&address).expect("connect");
+    let refused = exchange(&mut extra, "GET", "/v1/models");
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.contains("too_many_connections"), "{refused}");
+    assert!(refused.contains("retry-after: 1"), "{refused}");
+    daemon.wait_log("refused connections over openai.max_connections");
+    // The first four still work, kept alive.
+    for s in &mut first {
+        for _ in 0..2 {
+            let answer = exchange(s, "GET", "/v1/models");
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        }
+    }
+    // A place freed is a place taken again.
+    drop(first.pop());
+    let again = wait_until("a freed place to be taken again", || {
+        let answer = exchange(&mut TcpStream::connect(&address).ok()?, "GET", "/v1/models");
+        answer.starts_with("HTTP/1.1 200").then_some(answer)
+    });
+    assert!(again.contains("\"object\":\"list\""), "{again}");
+}
+
+#[test]
+fn health_and_503s_without_credentials_say_the_state_and_no_internals() {
+    let hw = FakeHw::new(1);
+    // The checkpoint does not exist: the slot fails with its path in the
+    // reason.
+    let daemon = openai_door(
+        &hw,
+        "",
+        model_table(
+            "broken",
+            1,
+            &[0],
+            Path::new("/nonexistent/secret-dir/b.gguf"),
+            "",
+        ),
+    );
+    let slot = wait_until("the slot to fail naming the checkpoint", || {
+        let slot = daemon.slot("broken");
+        slot["reason"]
+            .as_str()?
+            .contains("/nonexistent/secret-dir")
+            .then_some(slot)
+    });
+    let address = door_address(&daemon);
+    let url = |path: &str| format!("http://{address}{path}");
+    let leaks = |body: &str| {
+        ["/", "secret-dir", "tt-smi", "ttctl", "journalctl"]
+            .into_iter()
+            .filter(|needle| body.contains(needle))
+            .collect::<Vec<_>>()
+    };
+    for path in ["/health", "/health?model=broken"] {
+        let health = tt_serving_tests::curl("GET", &url(path), None, None);
+        assert_eq!(health.status, 503, "{health:?}");
+        let body = health.json();
+        assert_eq!(body["status"], "unavailable", "{body}");
+        let reason = body["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("slot broken is"), "{body}");
+        assert!(leaks(&health.body).is_empty(), "{path}: {}", health.body);
+        assert!(health.body.len() < 256, "{path}: {}", health.body);
+    }
+    let refused = tt_serving_tests::curl(
+        "POST",
+        &url("/v1/completions"),
+        None,
+        Some(r#"{"model":"broken","prompt":"x"}"#),
+    );
+    assert_eq!(refused.status, 503, "{refused:?}");
+    let message = refused.error()["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(message.contains("broken"), "{message}");
+    assert!(leaks(&message).is_empty(), "{message}");
+    // The detail is still the operator's, on the control socket.
+    let table = output_text(&daemon.ttctl(&["status"]));
+    assert!(table.contains("/nonexistent/secret-dir"), "{table}\n{slot}");
+}
+
+#[test]
+fn a_stream_that_outlasts_the_openai_doors_timeouts_is_not_cut_as_idle() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    // The worker stops after 8 tokens (the readiness ping takes 4; one
+    // place, so readiness sends one ping at a time): the stream stays
+    // open, silent, far past both timeouts.
+    let daemon = openai_door(
+        &hw,
+        "header_read_timeout_secs = 1\nidle_timeout_secs = 1\n",
+        model_table(
+            "m",
+            1,
+            &[0],
+            &model,
+            "max_in_flight = 1\nenv = { TTW_TEST_FAULTS = \"1\", TTW_FAULT_HANG_AFTER_TOKENS = \"8\" }\n",
+        ),
+    );
+    daemon.wait_slot_state("m", "ready");
+    let address = door_address(&daemon);
+    let mut stream = std::net::TcpStream::connect(&address).unwrap();
+    let body = r#"{"model":"m","prompt":"hello","max_tokens":50,"stream":true}"#;
+    write!(
+        stream,
+        "POST /v1/completions HTTP/1.1\r\nHost: door\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut first = [0u8; 64];
+    let n = stream.read(&mut first).unwrap();
+    let head = String::from_utf8_lossy(&first[..n]).to_string();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        !closed_before(&mut stream, Instant::now() + Duration::from_secs(4)),
+        "a stream in progress was closed as idle"
+    );
+}

@@ -394,9 +394,12 @@ fn main() {
     let daemon = Daemon::start(
         &hw,
         DaemonOptions {
+            // Every stream comes from this host, one peer to the door: its
+            // connection caps are raised above what the run holds.
             extra: format!(
-                "[openai]\nlisten = \"127.0.0.1:0\"\n{}",
-                slot_table(&args, work.path())
+                "[openai]\nlisten = \"127.0.0.1:0\"\nmax_connections = {cap}\nmax_connections_per_peer = {cap}\n{}",
+                slot_table(&args, work.path()),
+                cap = (args.hold + 64).max(1024)
             ),
             // The default tick: the idle cost a production daemon has.
             tick_ms: 1000,

@@ -198,12 +198,54 @@ impl Default for MetricsConfig {
 /// The OpenAI-compatible HTTP front door (`/v1/completions`,
 /// `/v1/chat/completions`, `/v1/models`, `/health`): the same router,
 /// queues, limits, tokens and TLS as the gRPC port, on its own address.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+///
+/// The timeouts and caps keep a slow, silent or greedy client from holding
+/// the door: without them 200 idle and trickling connections from one
+/// local user stayed open for minutes (issue 46).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OpenaiConfig {
     /// Address to serve on, e.g. `127.0.0.1:8000`; empty (the default)
     /// turns the front door off.
     pub listen: String,
+    /// Seconds a client has to send a complete request head (the request
+    /// line and headers; with TLS, the handshake too), counted from the
+    /// connection's accept or from the first byte of a later request.
+    /// A client that has not is disconnected.
+    pub header_read_timeout_secs: u64,
+    /// Seconds a kept-alive connection may wait with no request in progress
+    /// before it is closed. A response still streaming is not idle.
+    pub idle_timeout_secs: u64,
+    /// Connections the door keeps open at once; one more is refused at
+    /// accept (a plain-HTTP client reads a 503).
+    pub max_connections: u32,
+    /// Connections one peer may keep open at once; one more from it is
+    /// refused the same way. A peer is an IPv4 address, an IPv6 /64, or
+    /// the host itself (every loopback address is one peer). Clients
+    /// behind one proxy share it.
+    pub max_connections_per_peer: u32,
+}
+
+impl Default for OpenaiConfig {
+    fn default() -> Self {
+        OpenaiConfig {
+            listen: String::new(),
+            // A client's request head is one write; 10 s is ample on any
+            // link that can carry a stream of tokens.
+            header_read_timeout_secs: 10,
+            // Longer than an SDK's pause between two calls of one job, so
+            // connections are reused, and far shorter than minutes.
+            idle_timeout_secs: 60,
+            // Far below the NixOS unit's LimitNOFILE (65536), so the cap
+            // bites before file descriptors run out, and far above the
+            // sequences a card set runs at once.
+            max_connections: 1024,
+            // One client process rarely needs more than its concurrency;
+            // 64 leaves room for a benchmark from one host while keeping
+            // 16 such peers from taking the whole door.
+            max_connections_per_peer: 64,
+        }
+    }
 }
 
 /// The public inference port's authentication and transport.

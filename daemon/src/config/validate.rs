@@ -76,6 +76,7 @@ pub(super) fn check(config: &Config) -> Vec<Problem> {
     check_reset(&config.reset, &mut problems);
     check_inference(&config.inference, &mut problems);
     check_limits(&config.limits, &mut problems);
+    check_openai_connections(&config.openai, &mut problems);
     range(
         &mut problems,
         "host.ram_floor_mib",
@@ -318,6 +319,51 @@ fn check_limits(l: &LimitsConfig, problems: &mut Vec<Problem>) {
         65_536,
         "bytes",
     );
+}
+
+/// The OpenAI door's timeouts and connection caps (see [`OpenaiConfig`]).
+fn check_openai_connections(o: &OpenaiConfig, problems: &mut Vec<Problem>) {
+    range(
+        problems,
+        "openai.header_read_timeout_secs",
+        o.header_read_timeout_secs,
+        1,
+        3600,
+        "s",
+    );
+    range(
+        problems,
+        "openai.idle_timeout_secs",
+        o.idle_timeout_secs,
+        1,
+        86_400,
+        "s",
+    );
+    range(
+        problems,
+        "openai.max_connections",
+        o.max_connections.into(),
+        1,
+        1_000_000,
+        "connections",
+    );
+    range(
+        problems,
+        "openai.max_connections_per_peer",
+        o.max_connections_per_peer.into(),
+        1,
+        1_000_000,
+        "connections",
+    );
+    if o.max_connections_per_peer > o.max_connections {
+        problems.push(problem(
+            "openai.max_connections_per_peer",
+            format!(
+                "{} is above openai.max_connections ({}), so it never applies (one peer meets the door's cap first); lower it to at most {}, or raise max_connections",
+                o.max_connections_per_peer, o.max_connections, o.max_connections
+            ),
+        ));
+    }
 }
 
 fn check_hardware(h: &HardwareConfig, problems: &mut Vec<Problem>) {

@@ -1,6 +1,14 @@
 //! Errors as OpenAI sends them: `{"error": {"message", "type", "param",
 //! "code"}}` with the matching HTTP status, and `Retry-After` where waiting
 //! helps. The router's [`RouteError`] is mapped here, at this door's edge.
+//!
+//! What a 503 says is short and fixed: the model, that it cannot serve
+//! now, and the retry hint. The router's own words for it name each
+//! slot's reason, which can hold host paths, tt-smi's output and operator
+//! commands (issue 46), and a failing engine's message can hold anything;
+//! a client needs none of it, and the door is open to anyone who can reach
+//! it when no tokens are set. The detail stays on the control socket
+//! (`ttctl status`) and in the daemon's log.
 
 use super::wire::Refused;
 use crate::config::Config;
@@ -83,10 +91,17 @@ impl From<Refused> for ApiError {
     }
 }
 
-impl From<RouteError> for ApiError {
-    fn from(e: RouteError) -> ApiError {
+impl ApiError {
+    /// The router's error for a request for `model`, as its client reads
+    /// it.
+    pub fn route(e: RouteError, model: &str) -> ApiError {
+        let model = crate::echo::echo(model);
         let message = e.message();
         let retry = e.hint().and_then(|h| h.retry_after_secs());
+        let then = e
+            .hint()
+            .map(|h| format!("; {}", h.describe()))
+            .unwrap_or_default();
         let mut error = match &e {
             // The router's messages start with the field: `stop[1]: ...`.
             RouteError::Invalid(m) => {
@@ -103,11 +118,14 @@ impl From<RouteError> for ApiError {
                 retry_after_secs: Some(1),
                 ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
             },
-            RouteError::Unavailable { .. } => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable_error",
-                message,
-            ),
+            RouteError::Unavailable { .. } => {
+                tracing::debug!(%model, detail = %message, "OpenAI front door: 503, no slot could serve the request");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable_error",
+                    format!("model `{model}` has no slot that can serve this request now{then}"),
+                )
+            }
             RouteError::Deadline { .. } => {
                 ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout_error", message)
             }
@@ -121,11 +139,14 @@ impl From<RouteError> for ApiError {
                 tonic::Code::DeadlineExceeded => {
                     ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout_error", message)
                 }
-                _ => ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable_error",
-                    message,
-                ),
+                other => {
+                    tracing::info!(%model, code = ?other, detail = %message, "OpenAI front door: the worker failed a request");
+                    ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "unavailable_error",
+                        format!("the engine serving model `{model}` failed this request ({other:?}){then}"),
+                    )
+                }
             },
         };
         if retry.is_some() {
@@ -153,7 +174,7 @@ pub fn set_retry_after(response: &mut Response, secs: Option<u64>) {
 /// 404 for a model not in the config, listing the known ones.
 pub fn unknown_model(model: &str, config: &Config) -> ApiError {
     let known: Vec<&str> = config.models.keys().map(String::as_str).collect();
-    ApiError::from(RouteError::UnknownModel(format!(
+    let error = RouteError::UnknownModel(format!(
         "unknown model `{}`; known models: {}",
         crate::echo::echo(model),
         if known.is_empty() {
@@ -161,5 +182,6 @@ pub fn unknown_model(model: &str, config: &Config) -> ApiError {
         } else {
             known.join(", ")
         }
-    )))
+    ));
+    ApiError::route(error, model)
 }

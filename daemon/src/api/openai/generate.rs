@@ -114,7 +114,7 @@ async fn answer(
     if parsed.stream {
         return match front.state.router().generate(parsed.request, timeout).await {
             Ok(stream) => streamed(head, stream, parsed.include_usage).into_response(),
-            Err(e) => ApiError::from(e).into_response(),
+            Err(e) => ApiError::route(e, &head.model).into_response(),
         };
     }
     collected(head, &front, parsed, timeout).await
@@ -423,7 +423,7 @@ fn streamed(head: Head, stream: ChunkStream, include_usage: bool) -> Response {
             // The status line is sent: the error goes in the stream, as
             // OpenAI's SDKs read it, and the stream ends without [DONE]
             // (the router's stream ends after an error).
-            Err(e) => event(&ApiError::from(e).event_json()),
+            Err(e) => event(&ApiError::route(e, &head.model).event_json()),
         };
         // An empty piece would read as the body's end in chunked framing.
         (!bytes.is_empty()).then_some(Ok::<_, std::convert::Infallible>(bytes))
@@ -514,7 +514,7 @@ struct Collected {
     host_sampling: Vec<&'static str>,
 }
 
-async fn collect(mut stream: ChunkStream) -> Result<Collected, ApiError> {
+async fn collect(mut stream: ChunkStream, model: &str) -> Result<Collected, ApiError> {
     let mut c = Collected {
         host_sampling: stream.host_sampling().to_vec(),
         text: String::new(),
@@ -526,7 +526,7 @@ async fn collect(mut stream: ChunkStream) -> Result<Collected, ApiError> {
     };
     let mut finished = false;
     while let Some(chunk) = stream.next().await {
-        match chunk.map_err(ApiError::from)?.chunk {
+        match chunk.map_err(|e| ApiError::route(e, model))?.chunk {
             Some(pb::generate_response::Chunk::Delta(d)) => {
                 c.text.push_str(&d.text);
                 c.reasoning.push_str(&d.reasoning);
@@ -542,10 +542,10 @@ async fn collect(mut stream: ChunkStream) -> Result<Collected, ApiError> {
         }
     }
     if !finished {
-        return Err(ApiError::from(RouteError::unavailable(
-            "the worker's stream ended without its final chunk",
-            None,
-        )));
+        return Err(ApiError::route(
+            RouteError::unavailable("the worker's stream ended without its final chunk", None),
+            model,
+        ));
     }
     Ok(c)
 }
@@ -572,9 +572,10 @@ async fn collected(
     for (i, request) in requests.into_iter().enumerate() {
         let state = front.state.clone();
         tasks.spawn(async move {
+            let model = request.model.clone();
             let answer = match state.router().generate(request, timeout).await {
-                Ok(stream) => collect(stream).await,
-                Err(e) => Err(ApiError::from(echo_refusal(e, echo))),
+                Ok(stream) => collect(stream, &model).await,
+                Err(e) => Err(ApiError::route(echo_refusal(e, echo), &model)),
             };
             (i, answer)
         });
@@ -587,11 +588,12 @@ async fn collected(
             Ok((i, Ok(c))) => answers[i] = Some(c),
             Ok((_, Err(e))) => return e.into_response(),
             Err(e) => {
-                return ApiError::from(RouteError::unavailable(
-                    format!("a prompt's request ended abnormally: {e}"),
-                    None,
-                ))
-                .into_response()
+                tracing::warn!(error = %e, "OpenAI front door: a prompt's request ended abnormally");
+                return ApiError::route(
+                    RouteError::unavailable("a prompt's request ended abnormally", None),
+                    &head.model,
+                )
+                .into_response();
             }
         }
     }

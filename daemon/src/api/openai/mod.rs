@@ -11,11 +11,15 @@
 //! - `generate`: the two generation endpoints, streamed as Server-Sent
 //!   Events exactly as OpenAI sends them, or collected.
 //! - `tls`: rustls on the front door, from `inference.tls_cert`/`tls_key`.
+//! - `connections`: accepting, capping and timing connections, plain or
+//!   TLS (`[openai]` `header_read_timeout_secs`, `idle_timeout_secs`,
+//!   `max_connections`, `max_connections_per_peer`).
 //!
 //! axum (on hyper) does routing, extraction and SSE framing; nothing here
 //! parses HTTP. A client that disconnects drops its response stream, which
 //! drops the router's stream and cancels the sequence at the worker.
 
+mod connections;
 mod errors;
 mod generate;
 mod tls;
@@ -66,19 +70,15 @@ pub async fn serve(
             front.clone(),
             authenticate,
         ));
+    // `[openai]` is read once: a reload leaves it for the next start.
+    let limits = connections::Limits::of(&front.state.config().openai);
     let app = Router::new()
         .route("/health", get(health))
         .merge(authenticated)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(front);
-    match tls {
-        None => axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.wait().await })
-            .await
-            .map_err(anyhow::Error::from),
-        Some(tls) => tls.serve(listener, app, shutdown).await,
-    }
+    connections::serve(listener, app, tls, limits, shutdown).await
 }
 
 /// Bearer tokens, when configured, in front of everything but `/health`
@@ -157,8 +157,12 @@ struct HealthQuery {
 }
 
 /// `GET /health[?model=NAME]`: 200 when the named model (or, without one,
-/// any model) has a Ready replica; 503 with each slot's state and a
-/// `Retry-After` otherwise. Open without a token, like gRPC health.
+/// any model) has a Ready replica; 503 with the state and a short reason
+/// otherwise, and a `Retry-After` when a recovery is under way. Open
+/// without a token, like gRPC health, so it names each slot's state and
+/// never why: a slot's reason can hold host paths, tt-smi's output and
+/// operator commands (issue 46). The reasons stay on the control socket
+/// (`ttctl status`).
 async fn health(State(front): State<Front>, Query(q): Query<HealthQuery>) -> Response {
     let config = front.state.config();
     if let Some(model) = &q.model {
@@ -178,16 +182,12 @@ async fn health(State(front): State<Front>, Query(q): Query<HealthQuery>) -> Res
         return axum::Json(serde_json::json!({ "status": "ok", "ready_slots": ready }))
             .into_response();
     }
-    let states: Vec<String> = slots
+    let states: Vec<(&str, &str)> = slots
         .iter()
         .filter(wanted)
-        .map(|s| format!("slot {} is {}: {}", s.name, s.state.word(), s.reason))
+        .map(|s| (s.name.as_str(), s.state.word()))
         .collect();
-    let reason = if states.is_empty() {
-        "no model is configured".to_string()
-    } else {
-        format!("no slot is ready ({})", states.join("; "))
-    };
+    let reason = not_ready_reason(q.model.as_deref(), &states);
     let hint = q.model.as_ref().and_then(|m| {
         crate::retry::RetryHint::for_availability(front.state.slot_manager().availability(m, None))
     });
@@ -198,4 +198,50 @@ async fn health(State(front): State<Front>, Query(q): Query<HealthQuery>) -> Res
         .into_response();
     errors::set_retry_after(&mut response, hint.and_then(|h| h.retry_after_secs()));
     response
+}
+
+/// The most slots a 503 from `/health` names; the rest are counted.
+const HEALTH_SLOTS_NAMED: usize = 8;
+
+/// Why `/health` is 503, from (slot name, state word) pairs: the words of a
+/// fixed vocabulary and the configured names, nothing else.
+fn not_ready_reason(model: Option<&str>, states: &[(&str, &str)]) -> String {
+    let subject = match model {
+        Some(model) => format!("no slot of model {model} is ready"),
+        None => "no slot is ready".to_string(),
+    };
+    if states.is_empty() {
+        return match model {
+            Some(_) => subject,
+            None => "no model is configured".to_string(),
+        };
+    }
+    let mut named: Vec<String> = states
+        .iter()
+        .take(HEALTH_SLOTS_NAMED)
+        .map(|(name, state)| format!("slot {name} is {state}"))
+        .collect();
+    if states.len() > HEALTH_SLOTS_NAMED {
+        named.push(format!("{} more", states.len() - HEALTH_SLOTS_NAMED));
+    }
+    format!("{subject} ({})", named.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_health_reason_names_states_only_and_stays_short() {
+        assert_eq!(
+            not_ready_reason(Some("m"), &[("m", "failed")]),
+            "no slot of model m is ready (slot m is failed)"
+        );
+        assert_eq!(not_ready_reason(None, &[]), "no model is configured");
+        let many: Vec<(String, &str)> = (0..40).map(|i| (format!("m/{i}"), "starting")).collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+        let reason = not_ready_reason(None, &many);
+        assert!(reason.ends_with("; 32 more)"), "{reason}");
+        assert!(reason.len() < 256, "{reason}");
+    }
 }

@@ -1,16 +1,15 @@
 //! TLS on the OpenAI front door, from the same files as the gRPC port
 //! (`inference.tls_cert`, `inference.tls_key`): rustls, loaded and checked
-//! at startup so a bad pair stops the daemon at once.
+//! at startup so a bad pair stops the daemon at once. Connections are
+//! accepted, capped and timed in `connections`, the same as plain ones.
 
-use crate::shutdown::Shutdown;
 use anyhow::Context;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 /// The front door's TLS acceptor.
@@ -57,44 +56,9 @@ impl HttpTls {
         })
     }
 
-    /// Accept TLS connections and serve `app` on each until shutdown.
-    pub async fn serve(
-        self,
-        listener: TcpListener,
-        app: axum::Router,
-        shutdown: Shutdown,
-    ) -> anyhow::Result<()> {
-        loop {
-            let (tcp, _) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "OpenAI front door: accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-                _ = shutdown.clone().wait() => return Ok(()),
-            };
-            let (acceptor, app) = (self.acceptor.clone(), app.clone());
-            tokio::spawn(async move {
-                // A client that never finishes its handshake holds nothing
-                // for long.
-                let handshake =
-                    tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await;
-                let Ok(Ok(stream)) = handshake else {
-                    tracing::debug!("OpenAI front door: TLS handshake failed or timed out");
-                    return;
-                };
-                let service = hyper_util::service::TowerToHyperService::new(app);
-                let connection = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(30))
-                    .serve_connection(TokioIo::new(stream), service);
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "OpenAI front door connection ended with an error");
-                }
-            });
-        }
+    /// The server side of the handshake on an accepted connection (the
+    /// caller bounds how long it may take).
+    pub async fn accept(&self, tcp: TcpStream) -> std::io::Result<TlsStream<TcpStream>> {
+        self.acceptor.accept(tcp).await
     }
 }
