@@ -336,6 +336,8 @@ fn the_example_passes_offline_and_on_a_host_prepared_as_its_comments_say() {
     let mapped = dir.path().join("mapped.toml");
     std::fs::write(&mapped, &mapped_text).unwrap();
     let fake = tt_fakehw::FakeRoot::create(&host, 2, &bin("tt-fakehw")).unwrap();
+    // Every host has /run (the control socket's directory is made in it).
+    std::fs::create_dir_all(host.join("run")).unwrap();
     let path_env = format!(
         "{}:{}",
         fake.tt_smi().parent().unwrap().display(),
@@ -477,4 +479,50 @@ fn hugepages_that_leave_less_ram_than_the_floor_are_refused_naming_the_numbers()
     .unwrap();
     let (code, text) = check_config(&lower.config, false, None);
     assert_eq!(code, Some(0), "{text}");
+}
+
+/// A control socket whose directory does not exist, nor its parent, is a
+/// mistyped path: `check-config` refuses it naming the fix, and the daemon
+/// does not create the tree (it refuses to start with the same words). One
+/// missing level (systemd's RuntimeDirectory) is the daemon's to create.
+#[test]
+fn a_control_socket_in_a_missing_tree_is_refused_not_created() {
+    let files = tempfile::tempdir().unwrap();
+    let checkpoint = tiny_model(files.path());
+    let setup = Setup::new("", &model("m", &checkpoint, None, ""));
+    let text = std::fs::read_to_string(&setup.config).unwrap();
+    let socket = text
+        .lines()
+        .find_map(|l| l.strip_prefix("control_socket = "))
+        .unwrap()
+        .trim_matches('"')
+        .to_string();
+    let typo = setup.dir.path().join("runn/tt-serving/control.sock");
+    std::fs::write(&setup.config, text.replace(&socket, typo.to_str().unwrap())).unwrap();
+    setup.assert_problems(&[
+        "daemon.control_socket",
+        "does not exist, nor does",
+        "the daemon would create that whole tree",
+        "mkdir -p",
+    ]);
+    let run = Command::new(bin("tt-servingd"))
+        .args(["run", "--config"])
+        .arg(&setup.config)
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("the daemon would create that whole tree"),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        !setup.dir.path().join("runn").exists(),
+        "nothing was created"
+    );
+    // One level down from a directory that exists is fine.
+    let one = setup.dir.path().join("run-tt/control.sock");
+    std::fs::write(&setup.config, text.replace(&socket, one.to_str().unwrap())).unwrap();
+    let (code, out) = check_config(&setup.config, false, None);
+    assert_eq!(code, Some(0), "{out}");
 }

@@ -75,6 +75,20 @@ pub enum LockError {
         /// Who holds it, when known (boxed: errors stay small).
         holder: Option<Box<LockHolder>>,
     },
+    /// Processes of users who may not hold card locks have the lock file
+    /// open: they opened it while its mode let them (a lock file that a
+    /// script's `flock(1)` created readable by everyone), and a descriptor
+    /// outlives the mode's repair, so they can `flock` it whenever the card
+    /// is free.
+    #[error("the lock file {} of card {bdf} is open in {}, of a user who may not hold card locks (opened while the file was readable by others; its mode is repaired now, but an open descriptor can still take the lock whenever the card is free); stop that process (kill {}), then the card is the daemon's again", .path.display(), describe_all(.openers), pids(.openers))]
+    Foreign {
+        /// The card.
+        bdf: String,
+        /// The lock file.
+        path: PathBuf,
+        /// The processes.
+        openers: Vec<LockHolder>,
+    },
     /// The lock file could not be opened.
     #[error("cannot open lock file {}: {source}; check that the lock dir exists and that you are root or in the admin group", .path.display())]
     Io {
@@ -83,6 +97,22 @@ pub enum LockError {
         /// The OS error.
         source: io::Error,
     },
+}
+
+fn describe_all(holders: &[LockHolder]) -> String {
+    holders
+        .iter()
+        .map(LockHolder::describe)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn pids(holders: &[LockHolder]) -> String {
+    holders
+        .iter()
+        .map(|h| h.pid.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn holder_text(holder: &Option<Box<LockHolder>>) -> String {
@@ -230,6 +260,18 @@ pub fn try_lock(
 ) -> Result<CardLock, LockError> {
     let path = lock_path(lock_dir, bdf);
     let mut file = open(&path, policy)?;
+    // The daemon's policy: no one who may not hold the lock keeps a way
+    // to it.
+    if policy.repair {
+        let openers = foreign_openers(&file, policy);
+        if !openers.is_empty() {
+            return Err(LockError::Foreign {
+                bdf: bdf.to_string(),
+                path,
+                openers,
+            });
+        }
+    }
     if file.try_lock_exclusive().is_err() {
         return Err(LockError::Held {
             bdf: bdf.to_string(),
@@ -250,6 +292,39 @@ pub fn try_lock(
         file,
         bdf: bdf.to_string(),
     })
+}
+
+/// The other processes with the lock file open whose user may not hold
+/// card locks: not root, not this process's user, not in the policy's
+/// (admin) group.
+fn foreign_openers(file: &File, policy: LockPolicy) -> Vec<LockHolder> {
+    let Ok(meta) = file.metadata() else {
+        return Vec::new();
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    procs::with_open(meta.dev(), meta.ino())
+        .into_iter()
+        .filter(|pid| {
+            let Some(ids) = procs::ids(*pid) else {
+                return false;
+            };
+            let allowed = ids.uid == 0
+                || ids.uid == me
+                || policy
+                    .group
+                    .is_some_and(|g| ids.gid == g || ids.groups.contains(&g));
+            !allowed
+        })
+        .map(|pid| {
+            let (user, command) = procs::identity(pid);
+            LockHolder {
+                pid,
+                purpose: String::new(),
+                user,
+                command,
+            }
+        })
+        .collect()
 }
 
 /// Who holds the lock at `path` now, if anyone. The kernel's `/proc/locks`

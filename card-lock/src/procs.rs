@@ -189,6 +189,28 @@ pub fn identity(pid: u32) -> (String, String) {
     (user, command)
 }
 
+/// Who a process acts as: its effective user and group, and its
+/// supplementary groups (`/proc/<pid>/status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ids {
+    /// Effective user id.
+    pub uid: u32,
+    /// Effective group id.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+/// The process's [`Ids`], or None when it is gone or unreadable.
+pub fn ids(pid: u32) -> Option<Ids> {
+    let status = process(pid)?.status().ok()?;
+    Some(Ids {
+        uid: status.euid,
+        gid: status.egid,
+        groups: status.groups,
+    })
+}
+
 /// The process's supplementary groups, as the kernel lists them in
 /// `/proc/<pid>/status`.
 pub fn groups(pid: u32) -> Option<Vec<u32>> {

@@ -272,9 +272,39 @@ pub fn daemon_dirs(config: &Config) -> Vec<(&'static str, PathBuf, Sharing)> {
     ]
 }
 
+/// The control socket's directory may be missing only where the daemon's
+/// service makes it (systemd's `RuntimeDirectory=`, one level under a
+/// directory that exists): a longer missing tree is a mistyped path, which
+/// the daemon would otherwise create, as root, wherever it points.
+fn control_socket_dir_problem(config: &Config) -> Option<UntrustedDir> {
+    let dir = config.daemon.control_socket_dir();
+    if std::fs::symlink_metadata(&dir).is_ok() {
+        return None;
+    }
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty())?;
+    if std::fs::symlink_metadata(parent).is_ok() {
+        return None;
+    }
+    Some(UntrustedDir {
+        key: "daemon.control_socket".to_string(),
+        path: dir.clone(),
+        problem: format!(
+            "does not exist, nor does {}: the daemon would create that whole tree",
+            parent.display()
+        ),
+        fix: format!(
+            "check the path; create the directory first (mkdir -p {}, owned by the daemon's user) or put the socket in an existing directory (the default /run/tt-serving is made by the unit's RuntimeDirectory)",
+            dir.display()
+        ),
+    })
+}
+
 /// At startup: create the daemon's directories where missing and refuse
 /// to start when one of them is not trusted.
 pub fn ensure_daemon_dirs(config: &Config) -> Result<(), UntrustedDir> {
+    if let Some(problem) = control_socket_dir_problem(config) {
+        return Err(problem);
+    }
     for (key, dir, sharing) in daemon_dirs(config) {
         ensure_dir(key, &dir, sharing)?;
     }
@@ -285,7 +315,7 @@ pub fn ensure_daemon_dirs(config: &Config) -> Result<(), UntrustedDir> {
 /// creating anything (a missing one is judged by the directory it would be
 /// created in).
 pub fn check_daemon_dirs(config: &Config) -> Vec<UntrustedDir> {
-    let mut problems = Vec::new();
+    let mut problems: Vec<UntrustedDir> = control_socket_dir_problem(config).into_iter().collect();
     for (key, dir, sharing) in daemon_dirs(config) {
         let mut existing = dir.clone();
         while std::fs::symlink_metadata(&existing).is_err() {
