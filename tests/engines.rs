@@ -1206,3 +1206,172 @@ fn an_engines_declared_context_sets_the_limits_by_default() {
         "{err:?}"
     );
 }
+
+// ---- the stand-in's field profile (STANDIN_FIELD_PROFILE, issue #42) ----
+
+/// The stand-in's field profile's time scale in these tests.
+const FIELD_SCALE: f64 = 0.002;
+
+/// The field's 27B model on two P150 cards at 0.002 of field time (the
+/// 25-minute load of the failing seed in 3 s), its attempts counted in
+/// `attempts`; `failure` is STANDIN_FIELD_FAILURE. The restart window is 1 s,
+/// so the window alone would never give up on starts that take longer.
+fn field_table(checkpoint: &Path, attempts: &Path, failure: &str) -> String {
+    standin_table(
+        "m",
+        checkpoint,
+        &format!(
+            "env = {{ STANDIN_FIELD_PROFILE = \"27b-2xp150\", STANDIN_TIME_SCALE = \"{FIELD_SCALE}\", STANDIN_FIELD_FAILURE = \"{failure}\", STANDIN_FIELD_ATTEMPTS = \"{}\" }}\n[models.m.restart]\nmax_attempts = 5\nwindow_secs = 1\nbackoff_ms = 50\n",
+            attempts.display()
+        ),
+    )
+}
+
+/// How many starts the stand-in recorded.
+fn field_attempts(attempts: &Path) -> usize {
+    std::fs::read_to_string(attempts)
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+/// The card resets tt-smi was asked for so far.
+fn field_resets(hw: &FakeHw) -> usize {
+    hw.smi_calls()
+        .iter()
+        .filter(|c| c.split_whitespace().any(|a| a == "-r"))
+        .count()
+}
+
+/// `ttctl logs m`, all of it.
+fn field_logs(daemon: &Daemon) -> String {
+    output_text(&daemon.ttctl(&["logs", "m", "--lines", "0"]))
+}
+
+/// Issue #42's seed, time-scaled: a shape mismatch after each 25-minute
+/// load. The second identical failure gives up, naming torch's error; the
+/// card was reset before the retry; no third start follows.
+#[test]
+fn field_profile_the_same_shape_mismatch_after_a_long_load_gives_up_after_the_second_time() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let attempts = dir.path().join("attempts");
+    let daemon = start(
+        &hw,
+        field_table(&checkpoint(dir.path()), &attempts, "shape-mismatch"),
+    );
+    let slot = wait_until("the slot to give up", || {
+        let slot = daemon.slot("m");
+        (slot["state"] == "failed" && slot["reason"].as_str().unwrap_or("").contains("gave up"))
+            .then_some(slot)
+    });
+    let reason = slot["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("the same failure 2 times in a row (restart.max_identical = 2)"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains(
+            "The size of tensor a (5120) must match the size of tensor b (2560) at non-singleton dimension 1"
+        ),
+        "the failure itself: {reason}"
+    );
+    assert_eq!(slot["attempt"], 2, "{slot:#}");
+    assert_eq!(field_attempts(&attempts), 2, "two starts of the engine");
+    // The card is reset before each retry: once, between the two starts
+    // (giving up starts nothing, so it resets nothing), and the reason
+    // counts it.
+    let resets = field_resets(&hw);
+    assert_eq!(resets, 1, "{:?}", hw.smi_calls());
+    assert!(
+        reason.contains("1 card reset(s) since the slot last served"),
+        "what the attempts cost: {reason}"
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let later = daemon.slot("m");
+    assert_eq!(later["state"], "failed", "{later:#}");
+    assert_eq!(later["attempt"], 2, "no attempt after giving up");
+    assert_eq!(field_attempts(&attempts), 2, "no third start");
+    assert_eq!(field_resets(&hw), resets, "{:?}", hw.smi_calls());
+}
+
+/// A start that fails differently each time is not given up on: a shape
+/// mismatch, then a NameError after the whole load, then a start that
+/// serves.
+#[test]
+fn field_profile_a_different_failure_the_second_time_is_retried_until_it_serves() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let attempts = dir.path().join("attempts");
+    let daemon = start(
+        &hw,
+        field_table(
+            &checkpoint(dir.path()),
+            &attempts,
+            "shape-mismatch,name-error,none",
+        ),
+    );
+    let ready = daemon.wait_slot_state("m", "ready");
+    assert_eq!(field_attempts(&attempts), 3, "{ready:#}");
+    assert_eq!(field_resets(&hw), 2, "{:?}", hw.smi_calls());
+    // Both failures were reported with the engine's own words.
+    let log = daemon.log_text();
+    assert!(
+        log.contains("The size of tensor a (5120) must match the size of tensor b (2560)"),
+        "{log}"
+    );
+    assert!(
+        log.contains("NameError: name 'rope_setup' is not defined"),
+        "{log}"
+    );
+    let answer = runtime()
+        .block_on(generate(&daemon.inference_address(), "m", "Hello", 3))
+        .expect("served on the third attempt");
+    assert_eq!(answer.last.usage.map(|u| u.completion_tokens), Some(3));
+}
+
+/// The profile's timings as the engine announces them: a cold load of 840
+/// field seconds, then a warm one of 480 (each times the scale), and a
+/// compile the first time a padded prefill width is used, not the second.
+#[test]
+fn field_profile_loads_cold_then_warm_and_compiles_each_new_prefill_width_once() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = checkpoint(dir.path());
+    let attempts = dir.path().join("attempts");
+    let mut daemon = start(&hw, field_table(&ckpt, &attempts, "none"));
+    let slot = daemon.wait_slot_state("m", "ready");
+    assert_eq!(slot["cache_mode"], "cold", "{slot:#}");
+    let logs = field_logs(&daemon);
+    let cold = format!(
+        "load on a cold cache (tensor-cache build): 840 s of field time, {:.3} s here",
+        840.0 * FIELD_SCALE
+    );
+    assert!(logs.contains(&cold), "{cold}: {logs}");
+
+    // 300 and 600 words are 300 and 600 tokens: both pad to 1024.
+    let rt = runtime();
+    let width = "compiling prefill for padded width 1024";
+    for words in [300, 600] {
+        let prompt = "word ".repeat(words);
+        rt.block_on(generate(&daemon.inference_address(), "m", &prompt, 2))
+            .expect("served");
+    }
+    let logs = field_logs(&daemon);
+    assert_eq!(logs.matches(width).count(), 1, "{logs}");
+    let compile = format!(
+        "{width} (a prompt of 300 tokens, the first at this width): 45 s of field time, {:.3} s here",
+        45.0 * FIELD_SCALE
+    );
+    assert!(logs.contains(&compile), "{compile}: {logs}");
+
+    daemon.restart_with(&hw, field_table(&ckpt, &attempts, "none"));
+    let slot = daemon.wait_slot_state("m", "ready");
+    assert_eq!(slot["cache_mode"], "warm", "{slot:#}");
+    let logs = field_logs(&daemon);
+    let warm = format!(
+        "load from a warm tensor cache: 480 s of field time, {:.3} s here",
+        480.0 * FIELD_SCALE
+    );
+    assert!(logs.contains(&warm), "{warm}: {logs}");
+}

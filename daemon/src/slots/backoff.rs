@@ -9,7 +9,7 @@
 //! retrying it resets the cards and reloads for ever.
 
 use crate::config::RestartConfig;
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 /// The longest backoff a start's cost can add.
@@ -26,15 +26,15 @@ pub struct Backoff {
     /// Failed starts in a row that never served.
     unserved: u32,
     /// The last failure's fingerprint and how many in a row had it.
-    last: Option<(String, u32)>,
+    last: Option<(Fingerprint, u32)>,
 }
 
 /// One failed start, as the policy judges it.
 #[derive(Debug, Clone, Copy)]
 pub struct Failure<'a> {
-    /// The cause's label and the reason with its numbers taken out
-    /// ([`fingerprint`]).
-    pub fingerprint: &'a str,
+    /// The cause, the reason and the lines that say what went wrong, with
+    /// their numbers taken out ([`Fingerprint`]).
+    pub fingerprint: &'a Fingerprint,
     /// How long the attempt ran before it failed.
     pub took: Duration,
     /// Whether it reached Ready (a worker that served, then died).
@@ -57,42 +57,80 @@ pub enum Verdict {
     GiveUp(String),
 }
 
-/// A failure's fingerprint: the cause, and the reason with every word
+/// A failure's fingerprint: the cause and the reason, and the set of the
+/// attempt's output lines that say what went wrong, each with every word
 /// that holds a digit as `#` (pids, ports, durations, addresses and
-/// temporary names differ between two runs of the same failure). Of the
-/// worker's last output quoted in a reason (`last output: a | b | c`) only
-/// the lines that say what went wrong count: which progress lines happen
-/// to be the last three depends on timing, not on the failure.
-pub fn fingerprint(cause: &str, reason: &str) -> String {
-    const WRONG: &[&str] = &[
-        "error",
-        "Error",
-        "ERROR",
-        "exception",
-        "Exception",
-        "Traceback",
-        "panicked",
-        "fatal",
-        "FATAL",
-        "TT_THROW",
-        "failed",
-        "abort",
-        "tt-worker",
-    ];
-    let (head, tail) = reason.split_once("last output: ").unwrap_or((reason, ""));
-    let telling: Vec<&str> = tail
-        .split(" | ")
-        .filter(|line| WRONG.iter().any(|w| line.contains(w)))
-        .collect();
-    let mut out = String::with_capacity(cause.len() + reason.len() + 1);
-    out.push_str(cause);
-    out.push(':');
-    normalize(head, &mut out);
-    for line in telling {
-        out.push_str(" | ");
-        normalize(line, &mut out);
+/// temporary names differ between two runs of the same failure). Progress
+/// lines do not count, nor the order of the telling ones: which lines come
+/// last, and whether a stderr line passes a stdout one, is timing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    head: String,
+    telling: BTreeSet<String>,
+}
+
+/// Words that mark an output line as saying what went wrong.
+const WRONG: &[&str] = &[
+    "error",
+    "Error",
+    "ERROR",
+    "exception",
+    "Exception",
+    "Traceback",
+    "panicked",
+    "fatal",
+    "FATAL",
+    "TT_THROW",
+    "failed",
+    "abort",
+    "tt-worker",
+];
+
+impl Fingerprint {
+    /// From the failure's cause label, its reason, and the attempt's own
+    /// output lines (the worker's, read since the attempt began); with no
+    /// output, the lines its reason quotes (`last output: a | b | c`).
+    pub fn of(cause: &str, reason: &str, output: &[String]) -> Fingerprint {
+        let (head, tail) = reason.split_once("last output: ").unwrap_or((reason, ""));
+        let mut text = String::with_capacity(cause.len() + head.len() + 1);
+        text.push_str(cause);
+        text.push(':');
+        normalize(head, &mut text);
+        let quoted: Vec<&str> = tail.split(" | ").collect();
+        let lines: Vec<&str> = if output.is_empty() {
+            quoted
+        } else {
+            output.iter().map(String::as_str).collect()
+        };
+        let telling = lines
+            .into_iter()
+            .filter(|line| WRONG.iter().any(|w| line.contains(w)))
+            .map(|line| {
+                let mut n = String::new();
+                normalize(line, &mut n);
+                n
+            })
+            .collect();
+        Fingerprint {
+            head: text,
+            telling,
+        }
     }
-    out
+
+    /// Whether two failures are the same one: the same cause and reason,
+    /// and one's telling lines all among the other's (a consequence line
+    /// that one run printed before its exit and the other did not, such
+    /// as an adapter noticing its engine is gone, does not make them two).
+    pub fn same_failure(&self, other: &Fingerprint) -> bool {
+        self.head == other.head
+            && (self.telling.is_subset(&other.telling) || other.telling.is_subset(&self.telling))
+    }
+}
+
+/// [`Fingerprint::of`] a reason alone.
+#[cfg(test)]
+pub fn fingerprint(cause: &str, reason: &str) -> Fingerprint {
+    Fingerprint::of(cause, reason, &[])
 }
 
 /// `text` onto `out` with every word that holds a digit as `#`.
@@ -161,10 +199,10 @@ impl Backoff {
         } else {
             self.unserved += 1;
             let same = match &self.last {
-                Some((fp, n)) if fp == failure.fingerprint => n + 1,
+                Some((fp, n)) if fp.same_failure(failure.fingerprint) => n + 1,
                 _ => 1,
             };
-            self.last = Some((failure.fingerprint.to_string(), same));
+            self.last = Some((failure.fingerprint.clone(), same));
             if self.max_identical > 0 && same >= self.max_identical {
                 return Verdict::GiveUp(format!(
                     "the same failure {same} times in a row (restart.max_identical = {}), the last after {:.0}s",
@@ -220,7 +258,7 @@ mod tests {
     }
 
     /// A quick failure that never served, with its own fingerprint.
-    fn quick(fp: &str) -> Failure<'_> {
+    fn quick(fp: &Fingerprint) -> Failure<'_> {
         Failure {
             fingerprint: fp,
             took: Duration::ZERO,
@@ -234,7 +272,7 @@ mod tests {
         let now = Instant::now();
         let verdicts: Vec<Verdict> = ["a", "b", "c", "d", "e"]
             .iter()
-            .map(|fp| b.fail(now, quick(fp)))
+            .map(|fp| b.fail(now, quick(&fingerprint("exit_code", fp))))
             .collect();
         let ms = |v: &Verdict| match v {
             Verdict::Retry { delay, .. } => delay.as_millis(),
@@ -258,20 +296,21 @@ mod tests {
         let mut b = Backoff::new(&policy(2));
         let start = Instant::now();
         assert!(matches!(
-            b.fail(start, quick("a")),
+            b.fail(start, quick(&fingerprint("exit_code", "a"))),
             Verdict::Retry { attempt: 2, .. }
         ));
         // 25 minutes later: alone in the window, but the second in a row.
         let later = start + Duration::from_secs(1500);
         assert!(
-            matches!(b.fail(later, quick("b")), Verdict::GiveUp(why) if why.contains("2 failed start(s) in a row without serving")),
+            matches!(b.fail(later, quick(&fingerprint("exit_code", "b"))), Verdict::GiveUp(why) if why.contains("2 failed start(s) in a row without serving")),
         );
         // A start that served breaks the run.
         let mut b = Backoff::new(&policy(2));
-        b.fail(start, quick("a"));
+        b.fail(start, quick(&fingerprint("exit_code", "a")));
+        let a = fingerprint("exit_code", "a");
         let served = Failure {
             served: true,
-            ..quick("a")
+            ..quick(&a)
         };
         assert!(matches!(b.fail(later, served), Verdict::Retry { .. }));
     }
@@ -308,6 +347,37 @@ mod tests {
             tail("NameError: name 'x' is not defined"),
             tail("RuntimeError: shape mismatch"),
         );
+        // From the attempt's own output: order is timing, and a line one
+        // run printed and the other did not (an adapter noticing its
+        // engine is gone) does not make them two failures; another error
+        // does.
+        let out = |lines: &[&str]| {
+            let lines: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+            Fingerprint::of("exit_code", "worker exited with status 1", &lines)
+        };
+        let first = out(&[
+            "INFO loading",
+            "RuntimeError: The size of tensor a (5120) must match",
+            "ERROR Failed core proc(s): {}",
+        ]);
+        let swapped = out(&[
+            "ERROR Failed core proc(s): {}",
+            "RuntimeError: The size of tensor a (5120) must match",
+            "INFO done",
+        ]);
+        let more = out(&[
+            "RuntimeError: The size of tensor a (5120) must match",
+            "tt-worker-openai: vLLM's engine core is gone",
+            "ERROR Failed core proc(s): {}",
+        ]);
+        let other = out(&[
+            "NameError: name 'rope_setup' is not defined",
+            "ERROR Failed core proc(s): {}",
+        ]);
+        assert!(
+            first.same_failure(&swapped) && first.same_failure(&more) && more.same_failure(&first)
+        );
+        assert!(!first.same_failure(&other) && !other.same_failure(&more));
         let failure = |fp| Failure {
             fingerprint: fp,
             took: load,

@@ -61,6 +61,9 @@ fn plan(mgr: &Arc<SlotManager>, slot: &str) -> Option<SlotPlan> {
     })
 }
 
+/// Output lines of a failed attempt that its fingerprint reads.
+const FINGERPRINT_LINES: usize = 40;
+
 /// The supervisor task of one slot.
 pub async fn run(
     mgr: Arc<SlotManager>,
@@ -100,6 +103,7 @@ pub async fn run(
         mgr.update(&slot, |v| v.attempt = backoff.attempt());
         let served_before = mgr.view(&slot).map_or(0, |v| v.served);
         let began = Instant::now();
+        let began_at = SystemTime::now();
         let next = match super::start::start_and_serve(&mgr, &plan, &mut commands).await {
             Outcome::Stopped => Next::Stop,
             Outcome::Restart { reason, dirty: d } => {
@@ -131,7 +135,20 @@ pub async fn run(
                     v.memory_growth.clear();
                     v.memory_growth_per_hour = 0;
                 });
-                let fingerprint = super::backoff::fingerprint(cause.label(), &reason);
+                // The attempt's own last lines of output (not the three its
+                // reason quotes: which come last is timing).
+                let since_ms = began_at
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                let output: Vec<String> = mgr
+                    .logs(&slot)
+                    .map(|ring| ring.tail(FINGERPRINT_LINES))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|line| line.unix_ms >= since_ms)
+                    .map(|line| line.text)
+                    .collect();
+                let fingerprint = super::backoff::Fingerprint::of(cause.label(), &reason, &output);
                 let failure = Failure {
                     fingerprint: &fingerprint,
                     took: began.elapsed(),
