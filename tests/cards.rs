@@ -1175,3 +1175,61 @@ fn a_reset_whose_tt_smi_never_returns_is_cut_at_its_deadline_and_only_an_operato
     daemon.wait_slot_state("m", "ready");
     assert_eq!(daemon.card(&bdf)["state"], "ready");
 }
+
+/// A lock file made readable by everyone (a root script's `flock(1)` with
+/// umask 022) lets any local user open it, and `flock` needs no write
+/// access: that user could take the card whenever it is free, and the
+/// daemon's later chmod does not revoke the descriptor. The daemon refuses
+/// the card while such a descriptor is open, naming the process and the
+/// fix, and takes it once the process is gone.
+#[test]
+fn a_lock_file_opened_by_a_user_who_may_not_hold_cards_is_refused_until_that_process_ends() {
+    tt_serving_tests::needs_root!();
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut daemon = Daemon::configure(&hw, dir.path(), &DaemonOptions::default());
+    std::fs::create_dir_all(&daemon.lock_dir).unwrap();
+    std::fs::set_permissions(&daemon.lock_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let lock_file = daemon.lock_dir.join(format!("{}.lock", FakeHw::bdf(0)));
+    std::fs::write(&lock_file, "").unwrap();
+    std::fs::set_permissions(&lock_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // nobody opens it read-only while it is readable, and keeps it open.
+    let mut stranger = Command::new("sh")
+        .arg("-c")
+        .arg("exec 3<\"$0\" && echo opened && exec sleep 300")
+        .arg(&lock_file)
+        .uid(65534)
+        .gid(65534)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sh as nobody");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(stranger.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "opened");
+    daemon.spawn(&[]);
+    let card = daemon.wait_card_state(&FakeHw::bdf(0), "held-elsewhere");
+    let reason = card["state_reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains(&format!(
+            "is open in pid {} (nobody: sleep 300)",
+            stranger.id()
+        )) && reason.contains("of a user who may not hold card locks")
+            && reason.contains(&format!("kill {}", stranger.id())),
+        "{card:#}"
+    );
+    assert_eq!(card["lock_holder"]["pid"], stranger.id());
+    // The mode was repaired on the way: no one else opens it now.
+    let mode = std::fs::metadata(&lock_file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    stranger.kill().unwrap();
+    stranger.wait().unwrap();
+    let card = daemon.wait_card_state(&FakeHw::bdf(0), "idle");
+    assert_eq!(card["lock_holder"]["pid"], daemon.pid());
+}

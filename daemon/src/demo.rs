@@ -8,7 +8,8 @@
 //! one TP=2 slot on the two cards, prints what to try, and runs the real
 //! daemon in the foreground until Ctrl-C. Its state (fake cards, tensor
 //! cache, config) lives in the user's state directory, never in the
-//! directory it is run from, so a second run starts warm.
+//! directory it is run from, so a second run starts warm. A directory a
+//! running demo (or daemon) uses is refused before anything in it changes.
 
 use anyhow::{bail, Context};
 use std::path::{Path, PathBuf};
@@ -110,20 +111,133 @@ pub fn fetch_model(dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(dest)
 }
 
-/// Prepare the demo directory and return the config path and the firmware
-/// process (which must live as long as the daemon).
+/// A prepared demo: what the daemon runs on, and what must live as long as it.
+pub struct Demo {
+    /// The config the demo wrote, for `tt-servingd run`.
+    pub config: PathBuf,
+    /// The fake firmware; [`Demo::stop`] ends it.
+    firmware: std::process::Child,
+    /// `demo.lock` in the demo directory, held (flock) for as long as this
+    /// process runs, so that a second demo on the directory is refused
+    /// before it touches anything.
+    _lock: std::fs::File,
+}
+
+impl Demo {
+    /// Ends the fake firmware once the daemon has stopped: SIGTERM first,
+    /// so that the root records why it stopped (`tt-fakehw status` and the
+    /// fake tt-smi then say so and how to start one), SIGKILL if it has
+    /// not ended within two seconds.
+    pub fn stop(mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.firmware.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        for _ in 0..40 {
+            if !matches!(self.firmware.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = self.firmware.kill();
+        let _ = self.firmware.wait();
+    }
+}
+
+/// The file a running demo holds locked in its directory, with its pid.
+const LOCK_FILE: &str = "demo.lock";
+
+/// Refuses an address flag that is not an IP address and port (the
+/// daemon's own rule; empty turns off the doors that allow it), before
+/// anything is written.
+fn check_address(flag: &str, value: &str, may_be_empty: bool) -> anyhow::Result<()> {
+    if value.is_empty() && may_be_empty {
+        return Ok(());
+    }
+    if value.parse::<std::net::SocketAddr>().is_err() {
+        bail!(
+            "{flag} {value:?} is not an IP address and port such as 127.0.0.1:9464{}",
+            if may_be_empty {
+                " (\"\" turns it off)"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}
+
+/// Takes the demo directory for this process, or says which demo or
+/// daemon already uses it. Nothing in the directory is changed when it is
+/// refused: a second demo used to lay the fake cards out again (stopping the
+/// first one's firmware), rewrite its config and print its banner before
+/// failing on the socket (issue 46).
+fn take_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
+    use fs2::FileExt;
+    use std::io::{Read, Seek, Write};
+    let path = dir.join(LOCK_FILE);
+    let socket = dir.join("control.sock");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    if let Err(e) = file.try_lock_exclusive() {
+        if e.kind() != std::io::ErrorKind::WouldBlock {
+            return Err(e).with_context(|| format!("cannot lock {}", path.display()));
+        }
+        let mut pid = String::new();
+        let _ = file.read_to_string(&mut pid);
+        let pid = pid.trim();
+        let pid = if pid.is_empty() { "unknown" } else { pid };
+        bail!(
+            "a demo already runs on {dir} (pid {pid}, control socket {socket}); nothing was changed. \
+             Use it (`ttctl --socket {socket} status`), stop it (Ctrl-C where it runs, or `kill {pid}`), \
+             or run a second one with its own --dir and ports (--listen, --openai-listen, --metrics-listen)",
+            dir = dir.display(),
+            socket = socket.display(),
+        );
+    }
+    // A daemon the demo did not start (`tt-servingd run` on the demo's
+    // config) answers on the socket without holding the lock.
+    if let Ok(stream) = std::os::unix::net::UnixStream::connect(&socket) {
+        let pid = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+            .map_or("unknown".to_string(), |c| c.pid().to_string());
+        bail!(
+            "a daemon (pid {pid}) already answers on {socket}, the demo's control socket in {dir}; nothing was changed. \
+             Stop it, or run the demo with another --dir",
+            dir = dir.display(),
+            socket = socket.display(),
+        );
+    }
+    file.set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| writeln!(file, "{}", std::process::id()))
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(file)
+}
+
+/// Prepare the demo directory: lay out the fake cards, start their
+/// firmware, write the config and print what to try. A directory another
+/// demo (or daemon) uses, or a bad address flag, is refused before
+/// anything in it changes.
 pub fn prepare(
     dir: Option<PathBuf>,
     model: Option<PathBuf>,
     listen: &str,
     openai_listen: &str,
-) -> anyhow::Result<(PathBuf, std::process::Child)> {
+    metrics_listen: &str,
+) -> anyhow::Result<Demo> {
+    check_address("--listen", listen, false)?;
+    check_address("--openai-listen", openai_listen, true)?;
+    check_address("--metrics-listen", metrics_listen, true)?;
     let dir = match dir {
         Some(dir) => dir,
         None => default_dir()?,
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let dir = std::fs::canonicalize(&dir)?;
+    let lock = take_dir(&dir)?;
     eprintln!(
         "demo: state (fake cards, tensor cache, config) in {}",
         dir.display()
@@ -152,6 +266,13 @@ pub fn prepare(
         Some(m) => std::fs::canonicalize(&m).with_context(|| format!("--model {}", m.display()))?,
         None => fetch_model(&models_dir()?)?,
     };
+    let metrics_note = if metrics_listen.is_empty() {
+        "# off (--metrics-listen \"\")"
+    } else if metrics_listen.ends_with(":0") {
+        "# any free port (--metrics-listen sets one); `ttctl status` shows it"
+    } else {
+        "# from --metrics-listen"
+    };
     let config = format!(
         r#"# Written by `tt-servingd demo`: two simulated cards, one TP=2 slot.
 [daemon]
@@ -162,10 +283,14 @@ cache_dir = "{dir}/cache"
 lock_dir = "{dir}/locks"
 
 [metrics]
-listen = "127.0.0.1:0"                 # any free port; `ttctl status` shows it
+listen = "{metrics_listen}"    {metrics_note}
 
 [openai]
 listen = "{openai_listen}"
+
+[reset]
+come_back_timeout_secs = 3   # demo pace: a fake card is back in 0.3 s; one not back in 3 s, twice, is quarantined
+attempts = 2
 
 [hardware]
 {hardware_lines}
@@ -185,19 +310,34 @@ ping_prompt = "The capital of France is"
     let ttctl = sibling("ttctl")
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "ttctl".into());
-    eprintln!(
-        "\ndemo: config in {config}\ndemo: try, in another terminal:\n  {ttctl} --socket {dir}/control.sock status\n  {ttctl} --socket {dir}/control.sock generate smollm2 'The capital of France is'\n  {ttctl} --socket {dir}/control.sock logs smollm2\n  grpcurl -plaintext -d '{{\"model\":\"smollm2\",\"prompt\":\"Hello\",\"max_tokens\":16}}' {listen} tt.serving.v1.Inference/Generate\n  {fakehw} fault --root {hw} --card 1 never-returns   # then watch recovery fail closed\n{openai}demo: Ctrl-C stops everything.\n",
-        config = path.display(),
-        dir = dir.display(),
-        fakehw = fakehw.display(),
-        hw = hw.display(),
-        openai = if openai_listen.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "  curl -sN http://{openai_listen}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\":\"smollm2\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"stream\":true}}'\n"
-            )
-        },
+    let ctl = format!("{ttctl} --socket {}/control.sock", dir.display());
+    let fault = format!(
+        "{} fault --root {} --card 1",
+        fakehw.display(),
+        hw.display()
     );
-    Ok((path, firmware))
+    let metrics = if metrics_listen.is_empty() || metrics_listen.ends_with(":0") {
+        String::new()
+    } else {
+        format!("  curl -s http://{metrics_listen}/metrics | grep ^tt_serving_card\n")
+    };
+    let openai = if openai_listen.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "  curl -sN http://{openai_listen}/v1/chat/completions -H 'Content-Type: application/json' -d '{{\"model\":\"smollm2\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}],\"stream\":true}}'\n"
+        )
+    };
+    eprintln!(
+        "\ndemo: config in {config}\ndemo: try, in another terminal:\n  {ctl} status\n  {ctl} generate smollm2 'The capital of France is'\n  {ctl} logs smollm2\n  grpcurl -plaintext -d '{{\"model\":\"smollm2\",\"prompt\":\"Hello\",\"max_tokens\":16}}' {listen} tt.serving.v1.Inference/Generate\n{openai}{metrics}\
+         demo: a card whose reset lies, in this order:\n  {fault} never-returns   # its next reset exits 0 but it never comes back\n  {ctl} slot stop smollm2   # a card in a serving slot is reset only by its slot\n  {ctl} card reset 1   # not proven back: card 1 quarantined (about 10 s), card 0 stays ready\n\
+         demo: and the repair:\n  {fault} clear && {ctl} card reset 1 && {ctl} slot start smollm2\n\
+         demo: Ctrl-C stops everything.\n",
+        config = path.display(),
+    );
+    Ok(Demo {
+        config: path,
+        firmware,
+        _lock: lock,
+    })
 }

@@ -20,7 +20,7 @@ use crate::layout::{
     finish_in_place_reset, materialize_card, present_cards, read_attr, write_atomic, Layout,
     Readings, HEARTBEAT_AFTER_RESET, LINK_DOWNTRAINED, LINK_FULL,
 };
-use crate::running::FirmwareLock;
+use crate::running::{FirmwareLock, STEP_FAILED};
 use crate::state::{self, PendingReset, StateLock};
 
 /// What one firmware step did.
@@ -182,7 +182,7 @@ pub fn run_firmware(
             if !layout.cards_file().is_file() {
                 return Ok(());
             }
-            lock.record_stop(&format!("a firmware step failed: {e}"));
+            lock.record_stop(&format!("{STEP_FAILED}: {e}"));
             return Err(e);
         }
         std::thread::sleep(interval);

@@ -537,6 +537,11 @@ pub(crate) fn begin_in_place_reset(
         kmd,
     ) {
         let path = class_dir.join(name);
+        if path.is_dir() {
+            // Still unreadable from an earlier reset that has not
+            // completed: a second reset keeps the card in reset.
+            continue;
+        }
         remove_file_if_exists(&path)?;
         match fs::create_dir(&path) {
             Ok(()) => {}

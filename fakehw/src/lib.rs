@@ -35,9 +35,11 @@
 //!
 //! # Fidelity notes
 //!
-//! - During a real reset, reads of the class attributes fail with ENODATA;
-//!   here the class dir is removed, so they fail with ENOENT. Both are
-//!   "the card is not readable"; code must treat any read error as such.
+//! - During a real reset (tt-kmd 2.9.0+), reads of the class attributes
+//!   fail with ENODATA; here each attribute becomes a directory, so they
+//!   fail with EISDIR (a card that leaves the bus loses its class dir:
+//!   ENOENT). All are "the card is not readable"; code must treat any read
+//!   error as such.
 //! - The device node is a regular file, not a character device.
 //! - The card's PCI dir and hwmon stay during a reset (the PCI function
 //!   stays on the bus during a link reset); `sys/bus/pci/devices/<BDF>`

@@ -552,9 +552,15 @@ fn die_with_parent() -> Result<nix::unistd::Pid> {
 }
 
 fn print_status(fake: &FakeRoot) -> Result<()> {
-    println!("root: {}", fake.root().display());
-    println!("{}", fake.firmware_state().describe(fake.root()));
-    println!(
+    use std::fmt::Write as _;
+    use std::io::Write as _;
+    // Written whole at the end, so that a reader that stops early
+    // (`| head`) ends the output without a panic.
+    let mut text = String::new();
+    let _ = writeln!(text, "root: {}", fake.root().display());
+    let _ = writeln!(text, "{}", fake.firmware_state().describe(fake.root()));
+    let _ = writeln!(
+        text,
         "{:<14} {:<6} {:<10} {:<18} {:<26} pending reset",
         "BDF", "index", "heartbeat", "serial", "faults"
     );
@@ -566,7 +572,8 @@ fn print_status(fake: &FakeRoot) -> Result<()> {
             .map(|f| f.to_string())
             .collect::<Vec<_>>()
             .join(", ");
-        println!(
+        let _ = writeln!(
+            text,
             "{:<14} {:<6} {:<10} {:<18} {:<26} {}",
             card.info.bdf,
             card.index.map_or("gone".to_string(), |i| i.to_string()),
@@ -579,5 +586,10 @@ fn print_status(fake: &FakeRoot) -> Result<()> {
             )),
         );
     }
-    Ok(())
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(e).context("writing the status")
+        }
+        _ => Ok(()),
+    }
 }

@@ -19,6 +19,10 @@ use crate::error::{FakeHwError, Result};
 use crate::layout::{write_atomic, Layout};
 use crate::state;
 
+/// How the reason a loop stopped begins when one of its steps failed
+/// ([`crate::run_firmware`]): the root's files are not what a step expects.
+pub(crate) const STEP_FAILED: &str = "a firmware step failed";
+
 /// The running loop's hold on its root.
 #[derive(Debug)]
 pub(crate) struct FirmwareLock {
@@ -149,11 +153,47 @@ impl FirmwareState {
                     }
                     None => "none was started".to_string(),
                 };
+                let failed = last
+                    .as_ref()
+                    .is_some_and(|(_, reason)| reason.starts_with(STEP_FAILED));
+                if failed {
+                    // A new loop would fail the same step at once: the
+                    // root itself is damaged, so restarting is no remedy.
+                    let cards = state::load_inventory(&Layout::new(root))
+                        .map_or("N".to_string(), |i| i.cards.len().to_string());
+                    return format!(
+                        "firmware: NOT running ({why}); the root's files are inconsistent (a tt-fakehw bug), so a new firmware would stop the same way: lay the root out again with `tt-fakehw create --root {root} --cards {cards} --force` (a demo does that at its next start), then `tt-fakehw firmware --root {root} --detach`",
+                        root = root.display()
+                    );
+                }
                 format!(
                     "firmware: NOT running ({why}); heartbeats stand still and reset cards do not come back until one runs: tt-fakehw firmware --root {} --detach",
                     root.display()
                 )
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_firmware_stopped_by_a_failed_step_is_not_told_to_restart_alone() {
+        let root = std::path::Path::new("/nonexistent/hw");
+        let stopped = |reason: &str| FirmwareState::Stopped {
+            last: Some((state::now_unix_ms(), reason.to_string())),
+        };
+        let signal = stopped("it received SIGTERM").describe(root);
+        assert!(
+            signal.ends_with("tt-fakehw firmware --root /nonexistent/hw --detach"),
+            "{signal}"
+        );
+        let failed = stopped(&format!("{STEP_FAILED}: reading x: Is a directory")).describe(root);
+        assert!(
+            failed.contains("tt-fakehw create --root /nonexistent/hw --cards N --force"),
+            "{failed}"
+        );
     }
 }

@@ -858,9 +858,17 @@ fn reset_inner(
         return Ok(failed(1));
     }
 
+    // Every card this run resets is recorded as pending *before* any card
+    // is touched, and the whole record is written at once. A failure or a
+    // kill midway then leaves each card either untouched or recorded, and
+    // a recorded card is one the firmware brings back. The other order once
+    // left a card half reset with nobody to finish it: a reset of cards 0
+    // and 1 while card 1 was still in its last reset converted card 0,
+    // failed on card 1 and returned before recording card 0, whose
+    // unreadable heartbeat then stopped the firmware for every card (issue 46).
     let mut pending = state::load_pending(layout)?;
     let now = state::now_unix_ms();
-    let mut reset_bdfs = Vec::new();
+    let mut steps = Vec::new();
     let mut lost = false;
     for card in &targets {
         let card_faults = faults.get(&card.bdf).cloned().unwrap_or_default();
@@ -880,34 +888,54 @@ fn reset_inner(
             continue;
         };
         let in_place = inventory.kmd.resets_in_place() && !card_faults.leaves_the_bus();
-        let therm_trips = read_attr(
-            &layout
-                .class_dir(&card.bdf, card.index)
-                .join("tt_therm_trip_count"),
-        )
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-        if in_place {
-            begin_in_place_reset(layout, info, card.index, &inventory.kmd)?;
-        } else {
-            vanish_card(layout, &card.bdf, card.index)?;
-            lost |= card_faults.never_returns;
-        }
+        // A card still in an earlier reset cannot be read; its count from
+        // before that reset is the one to keep.
+        let earlier = pending.iter().find(|p| p.bdf == card.bdf);
+        let therm_trips = match earlier {
+            Some(p) => p.therm_trips,
+            None => read_attr(
+                &layout
+                    .class_dir(&card.bdf, card.index)
+                    .join("tt_therm_trip_count"),
+            )
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0),
+        };
         let delay = card_faults
             .slow_delay_ms
             .unwrap_or(inventory.reset_delay_ms);
-        pending.retain(|p| p.bdf != card.bdf);
-        pending.push(PendingReset {
-            bdf: card.bdf.clone(),
-            old_index: card.index,
-            due_unix_ms: now.saturating_add(delay),
-            in_place,
-            therm_trips,
-        });
-        reset_bdfs.push(card.bdf.clone());
+        lost |= !in_place && card_faults.never_returns;
+        steps.push((
+            info,
+            PendingReset {
+                bdf: card.bdf.clone(),
+                old_index: card.index,
+                due_unix_ms: now.saturating_add(delay),
+                in_place,
+                therm_trips,
+            },
+        ));
     }
+    pending.retain(|p| !steps.iter().any(|(_, step)| step.bdf == p.bdf));
+    pending.extend(steps.iter().map(|(_, step)| step.clone()));
     state::save_pending(layout, &pending)?;
+    let reset_bdfs: Vec<String> = steps.iter().map(|(_, step)| step.bdf.clone()).collect();
+    for (info, step) in &steps {
+        let touched = if step.in_place {
+            begin_in_place_reset(layout, info, step.old_index, &inventory.kmd)
+        } else {
+            vanish_card(layout, &step.bdf, step.old_index)
+        };
+        if let Err(e) = touched {
+            say(out, &red(&format!("Error while resetting devices: {e}")));
+            return Ok(ResetRun {
+                code: 1,
+                reset_bdfs,
+                ..ResetRun::default()
+            });
+        }
+    }
     if lost {
         // tt-umd waits up to 10 s for every card on the host to reappear,
         // then logs this and skips the POST_RESET ioctl (warm_reset.cpp).
@@ -1040,6 +1068,57 @@ mod tests {
         assert_eq!(
             parse(&["--snapshot=1"]),
             Err("argument -s/--snapshot: ignored explicit argument '1'".to_string())
+        );
+    }
+
+    /// The demo's failure step (issue 46): card 1 never returns from a
+    /// reset, and the next reset names both cards of the slot. Card 0 must
+    /// be reset and recorded like card 1, never converted and forgotten
+    /// (which stopped the firmware for both: its heartbeat was unreadable
+    /// with no reset to finish).
+    #[test]
+    fn a_reset_naming_a_card_still_in_reset_resets_and_records_every_card() {
+        use crate::{FakeRoot, Fault};
+        let dir = tempfile::tempdir().unwrap();
+        let fake = FakeRoot::create(
+            &dir.path().join("hw"),
+            2,
+            std::path::Path::new("/nonexistent/tt-fakehw"),
+        )
+        .unwrap();
+        let (a, b) = (FakeRoot::bdf(0), FakeRoot::bdf(1));
+        fake.set_fault(&b, Fault::NeverReturns).unwrap();
+        let first = fake.run_smi(&["--no_reinit", "-r", &b]);
+        assert_eq!(first.code, 0, "{first:?}");
+        let both = format!("{a},{b}");
+        let second = fake.run_smi(&["--no_reinit", "-r", &both]);
+        assert_eq!(second.code, 0, "{second:?}");
+        assert!(!second.stdout.contains('\x1b'), "{second:?}");
+        let mut pending: Vec<String> = fake
+            .pending_resets()
+            .unwrap()
+            .into_iter()
+            .map(|p| p.bdf)
+            .collect();
+        pending.sort();
+        assert_eq!(pending, [a.clone(), b.clone()]);
+        let logged = fake.tt_smi_log().unwrap();
+        assert_eq!(logged.last().unwrap().reset_bdfs, [a.clone(), b.clone()]);
+        // Past every delay: card 0 is back with a fresh heartbeat, card 1
+        // stays in its reset, and the step itself does not fail.
+        let later = state::now_unix_ms() + 60_000;
+        let report = fake.tick_at(later).unwrap();
+        let back: Vec<&str> = report.returned.iter().map(|r| r.bdf.as_str()).collect();
+        assert_eq!(back, [a.as_str()]);
+        assert_eq!(
+            fake.heartbeat(&a),
+            Some(crate::layout::HEARTBEAT_AFTER_RESET)
+        );
+        assert_eq!(fake.heartbeat(&b), None);
+        fake.tick_at(later + 50).unwrap();
+        assert_eq!(
+            fake.heartbeat(&a),
+            Some(crate::layout::HEARTBEAT_AFTER_RESET + 1)
         );
     }
 

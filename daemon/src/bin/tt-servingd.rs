@@ -102,6 +102,10 @@ enum Command {
         /// The OpenAI-compatible HTTP front door's address ("" for none).
         #[arg(long, default_value = "127.0.0.1:8000")]
         openai_listen: String,
+        /// The Prometheus `/metrics` endpoint's address ("" for none; port
+        /// 0, the default, takes any free port, which `ttctl status` shows).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        metrics_listen: String,
     },
 }
 
@@ -155,11 +159,12 @@ fn main() -> ExitCode {
             model,
             listen,
             openai_listen,
-        } => match tt_servingd::demo::prepare(dir, model, &listen, &openai_listen) {
-            Ok((config, mut firmware)) => {
-                let code = run(&config);
-                let _ = firmware.kill();
-                let _ = firmware.wait();
+            metrics_listen,
+        } => match tt_servingd::demo::prepare(dir, model, &listen, &openai_listen, &metrics_listen)
+        {
+            Ok(demo) => {
+                let code = run(&demo.config);
+                demo.stop();
                 code
             }
             Err(e) => {

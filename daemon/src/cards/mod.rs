@@ -24,6 +24,7 @@ use reset::{
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
 
 /// What the daemon is doing with a card.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,7 +101,11 @@ pub struct CardView {
     pub processes: Vec<CardProcess>,
     /// The slot using it.
     pub slot: Option<String>,
-    /// Whether the heartbeat advanced between the last two reads.
+    /// False once the heartbeat has read the same value for a whole
+    /// `reset.heartbeat_interval_ms` ([`heartbeat_alive`]), and while it
+    /// cannot be read; true before that interval has passed, so that a
+    /// heartbeat seen for the first time (at start, after a reset) is not
+    /// called stalled before it had the time to advance.
     pub heartbeat_ok: bool,
     /// Failed resets in a row.
     pub reset_failures: u32,
@@ -118,6 +123,9 @@ struct Entry {
     /// Lent to an outside job (`ttctl card borrow`): the daemon neither
     /// holds nor retakes the lock until the card is taken back.
     lent: Option<String>,
+    /// The heartbeat value last read and when it was first read at that
+    /// value; None while unreadable.
+    heartbeat_seen: Option<(u64, Instant)>,
     /// When to log again that someone else holds this managed card's lock,
     /// and the interval after that (doubling up to ten minutes), so an
     /// operator sees why a slot waits without a line every tick.
@@ -160,6 +168,9 @@ pub struct CardManager {
     lock_policy: LockPolicy,
     quarantine_dir: PathBuf,
     resetter: Resetter,
+    /// `reset.heartbeat_interval_ms`: a heartbeat that stands still this
+    /// long is stalled, as in a reset's proof.
+    heartbeat_interval: Duration,
     /// Which slot each card belongs to; a reload changes it.
     assignment: RwLock<Assignment>,
     table: Mutex<BTreeMap<String, Entry>>,
@@ -180,6 +191,7 @@ impl CardManager {
                 config.reset.clone(),
             ),
             hw,
+            heartbeat_interval: Duration::from_millis(config.reset.heartbeat_interval_ms),
             lock_dir: config.daemon.lock_dir.clone(),
             lock_policy: lock_policy(config),
             quarantine_dir: config.daemon.state_dir.join("quarantine"),
@@ -285,6 +297,7 @@ impl CardManager {
             lock: None,
             busy: false,
             lent: None,
+            heartbeat_seen: None,
             held_log: None,
         }
     }
@@ -308,10 +321,11 @@ impl CardManager {
                 let entry = table
                     .entry(bdf.clone())
                     .or_insert_with(|| self.new_entry(&bdf, None));
-                let previous = entry.view.info.as_ref().and_then(|i| i.heartbeat);
-                entry.view.heartbeat_ok = matches!(
-                    (previous, info.heartbeat),
-                    (Some(a), Some(b)) if b > a
+                entry.view.heartbeat_ok = heartbeat_alive(
+                    &mut entry.heartbeat_seen,
+                    info.heartbeat,
+                    Instant::now(),
+                    self.heartbeat_interval,
                 );
                 entry.view.processes = self
                     .hw
@@ -326,6 +340,7 @@ impl CardManager {
                 if !present.contains(bdf) && !entry.busy && entry.view.state != CardState::Missing {
                     entry.view.info = None;
                     entry.view.heartbeat_ok = false;
+                    entry.heartbeat_seen = None;
                     if entry.view.state != CardState::Quarantined {
                         entry.view.state = CardState::Missing;
                         entry.view.reason =
@@ -405,6 +420,17 @@ impl CardManager {
                             .unwrap_or_else(|| "another process".into())
                     );
                     entry.view.holder = holder.map(|h| *h);
+                    entry.view.held_by_daemon = false;
+                    log_held_with_backoff(entry);
+                }
+                // Someone who may not hold the card can take its lock
+                // whenever it is free: refused, named, with the fix.
+                Err(e @ LockError::Foreign { .. }) => {
+                    entry.view.state = CardState::HeldElsewhere;
+                    entry.view.reason = e.to_string();
+                    if let LockError::Foreign { openers, .. } = e {
+                        entry.view.holder = openers.into_iter().next();
+                    }
                     entry.view.held_by_daemon = false;
                     log_held_with_backoff(entry);
                 }
@@ -851,6 +877,33 @@ impl CardManager {
     }
 }
 
+/// Judges a heartbeat from a new read (`now_value`, None when unreadable)
+/// and updates `seen`, the value last read and since when it reads so.
+/// Stalled (false) only once it has stood still for a whole `interval`:
+/// the firmware needs that long to advance it, so a value read for the
+/// first time, at start or after a reset, is not stalled yet. Comparing
+/// the last two reads alone called every card stalled for a tick at start
+/// and after every reset (issue 46). Any change counts as a beat, a drop
+/// included: the counter restarts when the firmware does.
+fn heartbeat_alive(
+    seen: &mut Option<(u64, Instant)>,
+    now_value: Option<u64>,
+    now: Instant,
+    interval: Duration,
+) -> bool {
+    let Some(value) = now_value else {
+        *seen = None;
+        return false;
+    };
+    match *seen {
+        Some((last, since)) if last == value => now.saturating_duration_since(since) < interval,
+        _ => {
+            *seen = Some((value, now));
+            true
+        }
+    }
+}
+
 /// The reason a card is quarantined with after this failed reset; one whose
 /// tt-smi hung begins with [`RESET_HUNG_PREFIX`].
 fn quarantine_reason(bdf: &str, failure: &ResetFailure) -> String {
@@ -1121,6 +1174,25 @@ pub fn is_daemon_or_descendant(pid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_heartbeat_is_stalled_only_after_a_whole_interval_without_a_beat() {
+        let interval = Duration::from_millis(500);
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut seen = None;
+        // First read (start, or the first after a reset): not stalled yet.
+        assert!(heartbeat_alive(&mut seen, Some(40), at(0), interval));
+        assert!(heartbeat_alive(&mut seen, Some(40), at(499), interval));
+        assert!(!heartbeat_alive(&mut seen, Some(40), at(500), interval));
+        assert!(heartbeat_alive(&mut seen, Some(41), at(600), interval));
+        // Unreadable (mid-reset): not ok, and forgotten.
+        assert!(!heartbeat_alive(&mut seen, None, at(700), interval));
+        assert_eq!(seen, None);
+        // Back with the counter restarted: a beat, not a stall.
+        assert!(heartbeat_alive(&mut seen, Some(1), at(800), interval));
+        assert!(!heartbeat_alive(&mut seen, Some(1), at(1300), interval));
+    }
 
     fn failure(kind: FailureKind) -> ResetFailure {
         ResetFailure {

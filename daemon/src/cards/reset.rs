@@ -993,7 +993,7 @@ async fn run_with_deadline(
         Ok(Err(e)) => Err(RunError::Failed(format!("waiting for it failed: {e}"))),
         Ok(Ok(status)) => {
             guard.0 = None;
-            let text = stdout.text() + &stderr.text();
+            let text = without_escapes(&(stdout.text() + &stderr.text()));
             Ok((status.code(), tail(&text, OUTPUT_LIMIT)))
         }
         Err(_) => {
@@ -1010,7 +1010,7 @@ async fn run_with_deadline(
                 stderr.closed().await;
             })
             .await;
-            let text = stdout.text() + &stderr.text();
+            let text = without_escapes(&(stdout.text() + &stderr.text()));
             Err(RunError::TimedOut {
                 after: deadline,
                 output: tail(&text, OUTPUT_LIMIT),
@@ -1139,6 +1139,34 @@ impl Drop for Collector {
     }
 }
 
+/// A tool's output without terminal escape sequences: tt-smi colours its
+/// lines even when its output is not a terminal (docs/HARDWARE.md), and
+/// the raw codes would land in card reasons, logs and `ttctl status`.
+/// Removes CSI sequences (`ESC [` ... final byte `@`..`~`), character set
+/// designations (`ESC ( B`) and any other `ESC` with the byte after it.
+fn without_escapes(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        if chars.next_if_eq(&'[').is_some() {
+            // Parameters and intermediates, then one final byte.
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        } else if matches!(chars.next(), Some('(' | ')' | '*' | '+')) {
+            // A character set designation (`ESC ( B`): one byte more.
+            chars.next();
+        }
+    }
+    out
+}
+
 fn tail(text: &str, limit: usize) -> String {
     if text.len() <= limit {
         return text.to_string();
@@ -1162,6 +1190,17 @@ fn last_line(output: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn tool_output_is_quoted_without_its_colour_codes() {
+        assert_eq!(
+            without_escapes("\u{1b}[31mError:\u{1b}[0m card 1 \u{1b}[1;33mbusy\u{1b}[m\u{1b}(B"),
+            "Error: card 1 busy"
+        );
+        assert_eq!(without_escapes("plain ✓"), "plain ✓");
+        assert_eq!(without_escapes("cut \u{1b}["), "cut ");
+    }
+
     use super::*;
 
     /// A hardware root with cards at these (index, BDF), node present or not.
