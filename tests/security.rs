@@ -68,10 +68,18 @@ fn a_socket_group_member_may_read_but_not_reset_without_the_admin_group() {
     // A dry run changes nothing, so reading is enough; it is not recorded
     // either (a reader must not be able to push real reloads out of the
     // history).
+    // The file is root's: the reader sees which key changes, not to what.
+    let mut text = std::fs::read_to_string(&daemon.config).unwrap();
+    text.push_str("\n[host]\nram_floor_mib = 3333\n");
+    std::fs::write(&daemon.config, text).unwrap();
     let dry = daemon.ttctl_as(NOBODY, NOBODY, &["reload", "--dry-run"]);
     let text = output_text(&dry);
     assert!(dry.status.success(), "{text}");
     assert!(text.contains("dry run: nothing applied"), "{text}");
+    assert!(text.contains("host.ram_floor_mib: changed"), "{text}");
+    assert!(!text.contains("3333"), "{text}");
+    let root = output_text(&daemon.ttctl(&["reload", "--dry-run"]));
+    assert!(root.contains("host.ram_floor_mib: 4096 → 3333"), "{root}");
     let status = daemon.status();
     assert_eq!(
         status["reloads"].as_array().map(Vec::len).unwrap_or(0),

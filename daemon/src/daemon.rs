@@ -331,6 +331,7 @@ async fn reload_on_sighup(state: Arc<DaemonState>, mut hangups: tokio::signal::u
         let options = crate::reload::Options {
             dry_run: false,
             wait: true,
+            show_values: true,
         };
         crate::reload::reload(&state, "SIGHUP", options).await;
     }

@@ -189,6 +189,7 @@ async fn apply_arm(
         Options {
             dry_run: false,
             wait: true,
+            show_values: true,
         },
     )
     .await;
@@ -231,6 +232,7 @@ async fn restore(
     let options = Options {
         dry_run: false,
         wait: true,
+        show_values: true,
     };
     let report = reload::reload_in_turn(state, "ttctl ab: trial over", options).await;
     let mut message = String::new();

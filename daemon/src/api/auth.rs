@@ -235,6 +235,19 @@ impl AdminRule {
         }))
     }
 
+    /// Whether the caller of `request` may perform destructive operations
+    /// (root or the admin group), decided quietly: for choosing what a
+    /// read-only answer shows.
+    pub fn is_admin<T>(&self, request: &Request<T>) -> bool {
+        let peer = request
+            .extensions()
+            .get::<PeerInfo>()
+            .and_then(Option::as_ref);
+        peer.is_some_and(|p| {
+            p.uid == 0 || self.group.as_ref().is_some_and(|(_, gid)| p.in_group(*gid))
+        })
+    }
+
     /// [`AdminRule::check`] for a request arriving on the control socket.
     pub fn authorize<T>(&self, request: &Request<T>, op: Operation) -> Result<(), Status> {
         let peer = request

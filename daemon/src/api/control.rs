@@ -355,10 +355,14 @@ impl Control for ControlService {
             Operation::Reload
         };
         self.rule.authorize(&request, op)?;
+        // The config file is root's: a caller who may not reload sees which
+        // keys change, not their values.
+        let show_values = self.rule.is_admin(&request);
         let request = request.into_inner();
         let options = crate::reload::Options {
             dry_run: request.dry_run,
             wait: !request.no_wait,
+            show_values,
         };
         // Its own task: a client that goes away must not cancel a reload
         // halfway through applying it.

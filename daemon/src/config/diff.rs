@@ -54,12 +54,28 @@ pub fn to_value<T: serde::Serialize>(value: &T) -> toml::Value {
 /// (dotted key, "old → new") for every leaf that differs. Tables recurse;
 /// other values compare whole.
 pub fn changed_keys(old: &toml::Value, new: &toml::Value) -> Vec<(String, String)> {
+    changed_keys_shown(old, new, true)
+}
+
+/// [`changed_keys`], with `values` false saying only `added`, `removed`
+/// or `changed` (for a reader who may not see the config's values).
+pub fn changed_keys_shown(
+    old: &toml::Value,
+    new: &toml::Value,
+    values: bool,
+) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    walk("", old, new, &mut out);
+    walk("", old, new, values, &mut out);
     out
 }
 
-fn walk(prefix: &str, old: &toml::Value, new: &toml::Value, out: &mut Vec<(String, String)>) {
+fn walk(
+    prefix: &str,
+    old: &toml::Value,
+    new: &toml::Value,
+    values: bool,
+    out: &mut Vec<(String, String)>,
+) {
     let join = |k: &str| {
         if prefix.is_empty() {
             k.to_string()
@@ -74,13 +90,13 @@ fn walk(prefix: &str, old: &toml::Value, new: &toml::Value, out: &mut Vec<(Strin
         (toml::Value::Table(o), toml::Value::Table(n)) => {
             for (k, ov) in o {
                 match n.get(k) {
-                    Some(nv) => walk(&join(k), ov, nv, out),
+                    Some(nv) => walk(&join(k), ov, nv, values, out),
                     None => out.push((join(k), "removed".into())),
                 }
             }
             for (k, nv) in n {
                 if !o.contains_key(k) {
-                    let shown = if secret || SECRET_KEYS.contains(&join(k).as_str()) {
+                    let shown = if !values || secret || SECRET_KEYS.contains(&join(k).as_str()) {
                         "added".to_string()
                     } else {
                         format!("added ({})", short(nv))
@@ -90,7 +106,9 @@ fn walk(prefix: &str, old: &toml::Value, new: &toml::Value, out: &mut Vec<(Strin
             }
         }
         (o, n) if o != n => {
-            let shown = if secret || SECRET_KEYS.contains(&prefix) {
+            let shown = if !values {
+                "changed".to_string()
+            } else if secret || SECRET_KEYS.contains(&prefix) {
                 "changed (value hidden)".to_string()
             } else {
                 format!("{} → {}", short(o), short(n))

@@ -30,6 +30,10 @@ pub struct Options {
     pub dry_run: bool,
     /// Wait for started slots to be Ready or failed before answering.
     pub wait: bool,
+    /// Show the config's values in the plan (old → new, added (value)) and
+    /// the problems' details; false: keys and what happens to them only,
+    /// for a caller who may not read the config file.
+    pub show_values: bool,
 }
 
 /// Re-read the config file and apply what changed. Never fails: the report
@@ -66,6 +70,17 @@ pub async fn reload_in_turn(
             for problem in &report.problems {
                 tracing::error!(%problem, "reload refused: the new config is invalid; the old one keeps serving");
             }
+            // A problem quotes the file's values; its key alone for a
+            // caller who may not read it (the log keeps the whole).
+            if !options.show_values {
+                report.problems = match e.problems() {
+                    [] => vec!["the config file cannot be read or parsed (details for root and the admin group: ttctl reload --dry-run as one of them, or the daemon's log)".into()],
+                    problems => problems
+                        .iter()
+                        .map(|p| format!("{}: invalid (details for root and the admin group)", p.key))
+                        .collect(),
+                };
+            }
             report.summary = format!("refused: {} problem(s)", report.problems.len());
             return finish(state, report, options);
         }
@@ -91,6 +106,7 @@ pub async fn apply_config(
         &new,
         &|model, m| variant_key(&old, model, m),
         &running,
+        options.show_values,
     );
     report.summary = plan.summary();
     report.needs_restart = plan.needs_restart.clone();

@@ -8,7 +8,7 @@
 //! running daemon (sockets, directories, hardware paths), so their changes
 //! are listed as needing a restart and not applied.
 
-use crate::config::diff::{changed_keys, is_live, to_value};
+use crate::config::diff::{changed_keys_shown, is_live, to_value};
 use crate::config::{Config, ModelConfig};
 use crate::slots::configured_slots;
 use std::collections::BTreeMap;
@@ -122,6 +122,7 @@ pub fn diff(
     new: &Config,
     variant: &dyn Fn(&str, &ModelConfig) -> String,
     running: &BTreeMap<String, ModelConfig>,
+    values: bool,
 ) -> Plan {
     let mut old_slots = slot_definitions(old);
     for (slot, m) in running {
@@ -141,7 +142,7 @@ pub fn diff(
         match old_slots.get(slot) {
             None => steps.push(step(Action::Start, "added to the config".into())),
             Some((old_model, old_def)) => {
-                let changes = changed_keys(old_def, new_def);
+                let changes = changed_keys_shown(old_def, new_def, values);
                 let behind = running.get(slot);
                 let note = |reason: String| {
                     match behind {
@@ -197,7 +198,7 @@ pub fn diff(
             t.remove(LIVE_SECTION);
         }
     }
-    for (key, change) in changed_keys(&old_v, &new_v) {
+    for (key, change) in changed_keys_shown(&old_v, &new_v, values) {
         needs_restart.push(format!("{key}: {change}"));
     }
     Plan {
@@ -299,7 +300,7 @@ mod tests {
     #[test]
     fn identical_configs_keep_everything() {
         let c = config(&format!("{A}{B}"));
-        let plan = diff(&c, &c, &variant, &BTreeMap::new());
+        let plan = diff(&c, &c, &variant, &BTreeMap::new(), true);
         assert!(!plan.changes_slots());
         assert_eq!(plan.summary(), "2 keep");
     }
@@ -308,7 +309,7 @@ mod tests {
     fn a_cache_flag_restarts_only_its_model_and_names_the_cold_build() {
         let old = config(&format!("{A}{B}"));
         let new = config(&format!("{A}{}", B.replace("KV = \"0\"", "KV = \"1\"")));
-        let plan = diff(&old, &new, &variant, &BTreeMap::new());
+        let plan = diff(&old, &new, &variant, &BTreeMap::new(), true);
         assert_eq!(action(&plan, "a").0, Action::Keep);
         let (act, why) = action(&plan, "b");
         assert_eq!(act, Action::Restart);
@@ -320,20 +321,20 @@ mod tests {
     fn router_limits_update_live() {
         let old = config(A);
         let new = config(&format!("{A}max_in_flight = 2\n"));
-        let plan = diff(&old, &new, &variant, &BTreeMap::new());
+        let plan = diff(&old, &new, &variant, &BTreeMap::new(), true);
         let (act, why) = action(&plan, "a");
         assert_eq!(act, Action::Update);
         assert_eq!(why, "max_in_flight: 8 → 2");
         // The router reads the recovery wait per request: live too.
         let new = config(&format!("{A}recovery_wait_secs = 0\n"));
-        let plan = diff(&old, &new, &variant, &BTreeMap::new());
+        let plan = diff(&old, &new, &variant, &BTreeMap::new(), true);
         assert_eq!(
             action(&plan, "a"),
             (Action::Update, "recovery_wait_secs: 30 → 0".to_string())
         );
         // And whether it routes by prefix affinity.
         let new = config(&format!("{A}prefix_affinity = false\n"));
-        let plan = diff(&old, &new, &variant, &BTreeMap::new());
+        let plan = diff(&old, &new, &variant, &BTreeMap::new(), true);
         assert_eq!(
             action(&plan, "a"),
             (Action::Update, "prefix_affinity: true → false".to_string())
@@ -345,18 +346,18 @@ mod tests {
         let two = "[models.r]\ntp = 1\nreplicas = [[\"0000:03:00.0\"], [\"0000:04:00.0\"]]\ncheckpoint = \"/m/r.gguf\"\n";
         let three = two.replace("]]\n", "], [\"0000:05:00.0\"]]\n");
         let (old, new) = (config(two), config(&three));
-        let plan = diff(&old, &new, &variant, &BTreeMap::new());
+        let plan = diff(&old, &new, &variant, &BTreeMap::new(), true);
         assert_eq!(action(&plan, "r/0").0, Action::Keep);
         assert_eq!(action(&plan, "r/1").0, Action::Keep);
         assert_eq!(action(&plan, "r/2").0, Action::Start);
-        let back = diff(&new, &old, &variant, &BTreeMap::new());
+        let back = diff(&new, &old, &variant, &BTreeMap::new(), true);
         assert_eq!(action(&back, "r/2").0, Action::Stop);
         assert_eq!(action(&back, "r/0").0, Action::Keep);
     }
 
     #[test]
     fn removed_model_stops_and_new_model_starts() {
-        let plan = diff(&config(A), &config(B), &variant, &BTreeMap::new());
+        let plan = diff(&config(A), &config(B), &variant, &BTreeMap::new(), true);
         assert_eq!(action(&plan, "a").0, Action::Stop);
         assert_eq!(action(&plan, "b").0, Action::Start);
         assert_eq!(plan.summary(), "1 stop, 1 start");
@@ -368,7 +369,7 @@ mod tests {
         let mut new = old.clone();
         new.daemon.listen = "0.0.0.0:9000".into();
         new.reset.attempts = 7;
-        let plan = diff(&old, &new, &variant, &BTreeMap::new());
+        let plan = diff(&old, &new, &variant, &BTreeMap::new(), true);
         assert!(!plan.changes_slots());
         assert_eq!(
             plan.needs_restart,
@@ -383,12 +384,31 @@ mod tests {
     }
 
     #[test]
+    fn a_plan_without_values_names_the_keys_only() {
+        let old = config(&format!("{A}[models.a.flags]\nKV = \"bf16\"\n"));
+        let new = config(&format!(
+            "{A}[models.a.flags]\nKV = \"bfp8\"\nNEW = \"yes-new\"\n"
+        ));
+        let plan = diff(&old, &new, &variant, &BTreeMap::new(), false);
+        let (_, why) = action(&plan, "a");
+        assert!(
+            why.contains("flags.KV: changed") && why.contains("flags.NEW: added"),
+            "{why}"
+        );
+        for value in ["bf16", "bfp8", "yes-new"] {
+            assert!(!why.contains(value), "{why}");
+        }
+        let shown = diff(&old, &new, &variant, &BTreeMap::new(), true);
+        assert!(action(&shown, "a").1.contains("\"bf16\" → \"bfp8\""));
+    }
+
+    #[test]
     fn environment_values_never_appear_in_the_plan() {
         let old = config(&format!("{A}[models.a.env]\nTOKEN = \"hunter2\"\n"));
         let new = config(&format!(
             "{A}[models.a.env]\nTOKEN = \"s3cret\"\nOTHER = \"x1\"\n"
         ));
-        let plan = diff(&old, &new, &variant, &BTreeMap::new());
+        let plan = diff(&old, &new, &variant, &BTreeMap::new(), true);
         let (act, why) = action(&plan, "a");
         assert_eq!(act, Action::Restart);
         assert!(why.contains("env.TOKEN: changed (value hidden)"), "{why}");
@@ -413,7 +433,7 @@ mod tests {
             vec!["flags.KV".to_string()]
         );
         // Reverting to 1: r/1 already runs it; r/0 goes back.
-        let revert = diff(&two, &one, &variant, &running);
+        let revert = diff(&two, &one, &variant, &running, true);
         assert_eq!(action(&revert, "r/0").0, Action::Restart);
         let (act, why) = action(&revert, "r/1");
         assert_eq!(
@@ -421,7 +441,7 @@ mod tests {
             (Action::Keep, "already runs this definition")
         );
         // Reloading 2 again (its cause fixed): r/1 catches up; r/0 runs it.
-        let again = diff(&two, &two, &variant, &running);
+        let again = diff(&two, &two, &variant, &running, true);
         assert_eq!(action(&again, "r/0").0, Action::Keep);
         let (act, why) = action(&again, "r/1");
         assert_eq!(act, Action::Restart);
