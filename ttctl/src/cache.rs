@@ -6,8 +6,8 @@ use std::io::Write;
 use tt_serving_proto::v1::{CacheVariant, ListCacheResponse};
 
 use super::client::Daemon;
+use super::outcome::{emit, Failure};
 use super::render::{cache_json, cache_removed_line, cache_table, cache_verdict, json_text};
-use super::{emit, Failure};
 
 /// `ttctl cache ls [--json]`.
 pub(super) async fn ls(

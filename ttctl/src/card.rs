@@ -3,8 +3,8 @@
 use std::io::Write;
 
 use super::client::Daemon;
+use super::outcome::{emit, Failure};
 use super::render::reset_progress_line;
-use super::{emit, Failure};
 
 /// `ttctl card reset <index|BDF>`: ask the daemon to reset the card and
 /// print each step as it streams in. Success is the daemon's proof that the
@@ -88,7 +88,7 @@ pub(super) async fn borrow(
         })?;
         match Kind::try_from(event.kind) {
             Ok(Kind::Lent) => break event.bdfs,
-            _ => super::note(err, &format!("ttctl: {}\n", event.message)),
+            _ => super::outcome::note(err, &format!("ttctl: {}\n", event.message)),
         }
     };
     // Take the same locks everyone uses, so no one else starts on the cards.
@@ -111,7 +111,7 @@ pub(super) async fn borrow(
         })?;
         locks.push(lock);
     }
-    super::note(
+    super::outcome::note(
         err,
         &format!(
             "ttctl: holding {}; running {}\n",
@@ -126,7 +126,7 @@ pub(super) async fn borrow(
     // children, so ttctl can end them with the job: the lease ends when
     // every process of the job is gone, not when its first process exits.
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
-        super::note(
+        super::outcome::note(
             err,
             &format!("ttctl: cannot adopt the job's orphans ({e}); processes it leaves behind keep the cards until they exit\n"),
         );
@@ -138,7 +138,7 @@ pub(super) async fn borrow(
         .await;
     let leftovers = end_leftovers().await;
     if !leftovers.is_empty() {
-        super::note(
+        super::outcome::note(
             err,
             &format!(
                 "ttctl: the job left {} process(es) behind ({}); ended them so the cards can go back\n",
@@ -159,7 +159,7 @@ pub(super) async fn borrow(
             "ttctl card borrow (check)",
             tt_card_lock::LockPolicy::borrower(),
         ) {
-            super::note(
+            super::outcome::note(
                 err,
                 &format!(
                     "ttctl: card {bdf} is still held by {}; the daemon takes it back when that process exits\n",
@@ -173,7 +173,7 @@ pub(super) async fn borrow(
             128 + std::os::unix::process::ExitStatusExt::signal(status).unwrap_or(0)
         }),
         Err(e) => {
-            super::note(err, &format!("ttctl: cannot run {program}: {e}\n"));
+            super::outcome::note(err, &format!("ttctl: cannot run {program}: {e}\n"));
             127
         }
     };
@@ -185,17 +185,17 @@ pub(super) async fn borrow(
     while let Some(event) = events.next().await? {
         match Kind::try_from(event.kind) {
             Ok(Kind::Returned) if event.ok => {
-                super::note(err, &format!("ttctl: {}\n", event.message));
+                super::outcome::note(err, &format!("ttctl: {}\n", event.message));
                 break;
             }
             Ok(Kind::Returned) => {
-                super::note(
+                super::outcome::note(
                     err,
                     &format!("ttctl: the cards did not come back: {}\n", event.message),
                 );
                 break;
             }
-            _ => super::note(err, &format!("ttctl: {}\n", event.message)),
+            _ => super::outcome::note(err, &format!("ttctl: {}\n", event.message)),
         }
     }
     match code {

@@ -27,7 +27,7 @@ use tt_serving_proto::v1::{
     SlotReply, SlotRequest, StatusRequest, StatusResponse, VerifyCacheProgress, VerifyCacheRequest,
 };
 
-use super::Failure;
+use super::outcome::Failure;
 
 /// Where the NixOS module puts the control socket.
 pub const DEFAULT_SOCKET: &str = "/run/tt-serving/control.sock";

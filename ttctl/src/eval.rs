@@ -13,9 +13,10 @@ use tt_serving_proto::accuracy::{self, Gate};
 use tt_serving_proto::v1::generate_request::Input;
 use tt_serving_proto::v1::{GenerateRequest, StatusResponse};
 
+use super::args::{EvalArgs, EvalRunner};
 use super::bench::record::{self, Identity, SlotIdentity};
 use super::client::Daemon;
-use super::{emit, note, EvalArgs, EvalRunner, Failure};
+use super::outcome::{emit, note, Failure};
 
 /// A task's score.
 #[derive(Debug, Clone, PartialEq)]

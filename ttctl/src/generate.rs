@@ -9,9 +9,10 @@ use tt_serving_proto::v1::{
     ChatMessage, ChatMessages, FinishReason, GenerateRequest, SamplingParams,
 };
 
+use super::args::GenerateArgs;
 use super::client::Daemon;
+use super::outcome::{emit, note, Failure};
 use super::render::generate_summary;
-use super::{emit, note, Failure, GenerateArgs};
 
 /// The request `args` describe. Sampling settings are sent only when one is
 /// given; none means greedy decoding, the daemon's default.

@@ -49,6 +49,7 @@ mod client;
 mod eval;
 mod generate;
 mod logs;
+mod outcome;
 mod reload;
 mod render;
 mod slot;
@@ -66,6 +67,7 @@ pub use args::{
 };
 use client::Daemon;
 pub use client::{connect, ConnectError, DEFAULT_SOCKET};
+use outcome::{emit, Failure};
 
 /// Run one ttctl command to completion, printing results to stdout, notes
 /// (such as `generate`'s summary) and `ttctl: <what went wrong>` to stderr,
@@ -166,58 +168,4 @@ fn cite(
             doc.display()
         )))
     }
-}
-
-/// Why a command did not succeed; decides the exit code.
-#[derive(Debug)]
-enum Failure {
-    /// The operation ran and failed, or the daemon refused it (exit 1).
-    Failed(String),
-    /// The daemon cannot be reached or went away (exit 3).
-    Unreachable(String),
-    /// Whoever read our stdout stopped (`ttctl status --watch | head`): not
-    /// an error, and nothing is left to print to.
-    OutputClosed,
-    /// A borrowed job's own non-zero exit status, passed on unchanged.
-    JobExit(u8),
-}
-
-impl Failure {
-    fn exit_code(&self) -> u8 {
-        match self {
-            Failure::OutputClosed => 0,
-            Failure::JobExit(code) => *code,
-            Failure::Failed(_) => 1,
-            Failure::Unreachable(_) => 3,
-        }
-    }
-
-    fn message(&self) -> &str {
-        match self {
-            Failure::Failed(m) | Failure::Unreachable(m) => m,
-            Failure::OutputClosed | Failure::JobExit(_) => "",
-        }
-    }
-}
-
-/// Write and flush `text`, so a watcher sees each snapshot at once.
-fn emit(out: &mut (dyn Write + Send), text: &str) -> Result<(), Failure> {
-    out.write_all(text.as_bytes())
-        .and_then(|()| out.flush())
-        .map_err(|err| match err.kind() {
-            io::ErrorKind::BrokenPipe => Failure::OutputClosed,
-            _ => Failure::Failed(format!("cannot write to stdout: {err}")),
-        })
-}
-
-/// Write `text` to stderr-like output. A note that cannot be written is not
-/// worth failing a command that already succeeded.
-fn note(err: &mut (dyn Write + Send), text: &str) {
-    let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
-}
-
-/// Ctrl-C ends a command that follows the daemon (`status --watch`, `logs
-/// -f`, `top`) successfully; not being able to listen for it is a failure.
-fn ctrl_c_pressed(signal: io::Result<()>) -> Result<(), Failure> {
-    signal.map_err(|err| Failure::Failed(format!("cannot listen for Ctrl-C: {err}")))
 }

@@ -5,9 +5,10 @@ use std::io::{self, Write};
 
 use tt_serving_proto::v1::LogsRequest;
 
+use super::args::LogsArgs;
 use super::client::Daemon;
+use super::outcome::{ctrl_c_pressed, emit, Failure};
 use super::render::log_line;
-use super::{ctrl_c_pressed, emit, Failure, LogsArgs};
 
 /// Print the last `args.lines` lines the daemon kept for the slot; with
 /// `--follow`, keep printing new ones until `interrupted` resolves (Ctrl-C:

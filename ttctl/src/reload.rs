@@ -7,8 +7,8 @@ use tt_serving_proto::v1::{ReloadOutcome, ReloadRequest};
 
 use super::args::ReloadArgs;
 use super::client::Daemon;
+use super::outcome::{emit, Failure};
 use super::render::{json_text, reload_failed_slots, reload_report_text};
-use super::{emit, Failure};
 
 /// Ask for the reload and wait for the report: with waiting, the daemon
 /// answers once the started slots are Ready or have failed, which for a

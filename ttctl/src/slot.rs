@@ -3,10 +3,10 @@
 use std::io::Write;
 
 use super::client::Daemon;
+use super::outcome::{emit, Failure};
 use super::render::{
     restart_step, slot_restart_requested_line, stop_step, RestartFollow, RestartStep,
 };
-use super::{emit, Failure};
 use tt_serving_proto::Word;
 
 /// `ttctl slot restart <SLOT>`: ask the daemon to restart the slot, then

@@ -5,9 +5,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tt_serving_proto::v1::StatusResponse;
 
+use super::args::StatusArgs;
 use super::client::Daemon;
+use super::outcome::{ctrl_c_pressed, emit, Failure};
 use super::render::{json_text, status_table};
-use super::{ctrl_c_pressed, emit, Failure, StatusArgs};
 
 /// Clear the screen and move the cursor home, so a watched table (or `ttctl
 /// top`'s frame) redraws in place instead of scrolling.

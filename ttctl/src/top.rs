@@ -7,9 +7,9 @@ use tt_serving_proto::v1::StatusResponse;
 
 use super::args::TopArgs;
 use super::client::Daemon;
+use super::outcome::{ctrl_c_pressed, emit, Failure};
 use super::render::top_frame;
 use super::status::{now_unix_ms, CLEAR_SCREEN};
-use super::{ctrl_c_pressed, emit, Failure};
 
 /// Draw frames every `interval` until Ctrl-C or `iterations` frames. On a
 /// terminal each frame replaces the last; otherwise frames follow each

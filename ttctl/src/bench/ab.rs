@@ -13,9 +13,10 @@ use tokio::sync::mpsc;
 use tt_serving_proto::v1::trial_event::Kind;
 use tt_serving_proto::v1::{trial_request, TrialArm, TrialDone, TrialEvent, TrialRequest};
 
+use super::super::args::{AbArgs, Arm};
 use super::super::client::{Answers, Daemon};
 use super::super::eval;
-use super::super::{emit, note, AbArgs, Arm, Failure};
+use super::super::outcome::{emit, note, Failure};
 use super::agreement::{self, Answer};
 use super::{measure_rung, record, records_path, Calibrations, Workload};
 use tt_serving_proto::accuracy::Gate;

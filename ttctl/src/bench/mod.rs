@@ -21,8 +21,9 @@ use tt_serving_proto::v1::generate_request::Input;
 use tt_serving_proto::v1::generate_response::Chunk;
 use tt_serving_proto::v1::GenerateRequest;
 
+use super::args::{BenchArgs, WorkloadArgs};
 use super::client::Daemon;
-use super::{emit, note, BenchArgs, Failure, WorkloadArgs};
+use super::outcome::{emit, note, Failure};
 use record::Identity;
 use stats::{RoundFigures, StreamSample};
 use workload::Calibration;

@@ -19,7 +19,7 @@
 use serde::Serialize;
 use tt_serving_proto::v1::{CacheVariant, ListCacheResponse};
 
-use super::super::Failure;
+use super::super::outcome::Failure;
 
 /// `ttctl cache ls --json`: `{"cache_dir": ..., "variants": [...]}`.
 #[derive(Debug, Serialize)]

@@ -198,7 +198,7 @@ fn the_generate_prompt_comes_from_the_line_a_file_or_stdin() {
         "--prompt-file",
         file.to_str().unwrap(),
     ]);
-    let Err(crate::Failure::Failed(why)) = text(&args, b"") else {
+    let Err(crate::outcome::Failure::Failed(why)) = text(&args, b"") else {
         panic!("not UTF-8 is refused");
     };
     assert!(why.contains("is not UTF-8 (byte 1)"), "{why}");
@@ -211,7 +211,7 @@ fn the_generate_prompt_comes_from_the_line_a_file_or_stdin() {
         missing.to_str().unwrap(),
     ]);
     assert!(
-        matches!(text(&args, b""), Err(crate::Failure::Failed(w)) if w.contains("cannot read the prompt file"))
+        matches!(text(&args, b""), Err(crate::outcome::Failure::Failed(w)) if w.contains("cannot read the prompt file"))
     );
     // Exactly one of them.
     assert!(Cli::try_parse_from(["ttctl", "generate", "m"]).is_err());
