@@ -633,6 +633,13 @@ fn connections_past_the_openai_doors_per_peer_cap_are_refused_and_the_first_keep
     assert!(refused.contains("too_many_connections"), "{refused}");
     assert!(refused.contains("retry-after: 1"), "{refused}");
     daemon.wait_log("refused connections over openai.max_connections");
+    assert_eq!(
+        tt_serving_tests::chaos_support::scrape(&daemon).sum(
+            "tt_serving_openai_connections_refused_total",
+            &[("cap", "max_connections_per_peer")]
+        ),
+        1.0
+    );
     // The first four still work, kept alive.
     for s in &mut first {
         for _ in 0..2 {

@@ -51,6 +51,13 @@ pub struct HostMemoryLabels {
     pub kind: String,
 }
 
+/// `{cap}`: `max_connections` or `max_connections_per_peer`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CapLabels {
+    /// The cap a connection was over.
+    pub cap: String,
+}
+
 /// `{state}`: `total` or `free`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HugepageLabels {
@@ -175,6 +182,7 @@ pub struct Metrics {
     prefix_cache_hits: Family<SlotLabels, Counter>,
     affinity_routed: Family<SlotOutcomeLabels, Counter>,
     host_sampling: Family<SlotParameterLabels, Counter>,
+    openai_refused: Family<CapLabels, Counter>,
     host_memory: Family<HostMemoryLabels, Gauge>,
     hugepages: Family<HugepageLabels, Gauge>,
     kv_budget: Family<SlotLabels, Gauge>,
@@ -225,6 +233,7 @@ impl Metrics {
             prefix_cache_hits: Family::default(),
             affinity_routed: Family::default(),
             host_sampling: Family::default(),
+            openai_refused: Family::default(),
             host_memory: Family::default(),
             hugepages: Family::default(),
             kv_budget: Family::default(),
@@ -290,6 +299,11 @@ impl Metrics {
             "host_hugepages_1g",
             "The host's 1 GiB hugepages (reserved, free), which tt-metal engines pin their host buffers in; models.<name>.hugepages_per_card says what each slot needs",
             m.hugepages.clone(),
+        );
+        r.register(
+            "openai_connections_refused",
+            "Connections the OpenAI front door refused at accept, by the cap they were over (openai.max_connections, max_connections_per_peer)",
+            m.openai_refused.clone(),
         );
         r.register(
             "host_sampling_requests",
@@ -451,6 +465,15 @@ impl Metrics {
                 slot: slot.to_string(),
                 model: model.to_string(),
                 outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// The OpenAI door refused a connection over `cap`.
+    pub fn openai_connection_refused(&self, cap: &str) {
+        self.openai_refused
+            .get_or_create(&CapLabels {
+                cap: cap.to_string(),
             })
             .inc();
     }

@@ -502,6 +502,10 @@ struct RefusalLog {
 impl Refusals {
     /// Count a refusal; write a line when the last was long enough ago.
     fn note(&self, over: Over, peer: SocketAddr, limits: Limits) {
+        crate::metrics::get().openai_connection_refused(match over {
+            Over::Door => "max_connections",
+            Over::Peer => "max_connections_per_peer",
+        });
         let mut log = self.log.lock().unwrap_or_else(|e| e.into_inner());
         match over {
             Over::Door => log.door += 1,
