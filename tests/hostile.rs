@@ -710,6 +710,22 @@ fn health_and_503s_without_credentials_say_the_state_and_no_internals() {
         .to_string();
     assert!(message.contains("broken"), "{message}");
     assert!(leaks(&message).is_empty(), "{message}");
+    // The public gRPC port says the states only, too.
+    let err = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(tt_serving_tests::generate(
+            &daemon.inference_address(),
+            "broken",
+            "x",
+            2,
+        ))
+        .expect_err("no slot is ready");
+    assert!(
+        err.message()
+            .contains("has no ready slot (slot broken is Failed for"),
+        "{err:?}"
+    );
+    assert!(!err.message().contains("secret-dir"), "{err:?}");
     // The detail is still the operator's, on the control socket.
     let table = output_text(&daemon.ttctl(&["status"]));
     assert!(table.contains("/nonexistent/secret-dir"), "{table}\n{slot}");

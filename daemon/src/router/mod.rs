@@ -140,13 +140,16 @@ impl Router {
             .filter(|s| s.model == model)
             .map(|s| {
                 let since = s.since.elapsed().map(|d| d.as_secs()).unwrap_or(0);
-                format!(
-                    "slot {} is {:?} for {since}s: {}",
-                    s.name, s.state, s.reason
-                )
+                // The state, not its reason: the reason holds host paths and
+                // tools' output, and this message reaches anyone who may
+                // send a request; `ttctl status` shows it.
+                format!("slot {} is {:?} for {since}s", s.name, s.state)
             })
             .collect();
-        let mut message = format!("model `{model}` has no ready slot ({})", states.join("; "));
+        let mut message = format!(
+            "model `{model}` has no ready slot ({}; `ttctl status` shows why)",
+            states.join("; ")
+        );
         if let Some(why) = why {
             message = format!("{message}; {why}");
         }
