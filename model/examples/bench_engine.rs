@@ -2,7 +2,7 @@
 //! prints one JSON line per measurement (see bench/engine/README.md).
 //!
 //! Usage: bench_engine --worker PATH --model GGUF [--tokens N] [--repeats R] [--tp N]
-//!                     [--streams 1,4,8]
+//!                     [--streams 1,4,8] [--prefill 512,2048] [--honour-eos]
 
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -23,6 +23,8 @@ const PROMPTS: [&str; 8] = [
     "In 1969, the first man on the moon was",
     "The best way to learn a language is",
 ];
+
+static HONOUR_EOS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 struct Worker {
     child: Child,
@@ -60,7 +62,7 @@ async fn start(
         .env(names::CACHE_DIR, cache)
         .env(names::CACHE_MODE, mode)
         .env(names::VISIBLE_DEVICES, bdfs.join(","))
-        .env("TT_WORKER_MAX_SEQ_LEN", "2048")
+        .env("TT_WORKER_MAX_SEQ_LEN", "4096")
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -81,6 +83,61 @@ async fn start(
     }
 }
 
+/// Words of a long prompt: common ones, mostly a token each with their
+/// leading space, in an order that repeats only every few hundred words (a
+/// repeated sentence would make the prefix cache's work trivially small).
+const WORDS: [&str; 32] = [
+    "time",
+    "year",
+    "people",
+    "way",
+    "day",
+    "man",
+    "thing",
+    "woman",
+    "life",
+    "child",
+    "world",
+    "school",
+    "state",
+    "family",
+    "student",
+    "group",
+    "country",
+    "problem",
+    "hand",
+    "part",
+    "place",
+    "case",
+    "week",
+    "company",
+    "system",
+    "program",
+    "question",
+    "work",
+    "government",
+    "number",
+    "night",
+    "point",
+];
+
+/// A prompt of about `words` tokens, different for each `nonce` from its
+/// first word on (so nothing of it is in the prefix cache).
+fn long_prompt(words: usize, nonce: u64) -> String {
+    let mut out = format!("Note {nonce}:");
+    let mut x = nonce
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    for _ in 0..words {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        out.push(' ');
+        out.push_str(WORDS[(x >> 59) as usize]);
+    }
+    out
+}
+
 fn req(prompt: &str, n: u32) -> pb::EngineGenerateRequest {
     pb::EngineGenerateRequest {
         request: Some(pb::GenerateRequest {
@@ -90,8 +147,9 @@ fn req(prompt: &str, n: u32) -> pb::EngineGenerateRequest {
             sampling: None,
             stop: Vec::new(),
             // Every stream decodes all `n` tokens, as the peer's do
-            // (bench/engine/llama_server_peer.py asks the same).
-            ignore_eos: true,
+            // (bench/engine/llama_server_peer.py asks the same), unless
+            // `--honour-eos`: then streams end as clients get them.
+            ignore_eos: !HONOUR_EOS.load(std::sync::atomic::Ordering::Relaxed),
             ..Default::default()
         }),
         request_id: "bench".into(),
@@ -156,6 +214,20 @@ async fn main() -> anyhow::Result<()> {
             .collect::<Result<_, _>>()?,
         None => vec![1, 4, 8],
     };
+    // `--prefill 512,2048`: time to first token of prompts of about that
+    // many tokens, unique and then repeated (`--prefill ""` skips them).
+    let prefill_lens: Vec<usize> = match get("--prefill") {
+        Some(v) => v
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse())
+            .collect::<Result<_, _>>()?,
+        None => vec![512, 2048],
+    };
+    HONOUR_EOS.store(
+        args.iter().any(|a| a == "--honour-eos"),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     // `--env K=V` (repeatable): worker settings, e.g. the example config's
     // `TTW_KV_F16=1`; recorded with every line.
     let env: Vec<(String, String)> = args
@@ -224,6 +296,29 @@ async fn main() -> anyhow::Result<()> {
                     json!({"metric": "aggregate", "tp": tp, "streams": streams, "rep": rep, "tokens": total, "wall_s": wall,
                     "tok_s": total as f64 / wall}),
                 );
+            }
+        }
+        // Prefill: a unique prompt (nothing cached), then the same prompt
+        // again (all but its tail from the prefix cache), one token out.
+        for &len in &prefill_lens {
+            for rep in 0..repeats {
+                let nonce = 1000 * len as u64 + rep as u64 + 7919 * tp as u64;
+                let prompt: &'static str = Box::leak(long_prompt(len, nonce).into_boxed_str());
+                for (phase, expect_cached) in [("unique", false), ("repeated", true)] {
+                    let t0 = Instant::now();
+                    let (_, f) = stream(w.socket.clone(), prompt, 1).await?;
+                    let wall = t0.elapsed().as_secs_f64();
+                    let t = f.timings.unwrap_or_default();
+                    let prompt_tokens = f.usage.map_or(0, |u| u.prompt_tokens);
+                    let ttft_s = t.time_to_first_token_us as f64 / 1e6;
+                    emit(
+                        json!({"metric": "prefill", "tp": tp, "rep": rep, "prompt_words": len,
+                        "phase": phase, "prompt_tokens": prompt_tokens,
+                        "cached_tokens": t.cached_prompt_tokens, "expect_cached": expect_cached,
+                        "ttft_ms": ttft_s * 1e3, "request_ms": wall * 1e3,
+                        "prefill_tok_s": prompt_tokens as f64 / ttft_s.max(1e-9)}),
+                    );
+                }
             }
         }
         let rss = peak_rss_kb(w.child.id());

@@ -50,6 +50,7 @@ pub mod faults;
 pub mod gguf;
 pub mod kernels;
 pub mod kv;
+pub mod lanes;
 pub mod model;
 pub mod output;
 pub mod pool;

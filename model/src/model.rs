@@ -16,10 +16,10 @@
 use crate::gguf::ModelConfig;
 use crate::kernels::{self, Format, Task, WeightView};
 use crate::kv::BLOCK_TOKENS;
+use crate::lanes::{self, F16Bits, KvElem, Lanes};
 use crate::weights::{self, Partition, RankTensors, RawTensor, TensorBytes};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
-use half::f16;
 use std::sync::Arc;
 
 /// Why a forward step failed.
@@ -347,23 +347,6 @@ pub enum KvDtype {
     F16,
 }
 
-/// Elements the KV cache can hold.
-trait KvElem: Copy + Default + Send {
-    fn store(x: f32) -> Self;
-    fn load(self) -> f32;
-}
-
-impl KvElem for f32 {
-    #[inline(always)]
-    fn store(x: f32) -> Self {
-        x
-    }
-    #[inline(always)]
-    fn load(self) -> f32 {
-        self
-    }
-}
-
 /// Keys and values of every block, laid out
 /// `[block][layer][kv_head][pos in block][dim]` so one head's positions in a
 /// block are contiguous. Allocated zeroed (`calloc`: f16 is kept as its bit
@@ -373,22 +356,6 @@ impl KvElem for f32 {
 enum KvStore {
     F32 { k: Vec<f32>, v: Vec<f32> },
     F16 { k: Vec<F16Bits>, v: Vec<F16Bits> },
-}
-
-/// An f16 stored as its bits.
-#[derive(Clone, Copy, Default)]
-#[repr(transparent)]
-struct F16Bits(u16);
-
-impl KvElem for F16Bits {
-    #[inline(always)]
-    fn store(x: f32) -> Self {
-        F16Bits(f16::from_f32(x).to_bits())
-    }
-    #[inline(always)]
-    fn load(self) -> f32 {
-        f16::from_bits(self.0).to_f32()
-    }
 }
 
 /// Zeroed without touching the pages: `vec![0; n]` of a primitive is a
@@ -674,7 +641,7 @@ impl Rank {
         let mut attn = vec![0.0f32; rows * q_w];
         for l in 0..self.blocks.len() {
             let block = &self.blocks[l];
-            rms_norm(&x, &block.attn_norm, self.cfg.rms_eps, &mut normed);
+            lanes::rms_norm(&x, &block.attn_norm, self.cfg.rms_eps, &mut normed);
             let mut qkv = block.qkv.forward(&normed, rows)?;
             let stride = q_w + 2 * kv_w;
             let mut row = 0;
@@ -694,18 +661,16 @@ impl Rank {
             self.attend(seqs, l, &qkv, stride, &mut attn);
             let block = &self.blocks[l];
             let o = comm.all_reduce(block.wo.forward(&attn, rows)?, rows * block.wo.out);
-            add_into(&mut x, &o);
+            lanes::add_into(&mut x, &o);
 
-            rms_norm(&x, &block.ffn_norm, self.cfg.rms_eps, &mut normed);
+            lanes::rms_norm(&x, &block.ffn_norm, self.cfg.rms_eps, &mut normed);
             let gu = block.gate_up.forward(&normed, rows)?;
             let ff = block.gate_up.out / 2;
             let mut act = vec![0.0f32; rows * ff];
             let swiglu = |r: usize, out: &mut [f32]| {
                 let g = &gu[r * 2 * ff..r * 2 * ff + ff];
                 let u = &gu[r * 2 * ff + ff..(r + 1) * 2 * ff];
-                for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
-                    *o = silu(g) * u;
-                }
+                lanes::swiglu(g, u, out);
             };
             // Rows over the pool when there are several (a batch): the
             // exponentials are a serial stretch the helpers would spin
@@ -718,7 +683,7 @@ impl Rank {
                 }
             }
             let d = comm.all_reduce(block.down.forward(&act, rows)?, rows * block.down.out);
-            add_into(&mut x, &d);
+            lanes::add_into(&mut x, &d);
         }
 
         // Only the last token of each sequence that samples needs logits,
@@ -735,7 +700,7 @@ impl Rank {
         }
         let n = last.len() / h;
         let mut normed = vec![0.0f32; last.len()];
-        rms_norm(&last, &self.output_norm, self.cfg.rms_eps, &mut normed);
+        lanes::rms_norm(&last, &self.output_norm, self.cfg.rms_eps, &mut normed);
         self.lm_head.forward(&normed, n)
     }
 
@@ -801,12 +766,8 @@ impl Rank {
                     v[at..at + dim].copy_from_slice(vs);
                 }
                 KvStore::F16 { k, v } => {
-                    for (d, s) in k[at..at + dim].iter_mut().zip(ks) {
-                        *d = F16Bits::store(*s);
-                    }
-                    for (d, s) in v[at..at + dim].iter_mut().zip(vs) {
-                        *d = F16Bits::store(*s);
-                    }
+                    lanes::store_row(&mut k[at..at + dim], ks);
+                    lanes::store_row(&mut v[at..at + dim], vs);
                 }
             }
         }
@@ -814,35 +775,45 @@ impl Rank {
 
     /// Causal attention of every sequence's new tokens over its cached
     /// history (`qkv` and `out` hold all rows of the step). One unit of work
-    /// per (sequence, query head), spread over the matmul pool: each unit
-    /// computes the same way whatever the split, so results do not depend on
-    /// the batch or the threads.
+    /// per (sequence, KV head, tile of up to [`QUERY_TILE`] new tokens),
+    /// spread over the matmul pool: a unit reads each cached key and value
+    /// once for every query head of its group and every token of its tile,
+    /// and each query is computed the same way whatever the split, so
+    /// results do not depend on the batch, the tiles or the threads.
     fn attend(&self, seqs: &[StepSeq], layer: usize, qkv: &[f32], stride: usize, out: &mut [f32]) {
         let hd = self.cfg.head_dim;
         let q_w = self.n_q * hd;
         debug_assert!(out.len() >= seqs.iter().map(|s| s.tokens.len()).sum::<usize>() * q_w);
-        let mut first_rows = Vec::with_capacity(seqs.len());
+        // (sequence, its first row, first token of the tile, end of the tile)
+        let mut tiles = Vec::new();
         let mut rows = 0;
         let mut work = 0;
-        for s in seqs {
-            first_rows.push(rows);
+        for (si, s) in seqs.iter().enumerate() {
+            for t in (0..s.tokens.len()).step_by(QUERY_TILE) {
+                tiles.push((si, rows, t, (t + QUERY_TILE).min(s.tokens.len())));
+            }
             rows += s.tokens.len();
             work += s.tokens.len() * (s.start_pos + s.tokens.len());
         }
-        let units = seqs.len() * self.n_q;
+        let n_kv = self.n_kv.max(1);
+        let units = tiles.len() * n_kv;
         let out_ptr = AttnOut(out.as_mut_ptr());
         let run = |range: std::ops::Range<usize>| {
             for u in range {
-                let (si, head) = (u / self.n_q, u % self.n_q);
-                let (s, row) = (&seqs[si], first_rows[si]);
+                let ((si, row, first, end), kv_head) = (tiles[u / n_kv], u % n_kv);
+                let s = &seqs[si];
                 let qkv = &qkv[row * stride..];
+                let tile = Tile {
+                    layer,
+                    kv_head,
+                    first,
+                    end,
+                    stride,
+                    row,
+                };
                 match &self.kv.store {
-                    KvStore::F32 { k, v } => {
-                        self.attend_head(s, layer, head, qkv, stride, out_ptr, row, k, v)
-                    }
-                    KvStore::F16 { k, v } => {
-                        self.attend_head(s, layer, head, qkv, stride, out_ptr, row, k, v)
-                    }
+                    KvStore::F32 { k, v } => attend_tile(self, s, tile, qkv, out_ptr, k, v),
+                    KvStore::F16 { k, v } => attend_tile(self, s, tile, qkv, out_ptr, k, v),
                 }
             }
         };
@@ -851,65 +822,6 @@ impl Rank {
             run(0..units);
         } else {
             crate::pool::global().run(units, &run);
-        }
-    }
-
-    /// Attention of query head `head` for `s`'s new tokens, written to rows
-    /// `row..` of the attention output at that head's columns.
-    #[allow(clippy::too_many_arguments)]
-    fn attend_head<E: KvElem>(
-        &self,
-        s: &StepSeq,
-        layer: usize,
-        head: usize,
-        qkv: &[f32],
-        stride: usize,
-        out: AttnOut,
-        row: usize,
-        k: &[E],
-        v: &[E],
-    ) {
-        let hd = self.cfg.head_dim;
-        let group = self.n_q / self.n_kv.max(1);
-        let scale = 1.0 / (hd as f32).sqrt();
-        let q_w = self.n_q * hd;
-        let kv_head = head / group;
-        let mut scores = Vec::with_capacity(s.start_pos + s.tokens.len());
-        for i in 0..s.tokens.len() {
-            let pos = s.start_pos + i;
-            let q = &qkv[i * stride + head * hd..i * stride + (head + 1) * hd];
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for (block, n) in self.spans(s, pos + 1) {
-                let base = self.kv.base(block, layer, kv_head);
-                for key in k[base..base + n * hd].chunks_exact(hd) {
-                    let sc = dot(q, key) * scale;
-                    max = max.max(sc);
-                    scores.push(sc);
-                }
-            }
-            let mut sum = 0.0;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - max).exp();
-                sum += *sc;
-            }
-            // SAFETY: this unit is the only writer of this head's columns
-            // of row `row + i`, inside the output `attend` was given.
-            let o = unsafe {
-                std::slice::from_raw_parts_mut(out.0.add((row + i) * q_w + head * hd), hd)
-            };
-            o.fill(0.0);
-            let inv = 1.0 / sum;
-            let mut weights = scores.iter();
-            for (block, n) in self.spans(s, pos + 1) {
-                let base = self.kv.base(block, layer, kv_head);
-                for (val, &w) in v[base..base + n * hd].chunks_exact(hd).zip(&mut weights) {
-                    let w = w * inv;
-                    for (a, &b) in o.iter_mut().zip(val) {
-                        *a += w * b.load();
-                    }
-                }
-            }
         }
     }
 
@@ -924,56 +836,137 @@ impl Rank {
     }
 }
 
+/// New tokens of one sequence whose queries one attention unit computes.
+const QUERY_TILE: usize = 16;
+
+/// One attention unit: tokens `first..end` of a sequence (its rows start at
+/// `row` of the step), the query heads of KV head `kv_head`, in `layer`.
+#[derive(Clone, Copy)]
+struct Tile {
+    layer: usize,
+    kv_head: usize,
+    first: usize,
+    end: usize,
+    stride: usize,
+    row: usize,
+}
+
+lanes::dispatch! {
+    /// Attention of one [`Tile`]: scores, their softmax and the weighted sum
+    /// of values for every query of the tile, written to its rows of the
+    /// attention output at its heads' columns.
+    fn attend_tile<E: KvElem>(rank: &Rank, s: &StepSeq, tile: Tile, qkv: &[f32], out: AttnOut,
+        k: &[E], v: &[E]) => attend_tile_body
+}
+
+/// Each query's scores are computed in key order and its softmax and
+/// weighted sum run over them in key order, exactly as one query at a time
+/// would: the tile only changes how often a key block is read (once per
+/// unit, widened to f32 once) and that is exact.
+#[inline(always)]
+fn attend_tile_body<L: Lanes, E: KvElem>(
+    rank: &Rank,
+    s: &StepSeq,
+    tile: Tile,
+    qkv: &[f32],
+    out: AttnOut,
+    k: &[E],
+    v: &[E],
+) {
+    let hd = rank.cfg.head_dim;
+    let group = rank.n_q / rank.n_kv.max(1);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let q_w = rank.n_q * hd;
+    let first_head = tile.kv_head * group;
+    // Keys `0..ctx` cover every query of the tile (the last sees them all).
+    let ctx = s.start_pos + tile.end;
+    let queries = (tile.end - tile.first) * group;
+    // Query `qi` is token `tile.first + qi / group`, head `first_head + qi % group`.
+    let pos_of = |qi: usize| s.start_pos + tile.first + qi / group;
+    let mut scores = vec![0.0f32; queries * ctx];
+    let mut block_f32 = vec![0.0f32; BLOCK_TOKENS * hd];
+    for (bi, (block, n)) in rank.spans(s, ctx).enumerate() {
+        let base = rank.kv.base(block, tile.layer, tile.kv_head);
+        L::widen(&mut block_f32[..n * hd], &k[base..base + n * hd]);
+        let key0 = bi * BLOCK_TOKENS;
+        for qi in 0..queries {
+            let pos = pos_of(qi);
+            if pos < key0 {
+                continue;
+            }
+            let (i, head) = (tile.first + qi / group, first_head + qi % group);
+            let q = &qkv[i * tile.stride + head * hd..i * tile.stride + (head + 1) * hd];
+            let seen = (pos + 1 - key0).min(n);
+            let row = &mut scores[qi * ctx + key0..qi * ctx + key0 + seen];
+            let keys = &block_f32[..seen * hd];
+            let mut quads = row.chunks_exact_mut(4).zip(keys.chunks_exact(4 * hd));
+            for (sc, k4) in &mut quads {
+                let k = |j: usize| &k4[j * hd..(j + 1) * hd];
+                let d = L::dot4(q, [k(0), k(1), k(2), k(3)]);
+                for (sc, d) in sc.iter_mut().zip(d) {
+                    *sc = d * scale;
+                }
+            }
+            let done = seen / 4 * 4;
+            for (sc, key) in row[done..]
+                .iter_mut()
+                .zip(keys[done * hd..].chunks_exact(hd))
+            {
+                *sc = L::dot(q, key) * scale;
+            }
+        }
+    }
+    let mut inv = vec![0.0f32; queries];
+    for (qi, inv) in inv.iter_mut().enumerate() {
+        let row = &mut scores[qi * ctx..qi * ctx + pos_of(qi) + 1];
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &sc| m.max(sc));
+        let mut sum = 0.0;
+        for sc in row.iter_mut() {
+            *sc = (*sc - max).exp();
+            sum += *sc;
+        }
+        *inv = 1.0 / sum;
+        let (i, head) = (tile.first + qi / group, first_head + qi % group);
+        // SAFETY: this unit is the only writer of these heads' columns of
+        // these rows, inside the output `attend` was given.
+        let o = unsafe {
+            std::slice::from_raw_parts_mut(out.0.add((tile.row + i) * q_w + head * hd), hd)
+        };
+        o.fill(0.0);
+    }
+    for (bi, (block, n)) in rank.spans(s, ctx).enumerate() {
+        let base = rank.kv.base(block, tile.layer, tile.kv_head);
+        L::widen(&mut block_f32[..n * hd], &v[base..base + n * hd]);
+        let key0 = bi * BLOCK_TOKENS;
+        for qi in 0..queries {
+            let pos = pos_of(qi);
+            if pos < key0 {
+                continue;
+            }
+            let (i, head) = (tile.first + qi / group, first_head + qi % group);
+            // SAFETY: as above.
+            let o = unsafe {
+                std::slice::from_raw_parts_mut(out.0.add((tile.row + i) * q_w + head * hd), hd)
+            };
+            let seen = (pos + 1 - key0).min(n);
+            let mut weights = [0.0f32; BLOCK_TOKENS];
+            for (w, &sc) in weights
+                .iter_mut()
+                .zip(&scores[qi * ctx + key0..qi * ctx + key0 + seen])
+            {
+                *w = sc * inv[qi];
+            }
+            L::axpy_rows(o, &weights[..seen], &block_f32[..seen * hd]);
+        }
+    }
+}
+
 /// The attention output, shared by the units that write disjoint heads.
 #[derive(Clone, Copy)]
 struct AttnOut(*mut f32);
 // SAFETY: units write disjoint elements of a buffer that outlives the call.
 unsafe impl Send for AttnOut {}
 unsafe impl Sync for AttnOut {}
-
-#[inline]
-fn dot<E: KvElem>(a: &[f32], b: &[E]) -> f32 {
-    // Eight independent accumulators over fixed-size chunks: the compiler
-    // turns the inner loop into one vector multiply-add.
-    let mut acc = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let mut sum: f32 = ac
-        .remainder()
-        .iter()
-        .zip(bc.remainder())
-        .map(|(x, y)| x * y.load())
-        .sum();
-    for (x, y) in ac.zip(bc) {
-        for j in 0..8 {
-            acc[j] += x[j] * y[j].load();
-        }
-    }
-    sum += ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    sum
-}
-
-#[inline]
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-fn add_into(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
-}
-
-/// Row-wise RMSNorm of `x` (rows of `w.len()`) into `out`.
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let h = w.len();
-    for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
-        let ms = xr.iter().map(|v| v * v).sum::<f32>() / h as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
-            *o = v * inv * g;
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -997,7 +990,7 @@ mod tests {
     fn rms_norm_scales_rows_to_unit_rms() {
         let x = [3.0, 4.0, 0.0, 0.0];
         let mut out = [0.0; 4];
-        rms_norm(&x, &[1.0, 1.0], 1e-6, &mut out);
+        lanes::rms_norm(&x, &[1.0, 1.0], 1e-6, &mut out);
         let rms = (12.5f32 + 1e-6).sqrt();
         assert!((out[0] - 3.0 / rms).abs() < 1e-6);
         assert!((out[1] - 4.0 / rms).abs() < 1e-6);
