@@ -4,6 +4,11 @@
 #
 #   bench/engine/run.sh [--tokens N] [--repeats R] [--env KEY=VALUE ...]
 #                       [--llama-server PATH] [--rounds K] [--baseline-worker PATH]
+#                       [--native] [--prefill 512,2048] [--honour-eos]
+#
+# The engine measured is the build users get: the README's
+# `cargo build --release` (portable x86-64; the hot loops pick AVX2/VNNI at
+# run time), with whatever RUSTFLAGS the caller has (recorded as `build`).
 #
 # --llama-server PATH   the peer is llama-server (bench/engine/llama_server_peer.py,
 #                       -np 8 -t 2) instead of llama-cpp-python; the engine's
@@ -14,6 +19,14 @@
 # --baseline-worker P   a third arm: another tt-worker binary (an older
 #                       build), to say what a change bought in the same run;
 #                       its records carry "worker": "baseline", ours "this".
+# --native              one more arm: the same source built with
+#                       `-C target-cpu=native` (target/native), records
+#                       tagged "worker": "native", to show what the portable
+#                       build gives up (issue 44's target: within 3%).
+# --prefill L1,L2       long prompts timed (unique, then repeated from the
+#                       prefix / prompt cache); "" skips them.
+# --honour-eos          streams end at EOS as clients get them (default:
+#                       every stream decodes all --tokens, both engines).
 #
 # The workers run with the example config's flags (TTW_KV_F16=1, as in
 # daemon/src/config/example.toml) unless --env is given; the settings are in
@@ -31,7 +44,10 @@ ENVS=()
 LLAMA_SERVER=""
 ROUNDS=1
 BASELINE=""
-usage="usage: $0 [--tokens N] [--repeats R] [--env KEY=VALUE ...] [--llama-server PATH] [--rounds K] [--baseline-worker PATH]"
+NATIVE=0
+PREFILL="512,2048"
+EOS=()
+usage="usage: $0 [--tokens N] [--repeats R] [--env KEY=VALUE ...] [--llama-server PATH] [--rounds K] [--baseline-worker PATH] [--native] [--prefill L1,L2] [--honour-eos]"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --tokens) TOKENS="$2"; shift 2 ;;
@@ -40,6 +56,9 @@ while [[ $# -gt 0 ]]; do
         --llama-server) LLAMA_SERVER="$2"; shift 2 ;;
         --rounds) ROUNDS="$2"; shift 2 ;;
         --baseline-worker) BASELINE="$2"; shift 2 ;;
+        --native) NATIVE=1; shift ;;
+        --prefill) PREFILL="$2"; shift 2 ;;
+        --honour-eos) EOS=(--honour-eos); shift ;;
         *) echo "${usage}" >&2; exit 2 ;;
     esac
 done
@@ -60,10 +79,13 @@ if [[ ${#ENVS[@]} -eq 0 ]]; then
 fi
 MODEL="${TT_SMOLLM2_GGUF:-$(scripts/fetch-smollm2.sh)}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}"
-# The quantized kernels are compiled for the CPU they run on (see
-# docs/PERFORMANCE.md); without AVX2/FMA they are about 2.7x slower.
-export RUSTFLAGS="${RUSTFLAGS:--C target-cpu=native}"
+# The README's build: no target-cpu flag unless the caller sets one.
+BUILD="${RUSTFLAGS:-portable}"
 cargo build --release -j2 -p tt-worker --bin tt-worker --example bench_engine >&2
+if [[ "${NATIVE}" == 1 ]]; then
+    RUSTFLAGS="-C target-cpu=native" CARGO_TARGET_DIR="${CARGO_TARGET_DIR}/native" \
+        cargo build --release -j2 -p tt-worker --bin tt-worker >&2
+fi
 OUT="bench/engine/results.jsonl"
 RUN_ID="$(date -u +%Y%m%dT%H%M%SZ)"
 # One arm: its JSON lines on stdout, each prefixed with the arm's tags.
@@ -78,16 +100,21 @@ worker_arm() {
     # streams); the first also measures TP=2, 4 streams and cold/warm load.
     local scope=()
     if [[ "${round}" -gt 0 ]]; then scope=(--tp 1 --streams 1,8); fi
-    arm "\"worker\": \"${which}\", " "${round}" \
+    local build="${BUILD}"
+    if [[ "${which}" == native ]]; then build="-C target-cpu=native"; fi
+    if [[ "${which}" == baseline ]]; then build="given"; fi
+    arm "\"worker\": \"${which}\", \"build\": \"${build}\", " "${round}" \
         "${CARGO_TARGET_DIR}/release/examples/bench_engine" \
         --worker "${binary}" --model "${MODEL}" \
-        --tokens "${TOKENS}" --repeats "${REPEATS}" "${ENVS[@]}" "${scope[@]}"
+        --tokens "${TOKENS}" --repeats "${REPEATS}" "${ENVS[@]}" "${scope[@]}" \
+        --prefill "${PREFILL}" "${EOS[@]}"
 }
 peer_arm() {
     local round="$1"
     if [[ -n "${LLAMA_SERVER}" ]]; then
         arm "" "${round}" python3 bench/engine/llama_server_peer.py --llama-server "${LLAMA_SERVER}" \
-            --model "${MODEL}" --tokens "${TOKENS}" --repeats "${REPEATS}" --streams 1,8
+            --model "${MODEL}" --tokens "${TOKENS}" --repeats "${REPEATS}" --streams 1,8 \
+            --prefill "${PREFILL}" "${EOS[@]}"
     else
         arm "" "${round}" python3 bench/engine/llamacpp_peer.py --model "${MODEL}" \
             --tokens "${TOKENS}" --repeats "${REPEATS}"
@@ -95,12 +122,15 @@ peer_arm() {
 }
 {
     for ((round = 0; round < ROUNDS; round++)); do
-        arms=(this peer)
-        if [[ -n "${BASELINE}" ]]; then arms=(this baseline peer); fi
+        arms=(this)
+        if [[ "${NATIVE}" == 1 ]]; then arms+=(native); fi
+        if [[ -n "${BASELINE}" ]]; then arms+=(baseline); fi
+        arms+=(peer)
         if ((round % 2 == 1)); then arms=($(printf '%s\n' "${arms[@]}" | tac)); fi
         for a in "${arms[@]}"; do
             case "${a}" in
                 this) worker_arm this "${CARGO_TARGET_DIR}/release/tt-worker" "${round}" ;;
+                native) worker_arm native "${CARGO_TARGET_DIR}/native/release/tt-worker" "${round}" ;;
                 baseline) worker_arm baseline "${BASELINE}" "${round}" ;;
                 peer) peer_arm "${round}" ;;
             esac
@@ -116,4 +146,4 @@ for line in sys.stdin:
     rec["git"] = git
     print(json.dumps(rec, sort_keys=True), flush=True)
 ' "${RUN_ID}" | tee -a "${OUT}"
-python3 bench/engine/summarize.py "${OUT}" "${RUN_ID}"
+python3 bench/engine/summarize.py "${OUT}" "${RUN_ID}" bench/engine/summaries.jsonl

@@ -219,7 +219,7 @@ impl Lanes for Avx2 {
     fn dot4(a: &[f32], b: [&[f32]; 4]) -> [f32; 4] {
         use std::arch::x86_64::*;
         let n = b.iter().fold(a.len(), |n, b| n.min(b.len()));
-        if n % 8 != 0 {
+        if !n.is_multiple_of(8) {
             return b.map(|b| Self::dot(a, b));
         }
         // SAFETY: every load reads 8 elements below `n`; AVX is enabled
@@ -254,7 +254,7 @@ impl Lanes for Avx2 {
     fn axpy_rows(o: &mut [f32], w: &[f32], rows: &[f32]) {
         use std::arch::x86_64::*;
         let d = o.len();
-        if d % 32 != 0 || rows.len() < w.len() * d {
+        if !d.is_multiple_of(32) || rows.len() < w.len() * d {
             for (&w, v) in w.iter().zip(rows.chunks_exact(d.max(1))) {
                 Self::axpy(o, w, v);
             }
