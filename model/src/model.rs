@@ -784,18 +784,31 @@ impl Rank {
         let hd = self.cfg.head_dim;
         let q_w = self.n_q * hd;
         debug_assert!(out.len() >= seqs.iter().map(|s| s.tokens.len()).sum::<usize>() * q_w);
+        let n_kv = self.n_kv.max(1);
+        // Smaller tiles while there are too few units to keep the pool busy
+        // (a short prompt tail over a long cached history is a few units of
+        // much work each).
+        let mut tile_len = QUERY_TILE;
+        let units_for = |t: usize| {
+            seqs.iter()
+                .map(|s| s.tokens.len().div_ceil(t))
+                .sum::<usize>()
+                * n_kv
+        };
+        while tile_len > 1 && units_for(tile_len) < 4 * crate::pool::global().threads() {
+            tile_len /= 2;
+        }
         // (sequence, its first row, first token of the tile, end of the tile)
         let mut tiles = Vec::new();
         let mut rows = 0;
         let mut work = 0;
         for (si, s) in seqs.iter().enumerate() {
-            for t in (0..s.tokens.len()).step_by(QUERY_TILE) {
-                tiles.push((si, rows, t, (t + QUERY_TILE).min(s.tokens.len())));
+            for t in (0..s.tokens.len()).step_by(tile_len) {
+                tiles.push((si, rows, t, (t + tile_len).min(s.tokens.len())));
             }
             rows += s.tokens.len();
             work += s.tokens.len() * (s.start_pos + s.tokens.len());
         }
-        let n_kv = self.n_kv.max(1);
         let units = tiles.len() * n_kv;
         let out_ptr = AttnOut(out.as_mut_ptr());
         let run = |range: std::ops::Range<usize>| {
@@ -836,7 +849,8 @@ impl Rank {
     }
 }
 
-/// New tokens of one sequence whose queries one attention unit computes.
+/// New tokens of one sequence whose queries one attention unit computes (at
+/// most: fewer when the step has few units).
 const QUERY_TILE: usize = 16;
 
 /// One attention unit: tokens `first..end` of a sequence (its rows start at
