@@ -30,6 +30,10 @@
 //! - [`kernels`]: our AVX2 Q4_1 and Q8_0 matmuls (plain, and interleaved by 8
 //!   rows at the cold build): batched, the same bits alone or in a batch,
 //!   with a scalar fallback.
+//! - [`lanes`]: the loops between the matmuls (attention's dot products
+//!   and weighted sums, f16 KV conversions, norms, SwiGLU), compiled for
+//!   baseline x86-64 and for AVX2 + FMA + F16C and picked at start with
+//!   the kernels' instruction set; the same bits either way.
 //! - [`pool`]: the threads a matmul, and attention, are split over (yielding
 //!   waits).
 //! - [`tp`]: rank threads and the all-reduce between them.
