@@ -290,8 +290,14 @@ fn an_unknown_model_and_a_missing_model_are_usage_errors() {
 #[test]
 fn the_performance_doc_cites_its_records() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    // The drivers whose records carry an `id`: ttctl ab, bench-chat.
-    let records = ["bench/ab/records.jsonl", "bench/chat/results.jsonl"].map(|f| root.join(f));
+    // The drivers whose records carry an `id`: ttctl ab, bench-chat, and
+    // bench/engine's per-run summaries.
+    let records = [
+        "bench/ab/records.jsonl",
+        "bench/chat/results.jsonl",
+        "bench/engine/summaries.jsonl",
+    ]
+    .map(|f| root.join(f));
     let out = std::process::Command::new(tt_serving_tests::bin("ttctl"))
         .args(["bench", "cite"])
         .arg(root.join("docs/PERFORMANCE.md"))
