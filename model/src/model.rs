@@ -897,20 +897,28 @@ fn attend_tile_body<L: Lanes, E: KvElem>(
     let queries = (tile.end - tile.first) * group;
     // Query `qi` is token `tile.first + qi / group`, head `first_head + qi % group`.
     let pos_of = |qi: usize| s.start_pos + tile.first + qi / group;
+    // The queries that see keys `key0..key0 + n`: (query, token, head, how
+    // many of those keys it sees).
+    let seeing = |key0: usize, n: usize| {
+        (0..queries).filter_map(move |qi| {
+            let pos = pos_of(qi);
+            let (i, head) = (tile.first + qi / group, first_head + qi % group);
+            (pos >= key0).then(|| (qi, i, head, (pos + 1 - key0).min(n)))
+        })
+    };
+    // SAFETY (for every call): this unit is the only writer of these heads'
+    // columns of these rows, inside the output `attend` was given.
+    let out_row = |i: usize, head: usize| unsafe {
+        std::slice::from_raw_parts_mut(out.0.add((tile.row + i) * q_w + head * hd), hd)
+    };
     let mut scores = vec![0.0f32; queries * ctx];
     let mut block_f32 = vec![0.0f32; BLOCK_TOKENS * hd];
     for (bi, (block, n)) in rank.spans(s, ctx).enumerate() {
         let base = rank.kv.base(block, tile.layer, tile.kv_head);
         L::widen(&mut block_f32[..n * hd], &k[base..base + n * hd]);
         let key0 = bi * BLOCK_TOKENS;
-        for qi in 0..queries {
-            let pos = pos_of(qi);
-            if pos < key0 {
-                continue;
-            }
-            let (i, head) = (tile.first + qi / group, first_head + qi % group);
+        for (qi, i, head, seen) in seeing(key0, n) {
             let q = &qkv[i * tile.stride + head * hd..i * tile.stride + (head + 1) * hd];
-            let seen = (pos + 1 - key0).min(n);
             let row = &mut scores[qi * ctx + key0..qi * ctx + key0 + seen];
             let keys = &block_f32[..seen * hd];
             let mut quads = row.chunks_exact_mut(4).zip(keys.chunks_exact(4 * hd));
@@ -940,29 +948,14 @@ fn attend_tile_body<L: Lanes, E: KvElem>(
             sum += *sc;
         }
         *inv = 1.0 / sum;
-        let (i, head) = (tile.first + qi / group, first_head + qi % group);
-        // SAFETY: this unit is the only writer of these heads' columns of
-        // these rows, inside the output `attend` was given.
-        let o = unsafe {
-            std::slice::from_raw_parts_mut(out.0.add((tile.row + i) * q_w + head * hd), hd)
-        };
-        o.fill(0.0);
+        out_row(tile.first + qi / group, first_head + qi % group).fill(0.0);
     }
     for (bi, (block, n)) in rank.spans(s, ctx).enumerate() {
         let base = rank.kv.base(block, tile.layer, tile.kv_head);
         L::widen(&mut block_f32[..n * hd], &v[base..base + n * hd]);
         let key0 = bi * BLOCK_TOKENS;
-        for qi in 0..queries {
-            let pos = pos_of(qi);
-            if pos < key0 {
-                continue;
-            }
-            let (i, head) = (tile.first + qi / group, first_head + qi % group);
-            // SAFETY: as above.
-            let o = unsafe {
-                std::slice::from_raw_parts_mut(out.0.add((tile.row + i) * q_w + head * hd), hd)
-            };
-            let seen = (pos + 1 - key0).min(n);
+        for (qi, i, head, seen) in seeing(key0, n) {
+            let o = out_row(i, head);
             let mut weights = [0.0f32; BLOCK_TOKENS];
             for (w, &sc) in weights
                 .iter_mut()
