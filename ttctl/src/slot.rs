@@ -7,6 +7,7 @@ use super::outcome::{emit, Failure};
 use super::render::{
     restart_step, slot_restart_requested_line, stop_step, RestartFollow, RestartStep,
 };
+use tt_serving_proto::v1::Slot;
 use tt_serving_proto::Word;
 
 /// `ttctl slot restart <SLOT>`: ask the daemon to restart the slot, then
@@ -57,31 +58,11 @@ pub(super) async fn restart(
     if follow != RestartFollow::Following {
         return Ok(());
     }
-    let mut updates = daemon.watch_status().await?;
-    let mut printed = String::new();
-    while let Some(status) = updates.next().await? {
-        let Some(now) = status.slots.iter().find(|s| s.name == before.name) else {
-            return Err(Failure::Failed(format!(
-                "slot {} is no longer configured (a reload removed it); see `ttctl status`",
-                before.name
-            )));
-        };
-        match restart_step(&before, now) {
-            RestartStep::Unchanged => {}
-            // Status changes other than this slot's repeat its line.
-            RestartStep::Progress(line) if line == printed => {}
-            RestartStep::Progress(line) => {
-                emit(out, &format!("{line}\n"))?;
-                printed = line;
-            }
-            RestartStep::Done(line) => return emit(out, &format!("{line}\n")),
-            RestartStep::Failed(message) => return Err(Failure::Failed(message)),
-        }
-    }
-    Err(updates.ended(&format!(
+    let ended = format!(
         "the status stream before the restart of slot {} finished",
         before.name
-    )))
+    );
+    follow_slot(daemon, &before, restart_step, &ended, out).await
 }
 
 /// Which of the two starts `restart` asks for.
@@ -125,6 +106,20 @@ pub(super) async fn stop(
             tt_serving_proto::v1::SlotState::word(before.state)
         ),
     )?;
+    let ended = format!("the status stream before slot {} stopped", before.name);
+    follow_slot(daemon, &before, stop_step, &ended, out).await
+}
+
+/// Follows slot `before` over WatchStatus, printing each new line `step`
+/// gives, until it says done (exit 0) or failed; `ended` says what was
+/// awaited when the stream ends first.
+async fn follow_slot(
+    daemon: &mut Daemon,
+    before: &Slot,
+    step: fn(&Slot, &Slot) -> RestartStep,
+    ended: &str,
+    out: &mut (dyn Write + Send),
+) -> Result<(), Failure> {
     let mut updates = daemon.watch_status().await?;
     let mut printed = String::new();
     while let Some(status) = updates.next().await? {
@@ -134,8 +129,9 @@ pub(super) async fn stop(
                 before.name
             )));
         };
-        match stop_step(&before, now) {
+        match step(before, now) {
             RestartStep::Unchanged => {}
+            // Status changes other than this slot's repeat its line.
             RestartStep::Progress(line) if line == printed => {}
             RestartStep::Progress(line) => {
                 emit(out, &format!("{line}\n"))?;
@@ -145,8 +141,5 @@ pub(super) async fn stop(
             RestartStep::Failed(message) => return Err(Failure::Failed(message)),
         }
     }
-    Err(updates.ended(&format!(
-        "the status stream before slot {} stopped",
-        before.name
-    )))
+    Err(updates.ended(ended))
 }
