@@ -220,7 +220,13 @@ async fn main() -> anyhow::Result<()> {
         Some(v) => v
             .split(',')
             .filter(|s| !s.is_empty())
-            .map(|s| s.parse())
+            .map(|s| {
+                s.parse().map_err(|_| {
+                    anyhow::anyhow!(
+                        "--prefill {v}: expected prompt lengths in words, like 512,2048"
+                    )
+                })
+            })
             .collect::<Result<_, _>>()?,
         None => vec![512, 2048],
     };
