@@ -27,6 +27,9 @@ use half::f16;
 pub(crate) trait KvElem: Copy + Default + Send + Sync {
     fn store(x: f32) -> Self;
     fn load(self) -> f32;
+    /// The elements as floats when they are floats already (read in place,
+    /// no widening copy).
+    fn as_f32(s: &[Self]) -> Option<&[f32]>;
     /// Eight elements from `p` as floats.
     ///
     /// # Safety
@@ -49,6 +52,10 @@ impl KvElem for f32 {
     #[inline(always)]
     fn load(self) -> f32 {
         self
+    }
+    #[inline(always)]
+    fn as_f32(s: &[Self]) -> Option<&[f32]> {
+        Some(s)
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
@@ -75,6 +82,10 @@ impl KvElem for F16Bits {
     #[inline(always)]
     fn load(self) -> f32 {
         f16::from_bits(self.0).to_f32()
+    }
+    #[inline(always)]
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]

@@ -25,6 +25,9 @@
 //! - [`model`]: one rank's forward pass (RMSNorm, RoPE, GQA over the paged
 //!   KV pool, SwiGLU MLP) over our kernels (Q4_1, Q8_0) or candle's
 //!   quantized matmuls (other dtypes).
+//! - [`attention`]: causal attention over the paged KV pool, in units of
+//!   (sequence, token tile, KV head, span of keys) with long histories'
+//!   partial softmaxes merged.
 //! - [`kv`]: the KV block pool's bookkeeping and the prefix cache (blocks
 //!   indexed by their tokens, reference counts, LRU eviction).
 //! - [`kernels`]: our AVX2 Q4_1 and Q8_0 matmuls (plain, and interleaved by 8
@@ -46,6 +49,7 @@
 //! - [`faults`]: TEST-ONLY fault modes, behind `TTW_TEST_FAULTS=1`.
 //! - [`testmodel`]: a tiny deterministic Llama GGUF for tests.
 
+pub(crate) mod attention;
 pub mod banners;
 pub mod cache;
 pub mod chat_template;

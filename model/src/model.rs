@@ -13,10 +13,11 @@
 //! whole batch. Only attention is per sequence: it is split over the matmul
 //! pool by (sequence, query head).
 
+use crate::attention::{self, Heads};
 use crate::gguf::ModelConfig;
 use crate::kernels::{self, Format, Task, WeightView};
 use crate::kv::BLOCK_TOKENS;
-use crate::lanes::{self, F16Bits, KvElem, Lanes};
+use crate::lanes::{self, F16Bits};
 use crate::weights::{self, Partition, RankTensors, RawTensor, TensorBytes};
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
@@ -353,7 +354,7 @@ pub enum KvDtype {
 /// pattern so the zero fill needs no writes): a block's pages become
 /// resident when it is first written, so memory grows with the blocks
 /// actually used, up to the budget.
-enum KvStore {
+pub(crate) enum KvStore {
     F32 { k: Vec<f32>, v: Vec<f32> },
     F16 { k: Vec<F16Bits>, v: Vec<F16Bits> },
 }
@@ -369,8 +370,8 @@ fn zeroed_f16(n: usize) -> Vec<F16Bits> {
     unsafe { Vec::from_raw_parts(ptr.cast::<F16Bits>(), len, cap) }
 }
 
-struct KvCache {
-    store: KvStore,
+pub(crate) struct KvCache {
+    pub(crate) store: KvStore,
     blocks: usize,
     layers: usize,
     heads: usize,
@@ -378,7 +379,13 @@ struct KvCache {
 }
 
 impl KvCache {
-    fn new(blocks: usize, layers: usize, heads: usize, dim: usize, dtype: KvDtype) -> Self {
+    pub(crate) fn new(
+        blocks: usize,
+        layers: usize,
+        heads: usize,
+        dim: usize,
+        dtype: KvDtype,
+    ) -> Self {
         let n = blocks * layers * heads * BLOCK_TOKENS * dim;
         let store = match dtype {
             KvDtype::F32 => KvStore::F32 {
@@ -420,7 +427,7 @@ impl KvCache {
     }
 
     /// Offset of `(block, layer, head)`'s first position.
-    fn base(&self, block: u32, layer: usize, head: usize) -> usize {
+    pub(crate) fn base(&self, block: u32, layer: usize, head: usize) -> usize {
         (((block as usize * self.layers + layer) * self.heads + head) * BLOCK_TOKENS) * self.dim
     }
 }
@@ -517,6 +524,14 @@ fn projection(
 }
 
 impl Rank {
+    fn heads(&self) -> Heads {
+        Heads {
+            head_dim: self.cfg.head_dim,
+            n_q: self.n_q,
+            n_kv: self.n_kv,
+        }
+    }
+
     /// Makes the rank's whole KV pool resident now (`--kv-prefault`);
     /// returns its bytes.
     pub fn prefault_kv(&mut self) -> usize {
@@ -658,7 +673,7 @@ impl Rank {
                 }
                 row += s.tokens.len();
             }
-            self.attend(seqs, l, &qkv, stride, &mut attn);
+            attention::attend(self.heads(), &self.kv, seqs, l, &qkv, stride, &mut attn);
             let block = &self.blocks[l];
             let o = comm.all_reduce(block.wo.forward(&attn, rows)?, rows * block.wo.out);
             lanes::add_into(&mut x, &o);
@@ -772,208 +787,7 @@ impl Rank {
             }
         }
     }
-
-    /// Causal attention of every sequence's new tokens over its cached
-    /// history (`qkv` and `out` hold all rows of the step). One unit of work
-    /// per (sequence, KV head, tile of up to [`QUERY_TILE`] new tokens),
-    /// spread over the matmul pool: a unit reads each cached key and value
-    /// once for every query head of its group and every token of its tile,
-    /// and each query is computed the same way whatever the split, so
-    /// results do not depend on the batch, the tiles or the threads.
-    fn attend(&self, seqs: &[StepSeq], layer: usize, qkv: &[f32], stride: usize, out: &mut [f32]) {
-        let hd = self.cfg.head_dim;
-        let q_w = self.n_q * hd;
-        debug_assert!(out.len() >= seqs.iter().map(|s| s.tokens.len()).sum::<usize>() * q_w);
-        let n_kv = self.n_kv.max(1);
-        // Smaller tiles while there are too few units to keep the pool busy
-        // (a short prompt tail over a long cached history is a few units of
-        // much work each).
-        let mut tile_len = QUERY_TILE;
-        let units_for = |t: usize| {
-            seqs.iter()
-                .map(|s| s.tokens.len().div_ceil(t))
-                .sum::<usize>()
-                * n_kv
-        };
-        while tile_len > 1 && units_for(tile_len) < 4 * crate::pool::global().threads() {
-            tile_len /= 2;
-        }
-        // (sequence, its first row, first token of the tile, end of the tile)
-        let mut tiles = Vec::new();
-        let mut rows = 0;
-        let mut work = 0;
-        for (si, s) in seqs.iter().enumerate() {
-            for t in (0..s.tokens.len()).step_by(tile_len) {
-                tiles.push((si, rows, t, (t + tile_len).min(s.tokens.len())));
-            }
-            rows += s.tokens.len();
-            work += s.tokens.len() * (s.start_pos + s.tokens.len());
-        }
-        let units = tiles.len() * n_kv;
-        let out_ptr = AttnOut(out.as_mut_ptr());
-        let run = |range: std::ops::Range<usize>| {
-            for u in range {
-                let ((si, row, first, end), kv_head) = (tiles[u / n_kv], u % n_kv);
-                let s = &seqs[si];
-                let qkv = &qkv[row * stride..];
-                let tile = Tile {
-                    layer,
-                    kv_head,
-                    first,
-                    end,
-                    stride,
-                    row,
-                };
-                match &self.kv.store {
-                    KvStore::F32 { k, v } => attend_tile(self, s, tile, qkv, out_ptr, k, v),
-                    KvStore::F16 { k, v } => attend_tile(self, s, tile, qkv, out_ptr, k, v),
-                }
-            }
-        };
-        // Short histories are not worth waking the pool for.
-        if work * self.n_q * hd < 32 * 1024 {
-            run(0..units);
-        } else {
-            crate::pool::global().run(units, &run);
-        }
-    }
-
-    /// The blocks holding positions `0..len` of `s`, each with how many of
-    /// its positions are in that range.
-    fn spans<'a>(&self, s: &'a StepSeq, len: usize) -> impl Iterator<Item = (u32, usize)> + 'a {
-        s.blocks
-            .iter()
-            .enumerate()
-            .take(len.div_ceil(BLOCK_TOKENS))
-            .map(move |(i, &b)| (b, (len - i * BLOCK_TOKENS).min(BLOCK_TOKENS)))
-    }
 }
-
-/// New tokens of one sequence whose queries one attention unit computes (at
-/// most: fewer when the step has few units).
-const QUERY_TILE: usize = 16;
-
-/// One attention unit: tokens `first..end` of a sequence (its rows start at
-/// `row` of the step), the query heads of KV head `kv_head`, in `layer`.
-#[derive(Clone, Copy)]
-struct Tile {
-    layer: usize,
-    kv_head: usize,
-    first: usize,
-    end: usize,
-    stride: usize,
-    row: usize,
-}
-
-lanes::dispatch! {
-    /// Attention of one [`Tile`]: scores, their softmax and the weighted sum
-    /// of values for every query of the tile, written to its rows of the
-    /// attention output at its heads' columns.
-    fn attend_tile<E: KvElem>(rank: &Rank, s: &StepSeq, tile: Tile, qkv: &[f32], out: AttnOut,
-        k: &[E], v: &[E]) => attend_tile_body
-}
-
-/// Each query's scores are computed in key order and its softmax and
-/// weighted sum run over them in key order, exactly as one query at a time
-/// would: the tile only changes how often a key block is read (once per
-/// unit, widened to f32 once) and that is exact.
-#[inline(always)]
-fn attend_tile_body<L: Lanes, E: KvElem>(
-    rank: &Rank,
-    s: &StepSeq,
-    tile: Tile,
-    qkv: &[f32],
-    out: AttnOut,
-    k: &[E],
-    v: &[E],
-) {
-    let hd = rank.cfg.head_dim;
-    let group = rank.n_q / rank.n_kv.max(1);
-    let scale = 1.0 / (hd as f32).sqrt();
-    let q_w = rank.n_q * hd;
-    let first_head = tile.kv_head * group;
-    // Keys `0..ctx` cover every query of the tile (the last sees them all).
-    let ctx = s.start_pos + tile.end;
-    let queries = (tile.end - tile.first) * group;
-    // Query `qi` is token `tile.first + qi / group`, head `first_head + qi % group`.
-    let pos_of = |qi: usize| s.start_pos + tile.first + qi / group;
-    // The queries that see keys `key0..key0 + n`: (query, token, head, how
-    // many of those keys it sees).
-    let seeing = |key0: usize, n: usize| {
-        (0..queries).filter_map(move |qi| {
-            let pos = pos_of(qi);
-            let (i, head) = (tile.first + qi / group, first_head + qi % group);
-            (pos >= key0).then(|| (qi, i, head, (pos + 1 - key0).min(n)))
-        })
-    };
-    // SAFETY (for every call): this unit is the only writer of these heads'
-    // columns of these rows, inside the output `attend` was given.
-    let out_row = |i: usize, head: usize| unsafe {
-        std::slice::from_raw_parts_mut(out.0.add((tile.row + i) * q_w + head * hd), hd)
-    };
-    let mut scores = vec![0.0f32; queries * ctx];
-    let mut block_f32 = vec![0.0f32; BLOCK_TOKENS * hd];
-    for (bi, (block, n)) in rank.spans(s, ctx).enumerate() {
-        let base = rank.kv.base(block, tile.layer, tile.kv_head);
-        L::widen(&mut block_f32[..n * hd], &k[base..base + n * hd]);
-        let key0 = bi * BLOCK_TOKENS;
-        for (qi, i, head, seen) in seeing(key0, n) {
-            let q = &qkv[i * tile.stride + head * hd..i * tile.stride + (head + 1) * hd];
-            let row = &mut scores[qi * ctx + key0..qi * ctx + key0 + seen];
-            let keys = &block_f32[..seen * hd];
-            let mut quads = row.chunks_exact_mut(4).zip(keys.chunks_exact(4 * hd));
-            for (sc, k4) in &mut quads {
-                let k = |j: usize| &k4[j * hd..(j + 1) * hd];
-                let d = L::dot4(q, [k(0), k(1), k(2), k(3)]);
-                for (sc, d) in sc.iter_mut().zip(d) {
-                    *sc = d * scale;
-                }
-            }
-            let done = seen / 4 * 4;
-            for (sc, key) in row[done..]
-                .iter_mut()
-                .zip(keys[done * hd..].chunks_exact(hd))
-            {
-                *sc = L::dot(q, key) * scale;
-            }
-        }
-    }
-    let mut inv = vec![0.0f32; queries];
-    for (qi, inv) in inv.iter_mut().enumerate() {
-        let row = &mut scores[qi * ctx..qi * ctx + pos_of(qi) + 1];
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &sc| m.max(sc));
-        let mut sum = 0.0;
-        for sc in row.iter_mut() {
-            *sc = (*sc - max).exp();
-            sum += *sc;
-        }
-        *inv = 1.0 / sum;
-        out_row(tile.first + qi / group, first_head + qi % group).fill(0.0);
-    }
-    for (bi, (block, n)) in rank.spans(s, ctx).enumerate() {
-        let base = rank.kv.base(block, tile.layer, tile.kv_head);
-        L::widen(&mut block_f32[..n * hd], &v[base..base + n * hd]);
-        let key0 = bi * BLOCK_TOKENS;
-        for (qi, i, head, seen) in seeing(key0, n) {
-            let o = out_row(i, head);
-            let mut weights = [0.0f32; BLOCK_TOKENS];
-            for (w, &sc) in weights
-                .iter_mut()
-                .zip(&scores[qi * ctx + key0..qi * ctx + key0 + seen])
-            {
-                *w = sc * inv[qi];
-            }
-            L::axpy_rows(o, &weights[..seen], &block_f32[..seen * hd]);
-        }
-    }
-}
-
-/// The attention output, shared by the units that write disjoint heads.
-#[derive(Clone, Copy)]
-struct AttnOut(*mut f32);
-// SAFETY: units write disjoint elements of a buffer that outlives the call.
-unsafe impl Send for AttnOut {}
-unsafe impl Sync for AttnOut {}
 
 #[cfg(test)]
 mod tests {
