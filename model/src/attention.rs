@@ -491,6 +491,7 @@ mod tests {
             tokens: vec![0; new],
             want_logits: true,
             all_logits: false,
+            copy_from: None,
         }
     }
 

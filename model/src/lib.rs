@@ -49,7 +49,7 @@
 //! - [`faults`]: TEST-ONLY fault modes, behind `TTW_TEST_FAULTS=1`.
 //! - [`testmodel`]: a tiny deterministic Llama GGUF for tests.
 
-pub(crate) mod attention;
+pub mod attention;
 pub mod banners;
 pub mod cache;
 pub mod chat_template;

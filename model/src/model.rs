@@ -103,6 +103,10 @@ pub struct StepSeq {
     /// log-probabilities): the LM head then runs on each row, not only the
     /// last.
     pub all_logits: bool,
+    /// A block whose first `start_pos % BLOCK_TOKENS` positions the block of
+    /// `start_pos` starts as a copy of (a prefix-cache hit inside a block,
+    /// copied before the step).
+    pub copy_from: Option<u32>,
 }
 
 impl StepSeq {
@@ -426,6 +430,30 @@ impl KvCache {
         }
     }
 
+    /// Copies positions `0..n` of block `from` (every layer and head) into
+    /// block `to`.
+    fn copy_positions(&mut self, from: u32, to: u32, n: usize) {
+        fn copy<T: Copy>(x: &mut [T], from: usize, to: usize, n: usize) {
+            x.copy_within(from..from + n, to);
+        }
+        let n = n.min(BLOCK_TOKENS) * self.dim;
+        for layer in 0..self.layers {
+            for head in 0..self.heads {
+                let (a, b) = (self.base(from, layer, head), self.base(to, layer, head));
+                match &mut self.store {
+                    KvStore::F32 { k, v } => {
+                        copy(k, a, b, n);
+                        copy(v, a, b, n);
+                    }
+                    KvStore::F16 { k, v } => {
+                        copy(k, a, b, n);
+                        copy(v, a, b, n);
+                    }
+                }
+            }
+        }
+    }
+
     /// Offset of `(block, layer, head)`'s first position.
     pub(crate) fn base(&self, block: u32, layer: usize, head: usize) -> usize {
         (((block as usize * self.layers + layer) * self.heads + head) * BLOCK_TOKENS) * self.dim
@@ -637,13 +665,20 @@ impl Rank {
             let end = s.start_pos + s.tokens.len();
             let covered = s.blocks.len() * BLOCK_TOKENS;
             let bad_block = s.blocks.iter().any(|&b| b as usize >= self.kv.blocks);
-            if end > covered || end > self.ctx || bad_block {
+            let bad_copy = s.copy_from.is_some_and(|b| b as usize >= self.kv.blocks);
+            if end > covered || end > self.ctx || bad_block || bad_copy {
                 return Err(ModelError::OutOfCache {
                     pos: end,
                     table: s.blocks.len(),
                     blocks: self.kv.blocks,
                     ctx: self.ctx,
                 });
+            }
+        }
+        for s in seqs {
+            if let Some(from) = s.copy_from {
+                let to = s.blocks[s.start_pos / BLOCK_TOKENS];
+                self.kv.copy_positions(from, to, s.start_pos % BLOCK_TOKENS);
             }
         }
 

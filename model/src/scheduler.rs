@@ -23,7 +23,7 @@
 
 use crate::banners::Banners;
 use crate::faults::Faults;
-use crate::kv::{BlockPool, BLOCK_TOKENS};
+use crate::kv::{self, BlockPool, BLOCK_TOKENS};
 use crate::model::StepSeq;
 use crate::output::{OutputText, Pushed};
 use crate::sampling::{self, History, Logprobs, Penalties, Sampler, SamplingConfig};
@@ -262,6 +262,9 @@ struct Seq {
     order: u64,
     /// KV blocks: position `p` is in `blocks[p / BLOCK_TOKENS]`.
     blocks: Vec<u32>,
+    /// A cached block the last of `blocks` is to start as a copy of (held
+    /// until the copy is made, at this sequence's next step).
+    copy_from: Option<kv::Copy>,
     /// Leading blocks already offered to the prefix cache.
     registered: usize,
     /// Prompt tokens the prefix cache supplied at the first admission.
@@ -467,9 +470,9 @@ impl Engine {
         let mut i = 0;
         while i < self.running.len() {
             if self.running[i].sub.events.is_closed() {
-                let seq = self.running.swap_remove(i);
+                let mut seq = self.running.swap_remove(i);
                 tracing::debug!(request_id = %seq.sub.request_id, "client went away; cancelled");
-                self.pool.release(&seq.blocks);
+                self.give_back(&mut seq, true);
                 self.release();
             } else {
                 i += 1;
@@ -495,8 +498,8 @@ impl Engine {
             return;
         }
         let running = std::mem::take(&mut self.running);
-        for seq in running {
-            self.pool.release(&seq.blocks);
+        for mut seq in running {
+            self.give_back(&mut seq, true);
             self.finish_seq(seq, Finish::Cancelled, String::new());
         }
         while let Some(seq) = self.preempted.pop_front() {
@@ -527,6 +530,7 @@ impl Engine {
             sub,
             order: self.admissions,
             blocks: Vec::new(),
+            copy_from: None,
             registered: 0,
             cached_prompt_tokens: 0,
             fed: 0,
@@ -546,7 +550,7 @@ impl Engine {
     fn admit(&mut self) {
         while self.running.len() < self.cfg.max_batch {
             let first_time = self.preempted.is_empty();
-            let (table, fits) = {
+            let (prefix, fits) = {
                 let tokens: &[u32] = match (self.preempted.front(), self.waiting.front()) {
                     // Every prompt position is computed for its logprobs.
                     (Some(seq), _) if seq.prompt_logprobs.is_some() => &[],
@@ -556,15 +560,18 @@ impl Engine {
                     (None, None) => break,
                 };
                 let target = tokens.len() + 1;
-                let table = self.pool.match_prefix(tokens);
-                let need = target.div_ceil(BLOCK_TOKENS) - table.len();
+                let prefix = self.pool.match_prefix(tokens);
+                let need = target.div_ceil(BLOCK_TOKENS) - prefix.blocks.len();
                 // Headroom of a block per running sequence, so the next
                 // steps' growth does not preempt the newcomer at once.
-                (table, need + self.running.len() <= self.pool.available())
+                (prefix, need + self.running.len() <= self.pool.available())
             };
             if !fits {
                 // Running sequences will give blocks back.
-                self.pool.release(&table);
+                self.pool.release(&prefix.blocks);
+                if let Some(copy) = prefix.copy {
+                    self.pool.release(&[copy.from]);
+                }
                 break;
             }
             let mut seq = match self.preempted.pop_front() {
@@ -574,9 +581,21 @@ impl Engine {
                     None => break,
                 },
             };
-            seq.fed = table.len() * BLOCK_TOKENS;
-            seq.registered = table.len();
-            seq.blocks = table;
+            seq.registered = prefix.blocks.len();
+            seq.fed = seq.registered * BLOCK_TOKENS;
+            seq.blocks = prefix.blocks;
+            // A match inside the next block: a block of its own, filled
+            // from the cached one at the first step.
+            if let Some(copy) = prefix.copy {
+                match self.pool.allocate() {
+                    Some(to) => {
+                        seq.blocks.push(to);
+                        seq.fed += copy.positions;
+                        seq.copy_from = Some(copy);
+                    }
+                    None => self.pool.release(&[copy.from]),
+                }
+            }
             if first_time {
                 seq.cached_prompt_tokens = seq.fed;
                 if seq.fed > 0 {
@@ -621,7 +640,7 @@ impl Engine {
             // construction, so this is a bookkeeping bug; fail the request
             // rather than loop.
             tracing::error!(request_id = %seq.sub.request_id, "the KV pool cannot hold a single sequence");
-            self.pool.release(&seq.blocks);
+            self.give_back(&mut seq, false);
             let _ = seq
                 .sub
                 .events
@@ -634,8 +653,7 @@ impl Engine {
             positions = seq.fed,
             "KV pool full: preempted the most recent sequence; it will be recomputed"
         );
-        self.pool.release(&seq.blocks);
-        seq.blocks.clear();
+        self.give_back(&mut seq, true);
         seq.fed = 0;
         seq.registered = 0;
         let at = self
@@ -644,6 +662,30 @@ impl Engine {
             .position(|p| p.order > seq.order)
             .unwrap_or(self.preempted.len());
         self.preempted.insert(at, seq);
+    }
+
+    /// Returns a sequence's blocks to the pool. With `keep_tail`, its
+    /// part-filled last block is offered to the prefix cache first (its
+    /// positions are computed and will not be written again), when every
+    /// block before it is indexed.
+    fn give_back(&mut self, seq: &mut Seq, keep_tail: bool) {
+        if let Some(copy) = seq.copy_from.take() {
+            // Never stepped: the block that was to hold the copy holds
+            // nothing yet.
+            self.pool.release(&[copy.from]);
+        } else if keep_tail {
+            let full = seq.fed / BLOCK_TOKENS;
+            if !seq.fed.is_multiple_of(BLOCK_TOKENS)
+                && seq.registered == full
+                && full < seq.blocks.len()
+            {
+                let parent = full.checked_sub(1).map(|p| seq.blocks[p]);
+                let tokens = &seq.tokens[full * BLOCK_TOKENS..seq.fed];
+                self.pool.register_tail(parent, seq.blocks[full], tokens);
+            }
+        }
+        self.pool.release(&seq.blocks);
+        seq.blocks.clear();
     }
 
     /// Offers the blocks that filled up to the prefix cache. A block whose
@@ -741,6 +783,7 @@ impl Engine {
                 // preemption's recomputation, is the first step that samples).
                 want_logits: s.fed + n == s.tokens.len(),
                 all_logits: s.collects_prompt(),
+                copy_from: s.copy_from.map(|c| c.from),
             });
         }
         let fed: Vec<(usize, usize, bool, bool)> = batch
@@ -757,14 +800,20 @@ impl Engine {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!("forward step failed: {e}");
-                for seq in std::mem::take(&mut self.running) {
+                for mut seq in std::mem::take(&mut self.running) {
                     let _ = seq.sub.events.send(Event::Error(e.to_string()));
-                    self.pool.release(&seq.blocks);
+                    self.give_back(&mut seq, false);
                     self.release();
                 }
                 return;
             }
         };
+        // The copies are made: their sources go back to the cache.
+        for &(i, _) in &plan {
+            if let Some(copy) = self.running[i].copy_from.take() {
+                self.pool.release(&[copy.from]);
+            }
+        }
         self.status
             .last_step_unix_ms
             .store(unix_ms(), Ordering::Release);
@@ -815,8 +864,8 @@ impl Engine {
         // Remove from the back so earlier indices stay valid.
         done.sort_by_key(|d| std::cmp::Reverse(d.0));
         for (i, (reason, rest)) in done {
-            let seq = self.running.swap_remove(i);
-            self.pool.release(&seq.blocks);
+            let mut seq = self.running.swap_remove(i);
+            self.give_back(&mut seq, true);
             self.finish_seq(seq, reason, rest);
         }
         self.publish_counts();
