@@ -504,6 +504,41 @@ fn a_tp2_slot_missing_one_card_resets_neither_and_quarantines_neither() {
     );
 }
 
+/// A two-card slot's reset in which one card comes back wrong: that card
+/// is quarantined; the other, proven back by the same reset, is not.
+#[test]
+fn a_two_card_reset_quarantines_only_the_card_that_did_not_come_back() {
+    let hw = FakeHw::new(2);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let (card0, card1) = (FakeHw::bdf(0), FakeHw::bdf(1));
+    hw.root.set_fault(&card1, Fault::Downtrained).unwrap();
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: model_table("pair", 2, &[0, 1], &model, ""),
+            ..Default::default()
+        },
+    );
+    let card = daemon.wait_card_state(&card1, "quarantined");
+    let reason = card["state_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("downtrained") && reason.contains(&card1),
+        "{card}"
+    );
+    assert!(
+        !reason.contains(&card0),
+        "card 1's reason blames card 0: {card}"
+    );
+    // Both cards went through tt-smi in one call.
+    assert_eq!(hw.smi_resets()[0], vec![card0.clone(), card1.clone()]);
+    let other = daemon.card(&card0);
+    assert_ne!(other["state"], "quarantined", "{other}");
+    assert_eq!(other["reset_failures"], 0, "{other}");
+    let slot = daemon.slot("pair");
+    assert_ne!(slot["state"], "ready", "{slot}");
+}
+
 #[test]
 fn a_reset_of_a_missing_card_is_refused_without_calling_tt_smi() {
     let hw = FakeHw::new(2);

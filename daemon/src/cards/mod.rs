@@ -679,20 +679,32 @@ impl CardManager {
             self.notify();
             return Err(CardError::NotAttempted(missing.clone()));
         }
-        let outcome = match &result {
-            Ok(_) => crate::metrics::ResetOutcome::Proven,
-            Err(ResetError::Failed(f)) if f.kind == FailureKind::Hung => {
-                crate::metrics::ResetOutcome::Hung
-            }
-            Err(_) => crate::metrics::ResetOutcome::Failed,
+        // Each card by its own proof: in a reset of several, the cards
+        // proven back are back even when another is not.
+        let failure = match &result {
+            Err(ResetError::Failed(failure)) => Some(failure),
+            _ => None,
         };
+        let blamed = |bdf: &str| failure.is_some_and(|f| f.blames(bdf));
         for bdf in bdfs {
-            if result.is_err() {
-                // The last attempt's proof failed too.
-                metrics.reset_proof_failure(bdf);
-            }
+            let outcome = match failure {
+                Some(f) if f.blames(bdf) && f.kind == FailureKind::Hung => {
+                    crate::metrics::ResetOutcome::Hung
+                }
+                Some(f) if f.blames(bdf) => {
+                    // The last attempt's proof failed too.
+                    metrics.reset_proof_failure(bdf);
+                    crate::metrics::ResetOutcome::Failed
+                }
+                _ => crate::metrics::ResetOutcome::Proven,
+            };
             metrics.card_reset(bdf, outcome, began.elapsed());
         }
+        let output = match &result {
+            Ok(outcome) => outcome.tt_smi_output.clone(),
+            Err(ResetError::Failed(failure)) => failure.tt_smi_output.clone(),
+            Err(ResetError::NotAttempted(_)) => String::new(),
+        };
         {
             let mut table = self.lock_table();
             for bdf in bdfs {
@@ -700,11 +712,18 @@ impl CardManager {
                     continue;
                 };
                 entry.busy = false;
-                match &result {
-                    Ok(outcome) => {
+                entry.view.last_reset_output = output.clone();
+                match failure {
+                    Some(failure) if blamed(bdf) => {
+                        entry.view.reset_failures += failure.attempts;
+                        entry.view.reason = quarantine_reason(bdf, failure);
+                        self.write_quarantine(bdf, &entry.view.reason);
+                        entry.view.state = CardState::Quarantined;
+                        tracing::error!(card = %bdf, reason = %failure.reason, kind = ?failure.kind, "card quarantined");
+                    }
+                    _ => {
                         entry.view.reset_failures = 0;
                         let _ = hostfs::remove_file(&self.dirty_file(bdf));
-                        entry.view.last_reset_output = outcome.tt_smi_output.clone();
                         if manual {
                             self.clear_quarantine(bdf);
                         }
@@ -713,15 +732,6 @@ impl CardManager {
                         entry.view.reason.clear();
                         entry.view.info = self.hw.find(bdf);
                     }
-                    Err(ResetError::Failed(failure)) => {
-                        entry.view.reset_failures += failure.attempts;
-                        entry.view.last_reset_output = failure.tt_smi_output.clone();
-                        entry.view.reason = quarantine_reason(bdf, failure);
-                        self.write_quarantine(bdf, &entry.view.reason);
-                        entry.view.state = CardState::Quarantined;
-                        tracing::error!(card = %bdf, reason = %failure.reason, kind = ?failure.kind, "card quarantined");
-                    }
-                    Err(ResetError::NotAttempted(_)) => {}
                 }
                 self.settle(entry);
             }
@@ -939,6 +949,7 @@ fn refuse_automatic_reset(bdfs: &[String], hung: impl Fn(&str) -> bool) -> Optio
         attempts: 0,
         tt_smi_output: String::new(),
         kind: FailureKind::Refused,
+        not_back: Vec::new(),
     })
 }
 
@@ -1203,6 +1214,7 @@ mod tests {
             attempts: 1,
             tt_smi_output: String::new(),
             kind,
+            not_back: Vec::new(),
         }
     }
 

@@ -111,9 +111,18 @@ pub struct ResetFailure {
     pub tt_smi_output: String,
     /// How it ended.
     pub kind: FailureKind,
+    /// The cards the last attempt's proof found not back; empty when the
+    /// failure is not one card's (tt-smi failed or hung, the probe failed):
+    /// then every card of the reset is suspect.
+    pub not_back: Vec<String>,
 }
 
 impl ResetFailure {
+    /// Whether `bdf` is one this failure leaves in doubt.
+    pub fn blames(&self, bdf: &str) -> bool {
+        self.not_back.is_empty() || self.not_back.iter().any(|b| b == bdf)
+    }
+
     fn describe(&self) -> String {
         match self.kind {
             FailureKind::Failed => format!(
@@ -296,13 +305,20 @@ enum AttemptError {
     Missing(MissingCard),
     /// tt-smi did not return and was killed: stop, do not retry.
     Hung(String),
-    /// Failed; another attempt may follow.
-    Failed(String),
+    /// Failed; another attempt may follow. `not_back`: the cards whose
+    /// proof failed (empty: not one card's failure).
+    Failed {
+        reason: String,
+        not_back: Vec<String>,
+    },
 }
 
 impl From<String> for AttemptError {
     fn from(reason: String) -> AttemptError {
-        AttemptError::Failed(reason)
+        AttemptError::Failed {
+            reason,
+            not_back: Vec::new(),
+        }
     }
 }
 
@@ -405,6 +421,7 @@ impl Resetter {
         let attempts = self.cfg.attempts.max(1);
         let mut last_output = String::new();
         let mut reason = String::new();
+        let mut not_back = Vec::new();
         for attempt in 1..=attempts {
             match self
                 .attempt(bdfs, attempt, on_event, &mut last_output)
@@ -446,9 +463,13 @@ impl Resetter {
                         attempts: attempt,
                         tt_smi_output: last_output,
                         kind: FailureKind::Hung,
+                        not_back: Vec::new(),
                     }));
                 }
-                Err(AttemptError::Failed(why)) => reason = why,
+                Err(AttemptError::Failed {
+                    reason: why,
+                    not_back: cards,
+                }) => (reason, not_back) = (why, cards),
             }
             if attempt < attempts {
                 let backoff = Duration::from_millis(
@@ -475,6 +496,7 @@ impl Resetter {
             attempts,
             tt_smi_output: last_output,
             kind: FailureKind::Failed,
+            not_back,
         }))
     }
 
@@ -566,13 +588,19 @@ impl Resetter {
             ),
         );
         // One limit covers coming back and the checks after it, as configured.
+        // Every card is proven, also after one fails, so that a failure
+        // names the cards not back and only those.
         let mut come_back = Waiting::new(Duration::from_secs(self.cfg.come_back_timeout_secs));
         let mut indices = Vec::new();
+        let mut not_back: Vec<(String, String)> = Vec::new();
         for (bdf, name) in bdfs.iter().zip(&names) {
-            let index = self
+            match self
                 .wait_for_device(bdf, name, &mut come_back, &mut event)
-                .await?;
-            indices.push((bdf.clone(), index));
+                .await
+            {
+                Ok(index) => indices.push((bdf.clone(), index)),
+                Err(why) => not_back.push((bdf.clone(), why)),
+            }
         }
         event(Phase::ReadingSysfs, "sysfs attributes read again".into());
         event(
@@ -580,13 +608,31 @@ impl Resetter {
             format!("checking {}", driver.proofs()),
         );
         for (bdf, baseline) in bdfs.iter().zip(&before) {
-            self.wait_for_link(bdf, baseline, &mut come_back, &mut event)
-                .await?;
-            if driver.has_heartbeat() {
-                self.wait_for_heartbeat(bdf, &mut come_back, &mut event)
-                    .await?;
+            if not_back.iter().any(|(b, _)| b == bdf) {
+                continue;
             }
-            check_therm_trips(&self.hw, bdf, baseline)?;
+            let proof = async {
+                self.wait_for_link(bdf, baseline, &mut come_back, &mut event)
+                    .await?;
+                if driver.has_heartbeat() {
+                    self.wait_for_heartbeat(bdf, &mut come_back, &mut event)
+                        .await?;
+                }
+                check_therm_trips(&self.hw, bdf, baseline)
+            };
+            if let Err(why) = proof.await {
+                not_back.push((bdf.clone(), why));
+            }
+        }
+        if !not_back.is_empty() {
+            return Err(AttemptError::Failed {
+                reason: not_back
+                    .iter()
+                    .map(|(_, why)| why.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                not_back: not_back.into_iter().map(|(bdf, _)| bdf).collect(),
+            });
         }
         if !self.cfg.probe_command.is_empty() {
             let probe = self.cfg.probe_command.join(" ");
@@ -1408,6 +1454,7 @@ mod tests {
             attempts: 1,
             tt_smi_output: String::new(),
             kind: FailureKind::Hung,
+            not_back: Vec::new(),
         };
         assert!(
             failure.to_string().starts_with(
