@@ -33,7 +33,7 @@ pub use error::RouteError;
 pub use relay::ChunkStream;
 #[cfg(any(test, feature = "fuzzing"))]
 pub use validate::CHAT_ROLES;
-pub use validate::{check_engine_supports, validate_request};
+pub use validate::{check_engines, validate_request};
 
 use crate::config::ModelConfig;
 use crate::retry::RetryHint;
@@ -167,10 +167,10 @@ impl Router {
         &self,
         model: &str,
         m: &ModelConfig,
+        availability: Availability,
         arrived: tokio::time::Instant,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Wait, RouteError> {
-        let availability = self.slots.availability(model, None);
         let eta = match availability {
             Availability::Ready => return Ok(Wait::ForPlace(deadline)),
             Availability::Stopped | Availability::Down => {
@@ -300,7 +300,8 @@ impl Router {
             if let Some(route) = picked {
                 return Ok((route, placement));
             }
-            let wait = self.plan_wait(model, m, started, deadline)?;
+            let availability = self.slots.availability(model, None);
+            let wait = self.plan_wait(model, m, availability, started, deadline)?;
             let until = match wait {
                 Wait::ForPlace(until) => until,
                 Wait::ForRecovery(until) => Some(until),
@@ -357,22 +358,22 @@ impl Router {
         } else {
             None
         };
-        // Refused before taking a place when it could not wait anyway; a
-        // request that waits for a recovery holds its place like any other,
-        // so `max_queue` bounds the waiters too.
-        self.plan_wait(&model, m, started, deadline)?;
-        // A parameter no Ready replica's engine takes is refused now, not
-        // after waiting for a place (the check at the chosen slot below
-        // still decides for replicas that differ).
-        let ready = self.slots.ready_engine_facts(&model);
-        if let Some(first) = ready.first() {
-            if ready
-                .iter()
-                .all(|facts| check_engine_supports(&request, facts).is_err())
-            {
-                check_engine_supports(&request, first)?;
-            }
-        }
+        // Fail closed: a parameter no engine honours is refused, never
+        // silently dropped; a `max_tokens` beyond the engine's context
+        // unless `limits.max_tokens` bounds them all.
+        let by_context = config.limits.max_tokens.is_none();
+        // One read of the model's slots decides what is refused before the
+        // request takes a place in the queue: one that could not wait
+        // anyway (a request that waits for a recovery holds its place like
+        // any other, so `max_queue` bounds the waiters too), and one that
+        // no Ready replica's engine can serve as asked.
+        let standing = self.slots.standing(&model);
+        self.plan_wait(&model, m, standing.availability, started, deadline)?;
+        check_engines(
+            &request,
+            standing.ready_engines.iter().map(|e| &**e),
+            by_context,
+        )?;
         let permit = queue.try_acquire_owned().map_err(|_| {
             RouteError::QueueFull(format!(
                 "model `{model}` has {} requests waiting (max_queue); retry in a few seconds",
@@ -397,12 +398,8 @@ impl Router {
                 counter: route.in_flight.clone(),
                 slots: self.slots.clone(),
             };
-            // Fail closed: a parameter this slot's engine does not honour is
-            // refused, never silently dropped.
-            check_engine_supports(&request, &route.engine_facts)?;
-            if config.limits.max_tokens.is_none() {
-                validate::check_engine_context(&request, &route.engine_facts)?;
-            }
+            // Replicas may run different engines: the chosen one decides.
+            check_engines(&request, [&*route.engine_facts], by_context)?;
             let engine_request = pb::EngineGenerateRequest {
                 request: Some(request.clone()),
                 request_id: format!("req-{}", self.next_id.fetch_add(1, Ordering::Relaxed)),

@@ -137,6 +137,36 @@ fn check_parameters(request: &pb::GenerateRequest) -> Result<(), RouteError> {
     Ok(())
 }
 
+/// Refuse a request that none of `engines` can serve as asked (a parameter
+/// it does not honour, or, with `by_context`, a `max_tokens` beyond its
+/// context), with the first one's reason. Admission asks it twice, the same
+/// way: of every Ready replica's engine before the request takes a place in
+/// the queue (one that can is enough then), and of the chosen slot's. No
+/// engines: nothing known to refuse by yet.
+pub fn check_engines<'a>(
+    request: &pb::GenerateRequest,
+    engines: impl IntoIterator<Item = &'a EngineFacts>,
+    by_context: bool,
+) -> Result<(), RouteError> {
+    let mut first = None;
+    for engine in engines {
+        let can = check_engine_supports(request, engine).and_then(|()| {
+            if by_context {
+                check_engine_context(request, engine)
+            } else {
+                Ok(())
+            }
+        });
+        match can {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
 /// Refuse a request that asks for an optional parameter the engine of the
 /// chosen slot does not list in its Info (`supported_parameters`), so that
 /// it is never served without it: INVALID_ARGUMENT whose message starts
@@ -416,6 +446,56 @@ mod tests {
         assert_eq!(
             err.message(),
             "ignore_eos: not supported by engine (an engine that gave no engine_version) serving model m; leave it out"
+        );
+    }
+
+    /// Replicas on different engines: one that can serve the request is
+    /// enough before it queues; none gives the first one's reason; the
+    /// context counts only when asked to.
+    #[test]
+    fn a_request_is_admitted_when_any_ready_engine_can_serve_it() {
+        let plain = EngineFacts {
+            version: "plain 1".into(),
+            supported_parameters: vec![],
+            host_sampling_parameters: vec![],
+            context_length: 1024,
+        };
+        let scoring = EngineFacts {
+            version: "scoring 2".into(),
+            supported_parameters: vec!["logprobs".into()],
+            host_sampling_parameters: vec![],
+            context_length: 4096,
+        };
+        let scored = pb::GenerateRequest {
+            logprobs: Some(1),
+            ..chat(&["user"])
+        };
+        assert!(check_engines(&scored, [&plain, &scoring], true).is_ok());
+        let err = check_engines(&scored, [&plain], true).expect_err("refused");
+        assert!(
+            err.message()
+                .starts_with("logprobs: not supported by engine plain 1"),
+            "{}",
+            err.message()
+        );
+        let long = pb::GenerateRequest {
+            max_tokens: 2048,
+            ..chat(&["user"])
+        };
+        assert!(check_engines(&long, [&plain, &scoring], true).is_ok());
+        let err = check_engines(&long, [&plain], true).expect_err("refused");
+        assert!(
+            err.message().contains("context of 1024 tokens"),
+            "{}",
+            err.message()
+        );
+        assert!(
+            check_engines(&long, [&plain], false).is_ok(),
+            "limits.max_tokens decides"
+        );
+        assert!(
+            check_engines(&scored, [], true).is_ok(),
+            "no Ready engine yet"
         );
     }
 

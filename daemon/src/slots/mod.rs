@@ -333,6 +333,58 @@ pub struct SlotManager {
     pending_builds: Mutex<BTreeMap<String, oneshot::Sender<Result<String, String>>>>,
 }
 
+/// A model's slots as admission reads them ([`SlotManager::standing`]).
+pub struct Standing {
+    /// Whether the model can serve now, soon, or not without an operator.
+    pub availability: Availability,
+    /// What the engines of its Ready slots honour.
+    pub ready_engines: Vec<Arc<EngineFacts>>,
+}
+
+/// [`SlotManager::availability`] over a table already locked.
+fn availability_in(
+    table: &BTreeMap<String, SlotEntry>,
+    model: &str,
+    lost: Option<&str>,
+) -> Availability {
+    let now = Instant::now();
+    let (mut recovering, mut stopped) = (false, false);
+    let mut eta: Option<Duration> = None;
+    let mut retry_in: Option<Duration> = None;
+    for (name, e) in table.iter().filter(|(_, e)| e.view.model == model) {
+        let state = e.view.state;
+        let slot_eta = if state == SlotState::Ready && Some(name.as_str()) == lost {
+            e.timeline.eta_after_loss()
+        } else if state == SlotState::Ready {
+            return Availability::Ready;
+        } else if let (SlotState::Failed, Some(at), false) =
+            (state, e.view.retry_at, e.timeline.has_served())
+        {
+            let d = at.duration_since(SystemTime::now()).unwrap_or_default();
+            retry_in = Some(retry_in.map_or(d, |best| best.min(d)));
+            continue;
+        } else if recovery::is_recovering(state, e.view.retry_at) {
+            e.timeline.eta(state, e.view.retry_at, now)
+        } else {
+            stopped |= matches!(state, SlotState::Draining | SlotState::Stopped);
+            continue;
+        };
+        recovering = true;
+        if let Some(d) = slot_eta {
+            eta = Some(eta.map_or(d, |best| best.min(d)));
+        }
+    }
+    if recovering {
+        Availability::Recovering { eta }
+    } else if let Some(retry_in) = retry_in {
+        Availability::Retrying { retry_in }
+    } else if stopped {
+        Availability::Stopped
+    } else {
+        Availability::Down
+    }
+}
+
 /// What the router needs to send a request to a slot.
 #[derive(Clone)]
 pub struct Route {
@@ -761,55 +813,22 @@ impl SlotManager {
     /// die: it still shows Ready until its supervisor notices, so it is
     /// counted as at the start of a recovery instead.
     pub fn availability(&self, model: &str, lost: Option<&str>) -> Availability {
-        let now = Instant::now();
+        availability_in(&self.table(), model, lost)
+    }
+
+    /// A model's slots as admission reads them, under one lock: how they
+    /// stand, and what the engines of the Ready ones honour.
+    pub fn standing(&self, model: &str) -> Standing {
         let table = self.table();
-        let (mut recovering, mut stopped) = (false, false);
-        let mut eta: Option<Duration> = None;
-        let mut retry_in: Option<Duration> = None;
-        for (name, e) in table.iter().filter(|(_, e)| e.view.model == model) {
-            let state = e.view.state;
-            let slot_eta = if state == SlotState::Ready && Some(name.as_str()) == lost {
-                e.timeline.eta_after_loss()
-            } else if state == SlotState::Ready {
-                return Availability::Ready;
-            } else if let (SlotState::Failed, Some(at), false) =
-                (state, e.view.retry_at, e.timeline.has_served())
-            {
-                let d = at.duration_since(SystemTime::now()).unwrap_or_default();
-                retry_in = Some(retry_in.map_or(d, |best| best.min(d)));
-                continue;
-            } else if recovery::is_recovering(state, e.view.retry_at) {
-                e.timeline.eta(state, e.view.retry_at, now)
-            } else {
-                stopped |= matches!(state, SlotState::Draining | SlotState::Stopped);
-                continue;
-            };
-            recovering = true;
-            if let Some(d) = slot_eta {
-                eta = Some(eta.map_or(d, |best| best.min(d)));
-            }
-        }
-        if recovering {
-            Availability::Recovering { eta }
-        } else if let Some(retry_in) = retry_in {
-            Availability::Retrying { retry_in }
-        } else if stopped {
-            Availability::Stopped
-        } else {
-            Availability::Down
+        Standing {
+            availability: availability_in(&table, model, None),
+            ready_engines: table
+                .values()
+                .filter(|e| e.view.model == model && e.view.state == SlotState::Ready)
+                .map(|e| e.view.engine_facts.clone())
+                .collect(),
         }
     }
-
-    /// What the engines of the model's Ready slots honour, to refuse a
-    /// parameter none of them takes before the request queues.
-    pub fn ready_engine_facts(&self, model: &str) -> Vec<Arc<EngineFacts>> {
-        self.table()
-            .values()
-            .filter(|e| e.view.model == model && e.view.state == SlotState::Ready)
-            .map(|e| e.view.engine_facts.clone())
-            .collect()
-    }
-
     /// The Ready slot of `model` that `choose` picks among the candidates
     /// (the Ready slots with a worker and their loads, in name order), or
     /// None when it picks none. The slot's in-flight count is taken before
