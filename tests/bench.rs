@@ -96,8 +96,15 @@ fn rungs_are_measured_calibrated_and_recorded_with_what_ran() {
             2
         );
         assert_eq!(rec["errors"], 0);
-        // Prompts are unique per request: no prefix cache helped.
-        assert_eq!(rec["cached_prompt_tokens"], 0);
+        // Prompts are unique from their first block: a prefix cache that
+        // matches inside a block (tt-worker copies one) may take a nonce
+        // word or two from an earlier request, never a block's worth.
+        let requests = batch * 2;
+        let cached = rec["cached_prompt_tokens"].as_u64().unwrap();
+        assert!(
+            cached < 16 * requests,
+            "{cached} cached prompt tokens: {rec}"
+        );
         // What ran: the slot, its engine, flags, variant and banners.
         let slot = &rec["identity"]["slots"][0];
         assert_eq!(slot["slot"], "m");

@@ -39,7 +39,8 @@ fn nonce(n: u32) -> String {
 
 /// Prompt number `n` of `words` filler words. The nonce comes first, so
 /// that no prefix cache serves one request from another's work (its first
-/// block differs).
+/// block differs; a cache that matches inside a block may take the first
+/// nonce word or two).
 pub fn prompt(n: u32, words: usize) -> String {
     let mut text = nonce(n);
     text.push(':');
