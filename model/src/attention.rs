@@ -306,13 +306,7 @@ fn attend_span_body<L: Lanes, E: KvElem>(
     let mut scores = vec![0.0f32; queries * width];
     let mut block_f32 = vec![0.0f32; BLOCK_TOKENS * hd];
     for (key0, base, n) in blocks() {
-        let keys: &[f32] = match E::as_f32(&k[base..base + n * hd]) {
-            Some(keys) => keys,
-            None => {
-                L::widen(&mut block_f32[..n * hd], &k[base..base + n * hd]);
-                &block_f32[..n * hd]
-            }
-        };
+        let keys = floats::<L, E>(&k[base..base + n * hd], &mut block_f32);
         for (qi, i, head, seen) in seeing(key0, n) {
             let q = &qkv[i * tile.stride + head * hd..i * tile.stride + (head + 1) * hd];
             let row = &mut scores[qi * width + key0..qi * width + key0 + seen];
@@ -348,13 +342,7 @@ fn attend_span_body<L: Lanes, E: KvElem>(
         acc_row(qi).fill(0.0);
     }
     for (key0, base, n) in blocks() {
-        let values: &[f32] = match E::as_f32(&v[base..base + n * hd]) {
-            Some(values) => values,
-            None => {
-                L::widen(&mut block_f32[..n * hd], &v[base..base + n * hd]);
-                &block_f32[..n * hd]
-            }
-        };
+        let values = floats::<L, E>(&v[base..base + n * hd], &mut block_f32);
         for (qi, _, _, seen) in seeing(key0, n) {
             let weights = &scores[qi * width + key0..qi * width + key0 + seen];
             L::axpy_rows(acc_row(qi), weights, &values[..seen * hd]);
@@ -371,6 +359,20 @@ fn attend_span_body<L: Lanes, E: KvElem>(
                 *p.0.add(qi * (hd + 2)) = max;
                 *p.0.add(qi * (hd + 2) + 1) = sum;
             },
+        }
+    }
+}
+
+/// Stored keys or values as floats: in place when they are f32, else
+/// widened into `scratch` (exact).
+#[inline(always)]
+fn floats<'a, L: Lanes, E: KvElem>(stored: &'a [E], scratch: &'a mut [f32]) -> &'a [f32] {
+    match E::as_f32(stored) {
+        Some(floats) => floats,
+        None => {
+            let widened = &mut scratch[..stored.len()];
+            L::widen(widened, stored);
+            widened
         }
     }
 }

@@ -23,22 +23,12 @@ pub(super) async fn reset(
         }
         // The final message is the final line: on stdout when the card is
         // proven back, as the error (stderr, exit 1) when it is not. The
-        // daemon's text already names the card and what to do next.
+        // daemon's text names the card, its new node or what to do next.
         if progress.ok {
-            let mut done = progress.clone();
-            if done.message.is_empty() {
-                done.message = match progress.new_index {
-                    Some(i) => format!("card is proven back as /dev/tenstorrent/{i}"),
-                    None => "card is proven back".to_string(),
-                };
-            }
-            return emit(out, &format!("{}\n", reset_progress_line(&done)));
+            return emit(out, &format!("{}\n", reset_progress_line(&progress)));
         }
         return Err(Failure::Failed(if progress.message.is_empty() {
-            format!(
-                "reset of card {} failed: it was not proven back (see 'ttctl status')",
-                progress.bdf
-            )
+            format!("{} (see 'ttctl status')", reset_progress_line(&progress))
         } else {
             progress.message
         }));
