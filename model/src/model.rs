@@ -665,7 +665,9 @@ impl Rank {
             let end = s.start_pos + s.tokens.len();
             let covered = s.blocks.len() * BLOCK_TOKENS;
             let bad_block = s.blocks.iter().any(|&b| b as usize >= self.kv.blocks);
-            let bad_copy = s.copy_from.is_some_and(|b| b as usize >= self.kv.blocks);
+            let bad_copy = s.copy_from.is_some_and(|b| {
+                b as usize >= self.kv.blocks || s.start_pos / BLOCK_TOKENS >= s.blocks.len()
+            });
             if end > covered || end > self.ctx || bad_block || bad_copy {
                 return Err(ModelError::OutOfCache {
                     pos: end,
@@ -676,8 +678,8 @@ impl Rank {
             }
         }
         for s in seqs {
-            if let Some(from) = s.copy_from {
-                let to = s.blocks[s.start_pos / BLOCK_TOKENS];
+            let to = s.blocks.get(s.start_pos / BLOCK_TOKENS);
+            if let (Some(from), Some(&to)) = (s.copy_from, to) {
                 self.kv.copy_positions(from, to, s.start_pos % BLOCK_TOKENS);
             }
         }
