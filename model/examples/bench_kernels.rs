@@ -10,6 +10,10 @@
 //! 128 MiB, so every call reads its weights from memory as a decode step
 //! does (SmolLM2's weights are 94 MiB).
 //!
+//! `cpu_gmac_s` divides by the CPU time the process used instead of the
+//! wall time: run with `CANDLE_NUM_THREADS=1` to compare kernels on a
+//! machine that is not quiet.
+//!
 //! Usage: bench_kernels [--millis N] [--isa vnni|avx2|scalar]
 //!   --millis: time per measurement (default 300); --isa: a narrower
 //!   instruction set than the CPU's best (as `TTW_KERNELS_ISA`).
@@ -89,12 +93,14 @@ fn main() -> anyhow::Result<()> {
                     let mut out = vec![0.0f32; m * n];
                     kernels::matmul(&views[0], &x, m, &mut out);
                     let start = Instant::now();
+                    let cpu_start = process_cpu_secs();
                     let mut calls = 0u64;
                     while start.elapsed() < budget {
                         kernels::matmul(&views[calls as usize % views.len()], &x, m, &mut out);
                         calls += 1;
                     }
                     let secs = start.elapsed().as_secs_f64();
+                    let cpu_secs = process_cpu_secs() - cpu_start;
                     let gmacs = (calls as f64 * (m * n * k) as f64) / secs / 1e9;
                     println!(
                         "{}",
@@ -110,6 +116,10 @@ fn main() -> anyhow::Result<()> {
                         "isa": format!("{:?}", kernels::isa()),
                             "us_per_call": secs / calls as f64 * 1e6,
                             "gmac_s": gmacs,
+                            // Per CPU-second of all threads: with
+                            // CANDLE_NUM_THREADS=1 a kernel's own speed, even
+                            // on a machine that is busy with other work.
+                            "cpu_gmac_s": (calls as f64 * (m * n * k) as f64) / cpu_secs / 1e9,
                             "gb_s": calls as f64 * bytes.len() as f64 / secs / 1e9,
                         })
                     );
@@ -118,6 +128,17 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// CPU time this process has used, all threads.
+fn process_cpu_secs() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 fn kernels_threads() -> usize {

@@ -42,14 +42,16 @@ pub const Q4_1_BYTES: usize = 20;
 /// Activation rows multiplied with one unpacked weight block at a time.
 pub const ROWS_PER_PASS: usize = 4;
 /// Weight rows per unit of work handed to a thread.
-const ROWS_PER_TASK: usize = 8;
+/// (16: two interleaved groups, one 512-bit pass where the CPU has it.)
+const ROWS_PER_TASK: usize = 16;
 
 /// The instruction set the kernels use on this CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
-    /// AVX2 + FMA + F16C, and AVX-512 VNNI (with VL) for the interleaved
-    /// formats' integer dot products: one `vpdpbusd` per 4 values of 8 rows
-    /// instead of multiply, widen and add; the sums are the same integers.
+    /// AVX2 + FMA + F16C, and AVX-512 (F, BW, VL, VNNI) for the interleaved
+    /// formats: 16 rows (two interleaved groups) per 512-bit pass, and one
+    /// `vpdpbusd` per 4 values instead of multiply, widen and add; the sums
+    /// are the same integers.
     Vnni,
     /// AVX2 + FMA + F16C.
     Avx2,
@@ -94,6 +96,7 @@ fn detect() -> Isa {
             && std::arch::is_x86_feature_detected!("f16c")
         {
             if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vl")
                 && std::arch::is_x86_feature_detected!("avx512vnni")
             {
@@ -601,41 +604,64 @@ unsafe fn product_rows(
     match (w.format, isa) {
         #[cfg(target_arch = "x86_64")]
         (Format::Q4_1x8 | Format::Q8_0x8, Isa::Avx2 | Isa::Vnni) => {
-            for g in rows.start / X8..rows.end.div_ceil(X8) {
-                let unit = w.unit(g);
+            let groups = rows.start / X8..rows.end.div_ceil(X8);
+            let mut g = groups.start;
+            while g < groups.end {
+                // Two groups at once on 512-bit vectors where the CPU has
+                // them (and a second group is in range).
+                let two = isa == Isa::Vnni && g + 1 < groups.end;
+                let (unit, next) = (w.unit(g), w.unit(if two { g + 1 } else { g }));
+                let lanes = if two { avx512::X16 } else { X8 };
                 let mut i = 0;
                 while i < m {
                     let take = (m - i).min(ROWS_PER_PASS);
-                    let mut res = [[0.0f32; X8]; ROWS_PER_PASS];
+                    let mut res = [[0.0f32; avx512::X16]; ROWS_PER_PASS];
                     macro_rules! call {
                         ($n:literal, $($j:literal),*) => {{
                             // SAFETY: isa() checked AVX2, FMA and F16C (and
-                            // VNNI for Isa::Vnni); the unit and every
-                            // activation slice hold `blocks` blocks.
-                            let r = unsafe {
+                            // AVX-512 F/BW/VL/VNNI for Isa::Vnni); the units
+                            // and every activation slice hold `blocks`
+                            // blocks.
+                            unsafe {
                                 let (xq, xd) = ([$(xq(i + $j)),*], [$(xd(i + $j)),*]);
+                                let xs = [$(xs(i + $j)),*];
                                 match (w.format, isa) {
-                                    (Format::Q4_1x8, Isa::Vnni) => {
-                                        vnni::dot_q4_1x8::<$n>(unit, xq, xd, [$(xs(i + $j)),*])
+                                    (Format::Q4_1x8, Isa::Vnni) if two => {
+                                        let r = avx512::dot_q4_1x16::<$n>(unit, next, xq, xd, xs);
+                                        res[..$n].copy_from_slice(&r);
                                     }
-                                    (Format::Q4_1x8, _) => {
-                                        avx2::dot_q4_1x8::<$n>(unit, xq, xd, [$(xs(i + $j)),*])
+                                    (_, Isa::Vnni) if two => {
+                                        let r = avx512::dot_q8_0x16::<$n>(unit, next, xq, xd);
+                                        res[..$n].copy_from_slice(&r);
                                     }
-                                    (_, Isa::Vnni) => vnni::dot_q8_0x8::<$n>(unit, xq, xd),
-                                    _ => avx2::dot_q8_0x8::<$n>(unit, xq, xd),
+                                    (format, isa) => {
+                                        let r = match (format, isa) {
+                                            (Format::Q4_1x8, Isa::Vnni) => {
+                                                vnni::dot_q4_1x8::<$n>(unit, xq, xd, xs)
+                                            }
+                                            (Format::Q4_1x8, _) => {
+                                                avx2::dot_q4_1x8::<$n>(unit, xq, xd, xs)
+                                            }
+                                            (_, Isa::Vnni) => vnni::dot_q8_0x8::<$n>(unit, xq, xd),
+                                            _ => avx2::dot_q8_0x8::<$n>(unit, xq, xd),
+                                        };
+                                        for (to, from) in res.iter_mut().zip(r) {
+                                            to[..X8].copy_from_slice(&from);
+                                        }
+                                    }
                                 }
-                            };
-                            res[..$n].copy_from_slice(&r);
+                            }
                         }};
                     }
                     by_rows!(take, call);
                     for (a, vals) in res[..take].iter().enumerate() {
-                        for (lane, &v) in vals.iter().enumerate() {
+                        for (lane, &v) in vals[..lanes].iter().enumerate() {
                             put(i + a, g * X8 + lane, v);
                         }
                     }
                     i += take;
                 }
+                g += if two { 2 } else { 1 };
             }
         }
         (Format::Q4_1x8, _) => {
@@ -1018,6 +1044,138 @@ mod vnni {
         xd: [&[f32]; N],
     ) -> [[f32; X8]; N] {
         avx2::q8_0x8::<N, true>(units, xq, xd)
+    }
+}
+
+/// The interleaved kernels on 512-bit vectors, for CPUs with AVX-512 VNNI:
+/// two units side by side (rows `8g..8g + 16`, lanes 0-7 from the first,
+/// 8-15 from the second), so each `vpdpbusd`, broadcast and float operation
+/// serves 16 weight rows instead of 8. Every lane performs [`avx2`]'s
+/// operations on the same integers in the same order, so the bits are the
+/// 8-row kernels' (and the scalar reference's).
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Q4_1X8_BYTES, Q8_0X8_BYTES, QK};
+    use std::arch::x86_64::*;
+
+    /// Rows one call covers.
+    pub(super) const X16: usize = 16;
+
+    /// 32 bytes at `off` of unit `a` in the low half, of unit `b` in the
+    /// high half.
+    #[inline(always)]
+    unsafe fn pair(a: *const u8, b: *const u8, off: usize) -> __m512i {
+        let lo = _mm256_loadu_si256(a.add(off) as *const __m256i);
+        let hi = _mm256_loadu_si256(b.add(off) as *const __m256i);
+        _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)
+    }
+
+    /// The 8 f16 values at `off` of units `a` and `b`, widened: 16 lanes.
+    #[inline(always)]
+    unsafe fn pair_f16(a: *const u8, b: *const u8, off: usize) -> __m512 {
+        let lo = _mm_loadu_si128(a.add(off) as *const __m128i);
+        let hi = _mm_loadu_si128(b.add(off) as *const __m128i);
+        _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1))
+    }
+
+    /// Two groups of 8 interleaved Q4_1 rows (`a`, `b`: one unit per block
+    /// each, the same length) against `N` quantized activation rows: lane
+    /// `r` of result `j` is row `r` of the 16 times activation row `j`,
+    /// computed as [`super::dot_q4_1_scalar`] does.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn dot_q4_1x16<const N: usize>(
+        a: &[u8],
+        b: &[u8],
+        xq: [&[i8]; N],
+        xd: [&[f32]; N],
+        xs: [&[f32]; N],
+    ) -> [[f32; X16]; N] {
+        let nb = a.len() / Q4_1X8_BYTES;
+        debug_assert_eq!(a.len(), b.len());
+        for j in 0..N {
+            debug_assert!(xq[j].len() >= nb * QK && xd[j].len() >= nb && xs[j].len() >= nb);
+        }
+        let low = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); N];
+        let mut macc = [_mm512_setzero_ps(); N];
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        for blk in 0..nb {
+            let (ua, ub) = (pa.add(blk * Q4_1X8_BYTES), pb.add(blk * Q4_1X8_BYTES));
+            let d = pair_f16(ua, ub, 0);
+            let m = pair_f16(ua, ub, 16);
+            let mut isum = [_mm512_setzero_si512(); N];
+            for p in 0..4 {
+                let c = pair(ua, ub, 32 + 32 * p);
+                let w0 = _mm512_and_si512(c, low);
+                let w1 = _mm512_and_si512(_mm512_srli_epi16(c, 4), low);
+                for j in 0..N {
+                    let xp = xq[j].as_ptr().add(blk * QK + 8 * p);
+                    let x0 = _mm512_set1_epi32(std::ptr::read_unaligned(xp as *const i32));
+                    let x1 = _mm512_set1_epi32(std::ptr::read_unaligned(xp.add(4) as *const i32));
+                    isum[j] = _mm512_dpbusd_epi32(isum[j], w0, x0);
+                    isum[j] = _mm512_dpbusd_epi32(isum[j], w1, x1);
+                }
+            }
+            for j in 0..N {
+                let dots = _mm512_cvtepi32_ps(isum[j]);
+                let scale = _mm512_mul_ps(d, _mm512_set1_ps(*xd[j].get_unchecked(blk)));
+                acc[j] = _mm512_fmadd_ps(scale, dots, acc[j]);
+                macc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(*xs[j].get_unchecked(blk)), macc[j]);
+            }
+        }
+        let mut out = [[0.0f32; X16]; N];
+        for j in 0..N {
+            _mm512_storeu_ps(out[j].as_mut_ptr(), _mm512_add_ps(acc[j], macc[j]));
+        }
+        out
+    }
+
+    /// Two groups of 8 interleaved Q8_0 rows against `N` quantized
+    /// activation rows, computed as [`super::dot_q8_0_scalar`] does.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub(super) unsafe fn dot_q8_0x16<const N: usize>(
+        a: &[u8],
+        b: &[u8],
+        xq: [&[i8]; N],
+        xd: [&[f32]; N],
+    ) -> [[f32; X16]; N] {
+        let nb = a.len() / Q8_0X8_BYTES;
+        debug_assert_eq!(a.len(), b.len());
+        for j in 0..N {
+            debug_assert!(xq[j].len() >= nb * QK && xd[j].len() >= nb);
+        }
+        let zero = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_ps(); N];
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        for blk in 0..nb {
+            let (ua, ub) = (pa.add(blk * Q8_0X8_BYTES), pb.add(blk * Q8_0X8_BYTES));
+            let d = pair_f16(ua, ub, 0);
+            let mut isum = [_mm512_setzero_si512(); N];
+            for p in 0..QK / 4 {
+                let c = pair(ua, ub, 16 + 32 * p);
+                // vpdpbusd wants one unsigned operand: |w| (-128 reads as
+                // 128 unsigned) times x negated where w is negative. There
+                // is no 512-bit vpsignb; where w is 0 the product is 0
+                // either way, so the integer sums are avx2's.
+                let ca = _mm512_abs_epi8(c);
+                let neg = _mm512_movepi8_mask(c);
+                for j in 0..N {
+                    let xp = xq[j].as_ptr().add(blk * QK + 4 * p);
+                    let x = _mm512_set1_epi32(std::ptr::read_unaligned(xp as *const i32));
+                    let xs = _mm512_mask_sub_epi8(x, neg, zero, x);
+                    isum[j] = _mm512_dpbusd_epi32(isum[j], ca, xs);
+                }
+            }
+            for j in 0..N {
+                let scale = _mm512_mul_ps(d, _mm512_set1_ps(*xd[j].get_unchecked(blk)));
+                acc[j] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum[j]), acc[j]);
+            }
+        }
+        let mut out = [[0.0f32; X16]; N];
+        for j in 0..N {
+            _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]);
+        }
+        out
     }
 }
 
