@@ -4,7 +4,7 @@
 //! collected into one JSON body.
 
 use super::errors::ApiError;
-use super::wire::{self, Parsed, Usage};
+use super::wire::{self, Parsed};
 use super::Front;
 use crate::router::{ChunkStream, RouteError};
 use axum::body::Bytes;
@@ -15,31 +15,8 @@ use axum::response::{IntoResponse, Response};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio_stream::StreamExt;
+use tt_openai_wire::{finish, logprobs, tool_calls, Endpoint, Usage};
 use tt_serving_proto::v1 as pb;
-
-/// The two endpoints' shapes.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Endpoint {
-    Completion,
-    Chat,
-}
-
-impl Endpoint {
-    fn object(self, streamed: bool) -> &'static str {
-        match (self, streamed) {
-            (Endpoint::Completion, _) => "text_completion",
-            (Endpoint::Chat, false) => "chat.completion",
-            (Endpoint::Chat, true) => "chat.completion.chunk",
-        }
-    }
-
-    fn id_prefix(self) -> &'static str {
-        match self {
-            Endpoint::Completion => "cmpl",
-            Endpoint::Chat => "chatcmpl",
-        }
-    }
-}
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -49,7 +26,7 @@ pub async fn completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer(front, &headers, body, Endpoint::Completion).await
+    answer(front, &headers, body, Endpoint::Completions).await
 }
 
 /// `POST /v1/chat/completions`.
@@ -142,7 +119,7 @@ fn parse(
         )
     })?;
     let fields = match endpoint {
-        Endpoint::Completion => wire::COMPLETION_FIELDS,
+        Endpoint::Completions => wire::COMPLETION_FIELDS,
         Endpoint::Chat => wire::CHAT_FIELDS,
     };
     let (own, common) = wire::split_fields(value, fields)?;
@@ -158,9 +135,11 @@ fn parse(
     };
     let common: wire::Common = serde_path_to_error::deserialize(common).map_err(typed)?;
     let parsed = match endpoint {
-        Endpoint::Completion => serde_path_to_error::deserialize::<_, wire::CompletionRequest>(own)
-            .map_err(typed)?
-            .parse(common)?,
+        Endpoint::Completions => {
+            serde_path_to_error::deserialize::<_, wire::CompletionRequest>(own)
+                .map_err(typed)?
+                .parse(common)?
+        }
         Endpoint::Chat => serde_path_to_error::deserialize::<_, wire::ChatRequest>(own)
             .map_err(typed)?
             .parse(common)?,
@@ -197,7 +176,7 @@ impl Head {
         finish: Option<&str>,
     ) -> serde_json::Value {
         match self.endpoint {
-            Endpoint::Completion => serde_json::json!([{
+            Endpoint::Completions => serde_json::json!([{
                 "index": 0,
                 "text": delta.map_or("", |d| d.text.as_str()),
                 "logprobs": logprobs,
@@ -223,8 +202,8 @@ impl Head {
             return serde_json::Value::Null;
         }
         match self.endpoint {
-            Endpoint::Completion => wire::completion_logprobs(tokens, text_start),
-            Endpoint::Chat => wire::chat_logprobs(tokens),
+            Endpoint::Completions => logprobs::completion(tokens, text_start),
+            Endpoint::Chat => logprobs::chat(tokens),
         }
     }
 }
@@ -245,24 +224,7 @@ fn chat_delta(d: &pb::TokenDelta) -> serde_json::Value {
         delta.insert("reasoning_content".into(), serde_json::json!(d.reasoning));
     }
     if !d.tool_calls.is_empty() {
-        let calls: Vec<serde_json::Value> = d
-            .tool_calls
-            .iter()
-            .map(|c| {
-                let mut call = serde_json::json!({ "index": c.index });
-                let mut function = serde_json::json!({ "arguments": c.arguments });
-                if !c.id.is_empty() {
-                    call["id"] = serde_json::json!(c.id);
-                    call["type"] = serde_json::json!("function");
-                }
-                if !c.name.is_empty() {
-                    function["name"] = serde_json::json!(c.name);
-                }
-                call["function"] = function;
-                call
-            })
-            .collect();
-        delta.insert("tool_calls".into(), serde_json::Value::Array(calls));
+        delta.insert("tool_calls".into(), tool_calls::write(&d.tool_calls));
     }
     serde_json::Value::Object(delta)
 }
@@ -366,7 +328,7 @@ impl ChunkWriter {
         match (plain, head.endpoint) {
             (true, endpoint) => {
                 let (open, close): (&[u8], &[u8]) = match endpoint {
-                    Endpoint::Completion => (
+                    Endpoint::Completions => (
                         br#"[{"index":0,"text":"#,
                         br#","logprobs":null,"finish_reason":null}]"#,
                     ),
@@ -486,7 +448,7 @@ fn chunk_events(
             let finish = head.choice(
                 None,
                 serde_json::Value::Null,
-                Some(wire::finish_reason(f.finish_reason)),
+                Some(finish::name(f.finish_reason)),
             );
             writer.push(&mut out, |o| push_json(o, &finish), b"");
             if include_usage {
@@ -654,9 +616,9 @@ fn choice(
     prompt_text: Option<String>,
     c: Collected,
 ) -> serde_json::Value {
-    let finish = wire::finish_reason(c.last.finish_reason);
+    let finish = finish::name(c.last.finish_reason);
     match head.endpoint {
-        Endpoint::Completion => {
+        Endpoint::Completions => {
             let (text, logprobs) = match echo {
                 wire::Echo::Off => (c.text, head.logprobs(&c.logprobs, 0)),
                 wire::Echo::Text | wire::Echo::WithLogprobs => {
@@ -667,7 +629,7 @@ fn choice(
                         String::from_utf8_lossy(&bytes).into_owned()
                     });
                     let logprobs = if echo == wire::Echo::WithLogprobs {
-                        wire::echo_logprobs(&c.prompt, &c.logprobs)
+                        logprobs::echo(&c.prompt, &c.logprobs)
                     } else {
                         head.logprobs(&c.logprobs, prompt.len())
                     };

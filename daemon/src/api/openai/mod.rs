@@ -37,6 +37,7 @@ use axum::Router;
 use errors::ApiError;
 use std::sync::Arc;
 use tokio::net::TcpListener;
+use tt_openai_wire::Endpoint;
 
 pub use generate::SAMPLING_HEADER;
 pub use tls::HttpTls;
@@ -64,8 +65,8 @@ pub async fn serve(
     let front = Front { state, tokens };
     let authenticated = Router::new()
         .route("/v1/models", get(models))
-        .route("/v1/completions", post(generate::completions))
-        .route("/v1/chat/completions", post(generate::chat))
+        .route(Endpoint::Completions.path(), post(generate::completions))
+        .route(Endpoint::Chat.path(), post(generate::chat))
         .route_layer(axum::middleware::from_fn_with_state(
             front.clone(),
             authenticate,

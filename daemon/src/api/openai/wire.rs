@@ -2,9 +2,11 @@
 //! `/v1/chat/completions`) and what they get back, as the OpenAI API and its
 //! SDKs define them. Requests are read strictly: an unknown field is refused
 //! by name, and a known parameter the engines cannot honour is refused by
-//! name too (fail closed: never ignored silently).
+//! name too (fail closed: never ignored silently). What answers carry
+//! (`usage`, logprobs, finish reasons, tool call pieces) is written by
+//! `tt_openai_wire`, which the worker reads its engine's answers with.
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tt_serving_proto::v1 as pb;
 
 /// A string or a list of strings (`prompt`, `stop`).
@@ -663,151 +665,9 @@ fn streaming(common: &Common) -> (bool, bool) {
     )
 }
 
-/// `usage`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Usage {
-    /// Prompt tokens after templating.
-    pub prompt_tokens: u32,
-    /// Generated tokens.
-    pub completion_tokens: u32,
-    /// Their sum.
-    pub total_tokens: u32,
-    /// What the prompt tokens were made of.
-    pub prompt_tokens_details: PromptTokensDetails,
-}
-
-/// `usage.prompt_tokens_details`: always present, as OpenAI sends it, so
-/// a client that reads `cached_tokens` finds 0 rather than nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct PromptTokensDetails {
-    /// Prompt tokens the engine's prefix cache supplied
-    /// (`Timings.cached_prompt_tokens`; 0 when the engine does not say).
-    pub cached_tokens: u32,
-}
-
-impl Usage {
-    /// The usage of a finished request, from its final chunk.
-    pub fn of(last: &pb::GenerationFinal) -> Usage {
-        let u = last.usage.unwrap_or_default();
-        Usage {
-            prompt_tokens: u.prompt_tokens,
-            completion_tokens: u.completion_tokens,
-            total_tokens: u.prompt_tokens.saturating_add(u.completion_tokens),
-            prompt_tokens_details: PromptTokensDetails {
-                cached_tokens: last
-                    .timings
-                    .map_or(0, |t| t.cached_prompt_tokens)
-                    .min(u.prompt_tokens),
-            },
-        }
-    }
-}
-
-/// Logprobs as `/v1/completions` gives them: parallel lists.
-pub fn completion_logprobs(tokens: &[pb::TokenLogprob], text_start: usize) -> serde_json::Value {
-    let mut offset = text_start;
-    let mut offsets = Vec::with_capacity(tokens.len());
-    for t in tokens {
-        offsets.push(offset);
-        offset += t.token.len();
-    }
-    serde_json::json!({
-        "tokens": tokens.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
-        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-        "top_logprobs": tokens
-            .iter()
-            .map(|t| {
-                t.top_logprobs
-                    .iter()
-                    .map(|a| (a.token.clone(), serde_json::json!(a.logprob)))
-                    .collect::<serde_json::Map<_, _>>()
-            })
-            .collect::<Vec<_>>(),
-        "text_offset": offsets,
-    })
-}
-
-/// Logprobs of an echoed completion: the prompt's tokens, then the
-/// completion's, as one list from the answer's first byte. The first
-/// prompt token has no logprob (nothing precedes it): null, as OpenAI and
-/// vLLM write it, and as evaluation harnesses skip it.
-pub fn echo_logprobs(
-    prompt: &[pb::TokenLogprob],
-    generated: &[pb::TokenLogprob],
-) -> serde_json::Value {
-    let all: Vec<pb::TokenLogprob> = prompt.iter().chain(generated).cloned().collect();
-    let mut value = completion_logprobs(&all, 0);
-    if !prompt.is_empty() {
-        value["token_logprobs"][0] = serde_json::Value::Null;
-        value["top_logprobs"][0] = serde_json::Value::Null;
-    }
-    value
-}
-
-/// Logprobs as `/v1/chat/completions` gives them: one entry per token.
-pub fn chat_logprobs(tokens: &[pb::TokenLogprob]) -> serde_json::Value {
-    let content: Vec<serde_json::Value> = tokens
-        .iter()
-        .map(|t| {
-            serde_json::json!({
-                "token": t.token,
-                "logprob": t.logprob,
-                "bytes": t.bytes,
-                "top_logprobs": t.top_logprobs.iter().map(|a| serde_json::json!({
-                    "token": a.token, "logprob": a.logprob, "bytes": a.bytes,
-                })).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    serde_json::json!({ "content": content })
-}
-
-/// OpenAI's word for why generation ended.
-pub fn finish_reason(reason: i32) -> &'static str {
-    match pb::FinishReason::try_from(reason) {
-        Ok(pb::FinishReason::Length) => "length",
-        Ok(pb::FinishReason::ToolCalls) => "tool_calls",
-        // A cancelled request has no client left to read this.
-        _ => "stop",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn usage_always_carries_the_cached_prompt_tokens_as_openai_does() {
-        let last = pb::GenerationFinal {
-            usage: Some(pb::Usage {
-                prompt_tokens: 600,
-                completion_tokens: 7,
-            }),
-            timings: Some(pb::Timings {
-                cached_prompt_tokens: 592,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        assert_eq!(
-            serde_json::json!(Usage::of(&last)),
-            serde_json::json!({
-                "prompt_tokens": 600,
-                "completion_tokens": 7,
-                "total_tokens": 607,
-                "prompt_tokens_details": { "cached_tokens": 592 },
-            })
-        );
-        // An engine that says nothing: 0, never absent.
-        let silent = pb::GenerationFinal {
-            usage: Some(pb::Usage {
-                prompt_tokens: 5,
-                completion_tokens: 1,
-            }),
-            ..Default::default()
-        };
-        assert_eq!(Usage::of(&silent).prompt_tokens_details.cached_tokens, 0);
-    }
 
     fn chat(body: serde_json::Value) -> Result<Parsed, Refused> {
         let (own, common) = split_fields(body, CHAT_FIELDS)?;
