@@ -25,7 +25,9 @@
 //!   HTTP request per call and closes it when the call is dropped.
 //! - [`status`]: phase, in-flight requests and the drain, the engine's load
 //!   from its metrics.
-//! - [`openai`]: the OpenAI wire format: requests, stream chunks, models.
+//! - [`openai`]: the engine's side of the OpenAI API: requests, stream
+//!   chunks, models (the shapes the daemon's door writes too, `usage`,
+//!   logprobs, finish reasons and tool call pieces, are `tt_openai_wire`'s).
 //! - [`http`]: the HTTP/1.1 client (one connection per request) and the SSE
 //!   framing.
 //! - [`metrics`]: reading gauges from a Prometheus text exposition.

@@ -9,26 +9,10 @@
 
 use crate::cli::EngineKind;
 use serde_json::{json, Map, Value};
+use tt_openai_wire::{cut, logprobs, tool_calls, Usage, UsageIn};
 use tt_serving_proto::v1 as pb;
 
-/// Which endpoint a request goes to; the chunks differ in where the text is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// `/v1/completions`: `choices[0].text`.
-    Completions,
-    /// `/v1/chat/completions`: `choices[0].delta.content`.
-    Chat,
-}
-
-impl Endpoint {
-    /// The path.
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::Completions => "/v1/completions",
-            Endpoint::Chat => "/v1/chat/completions",
-        }
-    }
-}
+pub use tt_openai_wire::Endpoint;
 
 /// A request ready to send.
 #[derive(Debug, Clone, PartialEq)]
@@ -326,32 +310,6 @@ fn decimal(x: f32) -> Value {
         .map_or(Value::Null, Value::Number)
 }
 
-/// Token counts from the usage chunk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage {
-    /// Prompt tokens after templating.
-    pub prompt_tokens: u32,
-    /// Generated tokens.
-    pub completion_tokens: u32,
-    /// Prompt tokens the engine's prefix cache supplied
-    /// (`usage.prompt_tokens_details.cached_tokens` from vLLM and recent
-    /// llama-server, else llama-server's `timings.cache_n`).
-    pub cached_prompt_tokens: u32,
-}
-
-/// A piece of a tool call, as the engine streamed it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ToolCallPiece {
-    /// Which call of the answer, from 0.
-    pub index: u32,
-    /// The call's id (its first piece).
-    pub id: String,
-    /// The function's name (its first piece).
-    pub name: String,
-    /// More of its arguments' text.
-    pub arguments: String,
-}
-
 /// One streamed chunk, as far as we use it.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Chunk {
@@ -362,7 +320,7 @@ pub struct Chunk {
     /// and llama-server's).
     pub reasoning: String,
     /// Pieces of tool calls (chat: `delta.tool_calls`).
-    pub tool_calls: Vec<ToolCallPiece>,
+    pub tool_calls: Vec<pb::ToolCallDelta>,
     /// The ids of the new tokens, when the engine returned them.
     pub token_ids: Vec<u32>,
     /// The ids of the prompt's tokens (vLLM's first chunk, with
@@ -436,7 +394,7 @@ fn parse_tree(data: &str, endpoint: Endpoint) -> Result<Event, String> {
                 .find_map(|k| delta.get(*k).and_then(Value::as_str))
                 .unwrap_or_default()
                 .to_string();
-            chunk.tool_calls = tool_call_pieces(delta.get("tool_calls"))?;
+            chunk.tool_calls = tool_calls::read(delta.get("tool_calls"))?;
         }
         chunk.finish_reason = choice
             .get("finish_reason")
@@ -450,8 +408,8 @@ fn parse_tree(data: &str, endpoint: Endpoint) -> Result<Event, String> {
         chunk.prompt_token_ids = ids(choice.get("prompt_token_ids")).unwrap_or_default();
         if let Some(logprobs) = choice.get("logprobs").filter(|l| !l.is_null()) {
             chunk.logprobs = match endpoint {
-                Endpoint::Completions => completion_logprobs(logprobs)?,
-                Endpoint::Chat => chat_logprobs(logprobs)?,
+                Endpoint::Completions => logprobs::read_completion(logprobs)?,
+                Endpoint::Chat => logprobs::read_chat(logprobs)?,
             };
         }
     }
@@ -459,22 +417,7 @@ fn parse_tree(data: &str, endpoint: Endpoint) -> Result<Event, String> {
         chunk.token_ids = ids(value.get("tokens")).unwrap_or_default();
     }
     if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
-        let count = |k: &str| {
-            usage
-                .get(k)
-                .and_then(Value::as_u64)
-                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
-        };
-        let cached = usage
-            .pointer("/prompt_tokens_details/cached_tokens")
-            .or_else(|| value.pointer("/timings/cache_n"))
-            .and_then(Value::as_u64)
-            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
-        chunk.usage = Some(Usage {
-            prompt_tokens: count("prompt_tokens"),
-            completion_tokens: count("completion_tokens"),
-            cached_prompt_tokens: cached,
-        });
+        chunk.usage = Some(Usage::read(usage, value.pointer("/timings/cache_n")));
     }
     Ok(Event::Chunk(chunk))
 }
@@ -489,7 +432,7 @@ struct WireChunk<'a> {
     #[serde(borrow, default)]
     choices: Option<Vec<WireChoice<'a>>>,
     #[serde(default)]
-    usage: Option<WireUsage>,
+    usage: Option<UsageIn>,
     #[serde(default)]
     tokens: Option<Vec<u32>>,
     #[serde(default)]
@@ -532,40 +475,9 @@ struct WireDelta<'a> {
 }
 
 #[derive(serde::Deserialize)]
-struct WireUsage {
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-    #[serde(default)]
-    prompt_tokens_details: Option<WireDetails>,
-}
-
-#[derive(serde::Deserialize)]
-struct WireDetails {
-    /// Outer `None`: absent (the general path then reads llama-server's
-    /// `timings.cache_n`); `Some(None)`: null, which counts as 0 there.
-    #[serde(default, deserialize_with = "present")]
-    cached_tokens: Option<Option<u64>>,
-}
-
-/// A field that is there, null or not (`Option<Option<T>>`).
-fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::Deserialize<'de>,
-{
-    T::deserialize(d).map(Some)
-}
-
-#[derive(serde::Deserialize)]
 struct WireTimings {
     #[serde(default)]
     cache_n: Option<u64>,
-}
-
-fn saturating_u32(n: u64) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// An ordinary chunk read without a JSON tree, or `None` for the general
@@ -604,161 +516,9 @@ fn plain_chunk(data: &str, endpoint: Endpoint) -> Option<Chunk> {
         chunk.token_ids = wire.tokens.unwrap_or_default();
     }
     if let Some(usage) = wire.usage {
-        let cached = match usage.prompt_tokens_details.and_then(|d| d.cached_tokens) {
-            Some(given) => given,
-            None => wire.timings.and_then(|t| t.cache_n),
-        };
-        chunk.usage = Some(Usage {
-            prompt_tokens: usage.prompt_tokens.map_or(0, saturating_u32),
-            completion_tokens: usage.completion_tokens.map_or(0, saturating_u32),
-            cached_prompt_tokens: cached.map_or(0, saturating_u32),
-        });
+        chunk.usage = Some(usage.read(wire.timings.and_then(|t| t.cache_n)));
     }
     Some(chunk)
-}
-
-/// `delta.tool_calls`: `[{"index", "id"?, "type"?, "function"?: {"name"?,
-/// "arguments"?}}]`, every field but `index` optional (vLLM's
-/// `DeltaToolCall`, llama-server's `server_chat_msg_diff_to_json_oaicompat`).
-/// A piece without an index cannot be placed, so it fails the stream
-/// rather than being dropped.
-fn tool_call_pieces(value: Option<&Value>) -> Result<Vec<ToolCallPiece>, String> {
-    let Some(list) = value.filter(|v| !v.is_null()) else {
-        return Ok(Vec::new());
-    };
-    let list = list.as_array().ok_or_else(|| {
-        format!(
-            "the engine sent delta.tool_calls that is not a list: {}",
-            cut(&list.to_string(), 200)
-        )
-    })?;
-    let text = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or_default().to_string();
-    list.iter()
-        .map(|call| {
-            let index = call
-                .get("index")
-                .and_then(Value::as_u64)
-                .and_then(|i| u32::try_from(i).ok())
-                .ok_or_else(|| {
-                    format!(
-                        "the engine sent a tool call piece without its index: {}",
-                        cut(&call.to_string(), 200)
-                    )
-                })?;
-            let function = call.get("function");
-            Ok(ToolCallPiece {
-                index,
-                id: text(call.get("id")),
-                name: text(function.and_then(|f| f.get("name"))),
-                arguments: text(function.and_then(|f| f.get("arguments"))),
-            })
-        })
-        .collect()
-}
-
-/// `/v1/completions` logprobs: parallel lists `tokens`, `token_logprobs`
-/// (null for the prompt's first token) and `top_logprobs` (objects from a
-/// token's text to its logprob; null for the first).
-fn completion_logprobs(value: &Value) -> Result<Vec<pb::TokenLogprob>, String> {
-    let list = |k: &str| value.get(k).and_then(Value::as_array);
-    let (Some(tokens), Some(logprobs)) = (list("tokens"), list("token_logprobs")) else {
-        return Err(format!(
-            "the engine sent logprobs without `tokens` and `token_logprobs`: {}",
-            cut(&value.to_string(), 200)
-        ));
-    };
-    let tops = list("top_logprobs");
-    if tokens.len() != logprobs.len() {
-        return Err(format!(
-            "the engine sent logprobs of {} tokens with {} logprobs",
-            tokens.len(),
-            logprobs.len(),
-        ));
-    }
-    let mut out = Vec::with_capacity(tokens.len());
-    for (i, (token, logprob)) in tokens.iter().zip(logprobs).enumerate() {
-        let text = token.as_str().unwrap_or_default();
-        let top = tops
-            .and_then(|t| t.get(i))
-            .and_then(Value::as_object)
-            .map(|alternatives| {
-                alternatives
-                    .iter()
-                    .map(|(t, lp)| (t.as_str(), None, lp.as_f64().unwrap_or(f64::NEG_INFINITY)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        out.push(token_logprob(text, None, logprob.as_f64(), top));
-    }
-    Ok(out)
-}
-
-/// `/v1/chat/completions` logprobs: `content`, one entry per token with
-/// its `token`, `logprob`, `bytes` and `top_logprobs` (each with the same
-/// three).
-fn chat_logprobs(value: &Value) -> Result<Vec<pb::TokenLogprob>, String> {
-    let Some(content) = value.get("content").and_then(Value::as_array) else {
-        return Err(format!(
-            "the engine sent chat logprobs without `content`: {}",
-            cut(&value.to_string(), 200)
-        ));
-    };
-    let bytes = |v: &Value| -> Option<Vec<u8>> {
-        v.get("bytes")?
-            .as_array()?
-            .iter()
-            .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
-            .collect()
-    };
-    fn text(v: &Value) -> &str {
-        v.get("token").and_then(Value::as_str).unwrap_or_default()
-    }
-    let mut out = Vec::with_capacity(content.len());
-    for entry in content {
-        let top = entry
-            .get("top_logprobs")
-            .and_then(Value::as_array)
-            .map(|alternatives| {
-                alternatives
-                    .iter()
-                    .map(|a| {
-                        let lp = a.get("logprob").and_then(Value::as_f64);
-                        (text(a), bytes(a), lp.unwrap_or(f64::NEG_INFINITY))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let logprob = entry.get("logprob").and_then(Value::as_f64);
-        out.push(token_logprob(text(entry), bytes(entry), logprob, top));
-    }
-    Ok(out)
-}
-
-/// One token's logprob for the protocol, its id not yet known: its
-/// alternatives most likely first (ties by text). A missing logprob (the
-/// prompt's first token) is 0, as the protocol writes it.
-fn token_logprob(
-    text: &str,
-    bytes: Option<Vec<u8>>,
-    logprob: Option<f64>,
-    mut top: Vec<(&str, Option<Vec<u8>>, f64)>,
-) -> pb::TokenLogprob {
-    top.sort_by(|a, b| b.2.total_cmp(&a.2).then_with(|| a.0.cmp(b.0)));
-    pb::TokenLogprob {
-        token_id: 0,
-        token: text.to_string(),
-        bytes: bytes.unwrap_or_else(|| text.as_bytes().to_vec()),
-        logprob: logprob.unwrap_or(0.0) as f32,
-        top_logprobs: top
-            .into_iter()
-            .map(|(t, b, lp)| pb::TopLogprob {
-                token_id: None,
-                token: t.to_string(),
-                bytes: b.unwrap_or_else(|| t.as_bytes().to_vec()),
-                logprob: lp as f32,
-            })
-            .collect(),
-    }
 }
 
 /// Gives `logprobs` their tokens' ids, in order (`ids`: the prompt's then
@@ -826,18 +586,6 @@ pub fn error_message(body: &str) -> String {
         _ if body.trim().is_empty() => "(empty answer)".into(),
         _ => cut(body.trim(), 500),
     }
-}
-
-/// `s` cut to at most `max` bytes on a character boundary, with a mark.
-pub fn cut(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}... ({} bytes)", &s[..end], s.len())
 }
 
 /// What `/v1/models` says about the served model.
@@ -1205,21 +953,17 @@ mod tests {
         )
         .unwrap();
         let Event::Chunk(c) = e else { panic!() };
-        assert_eq!(
-            c.usage,
-            Some(Usage {
-                prompt_tokens: 5,
-                completion_tokens: 7,
-                cached_prompt_tokens: 0,
-            })
-        );
+        assert_eq!(c.usage, Some(Usage::new(5, 7, 0)));
         let e = parse_event(
             r#"{"choices":[],"usage":{"prompt_tokens":600,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":592}}}"#,
             Endpoint::Chat,
         )
         .unwrap();
         let Event::Chunk(c) = e else { panic!() };
-        assert_eq!(c.usage.map(|u| u.cached_prompt_tokens), Some(592));
+        assert_eq!(
+            c.usage.map(|u| u.prompt_tokens_details.cached_tokens),
+            Some(592)
+        );
         assert_eq!(parse_event("[DONE]", Endpoint::Chat).unwrap(), Event::Done);
     }
 
@@ -1501,7 +1245,7 @@ mod tests {
         let Event::Chunk(c) = e else { panic!() };
         assert_eq!(
             c.tool_calls,
-            [ToolCallPiece {
+            [pb::ToolCallDelta {
                 index: 0,
                 id: "chatcmpl-tool-1".into(),
                 name: "weather".into(),

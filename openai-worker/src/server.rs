@@ -8,7 +8,7 @@
 
 use crate::cli::EngineKind;
 use crate::http::{self, SseSplitter};
-use crate::openai::{self, Endpoint, Event, RequestStyle, Usage};
+use crate::openai::{self, Endpoint, Event, RequestStyle};
 use crate::status::{InFlight, Phase, Status};
 use std::collections::VecDeque;
 use std::future::Future;
@@ -16,6 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use tt_openai_wire::Usage;
 use tt_serving_proto::v1 as pb;
 use tt_worker_contract::service::LOADING;
 use tt_worker_contract::{Backend, DrainReport, GenerateError, TokenStream};
@@ -70,19 +71,6 @@ impl OpenAiBackend {
             total: 0,
             message,
         }
-    }
-}
-
-/// An engine's `finish_reason` in our words. vLLM says `abort` for a
-/// request it aborted, and both engines `tool_calls` for a turn ended by
-/// calling tools; anything else that ended the text (a content filter)
-/// ended it like a stop.
-fn finish_reason(reason: &str) -> pb::FinishReason {
-    match reason {
-        "length" => pb::FinishReason::Length,
-        "abort" | "cancelled" => pb::FinishReason::Cancelled,
-        "tool_calls" => pb::FinishReason::ToolCalls,
-        _ => pb::FinishReason::Stop,
     }
 }
 
@@ -447,16 +435,7 @@ impl Relay {
                             token_ids: chunk.token_ids,
                             logprobs: chunk.logprobs,
                             reasoning: chunk.reasoning,
-                            tool_calls: chunk
-                                .tool_calls
-                                .into_iter()
-                                .map(|c| pb::ToolCallDelta {
-                                    index: c.index,
-                                    id: c.id,
-                                    name: c.name,
-                                    arguments: c.arguments,
-                                })
-                                .collect(),
+                            tool_calls: chunk.tool_calls,
                         });
                     }
                     if let Some(reason) = chunk.finish_reason {
@@ -558,38 +537,35 @@ impl Relay {
         let first = progress.first_token.unwrap_or(now);
         let ttft = first.duration_since(self.arrived);
         // Engines that give no usage (or no ids) are counted by what came.
-        let usage = progress.usage.unwrap_or(Usage {
-            prompt_tokens: 0,
-            completion_tokens: if progress.ids > 0 {
+        let usage = progress.usage.unwrap_or(Usage::new(
+            0,
+            if progress.ids > 0 {
                 progress.ids
             } else {
                 progress.deltas
             },
-            cached_prompt_tokens: 0,
-        });
+            0,
+        ));
         // vLLM counts the step it ran for a prompt-only request; nothing of
         // it was sent.
-        let usage = Usage {
-            completion_tokens: if self.logprobs.prompt_only {
-                0
-            } else {
-                usage.completion_tokens
-            },
-            ..usage
+        let completion_tokens = if self.logprobs.prompt_only {
+            0
+        } else {
+            usage.completion_tokens
         };
         let last = pb::GenerateResponse {
             chunk: Some(pb::generate_response::Chunk::Final(pb::GenerationFinal {
-                finish_reason: finish_reason(&reason) as i32,
+                finish_reason: tt_openai_wire::finish::read(&reason) as i32,
                 usage: Some(pb::Usage {
                     prompt_tokens: usage.prompt_tokens,
-                    completion_tokens: usage.completion_tokens,
+                    completion_tokens,
                 }),
                 timings: Some(pb::Timings {
                     queue_us: 0,
                     prefill_us: ttft.as_micros() as u64,
                     decode_us: now.duration_since(first).as_micros() as u64,
                     time_to_first_token_us: ttft.as_micros() as u64,
-                    cached_prompt_tokens: usage.cached_prompt_tokens,
+                    cached_prompt_tokens: usage.prompt_tokens_details.cached_tokens,
                 }),
                 slot: String::new(),
             })),
