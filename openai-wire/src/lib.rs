@@ -15,7 +15,8 @@
 //! - [`logprobs`]: the completions shape (parallel lists) and the chat
 //!   shape (`content` entries), written from and read into the protocol's
 //!   `TokenLogprob`.
-//! - [`tool_calls`]: a chat delta's `tool_calls` pieces, written and read.
+//! - [`tool_calls`]: a chat delta's `tool_calls` pieces, written and read,
+//!   and joined into a collected answer's `message.tool_calls`.
 //! - [`cut`]: engine text quoted in an error, cut to a length.
 
 mod endpoint;

@@ -3,7 +3,8 @@
 //! SDKs, vLLM's `DeltaToolCall`, llama-server's
 //! `server_chat_msg_diff_to_json_oaicompat`): the first piece of a call
 //! carries its `id`, `type` and `function.name`, every piece its `index`
-//! and more of `function.arguments`.
+//! and more of `function.arguments`. A collected answer's
+//! `message.tool_calls` holds the whole calls, joined ([`Joined`]).
 
 use crate::cut;
 use serde_json::Value;
@@ -67,6 +68,46 @@ pub fn read(value: Option<&Value>) -> Result<Vec<pb::ToolCallDelta>, String> {
         .collect()
 }
 
+/// The whole tool calls of a collected answer, joined from their pieces
+/// by index: the first id and name given, the arguments concatenated.
+#[derive(Debug, Default)]
+pub struct Joined(std::collections::BTreeMap<u32, (String, String, String)>);
+
+impl Joined {
+    /// Adds a delta's pieces.
+    pub fn add(&mut self, pieces: &[pb::ToolCallDelta]) {
+        for p in pieces {
+            let (id, name, arguments) = self.0.entry(p.index).or_default();
+            if id.is_empty() {
+                id.clone_from(&p.id);
+            }
+            if name.is_empty() {
+                name.clone_from(&p.name);
+            }
+            arguments.push_str(&p.arguments);
+        }
+    }
+
+    /// `message.tool_calls`, or `None` when the model called nothing.
+    pub fn json(&self) -> Option<Value> {
+        if self.0.is_empty() {
+            return None;
+        }
+        Some(Value::Array(
+            self.0
+                .values()
+                .map(|(id, name, arguments)| {
+                    serde_json::json!({
+                        "id": id,
+                        "type": "function",
+                        "function": { "name": name, "arguments": arguments },
+                    })
+                })
+                .collect(),
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +152,20 @@ mod tests {
         assert!(read(Some(&serde_json::json!({})))
             .unwrap_err()
             .contains("not a list"));
+    }
+
+    #[test]
+    fn collected_tool_calls_join_their_pieces_by_index() {
+        let mut calls = Joined::default();
+        assert_eq!(calls.json(), None);
+        calls.add(&[piece(0, "a", "weather", "{\"ci")]);
+        calls.add(&[piece(1, "b", "time", "{}"), piece(0, "", "", "ty\": 1}")]);
+        assert_eq!(
+            calls.json(),
+            Some(serde_json::json!([
+                {"id": "a", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": 1}"}},
+                {"id": "b", "type": "function", "function": {"name": "time", "arguments": "{}"}},
+            ]))
+        );
     }
 }

@@ -229,45 +229,6 @@ fn chat_delta(d: &pb::TokenDelta) -> serde_json::Value {
     serde_json::Value::Object(delta)
 }
 
-/// The whole tool calls of a collected answer, joined from their pieces
-/// by index: the first id and name given, the arguments concatenated.
-#[derive(Default)]
-struct ToolCalls(std::collections::BTreeMap<u32, (String, String, String)>);
-
-impl ToolCalls {
-    fn add(&mut self, pieces: &[pb::ToolCallDelta]) {
-        for p in pieces {
-            let (id, name, arguments) = self.0.entry(p.index).or_default();
-            if id.is_empty() {
-                id.clone_from(&p.id);
-            }
-            if name.is_empty() {
-                name.clone_from(&p.name);
-            }
-            arguments.push_str(&p.arguments);
-        }
-    }
-
-    /// `message.tool_calls`, or `None` when the model called nothing.
-    fn json(&self) -> Option<serde_json::Value> {
-        if self.0.is_empty() {
-            return None;
-        }
-        Some(serde_json::Value::Array(
-            self.0
-                .values()
-                .map(|(id, name, arguments)| {
-                    serde_json::json!({
-                        "id": id,
-                        "type": "function",
-                        "function": { "name": name, "arguments": arguments },
-                    })
-                })
-                .collect(),
-        ))
-    }
-}
-
 /// One whole SSE event, `data: <json>` and its blank line.
 fn event(value: &serde_json::Value) -> Bytes {
     let mut out = Vec::with_capacity(128);
@@ -467,7 +428,7 @@ fn chunk_events(
 struct Collected {
     text: String,
     reasoning: String,
-    tool_calls: ToolCalls,
+    tool_calls: tool_calls::Joined,
     logprobs: Vec<pb::TokenLogprob>,
     /// The prompt's logprobs, when asked for (`echo`).
     prompt: Vec<pb::TokenLogprob>,
@@ -481,7 +442,7 @@ async fn collect(mut stream: ChunkStream, model: &str) -> Result<Collected, ApiE
         host_sampling: stream.host_sampling().to_vec(),
         text: String::new(),
         reasoning: String::new(),
-        tool_calls: ToolCalls::default(),
+        tool_calls: tool_calls::Joined::default(),
         logprobs: Vec::new(),
         prompt: Vec::new(),
         last: pb::GenerationFinal::default(),
@@ -673,15 +634,6 @@ fn choice(
 mod tests {
     use super::*;
 
-    fn piece(index: u32, id: &str, name: &str, arguments: &str) -> pb::ToolCallDelta {
-        pb::ToolCallDelta {
-            index,
-            id: id.into(),
-            name: name.into(),
-            arguments: arguments.into(),
-        }
-    }
-
     #[test]
     fn chat_deltas_carry_reasoning_and_tool_calls_as_openai_sdks_read_them() {
         let text = pb::TokenDelta {
@@ -697,41 +649,20 @@ mod tests {
             chat_delta(&thinking),
             serde_json::json!({"reasoning_content": "hmm"})
         );
-        let first = pb::TokenDelta {
-            tool_calls: vec![piece(0, "call-1", "weather", "")],
+        // Only tool calls: no `content` (their pieces' shape is
+        // tt_openai_wire::tool_calls').
+        let calls = pb::TokenDelta {
+            tool_calls: vec![pb::ToolCallDelta {
+                index: 0,
+                id: "call-1".into(),
+                name: "weather".into(),
+                arguments: String::new(),
+            }],
             ..Default::default()
         };
         assert_eq!(
-            chat_delta(&first),
-            serde_json::json!({"tool_calls": [{
-                "index": 0, "id": "call-1", "type": "function",
-                "function": {"name": "weather", "arguments": ""},
-            }]})
-        );
-        let more = pb::TokenDelta {
-            tool_calls: vec![piece(0, "", "", "{\"city\"")],
-            ..Default::default()
-        };
-        assert_eq!(
-            chat_delta(&more),
-            serde_json::json!({"tool_calls": [{
-                "index": 0, "function": {"arguments": "{\"city\""},
-            }]})
-        );
-    }
-
-    #[test]
-    fn collected_tool_calls_join_their_pieces_by_index() {
-        let mut calls = ToolCalls::default();
-        assert_eq!(calls.json(), None);
-        calls.add(&[piece(0, "a", "weather", "{\"ci")]);
-        calls.add(&[piece(1, "b", "time", "{}"), piece(0, "", "", "ty\": 1}")]);
-        assert_eq!(
-            calls.json(),
-            Some(serde_json::json!([
-                {"id": "a", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": 1}"}},
-                {"id": "b", "type": "function", "function": {"name": "time", "arguments": "{}"}},
-            ]))
+            chat_delta(&calls),
+            serde_json::json!({"tool_calls": tool_calls::write(&calls.tool_calls)})
         );
     }
 }
