@@ -38,31 +38,25 @@
 //! only the protocols, the card lock (`tt-card-lock`) and the contract's
 //! truthy rule.
 
+// The lower layers (1 to 3) live in tt-serving-host; re-exported here so
+// that `crate::cards` and `tt_servingd::config` read as before.
+use tt_serving_host::{
+    bus, cache, echo, host_memory, hostfs, metrics, notify, secrets, shutdown, worker,
+};
+pub use tt_serving_host::{cards, config, hang};
+
 mod api;
 mod borrow;
-mod bus;
-mod cache;
-pub mod cards;
-pub mod config;
 pub mod daemon;
 pub mod demo;
-mod echo;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
-pub mod hang;
-mod host_memory;
-mod hostfs;
 pub mod listen;
-mod metrics;
-mod notify;
 pub mod preflight;
 pub mod relay_runtime;
 mod reload;
 mod retry;
 mod router;
-mod secrets;
-mod shutdown;
 mod slots;
 mod state;
 mod trial;
-mod worker;
