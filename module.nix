@@ -30,7 +30,7 @@ let
   settingsFormat = pkgs.formats.toml { };
 
   # Daemon defaults the module needs for the unit's timeouts, as in
-  # daemon/src/config/schema.rs (the rendered file leaves unset keys out, so
+  # host/src/config/schema.rs (the rendered file leaves unset keys out, so
   # the daemon's own defaults apply there).
   daemonDefaults = {
     tick_ms = 1000;
@@ -212,7 +212,7 @@ let
       map (m: m.readiness.deadline_secs or daemonDefaults.deadline_secs) models
     );
   # The daemon's clean-stop budget, Config::stop_limit() in
-  # daemon/src/config/schema.rs (`check-config` prints it; tests/nix/run.sh
+  # host/src/config/schema.rs (`check-config` prints it; tests/nix/run.sh
   # checks this covers it): the slowest drain, then SIGTERM's grace twice,
   # plus 10 s. A shorter TimeoutStopSec= lets systemd SIGKILL engines in the
   # middle of a clean stop, which wedges their cards. The daemon also sends

@@ -9,7 +9,7 @@
     listenAddress = "0.0.0.0";
     port = 50051;
     openFirewall = true;
-    # RUST_LOG=info,tt_servingd=debug and the like, kept out of the store.
+    # RUST_LOG=info,tt_servingd=debug,tt_serving_host=debug and the like, kept out of the store.
     environmentFile = "/run/secrets/tt-serving.env";
     # Other machines connect: bearer tokens over TLS, files kept out of the
     # store (root-owned is fine: systemd hands them over as credentials).

@@ -29,7 +29,7 @@
 #                       every stream decodes all --tokens, both engines).
 #
 # The workers run with the example config's flags (TTW_KV_F16=1, as in
-# daemon/src/config/example.toml) unless --env is given; the settings are in
+# host/src/config/example.toml) unless --env is given; the settings are in
 # every record (`worker_env`).
 #
 # Needs the model (scripts/fetch-smollm2.sh) and, for the peer, llama-cpp-python
