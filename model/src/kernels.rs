@@ -611,54 +611,44 @@ unsafe fn product_rows(
                 // them (and a second group is in range).
                 let two = isa == Isa::Vnni && g + 1 < groups.end;
                 let (unit, next) = (w.unit(g), w.unit(if two { g + 1 } else { g }));
-                let lanes = if two { avx512::X16 } else { X8 };
                 let mut i = 0;
                 while i < m {
                     let take = (m - i).min(ROWS_PER_PASS);
-                    let mut res = [[0.0f32; avx512::X16]; ROWS_PER_PASS];
+                    // Row i of the output, from column 8g: the kernels
+                    // store their lanes there, `w.n` apart per row.
+                    // SAFETY: (i, 8g) is inside the m x n output.
+                    let to = unsafe { out.0.add(i * w.n + g * X8) };
                     macro_rules! call {
                         ($n:literal, $($j:literal),*) => {{
                             // SAFETY: isa() checked AVX2, FMA and F16C (and
                             // AVX-512 F/BW/VL/VNNI for Isa::Vnni); the units
                             // and every activation slice hold `blocks`
-                            // blocks.
+                            // blocks; rows i..i + $n of the output have
+                            // room for the 8 (or 16) lanes from column 8g,
+                            // which only this unit of work writes.
                             unsafe {
                                 let (xq, xd) = ([$(xq(i + $j)),*], [$(xd(i + $j)),*]);
                                 let xs = [$(xs(i + $j)),*];
                                 match (w.format, isa) {
                                     (Format::Q4_1x8, Isa::Vnni) if two => {
-                                        let r = avx512::dot_q4_1x16::<$n>(unit, next, xq, xd, xs);
-                                        res[..$n].copy_from_slice(&r);
+                                        avx512::dot_q4_1x16::<$n>(unit, next, xq, xd, xs, to, w.n)
                                     }
                                     (_, Isa::Vnni) if two => {
-                                        let r = avx512::dot_q8_0x16::<$n>(unit, next, xq, xd);
-                                        res[..$n].copy_from_slice(&r);
+                                        avx512::dot_q8_0x16::<$n>(unit, next, xq, xd, to, w.n)
                                     }
-                                    (format, isa) => {
-                                        let r = match (format, isa) {
-                                            (Format::Q4_1x8, Isa::Vnni) => {
-                                                vnni::dot_q4_1x8::<$n>(unit, xq, xd, xs)
-                                            }
-                                            (Format::Q4_1x8, _) => {
-                                                avx2::dot_q4_1x8::<$n>(unit, xq, xd, xs)
-                                            }
-                                            (_, Isa::Vnni) => vnni::dot_q8_0x8::<$n>(unit, xq, xd),
-                                            _ => avx2::dot_q8_0x8::<$n>(unit, xq, xd),
-                                        };
-                                        for (to, from) in res.iter_mut().zip(r) {
-                                            to[..X8].copy_from_slice(&from);
-                                        }
+                                    (Format::Q4_1x8, Isa::Vnni) => {
+                                        vnni::dot_q4_1x8::<$n>(unit, xq, xd, xs, to, w.n)
                                     }
+                                    (Format::Q4_1x8, _) => {
+                                        avx2::dot_q4_1x8::<$n>(unit, xq, xd, xs, to, w.n)
+                                    }
+                                    (_, Isa::Vnni) => vnni::dot_q8_0x8::<$n>(unit, xq, xd, to, w.n),
+                                    _ => avx2::dot_q8_0x8::<$n>(unit, xq, xd, to, w.n),
                                 }
                             }
                         }};
                     }
                     by_rows!(take, call);
-                    for (a, vals) in res[..take].iter().enumerate() {
-                        for (lane, &v) in vals[..lanes].iter().enumerate() {
-                            put(i + a, g * X8 + lane, v);
-                        }
-                    }
                     i += take;
                 }
                 g += if two { 2 } else { 1 };
@@ -774,20 +764,24 @@ pub fn dot_q4_1_scalar(w: &[u8], xq: &[i8], xd: &[f32], xs: &[f32]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Q4_1X8_BYTES, Q8_0X8_BYTES, Q8_0_BYTES, QK, X8};
+    use super::{Q4_1X8_BYTES, Q8_0X8_BYTES, Q8_0_BYTES, QK};
     use std::arch::x86_64::*;
 
     /// 8 interleaved Q4_1 rows (`units`: one unit per block) against `N`
-    /// quantized activation rows: lane `r` of result `j` is row `r` times
-    /// activation row `j`, computed as [`super::dot_q4_1_scalar`] does.
+    /// quantized activation rows: row `r` times activation row `j`,
+    /// computed as [`super::dot_q4_1_scalar`] does, is stored at
+    /// `out[j * stride + r]` (written straight from the vector registers:
+    /// no result array to copy and scatter per call).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_q4_1x8<const N: usize>(
         units: &[u8],
         xq: [&[i8]; N],
         xd: [&[f32]; N],
         xs: [&[f32]; N],
-    ) -> [[f32; X8]; N] {
-        q4_1x8::<N, false>(units, xq, xd, xs)
+        out: *mut f32,
+        stride: usize,
+    ) {
+        q4_1x8::<N, false>(units, xq, xd, xs, out, stride)
     }
 
     /// The loop of [`dot_q4_1x8`], with each 4-value dot product of 8 rows
@@ -800,7 +794,9 @@ mod avx2 {
         xq: [&[i8]; N],
         xd: [&[f32]; N],
         xs: [&[f32]; N],
-    ) -> [[f32; X8]; N] {
+        out: *mut f32,
+        stride: usize,
+    ) {
         let nb = units.len() / Q4_1X8_BYTES;
         for j in 0..N {
             debug_assert!(xq[j].len() >= nb * QK && xd[j].len() >= nb && xs[j].len() >= nb);
@@ -847,11 +843,9 @@ mod avx2 {
                 macc[j] = _mm256_fmadd_ps(m, _mm256_set1_ps(*xs[j].get_unchecked(b)), macc[j]);
             }
         }
-        let mut out = [[0.0f32; X8]; N];
         for j in 0..N {
-            _mm256_storeu_ps(out[j].as_mut_ptr(), _mm256_add_ps(acc[j], macc[j]));
+            _mm256_storeu_ps(out.add(j * stride), _mm256_add_ps(acc[j], macc[j]));
         }
-        out
     }
 
     /// [`super::quantize_block`] on 8 lanes: the same maximum (a NaN is
@@ -922,15 +916,17 @@ mod avx2 {
     }
 
     /// 8 interleaved Q8_0 rows (`units`: one unit per block) against `N`
-    /// quantized activation rows: lane `r` of result `j` is row `r` times
-    /// activation row `j`, computed as [`super::dot_q8_0_scalar`] does.
+    /// quantized activation rows: row `r` times activation row `j`,
+    /// computed as [`super::dot_q8_0_scalar`] does, at `out[j * stride + r]`.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_q8_0x8<const N: usize>(
         units: &[u8],
         xq: [&[i8]; N],
         xd: [&[f32]; N],
-    ) -> [[f32; X8]; N] {
-        q8_0x8::<N, false>(units, xq, xd)
+        out: *mut f32,
+        stride: usize,
+    ) {
+        q8_0x8::<N, false>(units, xq, xd, out, stride)
     }
 
     /// The loop of [`dot_q8_0x8`]; `VNNI` as for [`q4_1x8`].
@@ -939,7 +935,9 @@ mod avx2 {
         units: &[u8],
         xq: [&[i8]; N],
         xd: [&[f32]; N],
-    ) -> [[f32; X8]; N] {
+        out: *mut f32,
+        stride: usize,
+    ) {
         let nb = units.len() / Q8_0X8_BYTES;
         for j in 0..N {
             debug_assert!(xq[j].len() >= nb * QK && xd[j].len() >= nb);
@@ -975,11 +973,9 @@ mod avx2 {
                 acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum[j]), acc[j]);
             }
         }
-        let mut out = [[0.0f32; X8]; N];
         for j in 0..N {
-            _mm256_storeu_ps(out[j].as_mut_ptr(), acc[j]);
+            _mm256_storeu_ps(out.add(j * stride), acc[j]);
         }
-        out
     }
 
     /// One plain Q8_0 row against `N` quantized activation rows (matrices
@@ -1023,7 +1019,7 @@ mod avx2 {
 /// operation after them, are [`avx2`]'s.
 #[cfg(target_arch = "x86_64")]
 mod vnni {
-    use super::{avx2, X8};
+    use super::avx2;
 
     /// As [`avx2::dot_q4_1x8`].
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
@@ -1032,8 +1028,10 @@ mod vnni {
         xq: [&[i8]; N],
         xd: [&[f32]; N],
         xs: [&[f32]; N],
-    ) -> [[f32; X8]; N] {
-        avx2::q4_1x8::<N, true>(units, xq, xd, xs)
+        out: *mut f32,
+        stride: usize,
+    ) {
+        avx2::q4_1x8::<N, true>(units, xq, xd, xs, out, stride)
     }
 
     /// As [`avx2::dot_q8_0x8`].
@@ -1042,8 +1040,10 @@ mod vnni {
         units: &[u8],
         xq: [&[i8]; N],
         xd: [&[f32]; N],
-    ) -> [[f32; X8]; N] {
-        avx2::q8_0x8::<N, true>(units, xq, xd)
+        out: *mut f32,
+        stride: usize,
+    ) {
+        avx2::q8_0x8::<N, true>(units, xq, xd, out, stride)
     }
 }
 
@@ -1057,9 +1057,6 @@ mod vnni {
 mod avx512 {
     use super::{Q4_1X8_BYTES, Q8_0X8_BYTES, QK};
     use std::arch::x86_64::*;
-
-    /// Rows one call covers.
-    pub(super) const X16: usize = 16;
 
     /// 32 bytes at `off` of unit `a` in the low half, of unit `b` in the
     /// high half.
@@ -1079,9 +1076,9 @@ mod avx512 {
     }
 
     /// Two groups of 8 interleaved Q4_1 rows (`a`, `b`: one unit per block
-    /// each, the same length) against `N` quantized activation rows: lane
-    /// `r` of result `j` is row `r` of the 16 times activation row `j`,
-    /// computed as [`super::dot_q4_1_scalar`] does.
+    /// each, the same length) against `N` quantized activation rows: row
+    /// `r` of the 16 times activation row `j`, computed as
+    /// [`super::dot_q4_1_scalar`] does, at `out[j * stride + r]`.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) unsafe fn dot_q4_1x16<const N: usize>(
         a: &[u8],
@@ -1089,7 +1086,9 @@ mod avx512 {
         xq: [&[i8]; N],
         xd: [&[f32]; N],
         xs: [&[f32]; N],
-    ) -> [[f32; X16]; N] {
+        out: *mut f32,
+        stride: usize,
+    ) {
         let nb = a.len() / Q4_1X8_BYTES;
         debug_assert_eq!(a.len(), b.len());
         for j in 0..N {
@@ -1123,22 +1122,23 @@ mod avx512 {
                 macc[j] = _mm512_fmadd_ps(m, _mm512_set1_ps(*xs[j].get_unchecked(blk)), macc[j]);
             }
         }
-        let mut out = [[0.0f32; X16]; N];
         for j in 0..N {
-            _mm512_storeu_ps(out[j].as_mut_ptr(), _mm512_add_ps(acc[j], macc[j]));
+            _mm512_storeu_ps(out.add(j * stride), _mm512_add_ps(acc[j], macc[j]));
         }
-        out
     }
 
     /// Two groups of 8 interleaved Q8_0 rows against `N` quantized
-    /// activation rows, computed as [`super::dot_q8_0_scalar`] does.
+    /// activation rows, computed as [`super::dot_q8_0_scalar`] does, at
+    /// `out[j * stride + r]`.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
     pub(super) unsafe fn dot_q8_0x16<const N: usize>(
         a: &[u8],
         b: &[u8],
         xq: [&[i8]; N],
         xd: [&[f32]; N],
-    ) -> [[f32; X16]; N] {
+        out: *mut f32,
+        stride: usize,
+    ) {
         let nb = a.len() / Q8_0X8_BYTES;
         debug_assert_eq!(a.len(), b.len());
         for j in 0..N {
@@ -1171,11 +1171,9 @@ mod avx512 {
                 acc[j] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum[j]), acc[j]);
             }
         }
-        let mut out = [[0.0f32; X16]; N];
         for j in 0..N {
-            _mm512_storeu_ps(out[j].as_mut_ptr(), acc[j]);
+            _mm512_storeu_ps(out.add(j * stride), acc[j]);
         }
-        out
     }
 }
 
