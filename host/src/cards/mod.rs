@@ -152,6 +152,34 @@ pub enum CardError {
     NotAttempted(#[from] MissingCard),
 }
 
+/// Each card's reset outcome and duration, as the metrics count them: a
+/// card the failure blames as hung or failed, every other one proven.
+fn record_reset_metrics(
+    metrics: &crate::metrics::Metrics,
+    bdfs: &[String],
+    result: &Result<ResetOutcome, ResetError>,
+    took: std::time::Duration,
+) {
+    let failure = match result {
+        Err(ResetError::Failed(failure)) => Some(failure),
+        _ => None,
+    };
+    for bdf in bdfs {
+        let outcome = match failure {
+            Some(f) if f.blames(bdf) && f.kind == FailureKind::Hung => {
+                crate::metrics::ResetOutcome::Hung
+            }
+            Some(f) if f.blames(bdf) => {
+                // The last attempt's proof failed too.
+                metrics.reset_proof_failure(bdf);
+                crate::metrics::ResetOutcome::Failed
+            }
+            _ => crate::metrics::ResetOutcome::Proven,
+        };
+        metrics.card_reset(bdf, outcome, took);
+    }
+}
+
 impl From<ResetError> for CardError {
     fn from(e: ResetError) -> CardError {
         match e {
@@ -612,37 +640,15 @@ impl CardManager {
                 return Err(CardError::ResetFailed(refused));
             }
         }
-        let mut temporary_locks = Vec::new();
-        {
-            let mut table = self.lock_table();
-            for entry in free_entries(&table, bdfs)? {
-                if entry.lock.is_none() {
-                    temporary_locks.push(lock::try_lock(
-                        &self.lock_dir,
-                        &entry.view.bdf,
-                        "tt-servingd reset",
-                        self.lock_policy,
-                    )?);
-                }
-            }
-            for bdf in bdfs {
-                if let Some(entry) = table.get_mut(bdf) {
-                    entry.busy = true;
-                    entry.view.state = CardState::Resetting;
-                    entry.view.reason = if manual {
-                        "reset requested by an operator".into()
-                    } else {
-                        "reset by the daemon".into()
-                    };
-                }
-            }
-        }
+        let temporary_locks = self.begin_reset(bdfs, manual)?;
         self.notify();
         tracing::info!(cards = %bdfs.join(","), manual, "resetting cards");
         let began = std::time::Instant::now();
         let metrics = crate::metrics::get();
         let result = {
             let mut forward = |event: ResetEvent| {
+                // Progress shows in the table: tt-smi is done and the proof
+                // waits for the cards to come back.
                 if event.phase == reset::Phase::WaitingForDevice {
                     self.set_state(bdfs, CardState::Probing, &event.message);
                 }
@@ -655,89 +661,103 @@ impl CardManager {
             self.resetter.reset_and_prove(bdfs, &mut forward).await
         };
         drop(temporary_locks);
-        if let Err(ResetError::NotAttempted(missing)) = &result {
-            // Nothing was done to any card: the absent one is Missing, the
-            // others go back to what they were, and nobody is quarantined.
-            tracing::error!(cards = %bdfs.join(","), "{missing}");
-            let mut table = self.lock_table();
-            for bdf in bdfs {
-                let Some(entry) = table.get_mut(bdf) else {
-                    continue;
-                };
-                entry.busy = false;
-                if *bdf == missing.bdf || entry.view.info.is_none() {
-                    entry.view.info = self.hw.find(bdf);
-                    entry.view.state = CardState::Missing;
-                    entry.view.reason = missing.to_string();
-                } else {
-                    entry.view.state = CardState::Probing;
-                    entry.view.reason.clear();
-                }
-                self.settle(entry);
+        match &result {
+            Err(ResetError::NotAttempted(missing)) => {
+                tracing::error!(cards = %bdfs.join(","), "{missing}")
             }
-            drop(table);
-            self.notify();
-            return Err(CardError::NotAttempted(missing.clone()));
+            _ => record_reset_metrics(metrics, bdfs, &result, began.elapsed()),
         }
-        // Each card by its own proof: in a reset of several, the cards
-        // proven back are back even when another is not.
-        let failure = match &result {
-            Err(ResetError::Failed(failure)) => Some(failure),
-            _ => None,
-        };
-        let blamed = |bdf: &str| failure.is_some_and(|f| f.blames(bdf));
-        for bdf in bdfs {
-            let outcome = match failure {
-                Some(f) if f.blames(bdf) && f.kind == FailureKind::Hung => {
-                    crate::metrics::ResetOutcome::Hung
-                }
-                Some(f) if f.blames(bdf) => {
-                    // The last attempt's proof failed too.
-                    metrics.reset_proof_failure(bdf);
-                    crate::metrics::ResetOutcome::Failed
-                }
-                _ => crate::metrics::ResetOutcome::Proven,
-            };
-            metrics.card_reset(bdf, outcome, began.elapsed());
-        }
-        let output = match &result {
-            Ok(outcome) => outcome.tt_smi_output.clone(),
-            Err(ResetError::Failed(failure)) => failure.tt_smi_output.clone(),
-            Err(ResetError::NotAttempted(_)) => String::new(),
-        };
-        {
-            let mut table = self.lock_table();
-            for bdf in bdfs {
-                let Some(entry) = table.get_mut(bdf) else {
-                    continue;
-                };
-                entry.busy = false;
-                entry.view.last_reset_output = output.clone();
-                match failure {
-                    Some(failure) if blamed(bdf) => {
-                        entry.view.reset_failures += failure.attempts;
-                        entry.view.reason = quarantine_reason(bdf, failure);
-                        self.write_quarantine(bdf, &entry.view.reason);
-                        entry.view.state = CardState::Quarantined;
-                        tracing::error!(card = %bdf, reason = %failure.reason, kind = ?failure.kind, "card quarantined");
-                    }
-                    _ => {
-                        entry.view.reset_failures = 0;
-                        let _ = hostfs::remove_file(&self.dirty_file(bdf));
-                        if manual {
-                            self.clear_quarantine(bdf);
-                        }
-                        // Proven back: settle() below puts it in its healthy state.
-                        entry.view.state = CardState::Probing;
-                        entry.view.reason.clear();
-                        entry.view.info = self.hw.find(bdf);
-                    }
-                }
-                self.settle(entry);
-            }
-        }
+        self.settle_after_reset(bdfs, &result, manual);
         self.notify();
         result.map_err(CardError::from)
+    }
+
+    /// Marks every card of a reset Resetting (refused when one is in use),
+    /// taking for the reset's duration the locks of unmanaged cards.
+    fn begin_reset(&self, bdfs: &[String], manual: bool) -> Result<Vec<CardLock>, CardError> {
+        let mut temporary_locks = Vec::new();
+        let mut table = self.lock_table();
+        for entry in free_entries(&table, bdfs)? {
+            if entry.lock.is_none() {
+                temporary_locks.push(lock::try_lock(
+                    &self.lock_dir,
+                    &entry.view.bdf,
+                    "tt-servingd reset",
+                    self.lock_policy,
+                )?);
+            }
+        }
+        for bdf in bdfs {
+            if let Some(entry) = table.get_mut(bdf) {
+                entry.busy = true;
+                entry.view.state = CardState::Resetting;
+                entry.view.reason = if manual {
+                    "reset requested by an operator".into()
+                } else {
+                    "reset by the daemon".into()
+                };
+            }
+        }
+        Ok(temporary_locks)
+    }
+
+    /// Every card of a reset set by its own outcome, under one hold of the
+    /// table: in a reset of several, the cards proven back are back even
+    /// when another is not, and one that was not attempted changed nothing.
+    fn settle_after_reset(
+        &self,
+        bdfs: &[String],
+        result: &Result<ResetOutcome, ResetError>,
+        manual: bool,
+    ) {
+        let output = match result {
+            Ok(outcome) => outcome.tt_smi_output.as_str(),
+            Err(ResetError::Failed(failure)) => failure.tt_smi_output.as_str(),
+            Err(ResetError::NotAttempted(_)) => "",
+        };
+        let mut table = self.lock_table();
+        for bdf in bdfs {
+            let Some(entry) = table.get_mut(bdf) else {
+                continue;
+            };
+            entry.busy = false;
+            match result {
+                // Nothing was done to any card: the absent one is Missing,
+                // the others go back to what they were, nobody is
+                // quarantined, and the last reset's output stays.
+                Err(ResetError::NotAttempted(missing)) => {
+                    if *bdf == missing.bdf || entry.view.info.is_none() {
+                        entry.view.info = self.hw.find(bdf);
+                        entry.view.state = CardState::Missing;
+                        entry.view.reason = missing.to_string();
+                    } else {
+                        entry.view.state = CardState::Probing;
+                        entry.view.reason.clear();
+                    }
+                }
+                Err(ResetError::Failed(failure)) if failure.blames(bdf) => {
+                    entry.view.last_reset_output = output.to_string();
+                    entry.view.reset_failures += failure.attempts;
+                    entry.view.reason = quarantine_reason(bdf, failure);
+                    self.write_quarantine(bdf, &entry.view.reason);
+                    entry.view.state = CardState::Quarantined;
+                    tracing::error!(card = %bdf, reason = %failure.reason, kind = ?failure.kind, "card quarantined");
+                }
+                Ok(_) | Err(ResetError::Failed(_)) => {
+                    entry.view.last_reset_output = output.to_string();
+                    entry.view.reset_failures = 0;
+                    let _ = hostfs::remove_file(&self.dirty_file(bdf));
+                    if manual {
+                        self.clear_quarantine(bdf);
+                    }
+                    // Proven back: settle() below puts it in its healthy state.
+                    entry.view.state = CardState::Probing;
+                    entry.view.reason.clear();
+                    entry.view.info = self.hw.find(bdf);
+                }
+            }
+            self.settle(entry);
+        }
     }
 
     fn set_state(&self, bdfs: &[String], state: CardState, reason: &str) {
