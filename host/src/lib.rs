@@ -10,7 +10,8 @@
 //! 1. Foundations, which import nothing of ours but `config`:
 //!    - [`config`]: the TOML file, parsed strictly and validated as a
 //!      whole; [`config::diff`] compares model definitions.
-//!    - [`echo`]: quoting client input, bounded; [`shutdown`]: the
+//!    - [`echo`]: quoting client input, bounded (tt-serving-proto's, which
+//!      the OpenAI wire format quotes with too); [`shutdown`]: the
 //!      shutdown signal; [`notify`]: systemd notifications; [`secrets`]:
 //!      reading secret files; [`bus`]: the status bus that cards and slots
 //!      publish changes on.
@@ -34,7 +35,7 @@ pub mod bus;
 pub mod cache;
 pub mod cards;
 pub mod config;
-pub mod echo;
+pub use tt_serving_proto::echo;
 pub mod hang;
 pub mod host_memory;
 pub mod hostfs;

@@ -14,10 +14,13 @@
 //! - [`time`]: timestamps as the protocols carry them (Unix ms).
 //! - [`uds`]: gRPC over unix sockets: the quiet stream, the server's
 //!   incoming connections, a client channel.
+//! - [`echo`]: quoting client input in errors and logs, bounded (the
+//!   daemon's and the OpenAI wire format's refusals).
 //! - [`parameters`]: the optional `GenerateRequest` parameters, by the names
 //!   engines list in `Info`, and which of them a request asks for.
 
 pub mod accuracy;
+pub mod echo;
 pub mod json;
 pub mod parameters;
 pub mod time;
