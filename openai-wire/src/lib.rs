@@ -17,15 +17,24 @@
 //!   `TokenLogprob`.
 //! - [`tool_calls`]: a chat delta's `tool_calls` pieces, written and read,
 //!   and joined into a collected answer's `message.tool_calls`.
+//! - [`request`]: a request's body, read by the door into the protocol's
+//!   `GenerateRequest` (strictly: unknown fields and parameters no engine
+//!   honours refused by name, [`request::Refused`]) and written from one
+//!   by the worker for its engine ([`request::write`]).
+//! - [`ResponseFormat`] (`response_format.rs`): a chat's
+//!   `response_format`, both ways.
 //! - [`cut`]: engine text quoted in an error, cut to a length.
 
 mod endpoint;
 pub mod finish;
 pub mod logprobs;
+pub mod request;
+mod response_format;
 pub mod tool_calls;
 mod usage;
 
 pub use endpoint::Endpoint;
+pub use response_format::{JsonSchema, ResponseFormat};
 pub use usage::{PromptTokensDetails, Usage, UsageIn};
 
 /// `s` cut to at most `max` bytes on a character boundary, with a mark.

@@ -26,8 +26,10 @@
 //! - [`status`]: phase, in-flight requests and the drain, the engine's load
 //!   from its metrics.
 //! - [`openai`]: the engine's side of the OpenAI API: requests, stream
-//!   chunks, models (the shapes the daemon's door writes too, `usage`,
-//!   logprobs, finish reasons and tool call pieces, are `tt_openai_wire`'s).
+//!   chunks, models (the shapes the daemon's door reads or writes too, the
+//!   request body, `response_format`, `usage`, logprobs, finish reasons
+//!   and tool call pieces, are `tt_openai_wire`'s; the engine's rules on
+//!   top of the body, such as vLLM's one more logprob, are here).
 //! - [`http`]: the HTTP/1.1 client (one connection per request) and the SSE
 //!   framing.
 //! - [`metrics`]: reading gauges from a Prometheus text exposition.

@@ -1,5 +1,7 @@
-//! The OpenAI-compatible wire format: building the engine's request from a
-//! `GenerateRequest`, and reading its streamed chunks.
+//! The OpenAI-compatible wire format as this worker speaks it to its
+//! engine: the engine's request from a `GenerateRequest` (the body written
+//! by `tt_openai_wire::request`, the door's own reader's shape, with this
+//! engine's rules on top), and reading its streamed chunks.
 //!
 //! A prompt goes to `/v1/completions`, a chat to `/v1/chat/completions`
 //! (the engine applies the model's chat template), always with
@@ -8,7 +10,8 @@
 //! the tests pin them without an engine.
 
 use crate::cli::EngineKind;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
+use tt_openai_wire::request::{self, Own, StreamOptions};
 use tt_openai_wire::{cut, logprobs, tool_calls, Usage, UsageIn};
 use tt_serving_proto::v1 as pb;
 
@@ -106,113 +109,43 @@ fn engine_calls_tools(kind: EngineKind, argv: &[String]) -> bool {
 }
 
 /// Maps a request; `Err` is an `INVALID_ARGUMENT` message naming the field.
+/// The body is `tt_openai_wire::request::write`'s (what the door reads
+/// back into the same request), always streamed with the usage chunk, with
+/// this engine's rules on top: the optional parameters it does not take
+/// refused by name (the daemon refuses them first, by the list in Info:
+/// this is the same rule for a caller of the socket), its default
+/// `max_tokens`, its token ids field, and the log-probabilities as vLLM
+/// counts them ([`ask_logprobs`]).
 pub fn plan(request: &pb::GenerateRequest, style: &RequestStyle) -> Result<Plan, String> {
-    let mut body = Map::new();
-    body.insert("model".into(), json!(style.model));
-    let endpoint = match &request.input {
-        Some(pb::generate_request::Input::Prompt(p)) => {
-            body.insert("prompt".into(), json!(p));
-            Endpoint::Completions
-        }
-        Some(pb::generate_request::Input::PromptTokens(t)) => {
-            if t.ids.is_empty() {
-                return Err("prompt_tokens.ids is empty; give at least one token".into());
-            }
-            body.insert("prompt".into(), json!(t.ids));
-            Endpoint::Completions
-        }
-        Some(pb::generate_request::Input::Chat(c)) => {
-            if c.messages.is_empty() {
-                return Err("chat.messages is empty; give at least one message".into());
-            }
-            let messages: Vec<Value> = c
-                .messages
-                .iter()
-                .map(|m| json!({"role": m.role, "content": m.content}))
-                .collect();
-            body.insert("messages".into(), Value::Array(messages));
-            Endpoint::Chat
-        }
-        None => return Err("request has neither `prompt` nor `chat`".into()),
-    };
-    body.insert("stream".into(), json!(true));
-    body.insert("stream_options".into(), json!({"include_usage": true}));
-    let max_tokens = match request.max_tokens {
-        0 => style.default_max_tokens,
-        n => Some(n),
-    };
-    if let Some(n) = max_tokens {
-        body.insert("max_tokens".into(), json!(n));
-    }
-    // Absent sampling means greedy; the engines' own default temperature is
-    // 1, so greedy is always said out loud.
-    let sampling = request.sampling.unwrap_or_default();
-    if !sampling.temperature.is_finite() || sampling.temperature < 0.0 {
-        return Err(format!(
-            "sampling.temperature must be >= 0, got {}",
-            sampling.temperature
-        ));
-    }
-    if !(0.0..=1.0).contains(&sampling.top_p) {
-        return Err(format!(
-            "sampling.top_p must be within [0, 1], got {}",
-            sampling.top_p
-        ));
-    }
-    body.insert("temperature".into(), decimal(sampling.temperature));
-    // 0 and 1 disable top_p, 0 disables top_k (our contract); engines differ
-    // in which values they take as "off", so off is said by leaving them out.
-    if sampling.top_p > 0.0 && sampling.top_p < 1.0 {
-        body.insert("top_p".into(), decimal(sampling.top_p));
-    }
-    if sampling.top_k > 0 {
-        body.insert("top_k".into(), json!(sampling.top_k));
-    }
-    if !request.stop.is_empty() {
-        body.insert("stop".into(), json!(request.stop));
-    }
-    if let Some(field) = &style.token_ids_field {
-        body.insert(field.clone(), json!(true));
-    }
-    // The optional parameters go through under their own names; one the
-    // engine does not take is refused (the daemon refuses it first, by the
-    // list in Info: this is the same rule for a caller of the socket).
+    let mut body = request::write(request, &style.model)?;
     use tt_serving_proto::parameters as p;
-    p::check(request)?;
     for name in p::requested(request) {
         if !style.supported_parameters.contains(&name) {
             return Err(format!(
                 "{name}: not supported by this engine through tt-worker-openai; leave it out"
             ));
         }
-        let value = match name {
-            p::PRESENCE_PENALTY => decimal(request.presence_penalty),
-            p::FREQUENCY_PENALTY => decimal(request.frequency_penalty),
-            p::REPETITION_PENALTY => decimal(request.repetition_penalty),
-            p::MIN_TOKENS => json!(request.min_tokens),
-            p::IGNORE_EOS => json!(true),
-            p::STOP_TOKEN_IDS => json!(request.stop_token_ids),
-            // The prompt above, as ids.
-            p::PROMPT_TOKENS => continue,
-            // Below, together: the engine takes one number for both.
-            p::LOGPROBS | p::PROMPT_LOGPROBS => continue,
-            p::SEED => json!(sampling.seed),
-            p::RESPONSE_FORMAT => response_format(request)?,
-            p::TOOLS => {
-                if !request.tool_choice.is_empty() {
-                    let choice = json_text("tool_choice", &request.tool_choice)?;
-                    if style.string_tool_choice_only && !choice.is_string() {
-                        return Err("tool_choice: naming a function is not honoured by llama-server (it takes it as \"auto\"); give only that tool with \"required\"".into());
-                    }
-                    body.insert("tool_choice".into(), choice);
-                }
-                json_text(p::TOOLS, &request.tools)?
-            }
-            _ => continue,
+        let named_choice = match &body.own {
+            Own::Chat(chat) => chat.tool_choice.as_ref().is_some_and(|c| !c.is_string()),
+            Own::Completion(_) => false,
         };
-        body.insert(name.into(), value);
+        if name == p::TOOLS && style.string_tool_choice_only && named_choice {
+            return Err("tool_choice: naming a function is not honoured by llama-server (it takes it as \"auto\"); give only that tool with \"required\"".into());
+        }
     }
-    let logprobs = ask_logprobs(request, endpoint, &mut body)?;
+    if body.common.max_tokens.is_none() {
+        body.common.max_tokens = style.default_max_tokens;
+    }
+    body.common.stream = true;
+    body.common.stream_options = Some(StreamOptions {
+        include_usage: true,
+    });
+    let logprobs = ask_logprobs(request, &mut body)?;
+    let endpoint = body.endpoint;
+    let mut body = body.into_json()?;
+    if let Some(field) = &style.token_ids_field {
+        body.insert(field.clone(), json!(true));
+    }
     Ok(Plan {
         endpoint,
         body: Value::Object(body),
@@ -234,8 +167,7 @@ pub fn plan(request: &pb::GenerateRequest, style: &RequestStyle) -> Result<Plan,
 /// (`completion/protocol.py`), so it is not used.
 fn ask_logprobs(
     request: &pb::GenerateRequest,
-    endpoint: Endpoint,
-    body: &mut Map<String, Value>,
+    body: &mut request::Body,
 ) -> Result<Logprobs, String> {
     let asked = Logprobs {
         generated: request.logprobs,
@@ -256,58 +188,14 @@ fn ask_logprobs(
             VLLM_MAX_LOGPROBS - 1
         ));
     }
-    match endpoint {
-        Endpoint::Completions => {
-            body.insert("logprobs".into(), json!(most + 1));
-        }
-        Endpoint::Chat => {
-            if asked.prompt.is_some() {
-                return Err("prompt_logprobs: only for a prompt, not a chat, through tt-worker-openai (vLLM echoes completions only); send the rendered prompt instead".into());
-            }
-            body.insert("logprobs".into(), json!(true));
-            body.insert("top_logprobs".into(), json!(most + 1));
-        }
+    if body.endpoint == Endpoint::Chat && asked.prompt.is_some() {
+        return Err("prompt_logprobs: only for a prompt, not a chat, through tt-worker-openai (vLLM echoes completions only); send the rendered prompt instead".into());
     }
+    body.ask_logprobs(most + 1);
     if asked.prompt.is_some() {
-        body.insert("echo".into(), json!(true));
-        if asked.prompt_only {
-            body.insert("max_tokens".into(), json!(0));
-        }
+        body.echo_prompt(asked.prompt_only)?;
     }
     Ok(asked)
-}
-
-/// OpenAI's `response_format` object for the request's format
-/// (`parameters::check` has checked the schema parses).
-fn response_format(request: &pb::GenerateRequest) -> Result<Value, String> {
-    let Some(format) = request.response_format.as_ref() else {
-        return Ok(Value::Null);
-    };
-    match pb::ResponseFormatType::try_from(format.r#type) {
-        Ok(pb::ResponseFormatType::JsonSchema) => Ok(json!({
-            "type": "json_schema",
-            "json_schema": {
-                "name": format.name,
-                "schema": json_text("response_format.schema", &format.schema)?,
-                "strict": format.strict,
-            },
-        })),
-        _ => Ok(json!({"type": "json_object"})),
-    }
-}
-
-/// A JSON text field parsed for the engine's body.
-fn json_text(field: &str, text: &str) -> Result<Value, String> {
-    serde_json::from_str(text).map_err(|e| format!("{field}: not valid JSON ({e})"))
-}
-
-/// An f32 as the decimal a person wrote (0.9, not 0.8999999761581421).
-fn decimal(x: f32) -> Value {
-    x.to_string()
-        .parse::<f64>()
-        .ok()
-        .and_then(serde_json::Number::from_f64)
-        .map_or(Value::Null, Value::Number)
 }
 
 /// One streamed chunk, as far as we use it.

@@ -10,11 +10,11 @@
 //! it when no tokens are set. The detail stays on the control socket
 //! (`ttctl status`) and in the daemon's log.
 
-use super::wire::Refused;
 use crate::config::Config;
 use crate::router::RouteError;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use tt_openai_wire::request::Refused;
 
 /// One error answer.
 #[derive(Debug)]

@@ -4,7 +4,6 @@
 //! collected into one JSON body.
 
 use super::errors::ApiError;
-use super::wire::{self, Parsed};
 use super::Front;
 use crate::router::{ChunkStream, RouteError};
 use axum::body::Bytes;
@@ -15,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio_stream::StreamExt;
+use tt_openai_wire::request::{self, Echo, Parsed};
 use tt_openai_wire::{finish, logprobs, tool_calls, Endpoint, Usage};
 use tt_serving_proto::v1 as pb;
 
@@ -118,33 +118,7 @@ fn parse(
             ),
         )
     })?;
-    let fields = match endpoint {
-        Endpoint::Completions => wire::COMPLETION_FIELDS,
-        Endpoint::Chat => wire::CHAT_FIELDS,
-    };
-    let (own, common) = wire::split_fields(value, fields)?;
-    let typed = |e: serde_path_to_error::Error<serde_json::Error>| {
-        let path = e.path().to_string();
-        let param = if path == "." { String::new() } else { path };
-        let message = if param.is_empty() {
-            e.inner().to_string()
-        } else {
-            format!("{param}: {}", e.inner())
-        };
-        ApiError::invalid(&param, message)
-    };
-    let common: wire::Common = serde_path_to_error::deserialize(common).map_err(typed)?;
-    let parsed = match endpoint {
-        Endpoint::Completions => {
-            serde_path_to_error::deserialize::<_, wire::CompletionRequest>(own)
-                .map_err(typed)?
-                .parse(common)?
-        }
-        Endpoint::Chat => serde_path_to_error::deserialize::<_, wire::ChatRequest>(own)
-            .map_err(typed)?
-            .parse(common)?,
-    };
-    Ok(parsed)
+    Ok(request::read(value, endpoint)?)
 }
 
 /// What every chunk and answer repeats.
@@ -547,9 +521,9 @@ async fn collected(
 /// ids, whose text only the engine's prompt logprobs carry). vLLM-TT
 /// refuses the prompt's logprobs ("Not yet supporting prompt_logprobs on
 /// tt").
-fn echo_refusal(e: RouteError, echo: wire::Echo) -> RouteError {
+fn echo_refusal(e: RouteError, echo: Echo) -> RouteError {
     match e {
-        RouteError::Invalid(m) if echo != wire::Echo::Off && m.starts_with("prompt_logprobs:") => {
+        RouteError::Invalid(m) if echo != Echo::Off && m.starts_with("prompt_logprobs:") => {
             RouteError::Invalid(format!(
                 "echo: needs the prompt's logprobs (with \"logprobs\", or a prompt given as token ids), and {m} (answer without \"echo\", or without \"logprobs\" and with a text prompt)"
             ))
@@ -573,7 +547,7 @@ fn add_usage(total: &mut pb::GenerationFinal, last: &pb::GenerationFinal) {
 fn choice(
     head: &Head,
     index: usize,
-    echo: wire::Echo,
+    echo: Echo,
     prompt_text: Option<String>,
     c: Collected,
 ) -> serde_json::Value {
@@ -581,15 +555,15 @@ fn choice(
     match head.endpoint {
         Endpoint::Completions => {
             let (text, logprobs) = match echo {
-                wire::Echo::Off => (c.text, head.logprobs(&c.logprobs, 0)),
-                wire::Echo::Text | wire::Echo::WithLogprobs => {
+                Echo::Off => (c.text, head.logprobs(&c.logprobs, 0)),
+                Echo::Text | Echo::WithLogprobs => {
                     // A token-id prompt's text is its tokens' bytes.
                     let prompt = prompt_text.unwrap_or_else(|| {
                         let bytes: Vec<u8> =
                             c.prompt.iter().flat_map(|t| t.bytes.clone()).collect();
                         String::from_utf8_lossy(&bytes).into_owned()
                     });
-                    let logprobs = if echo == wire::Echo::WithLogprobs {
+                    let logprobs = if echo == Echo::WithLogprobs {
                         logprobs::echo(&c.prompt, &c.logprobs)
                     } else {
                         head.logprobs(&c.logprobs, prompt.len())

@@ -4,8 +4,9 @@
 //! tokens, TLS, metrics and cancellation as the gRPC port.
 //!
 //! Layout:
-//! - [`wire`]: the request and response bodies, read strictly (an unknown
-//!   field, or a parameter no engine honours, is refused by name).
+//! - The bodies are `tt_openai_wire`'s: requests read strictly
+//!   (`tt_openai_wire::request`: an unknown field, or a parameter no
+//!   engine honours, is refused by name), answers written by it too.
 //! - `errors`: [`crate::router::RouteError`] and refused fields as OpenAI's
 //!   error JSON with the matching HTTP status and `Retry-After`.
 //! - `generate`: the two generation endpoints, streamed as Server-Sent
@@ -23,7 +24,6 @@ mod connections;
 mod errors;
 mod generate;
 mod tls;
-pub mod wire;
 
 use crate::shutdown::Shutdown;
 use crate::slots::SlotState;
