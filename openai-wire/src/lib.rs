@@ -23,9 +23,13 @@
 //!   by the worker for its engine ([`request::write`]).
 //! - [`ResponseFormat`] (`response_format.rs`): a chat's
 //!   `response_format`, both ways.
+//! - [`error`]: an error as OpenAI sends it, written by the door (its
+//!   answers, and the event that ends a stream) and read from an engine in
+//!   both vLLM shapes.
 //! - [`cut`]: engine text quoted in an error, cut to a length.
 
 mod endpoint;
+pub mod error;
 pub mod finish;
 pub mod logprobs;
 pub mod request;

@@ -439,27 +439,13 @@ fn ids(value: Option<&Value>) -> Option<Vec<u32>> {
         .collect()
 }
 
-/// An error object in a stream: `{"error": {...}}` (current vLLM, OpenAI) or
-/// `{"object": "error", "message": ...}` (older vLLM).
+/// An error object in a stream (`tt_openai_wire::error`: current vLLM's
+/// and OpenAI's shape, or older vLLM's).
 fn stream_error(value: &Value) -> Option<Event> {
-    let error = match value.get("error") {
-        Some(e) if !e.is_null() => e,
-        _ if value.get("object").and_then(Value::as_str) == Some("error") => value,
-        _ => return None,
-    };
-    let message = match error {
-        Value::String(s) => s.clone(),
-        e => e
-            .get("message")
-            .and_then(Value::as_str)
-            .map(String::from)
-            .unwrap_or_else(|| cut(&e.to_string(), 500)),
-    };
-    let code = error
-        .get("code")
-        .and_then(Value::as_u64)
-        .and_then(|c| u16::try_from(c).ok());
-    Some(Event::Error { message, code })
+    tt_openai_wire::error::read(value).map(|e| Event::Error {
+        message: e.message,
+        code: e.code,
+    })
 }
 
 /// The message of an engine's error answer (a non-200 status), for the

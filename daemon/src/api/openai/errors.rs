@@ -1,5 +1,6 @@
 //! Errors as OpenAI sends them: `{"error": {"message", "type", "param",
-//! "code"}}` with the matching HTTP status, and `Retry-After` where waiting
+//! "code"}}` (written by `tt_openai_wire::error`, which tt-worker-openai
+//! reads its engine's errors with) with the matching HTTP status, and `Retry-After` where waiting
 //! helps. The router's [`RouteError`] is mapped here, at this door's edge.
 //!
 //! What a 503 says is short and fixed: the model, that it cannot serve
@@ -74,14 +75,7 @@ impl ApiError {
     }
 
     fn body(&self) -> serde_json::Value {
-        serde_json::json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        })
+        tt_openai_wire::error::write(&self.message, self.kind, self.param.as_deref(), self.code)
     }
 }
 
