@@ -973,8 +973,8 @@ mod avx2 {
                 acc[j] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum[j]), acc[j]);
             }
         }
-        for j in 0..N {
-            _mm256_storeu_ps(out.add(j * stride), acc[j]);
+        for (j, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(out.add(j * stride), *a);
         }
     }
 
@@ -1171,8 +1171,8 @@ mod avx512 {
                 acc[j] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(isum[j]), acc[j]);
             }
         }
-        for j in 0..N {
-            _mm512_storeu_ps(out.add(j * stride), acc[j]);
+        for (j, a) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out.add(j * stride), *a);
         }
     }
 }
