@@ -8,6 +8,11 @@
 //!
 //! - [`Endpoint`] (`endpoint.rs`): `/v1/completions` and
 //!   `/v1/chat/completions`, their paths, `object` names and id prefixes.
+//! - [`chunk`]: a completion or chat completion object (`id`, `object`,
+//!   `created`, `model`, `choices`, `usage`), streamed or collected:
+//!   written by the door ([`chunk::Head`], [`chunk::Writer`] straight into
+//!   SSE bytes) and read from an engine's stream ([`chunk::Chunk`], by the
+//!   fast path without a JSON tree or the general one, which agree).
 //! - [`finish`]: OpenAI's `finish_reason` words and the protocol's
 //!   `FinishReason`, both ways.
 //! - [`Usage`] (`usage.rs`): `usage` with `prompt_tokens_details`, written
@@ -28,6 +33,7 @@
 //!   both vLLM shapes.
 //! - [`cut`]: engine text quoted in an error, cut to a length.
 
+pub mod chunk;
 mod endpoint;
 pub mod error;
 pub mod finish;

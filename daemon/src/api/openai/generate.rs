@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio_stream::StreamExt;
+use tt_openai_wire::chunk::{self, Head, Writer};
 use tt_openai_wire::request::{self, Echo, Parsed};
 use tt_openai_wire::{finish, logprobs, tool_calls, Endpoint, Usage};
 use tt_serving_proto::v1 as pb;
@@ -121,176 +122,6 @@ fn parse(
     Ok(request::read(value, endpoint)?)
 }
 
-/// What every chunk and answer repeats.
-struct Head {
-    id: String,
-    created: u64,
-    model: String,
-    endpoint: Endpoint,
-}
-
-impl Head {
-    /// A chunk (streamed) or an answer (collected) with these choices.
-    fn body(&self, streamed: bool, choices: serde_json::Value) -> serde_json::Value {
-        serde_json::json!({
-            "id": self.id,
-            "object": self.endpoint.object(streamed),
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        })
-    }
-
-    /// One streamed choice: new output (with its tokens' logprobs when
-    /// asked for), and the finish reason at the end.
-    fn choice(
-        &self,
-        delta: Option<&pb::TokenDelta>,
-        logprobs: serde_json::Value,
-        finish: Option<&str>,
-    ) -> serde_json::Value {
-        match self.endpoint {
-            Endpoint::Completions => serde_json::json!([{
-                "index": 0,
-                "text": delta.map_or("", |d| d.text.as_str()),
-                "logprobs": logprobs,
-                "finish_reason": finish,
-            }]),
-            Endpoint::Chat => {
-                let delta = delta.map_or_else(|| serde_json::json!({}), chat_delta);
-                serde_json::json!([{
-                    "index": 0,
-                    "delta": delta,
-                    "logprobs": logprobs,
-                    "finish_reason": finish,
-                }])
-            }
-        }
-    }
-
-    /// The logprobs of `tokens` in this endpoint's shape; null when none
-    /// were asked for. `text_start` is where their text begins in the
-    /// answer (completions give offsets).
-    fn logprobs(&self, tokens: &[pb::TokenLogprob], text_start: usize) -> serde_json::Value {
-        if tokens.is_empty() {
-            return serde_json::Value::Null;
-        }
-        match self.endpoint {
-            Endpoint::Completions => logprobs::completion(tokens, text_start),
-            Endpoint::Chat => logprobs::chat(tokens),
-        }
-    }
-}
-
-/// A chat chunk's `delta` as OpenAI's SDKs read it: `content` when there
-/// is text (or logprobs for it), `reasoning_content` when the engine's
-/// reasoning parser split off thinking (the name DeepSeek's API and
-/// llama-server use, and vLLM before it renamed it `reasoning`), and
-/// `tool_calls` pieces: the first piece of a call with its `id`, `type`
-/// and `function.name`, every piece with `index` and
-/// `function.arguments`.
-fn chat_delta(d: &pb::TokenDelta) -> serde_json::Value {
-    let mut delta = serde_json::Map::new();
-    if !d.text.is_empty() || (d.reasoning.is_empty() && d.tool_calls.is_empty()) {
-        delta.insert("content".into(), serde_json::json!(d.text));
-    }
-    if !d.reasoning.is_empty() {
-        delta.insert("reasoning_content".into(), serde_json::json!(d.reasoning));
-    }
-    if !d.tool_calls.is_empty() {
-        delta.insert("tool_calls".into(), tool_calls::write(&d.tool_calls));
-    }
-    serde_json::Value::Object(delta)
-}
-
-/// One whole SSE event, `data: <json>` and its blank line.
-fn event(value: &serde_json::Value) -> Bytes {
-    let mut out = Vec::with_capacity(128);
-    out.extend_from_slice(b"data: ");
-    push_json(&mut out, value);
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
-}
-
-/// Appends `value` as JSON. Serialising our own values into memory cannot
-/// fail; were it ever to, the chunk carries `null` rather than a half
-/// value.
-fn push_json(out: &mut Vec<u8>, value: &(impl serde::Serialize + ?Sized)) {
-    let mark = out.len();
-    if serde_json::to_writer(&mut *out, value).is_err() {
-        out.truncate(mark);
-        out.extend_from_slice(b"null");
-    }
-}
-
-/// Writes streamed chunks straight into bytes. What every chunk repeats
-/// (`data: {"id":..,"object":..,"created":..,"model":..,"choices":`) is
-/// rendered once per request; a plain text delta (no logprobs, reasoning
-/// or tool calls: nearly every token) is written after it with only its
-/// text escaped, so no JSON tree is built and dropped per token. Anything
-/// else is rendered from its JSON value, as the collected answer is.
-struct ChunkWriter {
-    prefix: Vec<u8>,
-}
-
-impl ChunkWriter {
-    fn new(head: &Head) -> ChunkWriter {
-        let mut prefix = Vec::with_capacity(96 + head.id.len() + head.model.len());
-        prefix.extend_from_slice(b"data: {\"id\":");
-        push_json(&mut prefix, &head.id);
-        prefix.extend_from_slice(b",\"object\":");
-        push_json(&mut prefix, head.endpoint.object(true));
-        prefix.extend_from_slice(b",\"created\":");
-        prefix.extend_from_slice(head.created.to_string().as_bytes());
-        prefix.extend_from_slice(b",\"model\":");
-        push_json(&mut prefix, &head.model);
-        prefix.extend_from_slice(b",\"choices\":");
-        ChunkWriter { prefix }
-    }
-
-    /// One event: the prefix, `choices`, any further top-level fields
-    /// (`,"usage":{..}`), and the end.
-    fn push(&self, out: &mut Vec<u8>, choices: impl FnOnce(&mut Vec<u8>), rest: &[u8]) {
-        out.extend_from_slice(&self.prefix);
-        choices(out);
-        out.extend_from_slice(rest);
-        out.extend_from_slice(b"}\n\n");
-    }
-
-    /// A delta's event.
-    fn delta(&self, head: &Head, out: &mut Vec<u8>, d: &pb::TokenDelta, text_start: usize) {
-        let plain = d.logprobs.is_empty() && d.reasoning.is_empty() && d.tool_calls.is_empty();
-        match (plain, head.endpoint) {
-            (true, endpoint) => {
-                let (open, close): (&[u8], &[u8]) = match endpoint {
-                    Endpoint::Completions => (
-                        br#"[{"index":0,"text":"#,
-                        br#","logprobs":null,"finish_reason":null}]"#,
-                    ),
-                    Endpoint::Chat => (
-                        br#"[{"index":0,"delta":{"content":"#,
-                        br#"},"logprobs":null,"finish_reason":null}]"#,
-                    ),
-                };
-                self.push(
-                    out,
-                    |o| {
-                        o.extend_from_slice(open);
-                        push_json(o, d.text.as_str());
-                        o.extend_from_slice(close);
-                    },
-                    b"",
-                );
-            }
-            (false, _) => {
-                let logprobs = head.logprobs(&d.logprobs, text_start);
-                let choice = head.choice(Some(d), logprobs, None);
-                self.push(out, |o| push_json(o, &choice), b"");
-            }
-        }
-    }
-}
-
 /// Server-Sent Events as OpenAI sends them, rendered as the connection
 /// takes them from the router's stream: no task or channel of its own
 /// between the router and the socket. When the client goes away the
@@ -298,29 +129,23 @@ impl ChunkWriter {
 /// cancels the sequence.
 fn streamed(head: Head, stream: ChunkStream, include_usage: bool) -> Response {
     let sampling = sampling_header(stream.host_sampling());
-    let writer = ChunkWriter::new(&head);
+    let writer = Writer::new(head);
     // A chat stream opens with the assistant's role.
-    let opening = (head.endpoint == Endpoint::Chat).then(|| {
+    let opening = (writer.head().endpoint == Endpoint::Chat).then(|| {
         let mut out = Vec::new();
-        writer.push(
-            &mut out,
-            |o| {
-                o.extend_from_slice(
-                    br#"[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]"#,
-                )
-            },
-            b"",
-        );
+        writer.role(&mut out);
         Bytes::from(out)
     });
     let mut text_len = 0;
     let events = stream.filter_map(move |chunk| {
         let bytes = match chunk {
-            Ok(chunk) => chunk_events(&head, &writer, chunk, include_usage, &mut text_len),
+            Ok(chunk) => chunk_events(&writer, chunk, include_usage, &mut text_len),
             // The status line is sent: the error goes in the stream, as
             // OpenAI's SDKs read it, and the stream ends without [DONE]
             // (the router's stream ends after an error).
-            Err(e) => event(&ApiError::route(e, &head.model).event_json()),
+            Err(e) => Bytes::from(chunk::event(
+                &ApiError::route(e, &writer.head().model).event_json(),
+            )),
         };
         // An empty piece would read as the body's end in chunked framing.
         (!bytes.is_empty()).then_some(Ok::<_, std::convert::Infallible>(bytes))
@@ -361,8 +186,7 @@ fn add_sampling_header(response: &mut Response, value: Option<axum::http::Header
 /// The events of one router chunk, in one piece of the body: a text delta,
 /// or the finish (then the usage chunk when asked for, then `[DONE]`).
 fn chunk_events(
-    head: &Head,
-    writer: &ChunkWriter,
+    writer: &Writer,
     chunk: pb::GenerateResponse,
     include_usage: bool,
     text_len: &mut usize,
@@ -375,23 +199,15 @@ fn chunk_events(
                 || !d.reasoning.is_empty()
                 || !d.tool_calls.is_empty() =>
         {
-            out.reserve(writer.prefix.len() + d.text.len() + 64);
-            writer.delta(head, &mut out, &d, *text_len);
+            writer.delta(&mut out, &d, *text_len);
             *text_len += d.text.len();
         }
         Some(pb::generate_response::Chunk::Final(f)) => {
-            let finish = head.choice(
-                None,
-                serde_json::Value::Null,
-                Some(finish::name(f.finish_reason)),
-            );
-            writer.push(&mut out, |o| push_json(o, &finish), b"");
+            writer.finish(&mut out, f.finish_reason);
             if include_usage {
-                let mut usage = b",\"usage\":".to_vec();
-                push_json(&mut usage, &Usage::of(&f));
-                writer.push(&mut out, |o| o.extend_from_slice(b"[]"), &usage);
+                writer.usage(&mut out, &Usage::of(&f));
             }
-            out.extend_from_slice(b"data: [DONE]\n\n");
+            Writer::done(&mut out);
         }
         _ => {}
     }
@@ -509,9 +325,7 @@ async fn collected(
         add_usage(&mut total, &c.last);
         choices.push(choice(&head, index, echo, prompt_text, c));
     }
-    let mut body = head.body(false, serde_json::Value::Array(choices));
-    body["usage"] = serde_json::json!(Usage::of(&total));
-    let mut response = axum::Json(body).into_response();
+    let mut response = axum::Json(head.answer(choices, &Usage::of(&total))).into_response();
     add_sampling_header(&mut response, sampling_header(&host_sampling));
     response
 }
@@ -571,72 +385,15 @@ fn choice(
                     (prompt + &c.text, logprobs)
                 }
             };
-            serde_json::json!({
-                "index": index, "text": text, "logprobs": logprobs, "finish_reason": finish,
-            })
+            chunk::text_choice(index, text, logprobs, finish)
         }
-        Endpoint::Chat => {
-            // OpenAI's message: `content` null when the turn is only tool
-            // calls; `reasoning_content` and `tool_calls` only when there
-            // are some.
-            let calls = c.tool_calls.json();
-            let mut message = serde_json::json!({
-                "role": "assistant",
-                "content": if c.text.is_empty() && calls.is_some() {
-                    serde_json::Value::Null
-                } else {
-                    serde_json::json!(c.text)
-                },
-            });
-            if !c.reasoning.is_empty() {
-                message["reasoning_content"] = serde_json::json!(c.reasoning);
-            }
-            if let Some(calls) = calls {
-                message["tool_calls"] = calls;
-            }
-            serde_json::json!({
-                "index": index,
-                "message": message,
-                "logprobs": head.logprobs(&c.logprobs, 0),
-                "finish_reason": finish,
-            })
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chat_deltas_carry_reasoning_and_tool_calls_as_openai_sdks_read_them() {
-        let text = pb::TokenDelta {
-            text: "hi".into(),
-            ..Default::default()
-        };
-        assert_eq!(chat_delta(&text), serde_json::json!({"content": "hi"}));
-        let thinking = pb::TokenDelta {
-            reasoning: "hmm".into(),
-            ..Default::default()
-        };
-        assert_eq!(
-            chat_delta(&thinking),
-            serde_json::json!({"reasoning_content": "hmm"})
-        );
-        // Only tool calls: no `content` (their pieces' shape is
-        // tt_openai_wire::tool_calls').
-        let calls = pb::TokenDelta {
-            tool_calls: vec![pb::ToolCallDelta {
-                index: 0,
-                id: "call-1".into(),
-                name: "weather".into(),
-                arguments: String::new(),
-            }],
-            ..Default::default()
-        };
-        assert_eq!(
-            chat_delta(&calls),
-            serde_json::json!({"tool_calls": tool_calls::write(&calls.tool_calls)})
-        );
+        Endpoint::Chat => chunk::message_choice(
+            index,
+            c.text,
+            &c.reasoning,
+            c.tool_calls.json(),
+            head.logprobs(&c.logprobs, 0),
+            finish,
+        ),
     }
 }
