@@ -27,8 +27,9 @@
 //!   from its metrics.
 //! - [`openai`]: the engine's side of the OpenAI API: requests, stream
 //!   chunks, models (the shapes the daemon's door reads or writes too, the
-//!   request body, `response_format`, `usage`, logprobs, finish reasons
-//!   and tool call pieces, are `tt_openai_wire`'s; the engine's rules on
+//!   request body, `response_format`, the chunks and their choices,
+//!   `usage`, logprobs, finish reasons and tool call pieces, are
+//!   `tt_openai_wire`'s; the engine's rules on
 //!   top of the body, such as vLLM's one more logprob, are here).
 //! - [`http`]: the HTTP/1.1 client (one connection per request) and the SSE
 //!   framing.

@@ -1,7 +1,9 @@
 //! The OpenAI-compatible wire format as this worker speaks it to its
 //! engine: the engine's request from a `GenerateRequest` (the body written
 //! by `tt_openai_wire::request`, the door's own reader's shape, with this
-//! engine's rules on top), and reading its streamed chunks.
+//! engine's rules on top), and reading its streamed events (a chunk read
+//! by `tt_openai_wire::chunk`, the door's own writer's shape; `[DONE]`; an
+//! error).
 //!
 //! A prompt goes to `/v1/completions`, a chat to `/v1/chat/completions`
 //! (the engine applies the model's chat template), always with
@@ -12,7 +14,7 @@
 use crate::cli::EngineKind;
 use serde_json::{json, Value};
 use tt_openai_wire::request::{self, Own, StreamOptions};
-use tt_openai_wire::{cut, logprobs, tool_calls, Usage, UsageIn};
+use tt_openai_wire::{chunk, cut};
 use tt_serving_proto::v1 as pb;
 
 pub use tt_openai_wire::Endpoint;
@@ -198,33 +200,7 @@ fn ask_logprobs(
     Ok(asked)
 }
 
-/// One streamed chunk, as far as we use it.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Chunk {
-    /// New text.
-    pub text: String,
-    /// New reasoning text (chat: `delta.reasoning`, vLLM's name since it
-    /// renamed `reasoning_content`; `delta.reasoning_content`, older vLLM's
-    /// and llama-server's).
-    pub reasoning: String,
-    /// Pieces of tool calls (chat: `delta.tool_calls`).
-    pub tool_calls: Vec<pb::ToolCallDelta>,
-    /// The ids of the new tokens, when the engine returned them.
-    pub token_ids: Vec<u32>,
-    /// The ids of the prompt's tokens (vLLM's first chunk, with
-    /// `return_token_ids`).
-    pub prompt_token_ids: Vec<u32>,
-    /// Log-probabilities of the prompt's tokens (echo: first, one per
-    /// `prompt_token_ids`) and then of the new tokens; each token's
-    /// alternatives most likely first, all the engine sent. The engine
-    /// names tokens by text: the ids are set by [`assign_ids`], which the
-    /// relay calls knowing whether the request echoed its prompt.
-    pub logprobs: Vec<pb::TokenLogprob>,
-    /// `finish_reason`, once the choice ended.
-    pub finish_reason: Option<String>,
-    /// Token counts (the `include_usage` chunk).
-    pub usage: Option<Usage>,
-}
+pub use tt_openai_wire::chunk::Chunk;
 
 /// What one SSE event said.
 #[derive(Debug, Clone, PartialEq)]
@@ -245,10 +221,10 @@ pub enum Event {
 /// Reads one SSE event's data.
 pub fn parse_event(data: &str, endpoint: Endpoint) -> Result<Event, String> {
     let data = data.trim();
-    if data == "[DONE]" {
+    if data == chunk::DONE {
         return Ok(Event::Done);
     }
-    match plain_chunk(data, endpoint) {
+    match chunk::read_fast(data, endpoint) {
         Some(chunk) => Ok(Event::Chunk(chunk)),
         None => parse_tree(data, endpoint),
     }
@@ -265,148 +241,7 @@ fn parse_tree(data: &str, endpoint: Endpoint) -> Result<Event, String> {
     if let Some(error) = stream_error(&value) {
         return Ok(error);
     }
-    let mut chunk = Chunk::default();
-    let choice = value
-        .get("choices")
-        .and_then(Value::as_array)
-        .and_then(|c| c.first());
-    if let Some(choice) = choice {
-        let text = match endpoint {
-            Endpoint::Completions => choice.get("text"),
-            Endpoint::Chat => choice.get("delta").and_then(|d| d.get("content")),
-        };
-        chunk.text = text.and_then(Value::as_str).unwrap_or_default().to_string();
-        if let (Endpoint::Chat, Some(delta)) = (endpoint, choice.get("delta")) {
-            chunk.reasoning = ["reasoning", "reasoning_content"]
-                .iter()
-                .find_map(|k| delta.get(*k).and_then(Value::as_str))
-                .unwrap_or_default()
-                .to_string();
-            chunk.tool_calls = tool_calls::read(delta.get("tool_calls"))?;
-        }
-        chunk.finish_reason = choice
-            .get("finish_reason")
-            .and_then(Value::as_str)
-            .map(String::from);
-        // vLLM puts the delta's ids in the choice (`return_token_ids`);
-        // llama-server's native stream has `tokens` beside the content.
-        chunk.token_ids = ids(choice.get("token_ids"))
-            .or_else(|| ids(choice.get("tokens")))
-            .unwrap_or_default();
-        chunk.prompt_token_ids = ids(choice.get("prompt_token_ids")).unwrap_or_default();
-        if let Some(logprobs) = choice.get("logprobs").filter(|l| !l.is_null()) {
-            chunk.logprobs = match endpoint {
-                Endpoint::Completions => logprobs::read_completion(logprobs)?,
-                Endpoint::Chat => logprobs::read_chat(logprobs)?,
-            };
-        }
-    }
-    if chunk.token_ids.is_empty() {
-        chunk.token_ids = ids(value.get("tokens")).unwrap_or_default();
-    }
-    if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
-        chunk.usage = Some(Usage::read(usage, value.pointer("/timings/cache_n")));
-    }
-    Ok(Event::Chunk(chunk))
-}
-
-/// The fields of an ordinary chunk, borrowed from the event's text where it
-/// has no escapes: the per-token fast path of `parse_event`, which builds
-/// no JSON tree. Any other shape (an error, tool calls, a field of a type
-/// this does not expect, a duplicated key) fails to match here and is read
-/// by the general path, which decides what it means.
-#[derive(serde::Deserialize)]
-struct WireChunk<'a> {
-    #[serde(borrow, default)]
-    choices: Option<Vec<WireChoice<'a>>>,
-    #[serde(default)]
-    usage: Option<UsageIn>,
-    #[serde(default)]
-    tokens: Option<Vec<u32>>,
-    #[serde(default)]
-    timings: Option<WireTimings>,
-    #[serde(default)]
-    error: Option<serde::de::IgnoredAny>,
-    #[serde(borrow, default)]
-    object: Option<std::borrow::Cow<'a, str>>,
-}
-
-#[derive(serde::Deserialize)]
-struct WireChoice<'a> {
-    #[serde(borrow, default)]
-    text: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    delta: Option<WireDelta<'a>>,
-    #[serde(borrow, default)]
-    finish_reason: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default)]
-    token_ids: Option<Vec<u32>>,
-    #[serde(default)]
-    tokens: Option<Vec<u32>>,
-    /// Present (not null): the general path reads them.
-    #[serde(default)]
-    logprobs: Option<serde::de::IgnoredAny>,
-    #[serde(default)]
-    prompt_token_ids: Option<serde::de::IgnoredAny>,
-}
-
-#[derive(serde::Deserialize)]
-struct WireDelta<'a> {
-    #[serde(borrow, default)]
-    content: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    reasoning: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    reasoning_content: Option<std::borrow::Cow<'a, str>>,
-    #[serde(default)]
-    tool_calls: Option<serde::de::IgnoredAny>,
-}
-
-#[derive(serde::Deserialize)]
-struct WireTimings {
-    #[serde(default)]
-    cache_n: Option<u64>,
-}
-
-/// An ordinary chunk read without a JSON tree, or `None` for the general
-/// path (see `WireChunk`).
-fn plain_chunk(data: &str, endpoint: Endpoint) -> Option<Chunk> {
-    let wire: WireChunk = serde_json::from_str(data).ok()?;
-    if wire.error.is_some() || wire.object.as_deref() == Some("error") {
-        return None;
-    }
-    let mut chunk = Chunk::default();
-    if let Some(choice) = wire.choices.and_then(|c| c.into_iter().next()) {
-        let delta = choice.delta.as_ref();
-        if endpoint == Endpoint::Chat && delta.is_some_and(|d| d.tool_calls.is_some()) {
-            return None;
-        }
-        if choice.logprobs.is_some() || choice.prompt_token_ids.is_some() {
-            return None;
-        }
-        let text = match endpoint {
-            Endpoint::Completions => choice.text.as_deref(),
-            Endpoint::Chat => delta.and_then(|d| d.content.as_deref()),
-        };
-        chunk.text = text.unwrap_or_default().to_string();
-        if let (Endpoint::Chat, Some(d)) = (endpoint, delta) {
-            chunk.reasoning = d
-                .reasoning
-                .as_deref()
-                .or(d.reasoning_content.as_deref())
-                .unwrap_or_default()
-                .to_string();
-        }
-        chunk.finish_reason = choice.finish_reason.as_deref().map(String::from);
-        chunk.token_ids = choice.token_ids.or(choice.tokens).unwrap_or_default();
-    }
-    if chunk.token_ids.is_empty() {
-        chunk.token_ids = wire.tokens.unwrap_or_default();
-    }
-    if let Some(usage) = wire.usage {
-        chunk.usage = Some(usage.read(wire.timings.and_then(|t| t.cache_n)));
-    }
-    Some(chunk)
+    chunk::read_tree(&value, endpoint).map(Event::Chunk)
 }
 
 /// Gives `logprobs` their tokens' ids, in order (`ids`: the prompt's then
@@ -429,14 +264,6 @@ pub fn assign_ids(logprobs: &mut [pb::TokenLogprob], ids: &[u32]) -> Result<(), 
         }
     }
     Ok(())
-}
-
-fn ids(value: Option<&Value>) -> Option<Vec<u32>> {
-    value?
-        .as_array()?
-        .iter()
-        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
-        .collect()
 }
 
 /// An error object in a stream (`tt_openai_wire::error`: current vLLM's
@@ -549,6 +376,7 @@ pub fn version(body: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tt_openai_wire::Usage;
 
     fn style() -> RequestStyle {
         RequestStyle {
@@ -842,32 +670,9 @@ mod tests {
     }
 
     #[test]
-    fn the_fast_path_reads_every_ordinary_chunk_as_the_general_path_does() {
-        let cases = [
-            r#"{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" the","logprobs":null,"finish_reason":null,"stop_reason":null,"token_ids":[279]}],"usage":null}"#,
-            r#"{"choices":[{"index":0,"text":"a\"b\u00e9\n","finish_reason":"length","token_ids":[]}],"tokens":[5,6]}"#,
-            r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4,"total_tokens":12,"prompt_tokens_details":{"cached_tokens":3}}}"#,
-            r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":null}},"timings":{"cache_n":5}}"#,
-            r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4,"prompt_tokens_details":null},"timings":{"cache_n":5}}"#,
-            r#"{"choices":[],"usage":{"prompt_tokens":8,"completion_tokens":4,"prompt_tokens_details":{}},"timings":{"cache_n":5}}"#,
-            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
-            r#"{"choices":[{"index":0,"delta":{"content":"hi","reasoning":null,"reasoning_content":"hmm"},"tokens":[1,2]}]}"#,
-            r#"{"choices":[{"index":0,"delta":{"reasoning":"think"},"finish_reason":null,"token_ids":[9]}]}"#,
-            r#"{"choices":[{"index":0,"delta":{"content":"x","tool_calls":null}}],"usage":{"prompt_tokens":99999999999,"completion_tokens":1}}"#,
-            r#"{"content":" w","tokens":[12],"stop":false}"#,
-        ];
-        for data in cases {
-            for endpoint in [Endpoint::Completions, Endpoint::Chat] {
-                let fast = plain_chunk(data, endpoint)
-                    .unwrap_or_else(|| panic!("not on the fast path: {data}"));
-                assert_eq!(
-                    Ok(Event::Chunk(fast)),
-                    parse_tree(data, endpoint),
-                    "{data} as {endpoint:?}"
-                );
-            }
-        }
-        // What the fast path leaves to the general one.
+    fn the_fast_path_leaves_errors_and_odd_shapes_to_the_general_path() {
+        // Where it reads a chunk it reads it as the general path does:
+        // tt_openai_wire::chunk's tests.
         for data in [
             r#"{"error":{"message":"boom","code":400}}"#,
             r#"{"object":"error","message":"old vLLM"}"#,
@@ -877,7 +682,7 @@ mod tests {
             r#"{"choices":[{"text":"a"}],"choices":[{"text":"b"}]}"#,
             r#"[1,2]"#,
         ] {
-            assert!(plain_chunk(data, Endpoint::Chat).is_none(), "{data}");
+            assert!(chunk::read_fast(data, Endpoint::Chat).is_none(), "{data}");
             assert!(parse_event(data, Endpoint::Chat).is_ok(), "{data}");
         }
     }
