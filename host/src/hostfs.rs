@@ -529,6 +529,14 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&soft).unwrap(), "one\ntwo\n");
         let mode = std::fs::metadata(&soft).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o600);
+        // A file another user made there (possible only as root here).
+        if nix::unistd::geteuid().is_root() {
+            let theirs = dir.path().join("theirs.jsonl");
+            std::fs::write(&theirs, "").unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+            let err = open_append(&theirs, 0o600).unwrap_err().to_string();
+            assert!(err.contains("is owned by"), "{err}");
+        }
     }
 
     #[test]
