@@ -46,6 +46,8 @@ fn every_control_action_leaves_one_record_with_the_callers_uid() {
     // Read-only calls leave no record.
     daemon.status();
     assert!(daemon.ttctl(&["cache", "ls"]).status.success());
+    assert!(daemon.ttctl(&["reload", "--dry-run"]).status.success());
+    assert!(daemon.ttctl(&["audit"]).status.success());
 
     let records = records(&daemon.ttctl(&["audit", "--json"]));
     let summary: Vec<(&str, &str)> = records
@@ -186,4 +188,76 @@ fn a_link_planted_at_the_trail_is_not_followed() {
     let text = output_text(&read);
     assert_eq!(read.status.code(), Some(1), "{text}");
     assert!(text.contains("symbolic link"), "{text}");
+}
+
+#[test]
+fn stop_start_reload_and_cache_removal_are_recorded_too() {
+    let hw = FakeHw::new(1);
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: model_table("m", 1, &[0], &model, ""),
+            ..Default::default()
+        },
+    );
+    daemon.wait_slot_state("m", "ready");
+    for args in [
+        &["slot", "stop", "m"][..],
+        &["slot", "start", "m"],
+        &["reload"],
+    ] {
+        let out = daemon.ttctl(args);
+        assert!(out.status.success(), "{args:?}: {}", output_text(&out));
+    }
+    let rm = daemon.ttctl(&["cache", "rm", "no-such-variant"]);
+    assert_eq!(rm.status.code(), Some(1), "{}", output_text(&rm));
+
+    let records = records(&daemon.ttctl(&["audit", "--json"]));
+    let summary: Vec<(&str, &str)> = records
+        .iter()
+        .map(|r| {
+            (
+                r["operation"].as_str().unwrap_or(""),
+                r["outcome"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("ttctl slot stop", "ok"),
+            ("ttctl slot start", "ok"),
+            ("ttctl reload", "ok"),
+            ("ttctl cache rm", "failed"),
+        ],
+        "{records:#?}"
+    );
+    assert!(records.iter().all(|r| r["uid"] == 0), "{records:#?}");
+    assert_eq!(records[2]["args"]["dry_run"], "false");
+    assert_eq!(records[3]["args"]["key"], "no-such-variant");
+}
+
+#[test]
+fn an_admin_group_member_is_recorded_as_admitted_by_the_group() {
+    needs_root!();
+    let hw = FakeHw::new(1);
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            daemon_extra: format!(
+                "control_socket_group = \"{NOGROUP}\"\ncontrol_admin_group = \"{NOGROUP}\"\n"
+            ),
+            ..Default::default()
+        },
+    );
+    std::fs::set_permissions(&daemon.dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    let reset = daemon.ttctl_as(NOBODY, NOBODY, &["card", "reset", "0"]);
+    assert!(reset.status.success(), "{}", output_text(&reset));
+    let records = records(&daemon.ttctl(&["audit", "--json"]));
+    assert_eq!(records.len(), 1, "{records:#?}");
+    assert_eq!(records[0]["uid"], NOBODY);
+    assert_eq!(records[0]["admitted"], format!("group {NOGROUP}"));
+    assert_eq!(records[0]["outcome"], "ok");
 }
