@@ -261,3 +261,18 @@ fn an_admin_group_member_is_recorded_as_admitted_by_the_group() {
     assert_eq!(records[0]["admitted"], format!("group {NOGROUP}"));
     assert_eq!(records[0]["outcome"], "ok");
 }
+
+#[test]
+fn a_borrow_is_recorded_when_the_cards_are_back() {
+    let hw = FakeHw::new(1);
+    let daemon = Daemon::start(&hw, DaemonOptions::default());
+    let out = daemon.ttctl(&["card", "borrow", "0", "--", "true"]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    let records = records(&daemon.ttctl(&["audit", "--json"]));
+    assert_eq!(records.len(), 1, "{records:#?}");
+    let record = &records[0];
+    assert_eq!(record["operation"], "ttctl card borrow", "{record}");
+    assert_eq!(record["outcome"], "ok", "{record}");
+    assert_eq!(record["uid"], 0, "{record}");
+    assert_eq!(record["args"]["cards"], "0", "{record}");
+}
