@@ -108,12 +108,13 @@ pub enum Command {
     /// Show the audit trail: who did what on the control socket, and how it ended.
     ///
     /// One line per destructive call (card reset and borrow, cache build,
-    /// verify and removal, slot restart, stop and start, reload, `ab` and
-    /// `eval` trials), refused ones included, oldest first: when, the
-    /// caller's uid and user and why the daemon let them in (`root`, or
-    /// `group NAME`: daemon.control_admin_group), the command and its
-    /// arguments, the outcome (`ok`, `failed`, `refused`, or `ended` when
-    /// the call ended before its outcome was known) and the final message.
+    /// verify and removal, slot restart, stop and start, reload, `ab`
+    /// trials with or without --eval), refused ones included, oldest
+    /// first: when, the caller's uid and user and why the daemon let them
+    /// in (`root`, or `group NAME`: daemon.control_admin_group), the
+    /// command and its arguments, the outcome (`ok`, `failed`, `refused`,
+    /// or `ended` when the call ended before its outcome was known) and the
+    /// final message.
     /// The daemon keeps the trail in `<daemon.state_dir>/audit.jsonl`.
     #[command(after_help = EXIT_CODES)]
     Audit(AuditArgs),
