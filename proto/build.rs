@@ -27,6 +27,7 @@ const JSON_MESSAGES: &[&str] = &[
     "ReloadReport",
     "ReloadStep",
     "CacheVariant",
+    "AuditRecord",
 ];
 
 /// Where the JSON is not the field as prost holds it (`src/json.rs` explains
@@ -70,7 +71,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Sorted, so a variant's inputs list (and print) the same way every
         // time.
         .btree_map(".tt.serving.v1.CacheVariant.inputs")
-        .btree_map(".tt.serving.v1.Slot.flags");
+        .btree_map(".tt.serving.v1.Slot.flags")
+        .btree_map(".tt.serving.v1.AuditRecord.args");
     for message in JSON_MESSAGES {
         config = config.message_attribute(
             format!(".tt.serving.v1.{message}"),

@@ -35,6 +35,24 @@ fn daemon_with(hw: &FakeHw, dir: &Path, extra: &str) -> Daemon {
     d
 }
 
+/// Waits for the trial's one record in the audit trail (written when the
+/// configured definition is back, client or no client) and returns it.
+fn trial_record(d: &Daemon) -> Value {
+    wait_until("the trial's audit record", || {
+        let out = d.ttctl(&["audit", "--json"]);
+        let records: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let trials: Vec<Value> = records
+            .into_iter()
+            .filter(|r| r["operation"] == "ttctl ab")
+            .collect();
+        assert!(trials.len() <= 1, "{trials:#?}");
+        trials.into_iter().next()
+    })
+}
+
 /// The slot as status shows it.
 fn slot(d: &Daemon) -> Value {
     d.slot("m")
@@ -237,6 +255,11 @@ fn an_arm_whose_flag_does_not_engage_is_refused_and_the_definition_comes_back() 
     // The baseline's record exists; no record of the refused arm.
     let recs = records(&out);
     assert!(recs.iter().all(|r| r["arm"] != "bogus"), "{recs:?}");
+    // One audit record for the whole trial: the definition came back.
+    let audit = trial_record(&d);
+    assert_eq!(audit["outcome"], "ok", "{audit}");
+    assert_eq!(audit["uid"], 0, "{audit}");
+    assert_eq!(audit["args"]["model"], "m", "{audit}");
 }
 
 /// Starts a long `ttctl ab` and waits until its candidate arm is up.
@@ -351,4 +374,7 @@ fn the_daemon_restores_when_ttctl_dies() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert_restored(&d);
+    // The trial's record waits for the restore, not for the client.
+    let audit = trial_record(&d);
+    assert_eq!(audit["outcome"], "ok", "{audit}");
 }

@@ -966,6 +966,28 @@ fn cache_build_rebuilds_cold_without_serving_then_the_slot_starts_warm() {
         text.contains("unknown model `mm`; the config names these models: m"),
         "{text}"
     );
+    // The build and the verification each left an audit record with their
+    // outcome (issue #45).
+    let audit = daemon.ttctl(&["audit", "--json"]);
+    let records: Vec<serde_json::Value> = String::from_utf8_lossy(&audit.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let summary: Vec<(&str, &str)> = records
+        .iter()
+        .take(2)
+        .map(|r| {
+            (
+                r["operation"].as_str().unwrap_or(""),
+                r["outcome"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [("ttctl cache build", "ok"), ("ttctl cache verify", "ok")],
+        "{records:#?}"
+    );
 }
 
 #[test]

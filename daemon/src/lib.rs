@@ -40,7 +40,8 @@
 //!    validation, queues, routing and forwarding, with [`router::RouteError`].
 //! 7. [`state`]: the daemon's shared handles; [`reload`]: live
 //!    reconfiguration; [`borrow`]: lending cards to an outside job;
-//!    [`trial`]: a model's slots run arm by arm for `ttctl ab`.
+//!    [`trial`]: a model's slots run arm by arm for `ttctl ab`; [`audit`]:
+//!    the trail of control actions, who did what and how it ended.
 //! 8. [`api`]: the gRPC services (Control on the local socket; Inference,
 //!    health and reflection on the public port), the OpenAI door, the
 //!    metrics endpoint; [`preflight`]: `check-config`'s checks of the host.
@@ -61,6 +62,7 @@ use tt_serving_host::{
 pub use tt_serving_host::{cards, config, hang};
 
 mod api;
+mod audit;
 mod borrow;
 pub mod daemon;
 pub mod demo;

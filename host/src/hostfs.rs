@@ -416,6 +416,47 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     written
 }
 
+/// Open a record the daemon only ever appends to (the audit trail),
+/// creating it with `mode` if absent: `O_APPEND|O_NOFOLLOW`, and only a
+/// plain file with one link that the daemon's own user owns. A planted
+/// link, a hard link, or a file someone else made there is refused, so no
+/// one else's file grows and no one else holds a handle that can rewrite
+/// the record.
+pub fn open_append(path: &Path, mode: u32) -> io::Result<std::fs::File> {
+    let file = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                io::Error::other(format!(
+                    "{} is a symbolic link; the daemon only writes plain files it can trust there. Remove it (it was not made by tt-servingd)",
+                    path.display()
+                ))
+            } else {
+                e
+            }
+        })?;
+    tt_card_lock::nofollow::check_plain(path, &file)?;
+    let meta = file.metadata()?;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(io::Error::other(format!(
+            "{} is owned by {}, not the daemon's user {}; remove it (it was not made by tt-servingd)",
+            path.display(),
+            user_name(meta.uid()),
+            user_name(me)
+        )));
+    }
+    if meta.mode() & 0o077 != mode & 0o077 {
+        // Someone widened it (the owner: root); put it back.
+        file.set_permissions(std::fs::Permissions::from_mode(mode & 0o7777))?;
+    }
+    Ok(file)
+}
+
 /// Remove a file; a link is removed, never its target. Missing is fine.
 pub fn remove_file(path: &Path) -> io::Result<()> {
     match std::fs::remove_file(path) {
@@ -460,6 +501,42 @@ mod tests {
         let err = open_in_place(&hard, 0o600).unwrap_err().to_string();
         assert!(err.contains("2 hard links"), "{err}");
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    }
+
+    #[test]
+    fn open_append_refuses_links_and_appends_to_its_own_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let soft = dir.path().join("audit.jsonl");
+        symlink(&victim, &soft).unwrap();
+        let err = open_append(&soft, 0o600).unwrap_err().to_string();
+        assert!(err.contains("is a symbolic link"), "{err}");
+        std::fs::remove_file(&soft).unwrap();
+        std::fs::hard_link(&victim, &soft).unwrap();
+        let err = open_append(&soft, 0o600).unwrap_err().to_string();
+        assert!(err.contains("2 hard links"), "{err}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        std::fs::remove_file(&soft).unwrap();
+        open_append(&soft, 0o600)
+            .unwrap()
+            .write_all(b"one\n")
+            .unwrap();
+        open_append(&soft, 0o600)
+            .unwrap()
+            .write_all(b"two\n")
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&soft).unwrap(), "one\ntwo\n");
+        let mode = std::fs::metadata(&soft).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // A file another user made there (possible only as root here).
+        if nix::unistd::geteuid().is_root() {
+            let theirs = dir.path().join("theirs.jsonl");
+            std::fs::write(&theirs, "").unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), None).unwrap();
+            let err = open_append(&theirs, 0o600).unwrap_err().to_string();
+            assert!(err.contains("is owned by"), "{err}");
+        }
     }
 
     #[test]

@@ -105,6 +105,20 @@ pub enum Command {
     #[command(after_help = EXIT_CODES)]
     Logs(LogsArgs),
 
+    /// Show the audit trail: who did what on the control socket, and how it ended.
+    ///
+    /// One line per destructive call (card reset and borrow, cache build,
+    /// verify and removal, slot restart, stop and start, reload, `ab`
+    /// trials with or without --eval), refused ones included, oldest
+    /// first: when, the caller's uid and user and why the daemon let them
+    /// in (`root`, or `group NAME`: daemon.control_admin_group), the
+    /// command and its arguments, the outcome (`ok`, `failed`, `refused`,
+    /// or `ended` when the call ended before its outcome was known) and the
+    /// final message.
+    /// The daemon keeps the trail in `<daemon.state_dir>/audit.jsonl`.
+    #[command(after_help = EXIT_CODES)]
+    Audit(AuditArgs),
+
     /// The tensor cache: list, verify and remove variants.
     #[command(subcommand)]
     Cache(CacheCommand),
@@ -680,6 +694,53 @@ pub struct LogsArgs {
     /// Keep printing new lines as the worker writes them (Ctrl-C stops).
     #[arg(short = 'f', long)]
     pub follow: bool,
+}
+
+/// Options of `ttctl audit`.
+#[derive(Debug, Clone, Args)]
+pub struct AuditArgs {
+    /// Only records since T: an RFC 3339 time (`2026-12-05T15:00:00Z`,
+    /// `2026-12-05T16:00:00+01:00`) or a time back from now (`90s`, `15m`,
+    /// `2h`, `7d`).
+    #[arg(long, value_name = "T", value_parser = parse_since)]
+    pub since: Option<u64>,
+
+    /// Only the newest N records (0: all).
+    #[arg(short = 'n', long = "lines", value_name = "N", default_value_t = 0)]
+    pub lines: u32,
+
+    /// One JSON object per record, one per line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `--since`: an RFC 3339 time, or a duration back from now, as Unix
+/// milliseconds.
+fn parse_since(text: &str) -> Result<u64, String> {
+    if let Some(ms) = tt_serving_proto::time::parse_rfc3339(text) {
+        return Ok(ms);
+    }
+    let unit_at = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("`{text}` needs a unit: s, m, h or d (e.g. 15m)"))?;
+    let (number, unit) = text.split_at(unit_at);
+    let scale: u64 = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => {
+            return Err(format!(
+                "`{text}` is neither an RFC 3339 time (2026-12-05T15:00:00Z) nor a duration (90s, 15m, 2h, 7d)"
+            ))
+        }
+    };
+    let back = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("`{text}`: the number is missing or too large"))?;
+    Ok(tt_serving_proto::time::now_unix_ms().saturating_sub(back))
 }
 
 /// `ttctl cache ...`.

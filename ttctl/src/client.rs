@@ -21,10 +21,11 @@ use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 use tt_serving_proto::v1::control_client::ControlClient;
 use tt_serving_proto::v1::{
-    BorrowEvent, BorrowRequest, BuildCacheProgress, BuildCacheRequest, GenerateRequest,
-    GenerateResponse, ListCacheRequest, ListCacheResponse, LogLine, LogsRequest, ReloadReport,
-    ReloadRequest, RemoveCacheRequest, RemoveCacheResponse, ResetCardRequest, ResetProgress,
-    SlotReply, SlotRequest, StatusRequest, StatusResponse, VerifyCacheProgress, VerifyCacheRequest,
+    AuditRequest, AuditResponse, BorrowEvent, BorrowRequest, BuildCacheProgress, BuildCacheRequest,
+    GenerateRequest, GenerateResponse, ListCacheRequest, ListCacheResponse, LogLine, LogsRequest,
+    ReloadReport, ReloadRequest, RemoveCacheRequest, RemoveCacheResponse, ResetCardRequest,
+    ResetProgress, SlotReply, SlotRequest, StatusRequest, StatusResponse, VerifyCacheProgress,
+    VerifyCacheRequest,
 };
 
 use super::outcome::Failure;
@@ -309,6 +310,12 @@ impl Daemon {
     pub(super) async fn logs(&mut self, request: LogsRequest) -> Result<Answers<LogLine>, Failure> {
         let call = self.client.logs(request);
         open(call, &self.socket).await
+    }
+
+    /// `Audit`: the trail's records.
+    pub(super) async fn audit(&mut self, request: AuditRequest) -> Result<AuditResponse, Failure> {
+        let call = self.client.audit(request);
+        answer_within(LIST_CACHE_TIMEOUT, call, &self.socket).await
     }
 
     /// `ListCache`: every variant on disk.

@@ -31,6 +31,7 @@
 //! - `slot`: `ttctl slot restart`, following the restart.
 //! - `generate`: `ttctl generate`.
 //! - `logs`: `ttctl logs`, once or `--follow`.
+//! - `audit`: `ttctl audit`, the daemon's trail of control actions.
 //! - `cache`: `ttctl cache ls|verify|rm|build`, and what the listing means
 //!   for a model's next start (`verify`'s judgement, read from the
 //!   daemon's `used_by` and `state`).
@@ -39,6 +40,7 @@
 //! - `tests`: every command against a fake daemon on a real socket.
 
 mod args;
+mod audit;
 mod bench;
 /// Quantiles by nearest rank: the one definition every benchmark of the
 /// project reports (`ttctl bench` and the drivers under `bench/`).
@@ -62,8 +64,9 @@ use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
 
 pub use args::{
-    AbArgs, Arm, BenchArgs, BenchCommand, CacheCommand, CardCommand, Cli, Command, EvalArgs,
-    EvalRunner, GenerateArgs, LogsArgs, ReloadArgs, SlotCommand, StatusArgs, TopArgs, WorkloadArgs,
+    AbArgs, Arm, AuditArgs, BenchArgs, BenchCommand, CacheCommand, CardCommand, Cli, Command,
+    EvalArgs, EvalRunner, GenerateArgs, LogsArgs, ReloadArgs, SlotCommand, StatusArgs, TopArgs,
+    WorkloadArgs,
 };
 use client::Daemon;
 pub use client::{connect, ConnectError, DEFAULT_SOCKET};
@@ -122,6 +125,7 @@ async fn execute(
         Command::Slot(SlotCommand::Stop { slot }) => slot::stop(daemon, &slot, out).await,
         Command::Generate(args) => generate::run(daemon, &args, out, err).await,
         Command::Logs(args) => logs::run(daemon, &args, out, tokio::signal::ctrl_c()).await,
+        Command::Audit(args) => audit::run(daemon, &args, out).await,
         Command::Cache(CacheCommand::Ls { json }) => cache::ls(daemon, json, out).await,
         Command::Cache(CacheCommand::Verify { model }) => cache::verify(daemon, &model, out).await,
         Command::Cache(CacheCommand::Rm { variant }) => cache::rm(daemon, &variant, out).await,

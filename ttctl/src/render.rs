@@ -1,7 +1,7 @@
 //! Turning the daemon's answers into what the operator reads: aligned
 //! tables, one-line summaries, or JSON for scripts. One file per command
-//! (`status`, `card`, `slot`, `generate`, `logs`, `cache`, `reload`,
-//! `top`), the JSON in `json`; this file holds what they share: the
+//! (`status`, `card`, `slot`, `generate`, `logs`, `audit`, `cache`,
+//! `reload`, `top`), the JSON in `json`; this file holds what they share: the
 //! [`Table`] and the words for durations and sizes.
 //!
 //! Everything here is a pure function of its inputs (the current time is a
@@ -12,6 +12,7 @@
 //! where it deliberately differs); enum values are the words the tables
 //! print (`tt_serving_proto::Word`).
 
+mod audit;
 mod cache;
 mod card;
 mod generate;
@@ -22,6 +23,7 @@ mod slot;
 mod status;
 mod top;
 
+pub use audit::audit_line;
 pub use cache::{cache_removed_line, cache_table, cache_verdict};
 pub use card::reset_progress_line;
 pub use generate::generate_summary;

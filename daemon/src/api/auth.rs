@@ -120,6 +120,9 @@ pub enum Operation {
     Reload,
     /// `ttctl ab`: trial definitions of a model.
     Trial,
+    /// `ttctl audit`: the trail of control actions (who did what is no
+    /// secret from whoever may see the cards and slots it changed).
+    ReadAudit,
 }
 
 impl Operation {
@@ -133,6 +136,7 @@ impl Operation {
                 | Operation::ListCache
                 | Operation::Generate
                 | Operation::ReloadDryRun
+                | Operation::ReadAudit
         )
     }
 
@@ -155,6 +159,7 @@ impl Operation {
             Operation::StartSlot => "ttctl slot start",
             Operation::Reload => "ttctl reload",
             Operation::Trial => "ttctl ab",
+            Operation::ReadAudit => "ttctl audit",
         }
     }
 }
@@ -235,6 +240,19 @@ impl AdminRule {
         }))
     }
 
+    /// On what grounds `peer` may perform destructive operations, as the
+    /// audit trail records it: `root`, `group <name>` (the admin group), or
+    /// None when it may not.
+    pub fn basis(&self, peer: &Peer) -> Option<String> {
+        if peer.uid == 0 {
+            return Some("root".to_string());
+        }
+        match &self.group {
+            Some((name, gid)) if peer.in_group(*gid) => Some(format!("group {name}")),
+            _ => None,
+        }
+    }
+
     /// Whether the caller of `request` may perform destructive operations
     /// (root or the admin group), decided quietly: for choosing what a
     /// read-only answer shows.
@@ -283,7 +301,8 @@ mod tests {
         Operation::RestartSlot,
         Operation::Reload,
     ];
-    const READ_ONLY: [Operation; 6] = [
+    const READ_ONLY: [Operation; 7] = [
+        Operation::ReadAudit,
         Operation::Status,
         Operation::WatchStatus,
         Operation::Logs,
@@ -353,6 +372,18 @@ mod tests {
             err.message(),
             "ttctl slot restart needs root (set daemon.control_admin_group to let a group's members use it); uid 999999 is not root"
         );
+    }
+
+    #[test]
+    fn the_basis_of_an_admission_is_root_or_the_group() {
+        let rule = AdminRule::with_group("tt-admin", 4242);
+        assert_eq!(rule.basis(&peer(0, 0, &[])).as_deref(), Some("root"));
+        assert_eq!(
+            rule.basis(&peer(1000, 100, &[4242])).as_deref(),
+            Some("group tt-admin")
+        );
+        assert_eq!(rule.basis(&peer(1000, 100, &[])), None);
+        assert_eq!(AdminRule::default().basis(&peer(1000, 4242, &[])), None);
     }
 
     #[test]

@@ -1,10 +1,14 @@
 //! The `Control` service on the local control socket: status, watching, and
 //! card resets. Destructive operations live here only, never on the public
 //! inference port. Every handler first asks the [`AdminRule`] whether the
-//! connection's peer may perform its [`Operation`] (see `auth.rs`).
+//! connection's peer may perform its [`Operation`] (see `auth.rs`), through
+//! [`ControlService::admit`], which also opens the call's audit record
+//! (`audit.rs`): each destructive call, refused or not, leaves exactly one,
+//! finished with the call's outcome before its last reply.
 
-use super::auth::{AdminRule, Operation};
+use super::auth::{AdminRule, Operation, PeerInfo};
 use super::convert;
+use crate::audit::{Action, Outcome, Record, Trail};
 use crate::borrow::LoanError;
 use crate::cache::CacheState;
 use crate::cards::reset::Phase;
@@ -17,7 +21,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::{Stream, StreamExt};
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use tt_serving_proto::v1 as pb;
 use tt_serving_proto::v1::control_server::Control;
@@ -28,13 +32,79 @@ pub struct ControlService {
     state: Arc<DaemonState>,
     /// Who may use the destructive operations.
     rule: AdminRule,
+    /// Where each destructive call is recorded.
+    trail: Arc<Trail>,
 }
 
 impl ControlService {
-    /// A service over the daemon's state, guarded by `rule`.
+    /// A service over the daemon's state, guarded by `rule`, recording in
+    /// the audit trail under `daemon.state_dir`.
     pub fn new(state: Arc<DaemonState>, rule: AdminRule) -> Self {
-        ControlService { state, rule }
+        let trail = Arc::new(Trail::new(&state.config().daemon.state_dir));
+        ControlService { state, rule, trail }
     }
+
+    /// Ask the admin rule whether the caller of `request` may perform `op`
+    /// with `args`, and open the call's audit record. A refusal is
+    /// recorded as `refused` and returned as PERMISSION_DENIED; a
+    /// read-only operation records nothing.
+    fn admit<T>(
+        &self,
+        request: &Request<T>,
+        op: Operation,
+        args: &[(&str, &str)],
+    ) -> Result<Action, Status> {
+        if !op.is_destructive() {
+            self.rule.authorize(request, op)?;
+            return Ok(Action::unrecorded(self.trail.clone()));
+        }
+        let peer = request
+            .extensions()
+            .get::<PeerInfo>()
+            .and_then(Option::as_ref);
+        let checked = self.rule.check(peer, op);
+        let admitted = match (&checked, peer) {
+            (Ok(()), Some(peer)) => self.rule.basis(peer),
+            _ => None,
+        };
+        let record = Record::new(
+            peer.map(|p| p.uid),
+            peer.and_then(|p| p.pid),
+            admitted.as_deref().unwrap_or("refused"),
+            op.command(),
+        );
+        let mut action = Action::new(self.trail.clone(), record);
+        for (key, value) in args {
+            action.arg(key, value);
+        }
+        match checked {
+            Ok(()) => Ok(action),
+            Err(status) => {
+                action.finish(Outcome::Refused, status.message());
+                Err(status)
+            }
+        }
+    }
+}
+
+/// Record `status` as the action's failure and pass it on.
+fn failed(action: &mut Action, status: Status) -> Status {
+    action.finish(Outcome::Failed, status.message());
+    status
+}
+
+/// Record a unary call's result (`ok` with `detail`'s text, or `failed`
+/// with the error) and pass it on.
+fn settle<T>(
+    mut action: Action,
+    result: Result<T, Status>,
+    detail: impl FnOnce(&T) -> String,
+) -> Result<T, Status> {
+    match &result {
+        Ok(answer) => action.finish(Outcome::Ok, &detail(answer)),
+        Err(status) => action.finish(Outcome::Failed, status.message()),
+    }
+    result
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -79,14 +149,20 @@ impl Control for ControlService {
         &self,
         request: Request<pb::ResetCardRequest>,
     ) -> Result<Response<Self::ResetCardStream>, Status> {
-        self.rule.authorize(&request, Operation::ResetCard)?;
+        let mut action = self.admit(
+            &request,
+            Operation::ResetCard,
+            &[("card", &request.get_ref().card)],
+        )?;
         let name = request.into_inner().card;
         let cards = self.state.cards().clone();
-        let bdf = cards.resolve_name(&name).map_err(card_status)?;
+        let bdf = cards
+            .resolve_name(&name)
+            .map_err(|e| failed(&mut action, card_status(e)))?;
         self.state
             .slot_manager()
             .check_manual_reset(&bdf)
-            .map_err(slot_status)?;
+            .map_err(|e| failed(&mut action, slot_status(e)))?;
         tracing::info!(card = %bdf, "reset requested over the control socket");
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -135,6 +211,11 @@ impl Control for ControlService {
                 }),
                 Err(other) => Err(card_status(other)),
             };
+            match &last {
+                Ok(last) if last.ok => action.finish(Outcome::Ok, &last.message),
+                Ok(last) => action.finish(Outcome::Failed, &last.message),
+                Err(status) => action.finish(Outcome::Failed, status.message()),
+            }
             let _ = tx.send(last);
         });
         Ok(Response::new(Box::pin(
@@ -148,7 +229,11 @@ impl Control for ControlService {
         &self,
         request: Request<pb::VerifyCacheRequest>,
     ) -> Result<Response<Self::VerifyCacheStream>, Status> {
-        self.rule.authorize(&request, Operation::VerifyCache)?;
+        let mut action = self.admit(
+            &request,
+            Operation::VerifyCache,
+            &[("model", &request.get_ref().model)],
+        )?;
         let model = request.into_inner().model;
         let config = self.state.config();
         let cache_dir = config.daemon.cache_dir.clone();
@@ -159,16 +244,23 @@ impl Control for ControlService {
             .collect();
         if variants.is_empty() && !config.models.contains_key(&model) {
             let known: Vec<&str> = config.models.keys().map(String::as_str).collect();
-            return Err(Status::not_found(format!(
-                "unknown model `{}` and no cache of it on disk; known models: {}",
-                echo(&model),
-                known.join(", ")
-            )));
+            return Err(failed(
+                &mut action,
+                Status::not_found(format!(
+                    "unknown model `{}` and no cache of it on disk; known models: {}",
+                    echo(&model),
+                    known.join(", ")
+                )),
+            ));
         }
         tracing::info!(model = %model, variants = variants.len(), "cache verification requested over the control socket");
         let (tx, rx) = mpsc::channel(64);
         // Reads every cached byte: off the runtime.
-        tokio::task::spawn_blocking(move || verify_variants(&model, &variants, &tx));
+        tokio::task::spawn_blocking(move || {
+            let (ok, verdict) = verify_variants(&model, &variants, &tx);
+            let outcome = if ok { Outcome::Ok } else { Outcome::Failed };
+            action.finish(outcome, &verdict);
+        });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -178,7 +270,11 @@ impl Control for ControlService {
         &self,
         request: Request<pb::BuildCacheRequest>,
     ) -> Result<Response<Self::BuildCacheStream>, Status> {
-        self.rule.authorize(&request, Operation::BuildCache)?;
+        let mut action = self.admit(
+            &request,
+            Operation::BuildCache,
+            &[("model", &request.get_ref().model)],
+        )?;
         let model = request.into_inner().model;
         let slots = self.state.slot_manager().clone();
         let slot = slots
@@ -194,8 +290,11 @@ impl Control for ControlService {
                     echo(&model),
                     known.join(", ")
                 ))
-            })?;
-        let mut done = slots.request_build(&slot).map_err(slot_status)?;
+            })
+            .map_err(|status| failed(&mut action, status))?;
+        let mut done = slots
+            .request_build(&slot)
+            .map_err(|e| failed(&mut action, slot_status(e)))?;
         tracing::info!(model = %model, slot = %slot, "cache build requested over the control socket");
         let mut changes = self.state.subscribe();
         let (tx, rx) = mpsc::channel(64);
@@ -206,17 +305,18 @@ impl Control for ControlService {
                 ok,
             };
             let mut last = String::new();
+            // A client that goes away does not stop the build: it is
+            // followed to its end for the record's outcome.
+            let mut client_gone = false;
             loop {
                 if let Some(view) = slots.view(&slot) {
                     let line = format!("slot {slot}: {:?}: {}", view.state, view.reason);
                     if line != last {
-                        if tx
-                            .send(Ok(progress(line.clone(), false, false)))
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
+                        client_gone = client_gone
+                            || tx
+                                .send(Ok(progress(line.clone(), false, false)))
+                                .await
+                                .is_err();
                         last = line;
                     }
                 }
@@ -227,6 +327,8 @@ impl Control for ControlService {
                             Ok(Err(reason)) => progress(format!("cache build failed: {reason}"), true, false),
                             Err(_) => progress("the slot ended before the build finished".into(), true, false),
                         };
+                        let outcome = if last.ok { Outcome::Ok } else { Outcome::Failed };
+                        action.finish(outcome, &last.message);
                         let _ = tx.send(Ok(last)).await;
                         return;
                     }
@@ -243,7 +345,7 @@ impl Control for ControlService {
         &self,
         request: Request<tonic::Streaming<pb::TrialRequest>>,
     ) -> Result<Response<Self::TrialStream>, Status> {
-        self.rule.authorize(&request, Operation::Trial)?;
+        let mut action = self.admit(&request, Operation::Trial, &[])?;
         let mut inbound = request.into_inner();
         // The answer's headers go out at once: a client may send its first
         // arm only once the call is open.
@@ -255,15 +357,17 @@ impl Control for ControlService {
                     step: Some(pb::trial_request::Step::Arm(arm)),
                 })) => arm,
                 Ok(_) => {
-                    let _ = tx
-                        .send(Err(Status::invalid_argument(
-                            "the first message of Trial must be an arm naming the model",
-                        )))
-                        .await;
+                    let refusal = Status::invalid_argument(
+                        "the first message of Trial must be an arm naming the model",
+                    );
+                    let _ = tx.send(Err(failed(&mut action, refusal))).await;
                     return;
                 }
                 Err(_) => return,
             };
+            action.arg("model", &first.model);
+            action.arg("arm", &first.name);
+            action.arg("purpose", &first.purpose);
             let (steps, steps_rx) = mpsc::channel(1);
             let (events, mut events_rx) = mpsc::channel(16);
             // The client's later steps, until it says done or goes away
@@ -281,6 +385,7 @@ impl Control for ControlService {
                 }
             });
             let trial = tokio::spawn(crate::trial::run(state.clone(), first, steps_rx, events));
+            let mut client_gone = false;
             while let Some(event) = events_rx.recv().await {
                 let event = event
                     .map(|e| pb::TrialEvent {
@@ -294,10 +399,21 @@ impl Control for ControlService {
                         ok: e.ok,
                     })
                     .map_err(trial_status);
-                if tx.send(event).await.is_err() {
+                // The trial's outcome: whether the configured definition
+                // came back (RESTORED), or why the trial did not run.
+                match &event {
+                    Ok(e) if e.kind == pb::trial_event::Kind::Restored as i32 => {
+                        let outcome = if e.ok { Outcome::Ok } else { Outcome::Failed };
+                        action.finish(outcome, &e.message);
+                    }
+                    Ok(_) => {}
+                    Err(status) => action.finish(Outcome::Failed, status.message()),
+                }
+                if !client_gone && tx.send(event).await.is_err() {
                     // The client is gone: the reader ends with its stream,
-                    // and the trial restores the definition by itself.
-                    break;
+                    // and the trial restores the definition by itself;
+                    // its events are still read, for the record's outcome.
+                    client_gone = true;
                 }
             }
             let _ = trial.await;
@@ -312,18 +428,27 @@ impl Control for ControlService {
         &self,
         request: Request<tonic::Streaming<pb::BorrowRequest>>,
     ) -> Result<Response<Self::BorrowCardsStream>, Status> {
-        self.rule.authorize(&request, Operation::BorrowCards)?;
+        let mut action = self.admit(&request, Operation::BorrowCards, &[])?;
         let mut inbound = request.into_inner();
-        let start = match inbound.message().await? {
+        let start = match inbound
+            .message()
+            .await
+            .map_err(|status| failed(&mut action, status))?
+        {
             Some(pb::BorrowRequest {
                 step: Some(pb::borrow_request::Step::Start(start)),
             }) => start,
             _ => {
-                return Err(Status::invalid_argument(
-                    "the first message of BorrowCards must be `start` naming the cards",
+                return Err(failed(
+                    &mut action,
+                    Status::invalid_argument(
+                        "the first message of BorrowCards must be `start` naming the cards",
+                    ),
                 ))
             }
         };
+        action.arg("cards", &start.cards.join(","));
+        action.arg("purpose", &start.purpose);
         tracing::info!(cards = %echo(&start.cards.join(",")), purpose = %echo(&start.purpose), "borrow requested over the control socket");
         let (tx, rx) = mpsc::channel(64);
         let (ended, end) = tokio::sync::oneshot::channel();
@@ -338,9 +463,28 @@ impl Control for ControlService {
             };
             let _ = ended.send(exit);
         });
-        tokio::spawn(crate::borrow::run(self.state.clone(), start, end, tx));
-        let stream = ReceiverStream::new(rx).map(|event| event.map_err(loan_status));
-        Ok(Response::new(Box::pin(stream)))
+        // The loan's events pass through here on their way to the borrower,
+        // so its record is written when the loan ends (RETURNED, or the
+        // error that ended it), even after the borrower went away.
+        let (loan_tx, mut loan_rx) = mpsc::channel(64);
+        tokio::spawn(crate::borrow::run(self.state.clone(), start, end, loan_tx));
+        tokio::spawn(async move {
+            while let Some(event) = loan_rx.recv().await {
+                let event = event.map_err(loan_status);
+                match &event {
+                    Ok(e) if e.kind == pb::borrow_event::Kind::Returned as i32 => {
+                        let outcome = if e.ok { Outcome::Ok } else { Outcome::Failed };
+                        action.finish(outcome, &e.message);
+                    }
+                    Ok(_) => {}
+                    Err(status) => action.finish(Outcome::Failed, status.message()),
+                }
+                // A borrower that went away still has its cards taken
+                // back: keep reading until the loan ends.
+                let _ = tx.send(event).await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
     async fn reload(
@@ -354,7 +498,13 @@ impl Control for ControlService {
         } else {
             Operation::Reload
         };
-        self.rule.authorize(&request, op)?;
+        let dry_run = request.get_ref().dry_run.to_string();
+        let no_wait = request.get_ref().no_wait.to_string();
+        let mut action = self.admit(
+            &request,
+            op,
+            &[("dry_run", &dry_run), ("no_wait", &no_wait)],
+        )?;
         // The config file is root's: a caller who may not reload sees which
         // keys change, not their values.
         let show_values = self.rule.is_admin(&request);
@@ -370,24 +520,41 @@ impl Control for ControlService {
         let report =
             tokio::spawn(async move { crate::reload::reload(&state, "ttctl", options).await })
                 .await
-                .map_err(|e| Status::internal(format!("the reload task failed: {e}")))?;
-        Ok(Response::new(report))
+                .map_err(|e| Status::internal(format!("the reload task failed: {e}")));
+        match &report {
+            // A refused file is the reload's failure, answered as a report.
+            Ok(r) if r.outcome == pb::ReloadOutcome::Refused as i32 => {
+                let detail = format!("{}: {}", r.summary, r.problems.join("; "));
+                action.finish(Outcome::Failed, &detail);
+            }
+            Ok(r) => action.finish(Outcome::Ok, &r.summary),
+            Err(status) => action.finish(Outcome::Failed, status.message()),
+        }
+        Ok(Response::new(report?))
     }
 
     async fn restart_slot(
         &self,
         request: Request<pb::SlotRequest>,
     ) -> Result<Response<pb::SlotReply>, Status> {
-        self.rule.authorize(&request, Operation::RestartSlot)?;
+        let action = self.admit(
+            &request,
+            Operation::RestartSlot,
+            &[("slot", &request.get_ref().slot)],
+        )?;
         let slot = request.into_inner().slot;
         // The slot as the request found it, not as the restart leaves it:
         // the supervisor drains and restarts after this reply, and ttctl
-        // follows it with WatchStatus.
+        // follows it with WatchStatus. The record's outcome is the
+        // request's: queued to the supervisor, or refused.
         let view = self
             .state
             .slot_manager()
             .request_restart(&slot)
-            .map_err(slot_status)?;
+            .map_err(slot_status);
+        let view = settle(action, view, |v| {
+            format!("slot {} restart queued (it was {})", v.name, v.state.word())
+        })?;
         tracing::info!(slot = %slot, "restart requested over the control socket");
         Ok(Response::new(pb::SlotReply {
             slot: Some(convert::slot(&view)),
@@ -398,19 +565,26 @@ impl Control for ControlService {
         &self,
         request: Request<pb::SlotRequest>,
     ) -> Result<Response<pb::SlotReply>, Status> {
-        self.rule.authorize(&request, Operation::StopSlot)?;
+        let action = self.admit(
+            &request,
+            Operation::StopSlot,
+            &[("slot", &request.get_ref().slot)],
+        )?;
         let slot = request.into_inner().slot;
         let slots = self.state.slot_manager();
-        if let Some(view) = slots
+        let view = match slots
             .view(&slot)
             .filter(|v| v.state == crate::slots::SlotState::Stopped)
         {
-            return Err(Status::failed_precondition(format!(
+            Some(view) => Err(Status::failed_precondition(format!(
                 "slot {} is already stopped: {}",
                 view.name, view.reason
-            )));
-        }
-        let view = slots.request_hold(&slot).map_err(slot_status)?;
+            ))),
+            None => slots.request_hold(&slot).map_err(slot_status),
+        };
+        let view = settle(action, view, |v| {
+            format!("slot {} stop queued (it was {})", v.name, v.state.word())
+        })?;
         tracing::info!(slot = %slot, "stop requested over the control socket");
         Ok(Response::new(pb::SlotReply {
             slot: Some(convert::slot(&view)),
@@ -421,33 +595,61 @@ impl Control for ControlService {
         &self,
         request: Request<pb::SlotRequest>,
     ) -> Result<Response<pb::SlotReply>, Status> {
-        self.rule.authorize(&request, Operation::StartSlot)?;
+        let action = self.admit(
+            &request,
+            Operation::StartSlot,
+            &[("slot", &request.get_ref().slot)],
+        )?;
         let slot = request.into_inner().slot;
-        let slots = self.state.slot_manager();
-        // Starting what already starts or serves would restart it: that
-        // is `slot restart`, asked for by name.
-        if let Some(view) = slots.view(&slot) {
-            use crate::slots::SlotState;
-            if view.reason == crate::slots::Park::Lent.reason(&view.name) {
-                return Err(Status::failed_precondition(format!(
-                    "slot {} is stopped because its cards are lent out (ttctl card borrow); it starts again when the loan ends",
-                    view.name
-                )));
-            }
-            if !matches!(view.state, SlotState::Stopped | SlotState::Failed) {
-                return Err(Status::failed_precondition(format!(
-                    "slot {} is {} ({}), not stopped; `ttctl slot restart {}` restarts it",
-                    view.name,
-                    view.state.word(),
-                    view.reason,
-                    view.name
-                )));
-            }
-        }
-        let view = slots.request_restart(&slot).map_err(slot_status)?;
+        let view = settle(action, self.start_stopped(&slot), |v| {
+            format!("slot {} start queued (it was {})", v.name, v.state.word())
+        })?;
         tracing::info!(slot = %slot, "start requested over the control socket");
         Ok(Response::new(pb::SlotReply {
             slot: Some(convert::slot(&view)),
+        }))
+    }
+
+    async fn audit(
+        &self,
+        request: Request<pb::AuditRequest>,
+    ) -> Result<Response<pb::AuditResponse>, Status> {
+        self.admit(&request, Operation::ReadAudit, &[])?;
+        let request = request.into_inner();
+        let trail = self.trail.clone();
+        let limit = request.limit as usize;
+        let reading = tokio::task::spawn_blocking(move || trail.read(request.since_unix_ms, limit))
+            .await
+            .map_err(|e| Status::internal(format!("reading the audit trail stopped: {e}")))?
+            .map_err(|e| {
+                Status::internal(format!(
+                    "cannot read the audit trail {}: {e}",
+                    self.trail.path().display()
+                ))
+            })?;
+        if reading.skipped > 0 {
+            tracing::warn!(target: "tt_servingd::audit", path = %self.trail.path().display(), skipped = reading.skipped, "audit trail lines that cannot be read were left out");
+        }
+        Ok(Response::new(pb::AuditResponse {
+            records: reading
+                .records
+                .into_iter()
+                .map(|(unix_ms, r)| pb::AuditRecord {
+                    at: r.at,
+                    unix_ms,
+                    uid: r.uid,
+                    user: r.user.unwrap_or_default(),
+                    pid: r.pid,
+                    admitted: r.admitted,
+                    operation: r.operation,
+                    args: r.args,
+                    outcome: r.outcome.word().to_string(),
+                    detail: r.detail,
+                    took_ms: r.took_ms,
+                })
+                .collect(),
+            skipped: u32::try_from(reading.skipped).unwrap_or(u32::MAX),
+            path: self.trail.path().display().to_string(),
         }))
     }
 
@@ -583,8 +785,49 @@ impl Control for ControlService {
         &self,
         request: Request<pb::RemoveCacheRequest>,
     ) -> Result<Response<pb::RemoveCacheResponse>, Status> {
-        self.rule.authorize(&request, Operation::RemoveCache)?;
+        let action = self.admit(
+            &request,
+            Operation::RemoveCache,
+            &[("key", &request.get_ref().key)],
+        )?;
         let key = request.into_inner().key;
+        let removed = self.remove_variant(&key).await;
+        settle(action, removed, |r| {
+            format!("removed {} ({} MiB)", r.path, r.bytes >> 20)
+        })
+        .map(Response::new)
+    }
+}
+
+impl ControlService {
+    /// `StartSlot`'s work: queue a start of a slot that is stopped.
+    fn start_stopped(&self, slot: &str) -> Result<crate::slots::SlotView, Status> {
+        let slots = self.state.slot_manager();
+        // Starting what already starts or serves would restart it: that
+        // is `slot restart`, asked for by name.
+        if let Some(view) = slots.view(slot) {
+            use crate::slots::SlotState;
+            if view.reason == crate::slots::Park::Lent.reason(&view.name) {
+                return Err(Status::failed_precondition(format!(
+                    "slot {} is stopped because its cards are lent out (ttctl card borrow); it starts again when the loan ends",
+                    view.name
+                )));
+            }
+            if !matches!(view.state, SlotState::Stopped | SlotState::Failed) {
+                return Err(Status::failed_precondition(format!(
+                    "slot {} is {} ({}), not stopped; `ttctl slot restart {}` restarts it",
+                    view.name,
+                    view.state.word(),
+                    view.reason,
+                    view.name
+                )));
+            }
+        }
+        slots.request_restart(slot).map_err(slot_status)
+    }
+
+    /// `RemoveCache`'s work: remove variant `key` if no slot uses it.
+    async fn remove_variant(&self, key: &str) -> Result<pb::RemoveCacheResponse, Status> {
         let cache_dir = &self.state.config().daemon.cache_dir;
         let (model, _, dir) = crate::cache::list_variants(cache_dir)
             .into_iter()
@@ -592,10 +835,10 @@ impl Control for ControlService {
             .ok_or_else(|| {
                 Status::not_found(format!(
                     "no cache variant `{}`; `ttctl cache ls` lists them",
-                    echo(&key)
+                    echo(key)
                 ))
             })?;
-        let busy = self.state.slot_manager().using_variant(&model, &key);
+        let busy = self.state.slot_manager().using_variant(&model, key);
         if !busy.is_empty() {
             return Err(Status::failed_precondition(format!(
                 "cache variant {key} is in use by slot(s) {}; removing it under a running worker would break it",
@@ -610,10 +853,10 @@ impl Control for ControlService {
             .map_err(|e| Status::internal(format!("removing {} stopped: {e}", dir.display())))?
             .map_err(|e| Status::internal(format!("cannot remove {}: {e}", dir.display())))?;
         tracing::info!(variant = %key, model = %model, bytes, "cache variant removed");
-        Ok(Response::new(pb::RemoveCacheResponse {
+        Ok(pb::RemoveCacheResponse {
             path: dir.display().to_string(),
             bytes,
-        }))
+        })
     }
 }
 
@@ -623,7 +866,7 @@ fn verify_variants(
     model: &str,
     variants: &[(String, std::path::PathBuf)],
     tx: &mpsc::Sender<Result<pb::VerifyCacheProgress, Status>>,
-) {
+) -> (bool, String) {
     use crate::cache::digest::{verify, Verdict};
     let send = |message: String, finished: bool, ok: bool, done: u64, total: u64| {
         tx.blocking_send(Ok(pb::VerifyCacheProgress {
@@ -640,14 +883,11 @@ fn verify_variants(
         .filter(|(_, dir)| crate::cache::read_marker(dir).is_ok())
         .collect();
     if complete.is_empty() {
-        send(
-            format!("model {model} has no complete cache variant to verify; its next start builds one cold"),
-            true,
-            false,
-            0,
-            0,
+        let message = format!(
+            "model {model} has no complete cache variant to verify; its next start builds one cold"
         );
-        return;
+        send(message.clone(), true, false, 0, 0);
+        return (false, message);
     }
     let (mut ok, mut verdicts, mut base) = (true, Vec::new(), 0u64);
     let mut last_sent = std::time::Instant::now();
@@ -701,7 +941,9 @@ fn verify_variants(
         tracing::info!(model = %model, variant = %key, verdict = %line, "cache verification");
         verdicts.push(line);
     }
-    send(verdicts.join("\n"), true, ok, base, base);
+    let verdict = verdicts.join("\n");
+    send(verdict.clone(), true, ok, base, base);
+    (ok, verdict)
 }
 
 fn slot_status(err: SlotError) -> Status {

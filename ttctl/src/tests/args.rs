@@ -217,3 +217,43 @@ fn the_generate_prompt_comes_from_the_line_a_file_or_stdin() {
     assert!(Cli::try_parse_from(["ttctl", "generate", "m"]).is_err());
     assert!(Cli::try_parse_from(["ttctl", "generate", "m", "x", "--prompt-file", "f"]).is_err());
 }
+
+#[test]
+fn audit_since_reads_a_time_or_a_duration_back_from_now() {
+    let cli = Cli::try_parse_from([
+        "ttctl",
+        "audit",
+        "--since",
+        "2026-12-05T16:00:00+01:00",
+        "-n",
+        "5",
+        "--json",
+    ])
+    .unwrap();
+    let Command::Audit(args) = cli.command else {
+        panic!("{cli:?}");
+    };
+    assert_eq!(
+        (args.since, args.lines, args.json),
+        (Some(1_796_482_800_000), 5, true)
+    );
+    let before = tt_serving_proto::time::now_unix_ms();
+    let Command::Audit(args) = Cli::try_parse_from(["ttctl", "audit", "--since", "2h"])
+        .unwrap()
+        .command
+    else {
+        panic!("not audit");
+    };
+    let since = args.since.unwrap();
+    assert!(since <= before - 7_200_000 + 1_000 && since + 7_200_000 >= before);
+    for bad in [
+        "yesterday",
+        "15",
+        "m",
+        "99999999999999999999d",
+        "2026-12-05",
+    ] {
+        let err = Cli::try_parse_from(["ttctl", "audit", "--since", bad]).unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{bad}");
+    }
+}

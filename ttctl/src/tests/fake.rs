@@ -12,11 +12,11 @@ use tonic::{Request, Response, Status, Streaming};
 use tt_serving_proto::v1::control_server::{Control, ControlServer};
 use tt_serving_proto::v1::generate_response::Chunk;
 use tt_serving_proto::v1::{
-    BorrowEvent, BorrowRequest, CacheVariant, Card, CardState, DaemonInfo, FinishReason,
-    GenerateRequest, GenerateResponse, GenerationFinal, ListCacheRequest, ListCacheResponse,
-    LogLine, LogsRequest, ReloadReport, ReloadRequest, RemoveCacheRequest, RemoveCacheResponse,
-    ResetCardRequest, ResetPhase, ResetProgress, Slot, SlotReply, SlotRequest, SlotState,
-    StatusRequest, StatusResponse, Timings, TokenDelta, Usage,
+    AuditRequest, AuditResponse, BorrowEvent, BorrowRequest, CacheVariant, Card, CardState,
+    DaemonInfo, FinishReason, GenerateRequest, GenerateResponse, GenerationFinal, ListCacheRequest,
+    ListCacheResponse, LogLine, LogsRequest, ReloadReport, ReloadRequest, RemoveCacheRequest,
+    RemoveCacheResponse, ResetCardRequest, ResetPhase, ResetProgress, Slot, SlotReply, SlotRequest,
+    SlotState, StatusRequest, StatusResponse, Timings, TokenDelta, Usage,
 };
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -400,6 +400,11 @@ impl Control for FakeDaemon {
             }
         };
         Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
+    }
+
+    // ttctl audit is tested against the real daemon (tests/audit.rs).
+    async fn audit(&self, _: Request<AuditRequest>) -> Result<Response<AuditResponse>, Status> {
+        Err(Status::unimplemented("audit"))
     }
 
     async fn list_cache(

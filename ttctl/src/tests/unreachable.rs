@@ -29,6 +29,7 @@ async fn new_commands_without_a_daemon_exit_3() {
         &["cache", "ls"],
         &["cache", "verify", "qwen"],
         &["cache", "rm", "x"],
+        &["audit", "--since", "1h"],
     ] {
         let (_, failure) = ttctl(&socket, args).await;
         assert_eq!(failure.unwrap().exit_code(), 3, "{args:?}");
