@@ -233,6 +233,8 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     let signals = tokio::spawn(wait_for_signal(trigger.clone(), terms));
     let starting = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let ticker = tokio::spawn(tick_loop(state.clone(), starting.clone(), shutdown.clone()));
+    let ledger = Arc::new(crate::usage::Ledger::new(&state.config().daemon.state_dir));
+    let flusher = tokio::spawn(crate::usage::flush_every(ledger.clone()));
 
     startup_resets(&state, previous_was_clean, &shutdown).await;
     state.slot_manager().start_all();
@@ -264,6 +266,9 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     signals.abort();
     hangups.abort();
     ticker.abort();
+    // Every stream has ended: the last window goes to the ledger.
+    flusher.abort();
+    ledger.flush();
     containment.close();
     state.cards().release_all();
     api::remove_control_socket(&state.config().daemon.control_socket);

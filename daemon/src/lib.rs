@@ -33,7 +33,7 @@
 //! 4. The daemon's own foundations, which import nothing of ours:
 //!    [`relay_runtime`]: the runtime that carries inference, apart from
 //!    control work; [`listen`]: the TCP listeners with a backlog fit for a
-//!    burst of clients.
+//!    burst of clients; [`usage`]: usage per API key (the key's name).
 //! 5. [`slots`]: the slot lifecycle (one model instance on its cards) and
 //!    [`slots::SlotManager`], the one owner of slot state.
 //! 6. [`retry`]: the retry hint of an unavailable model; [`router`]:
@@ -77,3 +77,4 @@ mod router;
 mod slots;
 mod state;
 mod trial;
+mod usage;

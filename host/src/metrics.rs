@@ -35,6 +35,28 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+/// `{key, model, outcome}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyOutcomeLabels {
+    /// The API key's name (from the tokens file; `anonymous` without one).
+    pub key: String,
+    /// Model name.
+    pub model: String,
+    /// How it ended.
+    pub outcome: String,
+}
+
+/// `{key, model, kind}`: `prompt`, `cached_prompt` or `completion`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyTokenLabels {
+    /// The API key's name.
+    pub key: String,
+    /// Model name.
+    pub model: String,
+    /// Which tokens.
+    pub kind: String,
+}
+
 /// `{slot, model}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SlotLabels {
@@ -176,6 +198,8 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 pub struct Metrics {
     registry: Registry,
     requests: Family<OutcomeLabels, Counter>,
+    key_requests: Family<KeyOutcomeLabels, Counter>,
+    key_tokens: Family<KeyTokenLabels, Counter>,
     prompt_tokens: Family<ModelLabels, Counter>,
     generation_tokens: Family<ModelLabels, Counter>,
     prefix_cache_queries: Family<SlotLabels, Counter>,
@@ -227,6 +251,8 @@ impl Metrics {
         let mut registry = Registry::with_prefix("tt_serving");
         let m = Metrics {
             requests: Family::default(),
+            key_requests: Family::default(),
+            key_tokens: Family::default(),
             prompt_tokens: Family::default(),
             generation_tokens: Family::default(),
             prefix_cache_queries: Family::default(),
@@ -263,6 +289,16 @@ impl Metrics {
             "requests",
             "Inference requests by model and outcome (ok, cancelled, invalid, unknown_model, unavailable, queue_full, deadline, worker_error)",
             m.requests.clone(),
+        );
+        r.register(
+            "key_requests",
+            "Inference requests by API key name (inference.tokens_file; anonymous without a token), model and outcome (as requests)",
+            m.key_requests.clone(),
+        );
+        r.register(
+            "key_tokens",
+            "Tokens of finished requests by API key name, model and kind (prompt, cached_prompt: of the prompt, those the prefix cache supplied, completion)",
+            m.key_tokens.clone(),
         );
         r.register(
             "prompt_tokens",
@@ -440,6 +476,34 @@ impl Metrics {
         self.generation_tokens
             .get_or_create(&labels)
             .inc_by(generated.into());
+    }
+
+    /// A request of API key `key` ended.
+    pub fn key_request(&self, key: &str, model: &str, outcome: &str) {
+        self.key_requests
+            .get_or_create(&KeyOutcomeLabels {
+                key: key.to_string(),
+                model: model.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// A request of API key `key` finished with this usage.
+    pub fn key_tokens(&self, key: &str, model: &str, prompt: u32, cached: u32, completion: u32) {
+        for (kind, n) in [
+            ("prompt", prompt),
+            ("cached_prompt", cached),
+            ("completion", completion),
+        ] {
+            self.key_tokens
+                .get_or_create(&KeyTokenLabels {
+                    key: key.to_string(),
+                    model: model.to_string(),
+                    kind: kind.to_string(),
+                })
+                .inc_by(n.into());
+        }
     }
 
     /// A finished request's prompt had `prompt` tokens, `cached` of them

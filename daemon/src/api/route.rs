@@ -5,6 +5,7 @@
 
 use crate::router::RouteError;
 use crate::state::DaemonState;
+use crate::usage::KeyName;
 use std::time::Duration;
 use tokio_stream::{Stream, StreamExt};
 use tonic::metadata::MetadataValue;
@@ -29,9 +30,16 @@ pub async fn generate<S>(
         .get("grpc-timeout")
         .and_then(|v| v.to_str().ok())
         .and_then(parse_grpc_timeout);
+    // The public port's token check names the key; the control socket's
+    // Generate has none.
+    let key = request
+        .extensions()
+        .get::<KeyName>()
+        .cloned()
+        .unwrap_or_default();
     let stream = state
         .router()
-        .generate(request.into_inner(), timeout)
+        .generate(request.into_inner(), timeout, key)
         .await
         .map_err(status)?;
     let sampling = stream.host_sampling().join(",");

@@ -5,6 +5,15 @@
 //! logged. The daemon keeps only their SHA-256 digests; a presented token is
 //! hashed and compared with every digest in constant time, so neither the
 //! comparison's timing nor its length reveals how much of a token matched.
+//!
+//! The file: one token per line, optionally followed by whitespace and the
+//! key's name (`[A-Za-z0-9_.-]{1,64}`), which usage is counted under
+//! (`tt_serving_key_*` metrics, `ttctl usage`). A token without a name is
+//! named `key-` and the first 8 hex digits of its SHA-256 digest: stable,
+//! and never any part of the token itself. Tokens cannot contain spaces,
+//! so files of bare tokens load as before.
+
+use crate::usage::{KeyName, ANONYMOUS};
 
 use crate::secrets;
 use sha2::{Digest, Sha256};
@@ -18,6 +27,8 @@ use tonic::{Request, Status};
 pub struct Tokens {
     /// SHA-256 of each token.
     digests: Vec<[u8; 32]>,
+    /// Each token's key name, by the digest's index.
+    names: Vec<KeyName>,
     /// The file they came from, for messages.
     source: String,
 }
@@ -45,13 +56,24 @@ impl Tokens {
         Tokens::parse(&text, &path.display().to_string())
     }
 
-    /// Parse one token per line; `#` comments and blank lines are ignored.
+    /// Parse one token per line, each optionally followed by its name;
+    /// `#` comments and blank lines are ignored.
     fn parse(text: &str, source: &str) -> anyhow::Result<Tokens> {
         let mut digests = Vec::new();
+        let mut names = Vec::new();
         for (i, line) in text.lines().enumerate() {
-            let token = line.trim();
-            if token.is_empty() || token.starts_with('#') {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
                 continue;
+            }
+            let mut words = line.split_whitespace();
+            let token = words.next().unwrap_or_default();
+            let name = words.next();
+            if words.next().is_some() {
+                anyhow::bail!(
+                    "{source} ({KEY}) line {}: more than a token and its name; write `<token>` or `<token> <name>` per line",
+                    i + 1
+                );
             }
             // Tokens travel in an HTTP/2 header after `Bearer `: visible
             // ASCII without spaces is what every client can send.
@@ -61,7 +83,22 @@ impl Tokens {
                     i + 1
                 );
             }
-            digests.push(digest(token));
+            let d = digest(token);
+            let name = match name {
+                None => derived_name(&d),
+                Some(n) if n == ANONYMOUS => anyhow::bail!(
+                    "{source} ({KEY}) line {}: `{ANONYMOUS}` is the name of requests without a token; name this token otherwise",
+                    i + 1
+                ),
+                Some(n) => KeyName::new(n).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{source} ({KEY}) line {}: a token's name is 1 to 64 of A-Z a-z 0-9 _ . -; fix the name on that line",
+                        i + 1
+                    )
+                })?,
+            };
+            digests.push(d);
+            names.push(name);
         }
         if digests.is_empty() {
             anyhow::bail!(
@@ -70,6 +107,7 @@ impl Tokens {
         }
         Ok(Tokens {
             digests,
+            names,
             source: source.to_string(),
         })
     }
@@ -79,19 +117,29 @@ impl Tokens {
         self.digests.len()
     }
 
-    /// Whether `token` is one of ours. Every digest is compared, whatever
-    /// matched earlier.
-    fn accepts(&self, token: &str) -> bool {
+    /// The key name of `token` when it is one of ours. Every digest is
+    /// compared, whatever matched earlier, and the match is picked without
+    /// a branch on it.
+    fn accepts(&self, token: &str) -> Option<&KeyName> {
+        use subtle::ConditionallySelectable;
         let presented = digest(token);
         let mut matched = subtle::Choice::from(0);
-        for d in &self.digests {
-            matched |= d.ct_eq(&presented);
+        let mut index = 0u32;
+        for (i, d) in self.digests.iter().enumerate() {
+            let eq = d.ct_eq(&presented);
+            index.conditional_assign(&u32::try_from(i).unwrap_or(u32::MAX), eq);
+            matched |= eq;
         }
-        matched.into()
+        if bool::from(matched) {
+            self.names.get(index as usize)
+        } else {
+            None
+        }
     }
 
-    /// Check a request's `authorization: Bearer <token>` metadata.
-    pub fn check(&self, metadata: &MetadataMap) -> Result<(), Status> {
+    /// Check a request's `authorization: Bearer <token>` metadata: the
+    /// token's key name.
+    pub fn check(&self, metadata: &MetadataMap) -> Result<KeyName, Status> {
         let value = metadata.get("authorization").map(|v| v.to_str());
         let value = match value {
             Some(Ok(v)) => Some(v),
@@ -107,8 +155,8 @@ impl Tokens {
 
     /// Check an `authorization` value (None: absent), whatever protocol
     /// carried it; `how` says how to send one. The refusal says why, never
-    /// the token.
-    pub fn check_bearer(&self, value: Option<&str>, how: &str) -> Result<(), String> {
+    /// the token. Accepted: the token's key name.
+    pub fn check_bearer(&self, value: Option<&str>, how: &str) -> Result<KeyName, String> {
         let Some(value) = value else {
             return Err(format!(
                 "this endpoint needs a bearer token: send the {how} with a token from the daemon's inference.tokens_file; ask the operator for one"
@@ -124,8 +172,8 @@ impl Tokens {
         if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
             return Err(malformed());
         }
-        if self.accepts(token) {
-            Ok(())
+        if let Some(name) = self.accepts(token) {
+            Ok(name.clone())
         } else {
             Err("the bearer token is not accepted: it is none of the tokens in the daemon's inference.tokens_file; check it for typos or ask the operator for a current one".into())
         }
@@ -134,6 +182,13 @@ impl Tokens {
 
 fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
+}
+
+/// The name of a token the file names not: `key-` and the digest's first
+/// four bytes in hex (a digest reveals nothing of the token).
+fn derived_name(digest: &[u8; 32]) -> KeyName {
+    let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    KeyName::new(&format!("key-{hex}")).unwrap_or_default()
 }
 
 /// The interceptor in front of Inference and reflection: passes everything
@@ -157,11 +212,11 @@ impl TokenCheck {
         self.tokens.is_some()
     }
 
-    /// Check an HTTP `Authorization` header (None: absent); passes when no
-    /// tokens are configured.
-    pub fn check_http(&self, authorization: Option<&str>) -> Result<(), String> {
+    /// Check an HTTP `Authorization` header (None: absent): the key name
+    /// the request counts under; anonymous when no tokens are configured.
+    pub fn check_http(&self, authorization: Option<&str>) -> Result<KeyName, String> {
         match &self.tokens {
-            None => Ok(()),
+            None => Ok(KeyName::anonymous()),
             Some(tokens) => {
                 tokens.check_bearer(authorization, "header `Authorization: Bearer <token>`")
             }
@@ -170,11 +225,17 @@ impl TokenCheck {
 }
 
 impl tonic::service::Interceptor for TokenCheck {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         match &self.tokens {
-            None => Ok(request),
+            None => {
+                request.extensions_mut().insert(KeyName::anonymous());
+                Ok(request)
+            }
             Some(tokens) => match tokens.check(request.metadata()) {
-                Ok(()) => Ok(request),
+                Ok(name) => {
+                    request.extensions_mut().insert(name);
+                    Ok(request)
+                }
                 Err(status) => {
                     // The refusal's reason, never the token.
                     tracing::debug!(
@@ -212,11 +273,65 @@ mod tests {
     fn comments_and_blank_lines_are_skipped() {
         let t = tokens("# ops team\n\nalpha-123\n  beta-456  \n# old: gamma\n");
         assert_eq!(t.len(), 2);
-        assert!(t.accepts("alpha-123"));
-        assert!(t.accepts("beta-456"));
-        assert!(!t.accepts("gamma"));
-        assert!(!t.accepts("alpha-12"));
-        assert!(!t.accepts(""));
+        assert!(t.accepts("alpha-123").is_some());
+        assert!(t.accepts("beta-456").is_some());
+        assert!(t.accepts("gamma").is_none());
+        assert!(t.accepts("alpha-12").is_none());
+        assert!(t.accepts("").is_none());
+    }
+
+    #[test]
+    fn names_follow_their_token_and_old_files_load_unchanged() {
+        let t = tokens("alpha-123 team-a\n  beta-456\tteam.b  \nbare:token\n");
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.accepts("alpha-123").unwrap().as_str(), "team-a");
+        assert_eq!(t.accepts("beta-456").unwrap().as_str(), "team.b");
+        // A bare token (colons included) is a token, named from its digest.
+        let derived = t.accepts("bare:token").unwrap().as_str().to_string();
+        assert!(
+            derived.starts_with("key-") && derived.len() == 12,
+            "{derived}"
+        );
+        assert!(!derived.contains("bare") && !derived.contains("token"));
+        assert_eq!(
+            tokens("bare:token\n")
+                .accepts("bare:token")
+                .unwrap()
+                .as_str(),
+            derived
+        );
+        assert!(t.accepts("team-a").is_none());
+    }
+
+    #[test]
+    fn a_bad_name_is_refused_by_line_number() {
+        for (text, why) in [
+            ("ok-token\nsecretpart bad/name\n", "a token's name"),
+            ("secretpart anonymous\n", "without a token"),
+            ("secretpart a b\n", "more than a token"),
+        ] {
+            let err = Tokens::parse(text, "/x/tokens").unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+            assert!(err.contains("line"), "{err}");
+            assert!(!err.contains("secretpart"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_interceptor_attaches_the_key_name() {
+        let mut check = TokenCheck::new(Some(tokens("alpha-123 team-a\n")));
+        let passed = check.call(request(Some("Bearer alpha-123"))).unwrap();
+        assert_eq!(
+            passed.extensions().get::<KeyName>().unwrap().as_str(),
+            "team-a"
+        );
+        let mut open = TokenCheck::default();
+        let passed = open.call(request(None)).unwrap();
+        assert_eq!(
+            passed.extensions().get::<KeyName>().unwrap().as_str(),
+            ANONYMOUS
+        );
+        assert_eq!(open.check_http(None).unwrap().as_str(), ANONYMOUS);
     }
 
     #[test]
@@ -228,7 +343,7 @@ mod tests {
 
     #[test]
     fn a_bad_line_is_named_by_number_not_content() {
-        let err = Tokens::parse("good\nhas space-secretpart\n", "/x/tokens").unwrap_err();
+        let err = Tokens::parse("good\nhas\u{7f}secretpart\n", "/x/tokens").unwrap_err();
         let text = err.to_string();
         assert!(text.contains("line 2"), "{text}");
         assert!(!text.contains("secretpart"), "{text}");

@@ -38,6 +38,7 @@ pub use validate::{check_engines, validate_request};
 use crate::config::ModelConfig;
 use crate::retry::RetryHint;
 use crate::slots::{Availability, Candidate, SlotManager};
+use crate::usage::KeyName;
 use affinity::{Key, Placement, Ring};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -216,11 +217,13 @@ impl Router {
 
     /// Route one request and return the stream of chunks for the client.
     /// Every request is counted in the metrics by model (configured models
-    /// only, so labels stay bounded) and outcome.
+    /// only, so labels stay bounded) and outcome, and in the usage of the
+    /// API key `key` it came with.
     pub async fn generate(
         &self,
         request: pb::GenerateRequest,
         timeout: Option<Duration>,
+        key: KeyName,
     ) -> Result<ChunkStream, RouteError> {
         let model = if self.slots.config().models.contains_key(&request.model) {
             request.model.clone()
@@ -232,14 +235,16 @@ impl Router {
         // still counts the request.
         let mut unanswered = Unanswered {
             model: &model,
+            key: &key,
             arrived: Instant::now(),
             timeout,
             armed: true,
         };
-        let result = self.admit(request, timeout).await;
+        let result = self.admit(request, timeout, key.clone()).await;
         unanswered.armed = false;
         if let Err(e) = &result {
             crate::metrics::get().request(&model, e.outcome().label());
+            crate::usage::request(&key, &model, e.outcome().label());
         }
         result
     }
@@ -339,6 +344,7 @@ impl Router {
         &self,
         request: pb::GenerateRequest,
         timeout: Option<Duration>,
+        caller: KeyName,
     ) -> Result<ChunkStream, RouteError> {
         validate_request(&self.slots.config(), &request)?;
         let arrived = Instant::now();
@@ -438,6 +444,7 @@ impl Router {
             arrived,
             queued_us,
             host_sampling,
+            key: caller,
         }))
     }
 }
@@ -447,6 +454,7 @@ impl Router {
 /// first (`deadline`).
 struct Unanswered<'a> {
     model: &'a str,
+    key: &'a KeyName,
     arrived: Instant,
     timeout: Option<Duration>,
     armed: bool,
@@ -467,6 +475,7 @@ impl Drop for Unanswered<'_> {
                 "cancelled"
             };
             crate::metrics::get().request(self.model, outcome);
+            crate::usage::request(self.key, self.model, outcome);
         }
     }
 }

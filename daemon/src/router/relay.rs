@@ -15,6 +15,7 @@ use super::{lost_worker_hint, worker_error, InFlight, RouteError};
 use crate::metrics::{InterToken, Metrics};
 use crate::slots::stats::SlotStats;
 use crate::slots::SlotManager;
+use crate::usage::KeyName;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -44,6 +45,8 @@ pub struct ChunkStream {
     finished: bool,
     /// How it ended, once it has; recorded in the metrics on drop.
     outcome: Option<Outcome>,
+    /// The API key it is counted under.
+    key: KeyName,
 }
 
 /// What `ChunkStream::new` needs of the routing.
@@ -58,6 +61,7 @@ pub(super) struct Routed {
     pub arrived: Instant,
     pub queued_us: u64,
     pub host_sampling: Vec<&'static str>,
+    pub key: KeyName,
 }
 
 impl ChunkStream {
@@ -79,6 +83,7 @@ impl ChunkStream {
             last_tokens: None,
             finished: false,
             outcome: None,
+            key: r.key,
         }
     }
 
@@ -126,6 +131,13 @@ impl ChunkStream {
                     .tokens(&self.model, usage.prompt_tokens, usage.completion_tokens);
                 self.metrics
                     .prefix_cache(&self.model, &self.slot, usage.prompt_tokens, cached);
+                crate::usage::tokens(
+                    &self.key,
+                    &self.model,
+                    usage.prompt_tokens,
+                    cached,
+                    usage.completion_tokens,
+                );
                 self.stats.prompt(usage.prompt_tokens, cached);
                 self.metrics.end_to_end(&self.model, self.arrived.elapsed());
                 self.stats.finished();
@@ -196,5 +208,6 @@ impl Drop for ChunkStream {
             Outcome::Cancelled
         });
         self.metrics.request(&self.model, outcome.label());
+        crate::usage::request(&self.key, &self.model, outcome.label());
     }
 }

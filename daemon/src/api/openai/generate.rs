@@ -6,11 +6,13 @@
 use super::errors::ApiError;
 use super::Front;
 use crate::router::{ChunkStream, RouteError};
+use crate::usage::KeyName;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio_stream::StreamExt;
@@ -24,19 +26,26 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// `POST /v1/completions`.
 pub async fn completions(
     State(front): State<Front>,
+    key: Option<Extension<KeyName>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer(front, &headers, body, Endpoint::Completions).await
+    answer(front, key_name(key), &headers, body, Endpoint::Completions).await
 }
 
 /// `POST /v1/chat/completions`.
 pub async fn chat(
     State(front): State<Front>,
+    key: Option<Extension<KeyName>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer(front, &headers, body, Endpoint::Chat).await
+    answer(front, key_name(key), &headers, body, Endpoint::Chat).await
+}
+
+/// The key the token check named (anonymous without one).
+fn key_name(key: Option<Extension<KeyName>>) -> KeyName {
+    key.map(|Extension(k)| k).unwrap_or_default()
 }
 
 /// The request header that carries a client's deadline in milliseconds
@@ -66,6 +75,7 @@ fn deadline(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
 
 async fn answer(
     front: Front,
+    key: KeyName,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     endpoint: Endpoint,
@@ -90,12 +100,17 @@ async fn answer(
         endpoint,
     };
     if parsed.stream {
-        return match front.state.router().generate(parsed.request, timeout).await {
+        return match front
+            .state
+            .router()
+            .generate(parsed.request, timeout, key)
+            .await
+        {
             Ok(stream) => streamed(head, stream, parsed.include_usage).into_response(),
             Err(e) => ApiError::route(e, &head.model).into_response(),
         };
     }
-    collected(head, &front, parsed, timeout).await
+    collected(head, &front, parsed, timeout, key).await
 }
 
 /// The body as the endpoint's request, or the error naming what is wrong.
@@ -270,6 +285,7 @@ async fn collected(
     front: &Front,
     parsed: Parsed,
     timeout: Option<Duration>,
+    key: KeyName,
 ) -> Response {
     let echo = parsed.echo;
     let requests: Vec<pb::GenerateRequest> =
@@ -284,9 +300,10 @@ async fn collected(
     let mut tasks = tokio::task::JoinSet::new();
     for (i, request) in requests.into_iter().enumerate() {
         let state = front.state.clone();
+        let key = key.clone();
         tasks.spawn(async move {
             let model = request.model.clone();
-            let answer = match state.router().generate(request, timeout).await {
+            let answer = match state.router().generate(request, timeout, key).await {
                 Ok(stream) => collect(stream, &model).await,
                 Err(e) => Err(ApiError::route(echo_refusal(e, echo), &model)),
             };

@@ -84,13 +84,17 @@ pub async fn serve(
 
 /// Bearer tokens, when configured, in front of everything but `/health`
 /// (load balancers probe it without credentials).
-async fn authenticate(State(front): State<Front>, request: Request, next: Next) -> Response {
+/// The key's name goes with the request for the usage counts.
+async fn authenticate(State(front): State<Front>, mut request: Request, next: Next) -> Response {
     let authorization = request
         .headers()
         .get(header::AUTHORIZATION)
         .map(|v| v.to_str().unwrap_or(""));
     match front.tokens.check_http(authorization) {
-        Ok(()) => next.run(request).await,
+        Ok(name) => {
+            request.extensions_mut().insert(name);
+            next.run(request).await
+        }
         Err(why) => {
             tracing::debug!(reason = %why, "refused an unauthenticated request on the OpenAI front door");
             ApiError::unauthenticated(why).into_response()
