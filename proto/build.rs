@@ -28,6 +28,7 @@ const JSON_MESSAGES: &[&str] = &[
     "ReloadStep",
     "CacheVariant",
     "AuditRecord",
+    "KeyUsage",
 ];
 
 /// Where the JSON is not the field as prost holds it (`src/json.rs` explains

@@ -180,6 +180,11 @@ impl Ledger {
         }
     }
 
+    /// The current file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Write the sums counted since the last flush. A failure is logged
     /// and the window's counts are lost (the counters still have them).
     pub fn flush(&self) {

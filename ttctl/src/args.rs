@@ -119,6 +119,16 @@ pub enum Command {
     #[command(after_help = EXIT_CODES)]
     Audit(AuditArgs),
 
+    /// Show usage per API key and model: requests, tokens, refusals, errors.
+    ///
+    /// Keys are the names in inference.tokens_file (`<token> <name>` per
+    /// line; a token without a name is `key-` and a prefix of its digest);
+    /// requests without a token count as `anonymous`. Summed from the
+    /// daemon's ledger, `<daemon.state_dir>/usage.jsonl` (and `.1`), which
+    /// it writes every 2 s and when it stops.
+    #[command(after_help = EXIT_CODES)]
+    Usage(UsageArgs),
+
     /// The tensor cache: list, verify and remove variants.
     #[command(subcommand)]
     Cache(CacheCommand),
@@ -710,6 +720,23 @@ pub struct AuditArgs {
     pub lines: u32,
 
     /// One JSON object per record, one per line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `ttctl usage`.
+#[derive(Debug, Clone, Args)]
+pub struct UsageArgs {
+    /// Only usage since T: an RFC 3339 time (`2026-12-05T15:00:00Z`) or a
+    /// time back from now (`90s`, `15m`, `2h`, `7d`).
+    #[arg(long, value_name = "T", value_parser = parse_since)]
+    pub since: Option<u64>,
+
+    /// Only the key with this name.
+    #[arg(long, value_name = "NAME")]
+    pub key: Option<String>,
+
+    /// One JSON object per key and model, one per line.
     #[arg(long)]
     pub json: bool,
 }

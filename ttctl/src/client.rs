@@ -24,8 +24,8 @@ use tt_serving_proto::v1::{
     AuditRequest, AuditResponse, BorrowEvent, BorrowRequest, BuildCacheProgress, BuildCacheRequest,
     GenerateRequest, GenerateResponse, ListCacheRequest, ListCacheResponse, LogLine, LogsRequest,
     ReloadReport, ReloadRequest, RemoveCacheRequest, RemoveCacheResponse, ResetCardRequest,
-    ResetProgress, SlotReply, SlotRequest, StatusRequest, StatusResponse, VerifyCacheProgress,
-    VerifyCacheRequest,
+    ResetProgress, SlotReply, SlotRequest, StatusRequest, StatusResponse, UsageRequest,
+    UsageResponse, VerifyCacheProgress, VerifyCacheRequest,
 };
 
 use super::outcome::Failure;
@@ -315,6 +315,12 @@ impl Daemon {
     /// `Audit`: the trail's records.
     pub(super) async fn audit(&mut self, request: AuditRequest) -> Result<AuditResponse, Failure> {
         let call = self.client.audit(request);
+        answer_within(LIST_CACHE_TIMEOUT, call, &self.socket).await
+    }
+
+    /// `Usage`: the ledger's sums per key and model.
+    pub(super) async fn usage(&mut self, request: UsageRequest) -> Result<UsageResponse, Failure> {
+        let call = self.client.usage(request);
         answer_within(LIST_CACHE_TIMEOUT, call, &self.socket).await
     }
 

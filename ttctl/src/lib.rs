@@ -32,6 +32,7 @@
 //! - `generate`: `ttctl generate`.
 //! - `logs`: `ttctl logs`, once or `--follow`.
 //! - `audit`: `ttctl audit`, the daemon's trail of control actions.
+//! - `usage`: `ttctl usage`, usage per API key and model.
 //! - `cache`: `ttctl cache ls|verify|rm|build`, and what the listing means
 //!   for a model's next start (`verify`'s judgement, read from the
 //!   daemon's `used_by` and `state`).
@@ -59,6 +60,7 @@ mod status;
 #[cfg(test)]
 mod tests;
 mod top;
+mod usage;
 
 use std::io::{self, IsTerminal, Write};
 use std::process::ExitCode;
@@ -126,6 +128,7 @@ async fn execute(
         Command::Generate(args) => generate::run(daemon, &args, out, err).await,
         Command::Logs(args) => logs::run(daemon, &args, out, tokio::signal::ctrl_c()).await,
         Command::Audit(args) => audit::run(daemon, &args, out).await,
+        Command::Usage(args) => usage::run(daemon, &args, out).await,
         Command::Cache(CacheCommand::Ls { json }) => cache::ls(daemon, json, out).await,
         Command::Cache(CacheCommand::Verify { model }) => cache::verify(daemon, &model, out).await,
         Command::Cache(CacheCommand::Rm { variant }) => cache::rm(daemon, &variant, out).await,

@@ -22,6 +22,7 @@ mod reload;
 mod slot;
 mod status;
 mod top;
+mod usage;
 
 pub use audit::audit_line;
 pub use cache::{cache_removed_line, cache_table, cache_verdict};
@@ -34,6 +35,7 @@ pub use reload::{last_reload_line, reload_failed_slots, reload_report_text};
 pub use slot::{restart_step, slot_restart_requested_line, stop_step, RestartFollow, RestartStep};
 pub use status::status_table;
 pub use top::top_frame;
+pub use usage::usage_table;
 
 /// `42s`, `3m12s`, `2h03m`, `4d07h`.
 fn duration_words(ms: u64) -> String {

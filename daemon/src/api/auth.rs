@@ -123,6 +123,8 @@ pub enum Operation {
     /// `ttctl audit`: the trail of control actions (who did what is no
     /// secret from whoever may see the cards and slots it changed).
     ReadAudit,
+    /// `ttctl usage`: usage per API key (key names, never tokens).
+    ReadUsage,
 }
 
 impl Operation {
@@ -137,6 +139,7 @@ impl Operation {
                 | Operation::Generate
                 | Operation::ReloadDryRun
                 | Operation::ReadAudit
+                | Operation::ReadUsage
         )
     }
 
@@ -160,6 +163,7 @@ impl Operation {
             Operation::Reload => "ttctl reload",
             Operation::Trial => "ttctl ab",
             Operation::ReadAudit => "ttctl audit",
+            Operation::ReadUsage => "ttctl usage",
         }
     }
 }
@@ -301,8 +305,9 @@ mod tests {
         Operation::RestartSlot,
         Operation::Reload,
     ];
-    const READ_ONLY: [Operation; 7] = [
+    const READ_ONLY: [Operation; 8] = [
         Operation::ReadAudit,
+        Operation::ReadUsage,
         Operation::Status,
         Operation::WatchStatus,
         Operation::Logs,

@@ -17,6 +17,7 @@ use crate::echo::echo;
 use crate::slots::SlotError;
 use crate::state::DaemonState;
 use crate::trial::TrialError;
+use crate::usage::Ledger;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -650,6 +651,48 @@ impl Control for ControlService {
                 .collect(),
             skipped: u32::try_from(reading.skipped).unwrap_or(u32::MAX),
             path: self.trail.path().display().to_string(),
+        }))
+    }
+
+    async fn usage(
+        &self,
+        request: Request<pb::UsageRequest>,
+    ) -> Result<Response<pb::UsageResponse>, Status> {
+        self.admit(&request, Operation::ReadUsage, &[])?;
+        let request = request.into_inner();
+        let ledger = Arc::new(Ledger::new(&self.state.config().daemon.state_dir));
+        let reader = ledger.clone();
+        let key = (!request.key.is_empty()).then_some(request.key);
+        let sum =
+            tokio::task::spawn_blocking(move || reader.sum(request.since_unix_ms, key.as_deref()))
+                .await
+                .map_err(|e| Status::internal(format!("reading the usage ledger stopped: {e}")))?
+                .map_err(|e| {
+                    Status::internal(format!(
+                        "cannot read the usage ledger {}: {e}",
+                        ledger.path().display()
+                    ))
+                })?;
+        if sum.skipped > 0 {
+            tracing::warn!(path = %ledger.path().display(), skipped = sum.skipped, "usage ledger lines that cannot be read were left out");
+        }
+        Ok(Response::new(pb::UsageResponse {
+            usage: sum
+                .by_key
+                .into_iter()
+                .map(|((key, model), c)| pb::KeyUsage {
+                    key,
+                    model,
+                    requests: c.requests,
+                    prompt_tokens: c.prompt_tokens,
+                    cached_prompt_tokens: c.cached_prompt_tokens,
+                    completion_tokens: c.completion_tokens,
+                    refused: c.refused,
+                    errors: c.errors,
+                })
+                .collect(),
+            skipped: u32::try_from(sum.skipped).unwrap_or(u32::MAX),
+            path: ledger.path().display().to_string(),
         }))
     }
 

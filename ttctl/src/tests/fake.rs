@@ -16,7 +16,8 @@ use tt_serving_proto::v1::{
     DaemonInfo, FinishReason, GenerateRequest, GenerateResponse, GenerationFinal, ListCacheRequest,
     ListCacheResponse, LogLine, LogsRequest, ReloadReport, ReloadRequest, RemoveCacheRequest,
     RemoveCacheResponse, ResetCardRequest, ResetPhase, ResetProgress, Slot, SlotReply, SlotRequest,
-    SlotState, StatusRequest, StatusResponse, Timings, TokenDelta, Usage,
+    SlotState, StatusRequest, StatusResponse, Timings, TokenDelta, Usage, UsageRequest,
+    UsageResponse,
 };
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
@@ -405,6 +406,10 @@ impl Control for FakeDaemon {
     // ttctl audit is tested against the real daemon (tests/audit.rs).
     async fn audit(&self, _: Request<AuditRequest>) -> Result<Response<AuditResponse>, Status> {
         Err(Status::unimplemented("audit"))
+    }
+
+    async fn usage(&self, _: Request<UsageRequest>) -> Result<Response<UsageResponse>, Status> {
+        Err(Status::unimplemented("usage"))
     }
 
     async fn list_cache(
