@@ -2,7 +2,8 @@
 //! the OpenAI door, each client sums the `usage` of its answers, and the
 //! daemon's ledger (`ttctl usage --json`) and counters
 //! (`tt_serving_key_*_total`) agree with each client, across a clean
-//! restart and a kill -9 (nothing counted twice).
+//! restart and a kill -9 (nothing counted twice); the gRPC door counts
+//! under the same names, refusals included.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -25,6 +26,7 @@ struct Sums {
     prompt: u64,
     cached: u64,
     completion: u64,
+    refused: u64,
 }
 
 fn options(dir: &Path) -> DaemonOptions {
@@ -113,6 +115,7 @@ fn ledger(daemon: &Daemon, key: &str) -> Sums {
         sums.prompt += u["prompt_tokens"].as_u64().unwrap_or(0);
         sums.cached += u["cached_prompt_tokens"].as_u64().unwrap_or(0);
         sums.completion += u["completion_tokens"].as_u64().unwrap_or(0);
+        sums.refused += u["refused"].as_u64().unwrap_or(0);
     }
     sums
 }
@@ -159,7 +162,63 @@ fn add(a: &mut BTreeMap<&'static str, Sums>, b: &BTreeMap<&'static str, Sums>) {
         t.prompt += s.prompt;
         t.cached += s.cached;
         t.completion += s.completion;
+        t.refused += s.refused;
     }
+}
+
+/// `n` generations over gRPC with `token`, then one for a model that does
+/// not exist (refused), summed as the client sees them.
+fn send_grpc(daemon: &Daemon, token: &str, n: usize) -> Sums {
+    use tt_serving_proto::v1::inference_client::InferenceClient;
+    use tt_serving_proto::v1::{
+        generate_request::Input, generate_response::Chunk, GenerateRequest,
+    };
+    let address = daemon.inference_address();
+    let request = |model: &str, i: usize| {
+        let mut r = tonic::Request::new(GenerateRequest {
+            model: model.into(),
+            input: Some(Input::Prompt(format!("grpc request {i}"))),
+            max_tokens: 3,
+            ..Default::default()
+        });
+        r.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("ASCII token"),
+        );
+        r
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let mut client = InferenceClient::connect(format!("http://{address}"))
+            .await
+            .expect("connect to the inference port");
+        let mut sums = Sums::default();
+        for i in 0..n {
+            let mut stream = client
+                .generate(request("smol", i))
+                .await
+                .expect("generate")
+                .into_inner();
+            while let Some(chunk) = stream.message().await.expect("chunk") {
+                if let Some(Chunk::Final(f)) = chunk.chunk {
+                    let usage = f.usage.unwrap_or_default();
+                    sums.requests += 1;
+                    sums.prompt += u64::from(usage.prompt_tokens);
+                    sums.completion += u64::from(usage.completion_tokens);
+                    sums.cached += u64::from(
+                        f.timings
+                            .map_or(0, |t| t.cached_prompt_tokens)
+                            .min(usage.prompt_tokens),
+                    );
+                }
+            }
+        }
+        let refused = client.generate(request("no-such-model", n)).await;
+        assert!(refused.is_err(), "an unknown model was served");
+        sums.requests += 1;
+        sums.refused += 1;
+        sums
+    })
 }
 
 #[test]
@@ -205,6 +264,11 @@ fn two_keys_at_once_are_counted_apart_across_restarts() {
     for (token, _) in KEYS {
         assert!(!scraped.contains(token));
     }
+
+    // The gRPC door counts under the same names.
+    let grpc = BTreeMap::from([("team-a", send_grpc(&daemon, KEYS[0].0, 3))]);
+    add(&mut total, &grpc);
+    ledger_matches(&daemon, &total);
 
     // A clean restart: the ledger keeps what was counted, once.
     daemon.restart_with(&hw, extra.clone());

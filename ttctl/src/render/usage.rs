@@ -2,10 +2,10 @@
 
 use tt_serving_proto::v1::KeyUsage;
 
-use super::Table;
+use super::{or_dash, Table};
 
-/// A table of what each key used of each model, or a line saying there
-/// is nothing yet.
+/// A table of what each key used of each model (`-`: requests for a
+/// model that is not configured), or a line saying there is nothing yet.
 pub fn usage_table(usage: &[KeyUsage]) -> String {
     if usage.is_empty() {
         return "no usage recorded (the daemon writes its ledger every 2 s)\n".to_string();
@@ -23,7 +23,7 @@ pub fn usage_table(usage: &[KeyUsage]) -> String {
     for u in usage {
         table.row(vec![
             u.key.clone(),
-            u.model.clone(),
+            or_dash(&u.model).to_string(),
             u.requests.to_string(),
             u.prompt_tokens.to_string(),
             u.cached_prompt_tokens.to_string(),

@@ -257,3 +257,30 @@ fn audit_since_reads_a_time_or_a_duration_back_from_now() {
         assert_eq!(err.exit_code(), 2, "{bad}");
     }
 }
+
+#[test]
+fn usage_takes_since_a_key_and_json() {
+    let cli = Cli::try_parse_from([
+        "ttctl",
+        "usage",
+        "--since",
+        "2026-12-05T16:00:00+01:00",
+        "--key",
+        "team-a",
+        "--json",
+    ])
+    .unwrap();
+    let Command::Usage(args) = cli.command else {
+        panic!("{cli:?}");
+    };
+    assert_eq!(
+        (args.since, args.key.as_deref(), args.json),
+        (Some(1_796_482_800_000), Some("team-a"), true)
+    );
+    let Command::Usage(args) = Cli::try_parse_from(["ttctl", "usage"]).unwrap().command else {
+        panic!("not usage");
+    };
+    assert_eq!((args.since, args.key, args.json), (None, None, false));
+    let err = Cli::try_parse_from(["ttctl", "usage", "--since", "yesterday"]).unwrap_err();
+    assert_eq!(err.exit_code(), 2);
+}
