@@ -334,7 +334,9 @@ in
       default = null;
       example = "/run/secrets/tt-serving-tokens";
       description = ''
-        Bearer tokens for the public port, one per line: a file outside the
+        Bearer tokens for the public port, one per line, each optionally
+        followed by a space and its name (usage is counted per name,
+        `ttctl usage`): a file outside the
         Nix store (root-only is fine), passed with `LoadCredential=` and
         rendered as `inference.tokens_file`. Read when the daemon starts.
       '';
