@@ -278,10 +278,27 @@ fn two_keys_at_once_are_counted_apart_across_restarts() {
 
     // kill -9 after the flush window: nothing lost, nothing counted twice.
     daemon.kill9();
-    daemon.restart_with(&hw, extra);
+    daemon.restart_with(&hw, extra.clone());
     daemon.wait_slot_state("smol", "ready");
     for (key, want) in &total {
         assert_eq!(ledger(&daemon, key), *want, "after kill -9, {key}");
+    }
+
+    // kill -9 inside the window: what was flushed stays, the rest (at most
+    // the last 2 s) is lost, nothing is counted twice.
+    let flushed = total.clone();
+    add(&mut total, &send_both(&daemon, 2, 2));
+    daemon.kill9();
+    daemon.restart_with(&hw, extra);
+    daemon.wait_slot_state("smol", "ready");
+    for (key, most) in &total {
+        let got = ledger(&daemon, key);
+        let least = flushed[key];
+        assert!(
+            got.requests >= least.requests && got.requests <= most.requests,
+            "{key}: {got:?} outside {least:?}..={most:?}"
+        );
+        assert!(got.completion >= least.completion && got.completion <= most.completion);
     }
 
     // The table names both keys.

@@ -194,6 +194,10 @@ impl Ledger {
         }
         if let Err(e) = self.append(&lines) {
             tracing::error!(path = %self.path.display(), error = %e, lost = lines.len(), "could not write the usage ledger; check daemon.state_dir");
+            return;
+        }
+        if let Err(e) = self.rotate() {
+            tracing::error!(path = %self.path.display(), error = %e, "could not rotate the usage ledger; it keeps growing until it can");
         }
     }
 
@@ -204,8 +208,17 @@ impl Ledger {
             text.push('\n');
         }
         let mut file = hostfs::open_append(&self.path, 0o600)?;
-        file.write_all(text.as_bytes())?;
-        if file.metadata()?.len() >= self.rotate_at {
+        file.write_all(text.as_bytes())
+    }
+
+    /// Past [`ROTATE_AT`], the file becomes `.1` (replacing the old one).
+    fn rotate(&self) -> io::Result<()> {
+        let size = match std::fs::symlink_metadata(&self.path) {
+            Ok(meta) => meta.len(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if size >= self.rotate_at {
             // rename(2) moves the entry itself, never a link's target.
             std::fs::rename(&self.path, &self.old)?;
         }
