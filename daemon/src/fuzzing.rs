@@ -289,6 +289,7 @@ mod tests {
             logprobs: [None, None, Some(0), Some(50)][rng.below(4)],
             prompt_logprobs: [None, None, None, Some(1)][rng.below(4)],
             prompt_only: rng.below(8) == 0,
+            priority: 0,
             n: [0, 0, 1, 2][rng.below(4)],
             // The JSON-carrying fields, in one request of sixteen (each
             // refusal they reach is one acceptance fewer).

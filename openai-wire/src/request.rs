@@ -110,6 +110,13 @@ pub struct Common {
     /// Chat: the alternatives per token, with `"logprobs": true`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<u32>,
+    /// vLLM's: the request's place in the queue when the model is
+    /// saturated; lower is sooner, default 0. The daemon's router honours
+    /// it (`GenerateRequest.priority`); the worker does not write it to an
+    /// engine (vLLM refuses a priority unless its own scheduler was started
+    /// with the priority policy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -259,6 +266,7 @@ const COMMON_FIELDS: &[&str] = &[
     "logit_bias",
     "logprobs",
     "top_logprobs",
+    "priority",
 ];
 
 /// Fields only `/v1/completions` knows ([`CompletionRequest`]).
@@ -358,6 +366,7 @@ impl Common {
         request.stop_token_ids = self.stop_token_ids.unwrap_or_default();
         request.n = self.n.unwrap_or(0);
         request.max_tokens = self.max_tokens.unwrap_or(0);
+        request.priority = self.priority.unwrap_or(0);
         let sampling = pb::SamplingParams {
             temperature: self.temperature.unwrap_or(1.0),
             top_p: self.top_p.unwrap_or(0.0),
