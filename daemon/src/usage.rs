@@ -277,24 +277,80 @@ fn sum_lines(text: &str, since_unix_ms: u64, key: Option<&str>, sum: &mut Sum) {
 /// The name every request without a token is counted under.
 pub const ANONYMOUS: &str = "anonymous";
 
-/// A key's name: `[A-Za-z0-9_.-]{1,64}`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct KeyName(Arc<str>);
+/// A key's name: `[A-Za-z0-9_.-]{1,64}`, with the most urgent priority the
+/// key may ask (its `min_priority` in the tokens file, #45; default 0).
+/// Two keys are the same key when their names are: the limit travels with
+/// the name, it does not tell keys apart.
+#[derive(Clone, Debug)]
+pub struct KeyName {
+    /// The name.
+    name: Arc<str>,
+    /// The lowest (most urgent) `priority` this key's requests may ask.
+    min_priority: i32,
+}
+
+impl PartialEq for KeyName {
+    fn eq(&self, other: &KeyName) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for KeyName {}
+
+impl std::hash::Hash for KeyName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+    }
+}
+
+impl PartialOrd for KeyName {
+    fn partial_cmp(&self, other: &KeyName) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for KeyName {
+    fn cmp(&self, other: &KeyName) -> std::cmp::Ordering {
+        self.name.cmp(&other.name)
+    }
+}
+
+/// The most urgent priority a key may ask unless the tokens file says
+/// otherwise: normal (vLLM's default), so only a key granted it jumps
+/// ahead of others.
+pub const DEFAULT_MIN_PRIORITY: i32 = 0;
 
 impl KeyName {
-    /// `name` when it is a valid key name.
+    /// `name` when it is a valid key name, with the default limit.
     pub fn new(name: &str) -> Option<KeyName> {
-        valid(name).then(|| KeyName(name.into()))
+        valid(name).then(|| KeyName {
+            name: name.into(),
+            min_priority: DEFAULT_MIN_PRIORITY,
+        })
     }
 
     /// The key of requests without a token.
     pub fn anonymous() -> KeyName {
-        KeyName(ANONYMOUS.into())
+        KeyName {
+            name: ANONYMOUS.into(),
+            min_priority: DEFAULT_MIN_PRIORITY,
+        }
+    }
+
+    /// The same key allowed priorities down to `min_priority`.
+    pub fn with_min_priority(mut self, min_priority: i32) -> KeyName {
+        self.min_priority = min_priority;
+        self
+    }
+
+    /// The lowest (most urgent) priority this key may ask.
+    pub fn min_priority(&self) -> i32 {
+        self.min_priority
     }
 
     /// The name.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.name
     }
 }
 
@@ -306,7 +362,7 @@ impl Default for KeyName {
 
 impl std::fmt::Display for KeyName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.name)
     }
 }
 

@@ -12,8 +12,14 @@
 //! named `key-` and the first 8 hex digits of its SHA-256 digest: stable,
 //! and never any part of the token itself. Tokens cannot contain spaces,
 //! so files of bare tokens load as before.
+//!
+//! A line may end with `min_priority=<N>` (#45): the most urgent (lowest)
+//! request `priority` the key may ask (lower is sooner, as vLLM's); without
+//! it, 0. A request asking more urgent is refused, naming the key and its
+//! limit, never clamped. Names cannot contain `=`, so older files load as
+//! before.
 
-use crate::usage::{KeyName, ANONYMOUS};
+use crate::usage::{KeyName, ANONYMOUS, DEFAULT_MIN_PRIORITY};
 
 use crate::secrets;
 use sha2::{Digest, Sha256};
@@ -68,12 +74,20 @@ impl Tokens {
             }
             let mut words = line.split_whitespace();
             let token = words.next().unwrap_or_default();
-            let name = words.next();
-            if words.next().is_some() {
+            // After the token: its name (no `=` in a name) and attributes
+            // (`key=value`), the name first.
+            let (attributes, plain): (Vec<&str>, Vec<&str>) = words.partition(|w| w.contains('='));
+            if plain.len() > 1 {
                 anyhow::bail!(
-                    "{source} ({KEY}) line {}: more than a token and its name; write `<token>` or `<token> <name>` per line",
+                    "{source} ({KEY}) line {}: more than a token and its name; write `<token>`, `<token> <name>` or `<token> <name> min_priority=<N>` per line",
                     i + 1
                 );
+            }
+            let name = plain.first().copied();
+            let mut min_priority = DEFAULT_MIN_PRIORITY;
+            for attribute in attributes {
+                min_priority = min_priority_of(attribute)
+                    .map_err(|why| anyhow::anyhow!("{source} ({KEY}) line {}: {why}", i + 1))?;
             }
             // Tokens travel in an HTTP/2 header after `Bearer `: visible
             // ASCII without spaces is what every client can send.
@@ -98,7 +112,7 @@ impl Tokens {
                 })?,
             };
             digests.push(d);
-            names.push(name);
+            names.push(name.with_min_priority(min_priority));
         }
         if digests.is_empty() {
             anyhow::bail!(
@@ -178,6 +192,19 @@ impl Tokens {
             Err("the bearer token is not accepted: it is none of the tokens in the daemon's inference.tokens_file; check it for typos or ask the operator for a current one".into())
         }
     }
+}
+
+/// The attribute `min_priority=<N>`: the most urgent (lowest) `priority`
+/// the key may ask. The error says what is wrong without quoting the line
+/// (a mistyped line may hold a token).
+fn min_priority_of(attribute: &str) -> Result<i32, String> {
+    let (name, value) = attribute.split_once('=').unwrap_or((attribute, ""));
+    if name != "min_priority" {
+        return Err("an unknown attribute; the only one is `min_priority=<N>` (the most urgent priority the key may ask; lower is sooner), after the token and its name".into());
+    }
+    value.parse::<i32>().map_err(|_| {
+        "min_priority must be a whole number within a 32-bit integer (lower is sooner, e.g. min_priority=-5); fix the limit on that line".to_string()
+    })
 }
 
 fn digest(token: &str) -> [u8; 32] {
@@ -313,6 +340,48 @@ mod tests {
             let err = Tokens::parse(text, "/x/tokens").unwrap_err().to_string();
             assert!(err.contains(why), "{err}");
             assert!(err.contains("line"), "{err}");
+            assert!(!err.contains("secretpart"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_priority_limit_follows_the_name_and_older_lines_still_load() {
+        let t = tokens(
+            "# comment\nbare-token\nnamed-token team-a\nurgent-token ops min_priority=-5\nnameless-token min_priority=3\n",
+        );
+        let limit = |token: &str| t.accepts(token).unwrap().min_priority();
+        assert_eq!(limit("bare-token"), 0);
+        assert_eq!(limit("named-token"), 0);
+        assert_eq!(t.accepts("urgent-token").unwrap().as_str(), "ops");
+        assert_eq!(limit("urgent-token"), -5);
+        assert!(t
+            .accepts("nameless-token")
+            .unwrap()
+            .as_str()
+            .starts_with("key-"));
+        assert_eq!(limit("nameless-token"), 3);
+    }
+
+    #[test]
+    fn a_bad_priority_limit_is_refused_by_line_number() {
+        for (text, why) in [
+            (
+                "ok\nsecretpart ops min_priority=soon\n",
+                "min_priority must be a whole number",
+            ),
+            (
+                "ok\nsecretpart ops min_priority=99999999999\n",
+                "min_priority must be a whole number",
+            ),
+            ("ok\nsecretpart ops max_priority=1\n", "unknown attribute"),
+            (
+                "ok\nsecretpart ops other min_priority=1\n",
+                "more than a token",
+            ),
+        ] {
+            let err = Tokens::parse(text, "/x/tokens").unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+            assert!(err.contains("line 2"), "{err}");
             assert!(!err.contains("secretpart"), "{err}");
         }
     }
