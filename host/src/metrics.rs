@@ -26,6 +26,16 @@ pub struct ModelLabels {
     pub model: String,
 }
 
+/// `{model, priority}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PriorityLabels {
+    /// Model name.
+    pub model: String,
+    /// The requests' `priority` (lower is sooner), as a decimal; only the
+    /// priorities some request waits at, so at most `max_queue` per model.
+    pub priority: String,
+}
+
 /// `{model, outcome}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -216,6 +226,7 @@ pub struct Metrics {
     itl: Family<ModelLabels, Histogram>,
     e2e: Family<ModelLabels, Histogram>,
     waiting: Family<ModelLabels, Gauge>,
+    waiting_by_priority: Family<PriorityLabels, Gauge>,
     running: Family<ModelLabels, Gauge>,
     slot_state: Family<SlotStateLabels, Gauge>,
     worker_rss: Family<SlotLabels, Gauge>,
@@ -269,6 +280,7 @@ impl Metrics {
             itl: Family::new_with_constructor(token_latency_histogram),
             e2e: Family::new_with_constructor(latency_histogram),
             waiting: Family::default(),
+            waiting_by_priority: Family::default(),
             running: Family::default(),
             slot_state: Family::default(),
             worker_rss: Family::default(),
@@ -384,6 +396,11 @@ impl Metrics {
             "num_requests_waiting",
             "Requests in the model's queue, waiting for a slot",
             m.waiting.clone(),
+        );
+        r.register(
+            "num_requests_waiting_by_priority",
+            "Requests in the model's queue by priority (lower is served sooner)",
+            m.waiting_by_priority.clone(),
         );
         r.register(
             "num_requests_running",
@@ -640,6 +657,7 @@ impl Metrics {
         self.worker_memory_growth.clear();
         self.running.clear();
         self.waiting.clear();
+        self.waiting_by_priority.clear();
         self.card_temperature.clear();
         self.card_power.clear();
         self.kv_budget.clear();
@@ -695,6 +713,14 @@ impl Metrics {
         for (model, n) in &now.waiting {
             self.waiting
                 .get_or_create(&model_labels(model))
+                .set(i64::from(*n));
+        }
+        for (model, priority, n) in &now.waiting_by_priority {
+            self.waiting_by_priority
+                .get_or_create(&PriorityLabels {
+                    model: model.clone(),
+                    priority: priority.to_string(),
+                })
                 .set(i64::from(*n));
         }
         self.host_memory.clear();
@@ -758,6 +784,8 @@ pub struct Snapshot {
     pub slots: Vec<SlotGauges>,
     /// Requests waiting per model.
     pub waiting: Vec<(String, u32)>,
+    /// Requests waiting per model and priority.
+    pub waiting_by_priority: Vec<(String, i32, u32)>,
     /// Each card's sensors.
     pub cards: Vec<CardGauges>,
     /// The host's hugepages and RAM, where readable.

@@ -107,6 +107,7 @@ fn snapshot(state: &DaemonState) -> crate::metrics::Snapshot {
             })
             .collect(),
         waiting: state.router().waiting(),
+        waiting_by_priority: state.router().waiting_by_priority(),
         cards: state
             .cards()
             .snapshot()

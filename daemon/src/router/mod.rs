@@ -26,6 +26,7 @@
 
 mod affinity;
 mod error;
+mod queue;
 mod relay;
 mod validate;
 
@@ -40,18 +41,18 @@ use crate::retry::RetryHint;
 use crate::slots::{Availability, Candidate, SlotManager};
 use crate::usage::KeyName;
 use affinity::{Key, Placement, Ring};
+use queue::{Queue, Ticket};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Semaphore;
 use tt_serving_proto::v1 as pb;
 
 /// Routes requests; one per daemon.
 pub struct Router {
     slots: Arc<SlotManager>,
-    /// Per model: the queue's places and the `max_queue` it was made for.
-    queues: std::sync::Mutex<BTreeMap<String, (u32, Arc<Semaphore>)>>,
+    /// Per model: its queue (`queue.rs`: priority, then keys in turn).
+    queues: std::sync::Mutex<BTreeMap<String, Arc<Queue>>>,
     /// Per model: the consistent-hash ring of its replicas (prefix
     /// affinity), grown as replicas are met.
     rings: std::sync::Mutex<BTreeMap<String, Ring>>,
@@ -85,9 +86,10 @@ impl Router {
     }
 
     /// Make the queues match the config in force (after a reload): a model
-    /// whose `max_queue` changed gets a new queue (requests waiting in the
-    /// old one keep their places), removed models lose theirs (and their
-    /// rings).
+    /// whose `max_queue` changed keeps its queue with the new capacity
+    /// (requests waiting keep their places and order), removed models lose
+    /// theirs (and their rings; their waiting requests keep the old queue
+    /// until they end).
     pub fn sync_queues(&self) {
         let config = self.slots.config();
         self.rings
@@ -95,16 +97,12 @@ impl Router {
             .unwrap_or_else(|e| e.into_inner())
             .retain(|name, _| config.models.contains_key(name));
         let mut queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
-        queues.retain(|name, (size, _)| {
-            config
-                .models
-                .get(name)
-                .is_some_and(|m| m.max_queue == *size)
-        });
+        queues.retain(|name, _| config.models.contains_key(name));
         for (name, m) in &config.models {
             queues
                 .entry(name.clone())
-                .or_insert_with(|| (m.max_queue, Arc::new(Semaphore::new(m.max_queue as usize))));
+                .or_insert_with(|| Queue::new(m.max_queue))
+                .set_capacity(m.max_queue);
         }
     }
 
@@ -113,16 +111,28 @@ impl Router {
         let queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
         queues
             .iter()
-            .map(|(model, (size, queue))| {
-                let free = u32::try_from(queue.available_permits()).unwrap_or(u32::MAX);
-                (model.clone(), size.saturating_sub(free))
+            .map(|(model, queue)| (model.clone(), queue.len()))
+            .collect()
+    }
+
+    /// Requests waiting in each model's queue by priority (only the
+    /// priorities some request waits at).
+    pub fn waiting_by_priority(&self) -> Vec<(String, i32, u32)> {
+        let queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
+        queues
+            .iter()
+            .flat_map(|(model, queue)| {
+                queue
+                    .waiting()
+                    .into_iter()
+                    .map(|(priority, n)| (model.clone(), priority, n))
             })
             .collect()
     }
 
-    fn queue(&self, model: &str) -> Option<Arc<Semaphore>> {
+    fn queue(&self, model: &str) -> Option<Arc<Queue>> {
         let queues = self.queues.lock().unwrap_or_else(|e| e.into_inner());
-        queues.get(model).map(|(_, q)| q.clone())
+        queues.get(model).cloned()
     }
 
     /// UNAVAILABLE for a model without a Ready slot: each slot's state and
@@ -269,9 +279,12 @@ impl Router {
         affinity::choose(ring, key, candidates, limit)
     }
 
-    /// Wait (holding the request's queue place) until a Ready slot of the
-    /// model has room, a recovering one is worth waiting for no longer, or
-    /// the deadline passes; the slot's in-flight count is taken.
+    /// Wait (holding the request's queue place, `ticket`) until it is the
+    /// queue's next and a Ready slot of the model has room, a recovering
+    /// one is worth waiting for no longer, or the deadline passes; the
+    /// slot's in-flight count is taken. Without a ticket (a request routed
+    /// again after a replica refused it) it does not wait its turn.
+    #[allow(clippy::too_many_arguments)]
     async fn route(
         &self,
         model: &str,
@@ -280,28 +293,49 @@ impl Router {
         refused: &[String],
         started: tokio::time::Instant,
         deadline: Option<tokio::time::Instant>,
+        ticket: Option<(&Queue, &Ticket)>,
     ) -> Result<(crate::slots::Route, Option<Placement>), RouteError> {
         loop {
             let notified = self.slots.changed.notified();
+            // The head leaving (routed, refused, gone) makes another the
+            // next: woken by the queue as by a slot change.
+            let moved = ticket.map(|(queue, _)| queue.moved.notified());
+            let notified = async move {
+                match moved {
+                    Some(moved) => {
+                        tokio::select! {
+                            () = notified => {}
+                            () = moved => {}
+                        }
+                    }
+                    None => notified.await,
+                }
+            };
             let mut placement = None;
-            let picked = self.slots.pick(model, |all| {
-                // Slots that refused this request are passed over while
-                // another can take it.
-                let (index, candidates): (Vec<usize>, Vec<Candidate<'_>>) = all
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, c)| !refused.iter().any(|r| r == c.slot))
-                    .map(|(i, c)| (i, *c))
-                    .unzip();
-                let (index, candidates) = if candidates.is_empty() {
-                    ((0..all.len()).collect(), all.to_vec())
-                } else {
-                    (index, candidates)
-                };
-                let (chosen, how) = self.place(model, key, &candidates, m.max_in_flight)?;
-                placement = how;
-                index.get(chosen).copied()
-            });
+            // Not its turn: another request is served first.
+            let turn = ticket.is_none_or(|(_, t)| t.is_next());
+            let picked = turn
+                .then(|| {
+                    self.slots.pick(model, |all| {
+                        // Slots that refused this request are passed over while
+                        // another can take it.
+                        let (index, candidates): (Vec<usize>, Vec<Candidate<'_>>) = all
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, c)| !refused.iter().any(|r| r == c.slot))
+                            .map(|(i, c)| (i, *c))
+                            .unzip();
+                        let (index, candidates) = if candidates.is_empty() {
+                            ((0..all.len()).collect(), all.to_vec())
+                        } else {
+                            (index, candidates)
+                        };
+                        let (chosen, how) = self.place(model, key, &candidates, m.max_in_flight)?;
+                        placement = how;
+                        index.get(chosen).copied()
+                    })
+                })
+                .flatten();
             if let Some(route) = picked {
                 return Ok((route, placement));
             }
@@ -347,6 +381,17 @@ impl Router {
         caller: KeyName,
     ) -> Result<ChunkStream, RouteError> {
         validate_request(&self.slots.config(), &request)?;
+        // Fail closed: a priority more urgent than the key may ask is
+        // refused, never clamped (the client would believe it was served
+        // as asked).
+        if request.priority < caller.min_priority() {
+            return Err(RouteError::Invalid(format!(
+                "priority: {} is more urgent than key `{caller}` may ask (lower is sooner; its limit is min_priority={} in the daemon's inference.tokens_file); ask {} or more, or ask the operator to lower the key's min_priority",
+                request.priority,
+                caller.min_priority(),
+                caller.min_priority()
+            )));
+        }
         let arrived = Instant::now();
         let model = request.model.clone();
         let config = self.slots.config();
@@ -380,10 +425,10 @@ impl Router {
             standing.ready_engines.iter().map(|e| &**e),
             by_context,
         )?;
-        let permit = queue.try_acquire_owned().map_err(|_| {
+        let permit = queue.enter(request.priority, &caller).map_err(|full| {
             RouteError::QueueFull(format!(
-                "model `{model}` has {} requests waiting (max_queue); retry in a few seconds",
-                m.max_queue
+                "model `{model}` has {} requests waiting, its limit (models.{model}.max_queue = {}); retry in a few seconds",
+                full.capacity, full.capacity
             ))
         })?;
         // A replica that began draining between the pick and the call (a
@@ -394,8 +439,9 @@ impl Router {
         let mut refused: Vec<String> = Vec::new();
         let mut permit = Some(permit);
         let (route, placement, guard, upstream) = loop {
+            let ticket = permit.as_ref().map(|t| (&*queue, t));
             let (route, placement) = self
-                .route(&model, m, key, &refused, started, deadline)
+                .route(&model, m, key, &refused, started, deadline, ticket)
                 .await?;
             // Routed: the request leaves the queue (a retry below routes it
             // again without taking a new place).
