@@ -336,7 +336,8 @@ in
       description = ''
         Bearer tokens for the public port, one per line, each optionally
         followed by a space and its name (usage is counted per name,
-        `ttctl usage`): a file outside the
+        `ttctl usage`) and by `min_priority=<N>` (the most urgent request
+        priority the key may ask; lower is sooner): a file outside the
         Nix store (root-only is fine), passed with `LoadCredential=` and
         rendered as `inference.tokens_file`. Read when the daemon starts.
       '';
