@@ -6,7 +6,7 @@ use tt_serving_proto::v1::AuditRequest;
 
 use super::args::AuditArgs;
 use super::client::Daemon;
-use super::outcome::{emit, Failure};
+use super::outcome::{emit, emit_skipped, Failure};
 use super::render::{audit_line, json_text};
 
 /// Print the records the daemon returns, oldest first, one line each (or
@@ -31,14 +31,8 @@ pub(super) async fn run(
         };
         emit(out, &line)?;
     }
-    if answer.skipped > 0 && !args.json {
-        emit(
-            out,
-            &format!(
-                "({} line(s) of {} could not be read and were left out)\n",
-                answer.skipped, answer.path
-            ),
-        )?;
+    if !args.json {
+        emit_skipped(out, answer.skipped, &answer.path)?;
     }
     Ok(())
 }

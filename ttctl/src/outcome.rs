@@ -57,3 +57,19 @@ pub(crate) fn note(err: &mut (dyn Write + Send), text: &str) {
 pub(crate) fn ctrl_c_pressed(signal: io::Result<()>) -> Result<(), Failure> {
     signal.map_err(|err| Failure::Failed(format!("cannot listen for Ctrl-C: {err}")))
 }
+
+/// The note under a listing read from a daemon file (the audit trail, the
+/// usage ledger) when some of its lines could not be read.
+pub(crate) fn emit_skipped(
+    out: &mut (dyn Write + Send),
+    skipped: u32,
+    path: &str,
+) -> Result<(), Failure> {
+    if skipped == 0 {
+        return Ok(());
+    }
+    emit(
+        out,
+        &format!("({skipped} line(s) of {path} could not be read and were left out)\n"),
+    )
+}

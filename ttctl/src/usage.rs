@@ -7,7 +7,7 @@ use tt_serving_proto::v1::UsageRequest;
 
 use super::args::UsageArgs;
 use super::client::Daemon;
-use super::outcome::{emit, Failure};
+use super::outcome::{emit, emit_skipped, Failure};
 use super::render::{json_text, usage_table};
 
 /// Print one row per key and model (or one JSON object each, with nothing
@@ -31,14 +31,6 @@ pub(super) async fn run(
         return Ok(());
     }
     emit(out, &usage_table(&answer.usage))?;
-    if answer.skipped > 0 {
-        emit(
-            out,
-            &format!(
-                "({} line(s) of {} could not be read and were left out)\n",
-                answer.skipped, answer.path
-            ),
-        )?;
-    }
+    emit_skipped(out, answer.skipped, &answer.path)?;
     Ok(())
 }
