@@ -393,6 +393,23 @@ mod tests {
         KeyName::new(name).unwrap()
     }
 
+    #[test]
+    fn a_link_planted_at_the_ledger_is_refused_and_its_target_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, "not the daemon's\n").unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join(FILE)).unwrap();
+        let ledger = Ledger::new(dir.path());
+        assert!(
+            ledger.append(&[]).is_err(),
+            "a planted link must be refused"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&target).unwrap(),
+            "not the daemon's\n"
+        );
+    }
+
     // One test touches the process-wide sums, so no other test's counts
     // land in its windows.
     #[test]
