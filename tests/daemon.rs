@@ -355,47 +355,6 @@ fn public_port_serves_health_reflection_and_clear_errors() {
     });
 }
 
-/// A Python with grpcio: `TT_GRPCIO_PYTHON` (CI sets it from
-/// `scripts/grpcio-python.sh`), else the venv that script makes, else
-/// `python3`. CI requires it; elsewhere a missing grpcio skips loudly.
-fn grpcio_python() -> Option<std::path::PathBuf> {
-    let imports_grpc = |python: &std::path::Path| {
-        Command::new(python)
-            .args(["-c", "import grpc"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if let Some(python) = std::env::var_os("TT_GRPCIO_PYTHON").filter(|p| !p.is_empty()) {
-        let python = std::path::PathBuf::from(python);
-        assert!(
-            imports_grpc(&python),
-            "TT_GRPCIO_PYTHON={} cannot `import grpc`; run `export TT_GRPCIO_PYTHON=$(scripts/grpcio-python.sh)`",
-            python.display()
-        );
-        return Some(python);
-    }
-    let venv = std::env::var_os("HOME")
-        .map(|home| std::path::Path::new(&home).join(".cache/tt-serving/grpcio-venv/bin/python"));
-    if let Some(python) = venv
-        .into_iter()
-        .chain([std::path::PathBuf::from("python3")])
-        .find(|p| imports_grpc(p))
-    {
-        return Some(python);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "CI must provide grpcio: .ci/run exports TT_GRPCIO_PYTHON=$(scripts/grpcio-python.sh)"
-        );
-    }
-    eprintln!(
-        "SKIPPED: no Python with grpcio; run `export TT_GRPCIO_PYTHON=$(scripts/grpcio-python.sh)`"
-    );
-    None
-}
-
 /// grpcio (the gRPC C-core, as Python, Ruby or C++ clients use it) over
 /// the control and worker sockets, with raw method paths and hand-encoded
 /// protobuf: health by the names docs/ARCHITECTURE.md gives (the daemon,
@@ -405,7 +364,7 @@ fn grpcio_python() -> Option<std::path::PathBuf> {
 /// the docs say (see tests/clients/grpcio_raw.py).
 #[test]
 fn a_grpcio_client_reads_health_status_and_worker_info_over_unix_sockets() {
-    let Some(python) = grpcio_python() else {
+    let Some(python) = tt_serving_tests::grpcio_python("import grpc") else {
         return;
     };
     let hw = FakeHw::new(1);

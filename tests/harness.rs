@@ -879,3 +879,45 @@ pub fn curl(method: &str, url: &str, token: Option<&str>, body: Option<&str>) ->
         body: body.to_string(),
     }
 }
+
+/// A Python with grpcio: `TT_GRPCIO_PYTHON` (CI sets it from
+/// `scripts/grpcio-python.sh`), else the venv that script makes, else
+/// `python3`, that runs `imports` (e.g. `import grpc`). CI requires it;
+/// elsewhere a missing one skips loudly.
+pub fn grpcio_python(imports: &str) -> Option<std::path::PathBuf> {
+    let imports_all = |python: &std::path::Path| {
+        Command::new(python)
+            .args(["-c", imports])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if let Some(python) = std::env::var_os("TT_GRPCIO_PYTHON").filter(|p| !p.is_empty()) {
+        let python = std::path::PathBuf::from(python);
+        assert!(
+            imports_all(&python),
+            "TT_GRPCIO_PYTHON={} cannot run `{imports}`; run `export TT_GRPCIO_PYTHON=$(scripts/grpcio-python.sh)`",
+            python.display()
+        );
+        return Some(python);
+    }
+    let venv = std::env::var_os("HOME")
+        .map(|home| std::path::Path::new(&home).join(".cache/tt-serving/grpcio-venv/bin/python"));
+    if let Some(python) = venv
+        .into_iter()
+        .chain([std::path::PathBuf::from("python3")])
+        .find(|p| imports_all(p))
+    {
+        return Some(python);
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!(
+            "CI must provide grpcio: .ci/run exports TT_GRPCIO_PYTHON=$(scripts/grpcio-python.sh)"
+        );
+    }
+    eprintln!(
+        "SKIPPED: no Python with grpcio; run `export TT_GRPCIO_PYTHON=$(scripts/grpcio-python.sh)`"
+    );
+    None
+}

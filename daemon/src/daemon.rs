@@ -75,6 +75,15 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
     // touches a card.
     let public_port = api::PublicPort::load(&config)?;
     let admin_rule = api::AdminRule::resolve(config.daemon.control_admin_group.as_deref())?;
+    // Traces: the exporter connects lazily, so a collector that starts
+    // later (or restarts) loses nothing but the spans made meanwhile.
+    let traces = match config.tracing.otlp_endpoint.as_str() {
+        "" => None,
+        endpoint => Some(
+            tt_serving_telemetry::start(endpoint, "tt-servingd", Vec::new())
+                .context("cannot start the OpenTelemetry exporter (tracing.otlp_endpoint)")?,
+        ),
+    };
     notify::status("starting: checking directories");
     crate::hostfs::ensure_daemon_dirs(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
     // Before anything touches a card: a live daemon on the control socket
@@ -283,6 +292,10 @@ pub async fn run(config: Config, config_path: &Path) -> anyhow::Result<()> {
             clean_record.display()
         )
     })?;
+    // The last spans (the drained requests', the slots' stops).
+    if let Some(traces) = traces {
+        let _ = tokio::task::spawn_blocking(move || traces.shutdown()).await;
+    }
     tracing::info!("stopped cleanly");
     Ok(())
 }

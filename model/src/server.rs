@@ -381,6 +381,8 @@ impl Ready {
 }
 
 impl Backend for TtWorker {
+    const SERVICE_NAME: &'static str = "tt-worker";
+
     fn phase(&self) -> Phase {
         self.status.phase()
     }
@@ -436,6 +438,7 @@ impl Backend for TtWorker {
         request: pb::GenerateRequest,
         request_id: String,
         arrived: Instant,
+        _trace: tt_serving_telemetry::Span,
     ) -> impl Future<Output = Result<TokenStream, GenerateError>> + Send {
         // All of it happens before the first await: the engine thread
         // takes a submission without waiting.

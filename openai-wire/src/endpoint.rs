@@ -21,6 +21,15 @@ impl Endpoint {
         }
     }
 
+    /// The name of a request's span (OpenTelemetry's HTTP convention:
+    /// method and route).
+    pub fn span_name(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "POST /v1/completions",
+            Endpoint::Chat => "POST /v1/chat/completions",
+        }
+    }
+
     /// An answer's `object`, streamed (a chunk) or collected.
     pub fn object(self, streamed: bool) -> &'static str {
         match (self, streamed) {

@@ -182,6 +182,17 @@ pub async fn send(
     path: &str,
     json: Option<Vec<u8>>,
 ) -> Result<Response, HttpError> {
+    send_with(port, method, path, json, &[]).await
+}
+
+/// [`send`] with more headers (a request's W3C trace context).
+pub async fn send_with(
+    port: u16,
+    method: hyper::Method,
+    path: &str,
+    json: Option<Vec<u8>>,
+    headers: &[(&'static str, String)],
+) -> Result<Response, HttpError> {
     let stream = TcpStream::connect(("127.0.0.1", port))
         .await
         .map_err(|source| HttpError::Connect {
@@ -209,6 +220,9 @@ pub async fn send(
     }
     if json.is_some() {
         request = request.header(hyper::header::CONTENT_TYPE, "application/json");
+    }
+    for (name, value) in headers {
+        request = request.header(*name, value);
     }
     let request = request
         .body(Full::new(Bytes::from(json.unwrap_or_default())))

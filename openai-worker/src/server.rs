@@ -86,6 +86,8 @@ fn refusal(code: hyper::StatusCode, message: &str) -> GenerateError {
 }
 
 impl Backend for OpenAiBackend {
+    const SERVICE_NAME: &'static str = "tt-worker-openai";
+
     fn phase(&self) -> Phase {
         self.status.phase()
     }
@@ -163,6 +165,7 @@ impl Backend for OpenAiBackend {
         generate: pb::GenerateRequest,
         request_id: String,
         arrived: Instant,
+        trace: tt_serving_telemetry::Span,
     ) -> Result<TokenStream, GenerateError> {
         let loaded = self
             .status
@@ -186,12 +189,24 @@ impl Backend for OpenAiBackend {
         let prefill = self.status.begin_prefill(prompt_token_bound(&generate));
         let mut cancel = self.status.cancelled();
         let path = plan.endpoint.path();
+        // The engine continues the trace: vLLM makes its request span a
+        // child of this worker's (when it runs with
+        // --otlp-traces-endpoint); one that does not read the header
+        // ignores it.
+        let trace_headers: Vec<(&'static str, String)> = match trace.trace_context() {
+            Some((traceparent, tracestate)) => {
+                std::iter::once((tt_serving_telemetry::TRACEPARENT, traceparent))
+                    .chain(tracestate.map(|s| (tt_serving_telemetry::TRACESTATE, s)))
+                    .collect()
+            }
+            None => Vec::new(),
+        };
         // The answer's head comes once the engine accepted the request (a
         // llama-server sends it with the first token, so this can last a
         // whole prefill); a dropped call drops this future and the
         // connection with it.
         let response = tokio::select! {
-            r = http::send(self.identity.port, hyper::Method::POST, path, Some(body)) => r
+            r = http::send_with(self.identity.port, hyper::Method::POST, path, Some(body), &trace_headers) => r
                 .map_err(|e| GenerateError::Unavailable(format!("{e}; the engine may have died")))?,
             _ = cancel.wait_for(|c| *c) => {
                 return Err(GenerateError::Unavailable(tt_worker_contract::service::DRAINING.into()));

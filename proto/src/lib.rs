@@ -62,3 +62,15 @@ pub mod v1 {
 /// reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/tt_serving_descriptor.bin"));
+
+/// A finish reason as traces and logs name it: `stop`, `length`,
+/// `cancelled`, `tool_calls` (`unspecified` for a chunk that set none).
+pub fn finish_reason_name(reason: v1::FinishReason) -> &'static str {
+    match reason {
+        v1::FinishReason::Stop => "stop",
+        v1::FinishReason::Length => "length",
+        v1::FinishReason::Cancelled => "cancelled",
+        v1::FinishReason::ToolCalls => "tool_calls",
+        v1::FinishReason::Unspecified => "unspecified",
+    }
+}

@@ -53,6 +53,11 @@ pub struct ContractArgs {
     /// sets it at each start).
     #[arg(long, env = names::DEVICES, value_name = "NODES")]
     pub devices: Option<String>,
+    /// Export this worker's spans over OTLP/gRPC to this collector
+    /// (`http://HOST:PORT`; the daemon sets it while its `[tracing]
+    /// otlp_endpoint` is). Unset: no spans.
+    #[arg(long, env = names::OTLP_ENDPOINT, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// The validated contract.
@@ -73,6 +78,8 @@ pub struct Contract {
     /// Device node per rank; empty when the daemon (or a hand run) gave
     /// none.
     pub devices: Vec<String>,
+    /// Where spans go (None: traces off).
+    pub otlp_endpoint: Option<String>,
 }
 
 /// An argument problem: the worker exits with
@@ -140,11 +147,21 @@ impl ContractArgs {
                 names::VISIBLE_DEVICES,
             )));
         }
+        let otlp_endpoint = self.otlp_endpoint.filter(|e| !e.is_empty());
+        if let Some(endpoint) = &otlp_endpoint {
+            tt_serving_telemetry::check_endpoint(endpoint).map_err(|why| {
+                UsageError(format!(
+                    "{} (--otlp-endpoint) `{endpoint}`: {why}",
+                    names::OTLP_ENDPOINT
+                ))
+            })?;
+        }
         Ok(Contract {
             socket,
             model,
             tp: self.tp,
             cache_dir,
+            otlp_endpoint,
             cache_mode,
             bdfs,
             devices,

@@ -120,13 +120,20 @@ pub trait Backend: Send + Sync + 'static {
     /// progress.
     fn health(&self) -> pb::HealthResponse;
 
+    /// The service name this worker's spans carry (`tt-worker`, ...).
+    const SERVICE_NAME: &'static str;
+
     /// Starts one generation of a worker that is Ready; dropping the
-    /// stream cancels it.
+    /// stream cancels it. `trace` is the worker's span of the request
+    /// (empty while traces are off): an engine that takes W3C trace
+    /// context is given `trace.traceparent()`; the service records the
+    /// first- and last-token events itself.
     fn generate(
         &self,
         request: pb::GenerateRequest,
         request_id: String,
         arrived: Instant,
+        trace: tt_serving_telemetry::Span,
     ) -> impl Future<Output = Result<TokenStream, GenerateError>> + Send;
 
     /// Stops admitting work (the phase becomes Draining) and lets in-flight

@@ -29,6 +29,16 @@ pub const TT_CONFIG: &str = "TT_WORKER_TT_CONFIG";
 /// The worker's log filter (tracing's `EnvFilter` syntax; default `info`).
 pub const LOG: &str = "TT_WORKER_LOG";
 
+/// The OTLP/gRPC collector the worker exports its spans to
+/// (`http://HOST:PORT`), set only while the daemon's `[tracing]
+/// otlp_endpoint` is. A worker's span for a request is a child of the
+/// daemon's: the trace context comes as `traceparent` on the call.
+pub const OTLP_ENDPOINT: &str = "TT_WORKER_OTLP_ENDPOINT";
+/// OpenTelemetry's own resource variable (the SDKs read it): the daemon
+/// puts `tt.slot=<slot>,tt.model=<model>` in front of a model's own
+/// value beside [`OTLP_ENDPOINT`].
+pub const OTEL_RESOURCE_ATTRIBUTES: &str = "OTEL_RESOURCE_ATTRIBUTES";
+
 /// Set to `1` by the daemon for the identity step: the worker prints one
 /// line, [`IDENTITY_PREFIX`] and a JSON object of strings naming the engine
 /// it would run (versions, build), and exits 0 without binding a socket or
@@ -52,6 +62,7 @@ pub const RESERVED: &[&str] = &[
     DEVICES,
     IDENTIFY,
     TT_CONFIG,
+    OTLP_ENDPOINT,
 ];
 
 /// Exit status of a worker that served and drained (or was stopped

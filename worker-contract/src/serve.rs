@@ -53,6 +53,18 @@ pub struct Bound {
 impl Bound {
     /// Starts serving `backend` on the socket.
     pub fn serve<B: Backend>(self, contract: &Contract, backend: Arc<B>) -> Server {
+        // Spans are made only with a collector to send them to.
+        let exporter =
+            contract.otlp_endpoint.as_deref().and_then(
+                |endpoint| match tt_serving_telemetry::start(endpoint, B::SERVICE_NAME, Vec::new())
+                {
+                    Ok(exporter) => Some(exporter),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "traces are off for this worker");
+                        None
+                    }
+                },
+            );
         let shut_down = Arc::new(Notify::new());
         let service = EngineService::new(contract, backend, shut_down.clone());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -73,6 +85,7 @@ impl Bound {
             int: self.int,
             stop,
             task,
+            exporter,
         }
     }
 
@@ -91,6 +104,8 @@ pub struct Server {
     int: Signal,
     stop: oneshot::Sender<()>,
     task: JoinHandle<Result<(), tonic::transport::Error>>,
+    /// The span exporter, while traces are on.
+    exporter: Option<tt_serving_telemetry::Exporter>,
 }
 
 impl Server {
@@ -133,6 +148,10 @@ impl Server {
             _ => {}
         }
         remove_socket(&self.socket);
+        // The last spans (the drained requests') go out before the exit.
+        if let Some(exporter) = self.exporter {
+            let _ = tokio::task::spawn_blocking(move || exporter.shutdown()).await;
+        }
     }
 }
 

@@ -12,6 +12,7 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 use tt_serving_proto::v1 as pb;
 use tt_serving_proto::v1::engine_server::Engine;
+use tt_serving_telemetry::{attr, Attribute, Kind, Span};
 
 /// What a refusal while loading says.
 pub const LOADING: &str = "the worker is still loading the model";
@@ -86,24 +87,65 @@ impl<B: Backend> Engine for EngineService<B> {
         request: Request<pb::EngineGenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let arrived = Instant::now();
+        // A child of the daemon's span when the call carries its context.
+        let span = Span::from_grpc("worker generate", Kind::Server, request.metadata());
+        let refused = |status: Status| {
+            span.fail(|| status.message().to_string());
+            status
+        };
         match self.backend.phase() {
-            Phase::Loading => return Err(Status::unavailable(LOADING)),
-            Phase::Draining => return Err(Status::unavailable(DRAINING)),
+            Phase::Loading => return Err(refused(Status::unavailable(LOADING))),
+            Phase::Draining => return Err(refused(Status::unavailable(DRAINING))),
             Phase::Ready => {}
         }
         let request = request.into_inner();
         let generate = request.request.ok_or_else(|| {
-            Status::from(GenerateError::Invalid(
+            refused(Status::from(GenerateError::Invalid(
                 "EngineGenerateRequest.request is missing".into(),
-            ))
+            )))
         })?;
+        span.set_with(|| {
+            vec![
+                Attribute::new(attr::MODEL, generate.model.clone()),
+                Attribute::new(attr::REQUEST_ID, request.request_id.clone()),
+            ]
+        });
         let stream = self
             .backend
-            .generate(generate, request.request_id, arrived)
-            .await?;
-        Ok(Response::new(Box::pin(
-            stream.map(|chunk| chunk.map_err(Status::from)),
-        )))
+            .generate(generate, request.request_id, arrived, span.clone())
+            .await
+            .map_err(|e| refused(Status::from(e)))?;
+        if !span.is_recording() {
+            return Ok(Response::new(Box::pin(
+                stream.map(|chunk| chunk.map_err(Status::from)),
+            )));
+        }
+        // The generation's events on the way out; the span ends with the
+        // stream (a cancelled one too).
+        let mut first = true;
+        Ok(Response::new(Box::pin(stream.map(move |chunk| {
+            match &chunk {
+                Ok(response) => match &response.chunk {
+                    Some(pb::generate_response::Chunk::Delta(_)) if first => {
+                        first = false;
+                        span.first_token();
+                    }
+                    Some(pb::generate_response::Chunk::Final(f)) => {
+                        let usage = f.usage.unwrap_or_default();
+                        span.last_token(
+                            tt_serving_proto::finish_reason_name(f.finish_reason()),
+                            usage.prompt_tokens,
+                            f.timings.map_or(0, |t| t.cached_prompt_tokens),
+                            usage.completion_tokens,
+                        );
+                        span.end();
+                    }
+                    _ => {}
+                },
+                Err(e) => span.fail(|| e.to_string()),
+            }
+            chunk.map_err(Status::from)
+        }))))
     }
 
     async fn shutdown(

@@ -769,7 +769,7 @@ impl Control for ControlService {
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         self.rule.authorize(&request, Operation::Generate)?;
-        super::route::generate(&self.state, request, |stream| stream).await
+        super::route::generate(&self.state, "control", request, |stream| stream).await
     }
 
     async fn list_cache(

@@ -34,7 +34,7 @@ impl Inference for InferenceService {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let max = self.state.config().limits.max_streams_per_connection;
         let place = super::limits::admit(&request, max)?;
-        super::route::generate(&self.state, request, move |stream| {
+        super::route::generate(&self.state, "grpc", request, move |stream| {
             // The place is held for as long as the client's stream lives.
             let stream = tokio_stream::StreamExt::map(stream, move |chunk| {
                 let _held = &place;

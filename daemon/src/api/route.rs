@@ -11,6 +11,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::metadata::MetadataValue;
 use tonic::{Code, Request, Status};
 use tt_serving_proto::v1 as pb;
+use tt_serving_telemetry::{attr, Kind, Span};
 
 /// The gRPC metadata key (gRFC A6 "server pushback").
 pub const GRPC_PUSHBACK: &str = "grpc-retry-pushback-ms";
@@ -20,6 +21,7 @@ pub const GRPC_PUSHBACK: &str = "grpc-retry-pushback-ms";
 /// that marks a request served on the host sampling path.
 pub async fn generate<S>(
     state: &DaemonState,
+    door: &'static str,
     request: Request<pb::GenerateRequest>,
     respond: impl FnOnce(
         std::pin::Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send + 'static>>,
@@ -37,9 +39,16 @@ pub async fn generate<S>(
         .get::<KeyName>()
         .cloned()
         .unwrap_or_default();
+    // The request's span, a child of the client's trace when it sent one.
+    let trace = Span::from_grpc(
+        "tt.serving.v1.Inference/Generate",
+        Kind::Server,
+        request.metadata(),
+    );
+    trace.set(attr::DOOR, door);
     let stream = state
         .router()
-        .generate(request.into_inner(), timeout, key)
+        .generate(request.into_inner(), timeout, key, trace)
         .await
         .map_err(status)?;
     let sampling = stream.host_sampling().join(",");

@@ -47,6 +47,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tt_serving_proto::v1 as pb;
+use tt_serving_telemetry::{attr, Attribute, Kind, Span};
 
 /// Routes requests; one per daemon.
 pub struct Router {
@@ -228,13 +229,23 @@ impl Router {
     /// Route one request and return the stream of chunks for the client.
     /// Every request is counted in the metrics by model (configured models
     /// only, so labels stay bounded) and outcome, and in the usage of the
-    /// API key `key` it came with.
+    /// API key `key` it came with. `trace` is the door's span of it (empty
+    /// while traces are off): the queue wait and the worker's call are its
+    /// children, and it ends with the stream.
     pub async fn generate(
         &self,
         request: pb::GenerateRequest,
         timeout: Option<Duration>,
         key: KeyName,
+        trace: Span,
     ) -> Result<ChunkStream, RouteError> {
+        trace.set_with(|| {
+            vec![
+                Attribute::new(attr::MODEL, request.model.clone()),
+                Attribute::new(attr::KEY, key.to_string()),
+                Attribute::new(attr::PRIORITY, i64::from(request.priority)),
+            ]
+        });
         let model = if self.slots.config().models.contains_key(&request.model) {
             request.model.clone()
         } else {
@@ -250,11 +261,13 @@ impl Router {
             timeout,
             armed: true,
         };
-        let result = self.admit(request, timeout, key.clone()).await;
+        let result = self.admit(request, timeout, key.clone(), &trace).await;
         unanswered.armed = false;
         if let Err(e) = &result {
             crate::metrics::get().request(&model, e.outcome().label());
             crate::usage::request(&key, &model, e.outcome().label());
+            trace.set(attr::OUTCOME, e.outcome().label());
+            trace.fail(|| e.message().to_string());
         }
         result
     }
@@ -379,6 +392,7 @@ impl Router {
         request: pb::GenerateRequest,
         timeout: Option<Duration>,
         caller: KeyName,
+        trace: &Span,
     ) -> Result<ChunkStream, RouteError> {
         validate_request(&self.slots.config(), &request)?;
         // Fail closed: a priority more urgent than the key may ask is
@@ -425,6 +439,9 @@ impl Router {
             standing.ready_engines.iter().map(|e| &**e),
             by_context,
         )?;
+        // Admission to routed: the wait in the model's queue (and for a
+        // recovering slot), ended by the routing decision.
+        let queued = trace.child("queue", Kind::Internal);
         let permit = queue.enter(request.priority, &caller).map_err(|full| {
             RouteError::QueueFull(format!(
                 "model `{model}` has {} requests waiting, its limit (models.{model}.max_queue = {}); retry in a few seconds",
@@ -438,7 +455,7 @@ impl Router {
         // (its affinity key would lead it straight back).
         let mut refused: Vec<String> = Vec::new();
         let mut permit = Some(permit);
-        let (route, placement, guard, upstream) = loop {
+        let (route, placement, guard, upstream, call) = loop {
             let ticket = permit.as_ref().map(|t| (&*queue, t));
             let (route, placement) = self
                 .route(&model, m, key, &refused, started, deadline, ticket)
@@ -446,6 +463,14 @@ impl Router {
             // Routed: the request leaves the queue (a retry below routes it
             // again without taking a new place).
             drop(permit.take());
+            queued.set_with(|| {
+                let mut decided = vec![Attribute::new(attr::SLOT, route.slot.clone())];
+                if let Some(p) = placement {
+                    decided.push(Attribute::new(attr::AFFINITY, p.word()));
+                }
+                decided
+            });
+            queued.end();
             let guard = InFlight {
                 counter: route.in_flight.clone(),
                 slots: self.slots.clone(),
@@ -456,13 +481,26 @@ impl Router {
                 request: Some(request.clone()),
                 request_id: format!("req-{}", self.next_id.fetch_add(1, Ordering::Relaxed)),
             };
+            // The worker's call, whose span the worker's own is a child of.
+            let call = trace.child("worker generate", Kind::Client);
+            call.set_with(|| {
+                vec![
+                    Attribute::new(attr::SLOT, route.slot.clone()),
+                    Attribute::new(attr::REQUEST_ID, engine_request.request_id.clone()),
+                ]
+            });
+            let mut engine_request = tonic::Request::new(engine_request);
+            call.inject_grpc(engine_request.metadata_mut());
             match route.engine.clone().generate(engine_request).await {
-                Ok(upstream) => break (route, placement, guard, upstream.into_inner()),
+                Ok(upstream) => break (route, placement, guard, upstream.into_inner(), call),
                 Err(status) if status.code() == tonic::Code::Unavailable && refused.len() < 3 => {
+                    call.fail(|| format!("refused before starting: {}", status.message()));
+                    call.end();
                     refused.push(route.slot.clone());
                     tracing::debug!(slot = %route.slot, message = %status.message(), "worker refused a request before starting it; routing it again");
                 }
                 Err(status) => {
+                    call.fail(|| status.message().to_string());
                     let slots = self.slots.clone();
                     return Err(worker_error(&route.slot, status, || {
                         lost_worker_hint(&slots, &model, &route.slot)
@@ -491,6 +529,8 @@ impl Router {
             queued_us,
             host_sampling,
             key: caller,
+            trace: trace.clone(),
+            call,
         }))
     }
 }

@@ -23,6 +23,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 use tokio_stream::Stream;
 use tt_serving_proto::v1 as pb;
+use tt_serving_telemetry::{attr, Span};
 
 /// See the module doc.
 pub struct ChunkStream {
@@ -47,6 +48,10 @@ pub struct ChunkStream {
     outcome: Option<Outcome>,
     /// The API key it is counted under.
     key: KeyName,
+    /// The door's span of the request and the span of the worker's call
+    /// (both empty while traces are off).
+    trace: Span,
+    call: Span,
 }
 
 /// What `ChunkStream::new` needs of the routing.
@@ -62,6 +67,8 @@ pub(super) struct Routed {
     pub queued_us: u64,
     pub host_sampling: Vec<&'static str>,
     pub key: KeyName,
+    pub trace: Span,
+    pub call: Span,
 }
 
 impl ChunkStream {
@@ -84,6 +91,8 @@ impl ChunkStream {
             finished: false,
             outcome: None,
             key: r.key,
+            trace: r.trace,
+            call: r.call,
         }
     }
 
@@ -101,6 +110,7 @@ impl ChunkStream {
                 let n = d.token_ids.len().max(1);
                 match self.last_tokens {
                     None => {
+                        self.call.first_token();
                         self.metrics
                             .first_token(&self.model, self.arrived.elapsed());
                         self.stats.first_token(self.arrived.elapsed());
@@ -139,6 +149,18 @@ impl ChunkStream {
                     usage.completion_tokens,
                 );
                 self.stats.prompt(usage.prompt_tokens, cached);
+                if self.call.is_recording() {
+                    let finish = tt_serving_proto::finish_reason_name(f.finish_reason());
+                    self.call.last_token(
+                        finish,
+                        usage.prompt_tokens,
+                        cached,
+                        usage.completion_tokens,
+                    );
+                    self.trace.set(attr::SLOT, self.slot.clone());
+                    self.trace
+                        .counts(finish, usage.prompt_tokens, cached, usage.completion_tokens);
+                }
                 self.metrics.end_to_end(&self.model, self.arrived.elapsed());
                 self.stats.finished();
                 self.finished = true;
@@ -209,5 +231,15 @@ impl Drop for ChunkStream {
         });
         self.metrics.request(&self.model, outcome.label());
         crate::usage::request(&self.key, &self.model, outcome.label());
+        if self.trace.is_recording() {
+            self.trace.set(attr::OUTCOME, outcome.label());
+            if outcome != Outcome::Ok {
+                self.call
+                    .fail(|| format!("the request ended: {}", outcome.label()));
+                self.trace
+                    .fail(|| format!("the request ended: {}", outcome.label()));
+            }
+            self.call.end();
+        }
     }
 }

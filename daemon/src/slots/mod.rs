@@ -11,6 +11,7 @@ mod attempt;
 mod backoff;
 mod error;
 mod generate;
+mod lifecycle;
 mod memory_trend;
 pub mod recovery;
 mod start;
@@ -275,6 +276,8 @@ struct SlotEntry {
     stop_reason: Option<String>,
     /// Its phases on the way to Ready, for the router's estimates.
     timeline: recovery::Timeline,
+    /// Its lifecycle's spans (traces on).
+    lifecycle: lifecycle::Lifecycle,
 }
 
 impl SlotEntry {
@@ -316,6 +319,7 @@ impl SlotEntry {
             task: None,
             stop_reason: None,
             timeline: recovery::Timeline::new(Instant::now()),
+            lifecycle: lifecycle::Lifecycle::default(),
         }
     }
 }
@@ -610,6 +614,9 @@ impl SlotManager {
                 entry.view.since = SystemTime::now();
                 entry.timeline.enter(from, state, Instant::now());
             }
+            entry
+                .lifecycle
+                .transition(slot, &entry.view.model, from, state, &reason);
             entry.view.state = state;
             entry.view.reason = reason;
             entry.view.retry_at = retry_at;

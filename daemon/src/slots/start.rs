@@ -262,6 +262,7 @@ async fn prepare(
         memory_max: m.memory_max_mib.map(|mib| mib * 1024 * 1024),
         leftovers: None,
     };
+    traces_env(&mut spec.env, plan, &mgr.config().tracing.otlp_endpoint);
     // Open MPI's segments go to the slot's own directory, unless the
     // model's environment says where.
     spec.leftovers = Some(crate::worker::leftovers::Leftovers::for_start(
@@ -814,6 +815,23 @@ fn worker_env(
     env.insert(names::CACHE_DIR.into(), variant.dir.display().to_string());
     env.insert(names::CACHE_MODE.into(), mode.as_str().into());
     env
+}
+
+/// Traces on: the worker exports its spans to the daemon's collector,
+/// named by slot and model (OpenTelemetry's own resource variable, in
+/// front of a value the model's env table gave).
+fn traces_env(env: &mut BTreeMap<String, String>, plan: &SlotPlan, otlp_endpoint: &str) {
+    use tt_worker_contract::names;
+    if otlp_endpoint.is_empty() {
+        return;
+    }
+    env.insert(names::OTLP_ENDPOINT.into(), otlp_endpoint.into());
+    let ours = format!("tt.slot={},tt.model={}", plan.slot, plan.model);
+    let value = match env.get(names::OTEL_RESOURCE_ATTRIBUTES) {
+        Some(theirs) if !theirs.is_empty() => format!("{ours},{theirs}"),
+        _ => ours,
+    };
+    env.insert(names::OTEL_RESOURCE_ATTRIBUTES.into(), value);
 }
 
 /// tt-metal's hang switches for the engine (`[models.X.hang]`): its

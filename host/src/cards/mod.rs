@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
+use tt_serving_telemetry::{attr, Attribute, Kind, Span};
 
 /// What the daemon is doing with a card.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -643,6 +644,14 @@ impl CardManager {
         let temporary_locks = self.begin_reset(bdfs, manual)?;
         self.notify();
         tracing::info!(cards = %bdfs.join(","), manual, "resetting cards");
+        // A span per reset (traces on): its phases as events, its outcome.
+        let trace = Span::root("card reset", Kind::Internal, None, None);
+        trace.set_with(|| {
+            vec![
+                Attribute::new(attr::CARDS, bdfs.join(",")),
+                Attribute::new("tt.reset.manual", manual),
+            ]
+        });
         let began = std::time::Instant::now();
         let metrics = crate::metrics::get();
         let result = {
@@ -656,6 +665,13 @@ impl CardManager {
                     bdfs.iter().for_each(|b| metrics.reset_proof_failure(b));
                 }
                 tracing::info!(cards = %bdfs.join(","), attempt = event.attempt, phase = ?event.phase, "{}", event.message);
+                trace.event("reset progress", || {
+                    vec![
+                        Attribute::new("tt.reset.attempt", i64::from(event.attempt)),
+                        Attribute::new("tt.reset.phase", format!("{:?}", event.phase)),
+                        Attribute::new("message", event.message.clone()),
+                    ]
+                });
                 on_event(event);
             };
             self.resetter.reset_and_prove(bdfs, &mut forward).await
@@ -669,6 +685,11 @@ impl CardManager {
         }
         self.settle_after_reset(bdfs, &result, manual);
         self.notify();
+        match &result {
+            Ok(outcome) => trace.set("tt.reset.attempts", i64::from(outcome.attempts)),
+            Err(e) => trace.fail(|| e.to_string()),
+        }
+        trace.end();
         result.map_err(CardError::from)
     }
 

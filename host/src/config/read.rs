@@ -15,6 +15,7 @@ const SECTIONS: &[&str] = &[
     "limits",
     "host",
     "metrics",
+    "tracing",
     "openai",
     "models",
 ];
@@ -52,6 +53,7 @@ pub(super) fn deserialize(text: &str) -> Result<Parsed, Vec<Problem>> {
             "limits" => section(key, value, &mut parsed.problems, &mut config.limits),
             "host" => section(key, value, &mut parsed.problems, &mut config.host),
             "metrics" => section(key, value, &mut parsed.problems, &mut config.metrics),
+            "tracing" => section(key, value, &mut parsed.problems, &mut config.tracing),
             "openai" => section(key, value, &mut parsed.problems, &mut config.openai),
             "models" => match value.as_table() {
                 Some(models) => {

@@ -22,6 +22,9 @@ pub struct Config {
     /// The Prometheus endpoint.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// OpenTelemetry traces.
+    #[serde(default)]
+    pub tracing: TracingConfig,
     /// The OpenAI-compatible HTTP front door.
     #[serde(default)]
     pub openai: OpenaiConfig,
@@ -193,6 +196,17 @@ impl Default for MetricsConfig {
             listen: "127.0.0.1:9464".into(),
         }
     }
+}
+
+/// OpenTelemetry traces: spans of every request (door, queue, routing,
+/// the worker's generation) and of slot lifecycles, exported over OTLP.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingConfig {
+    /// Where spans go: an OTLP/gRPC collector, `http://HOST:PORT` (e.g.
+    /// `http://127.0.0.1:4317`). Empty (the default): no spans are made,
+    /// and the workers are not asked to make any.
+    pub otlp_endpoint: String,
 }
 
 /// The OpenAI-compatible HTTP front door (`/v1/completions`,

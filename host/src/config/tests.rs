@@ -449,6 +449,24 @@ fn metrics_listen_that_is_not_an_address_is_rejected_with_the_fix() {
 }
 
 #[test]
+fn an_otlp_endpoint_the_exporter_cannot_use_is_rejected_with_the_fix() {
+    assert_rejected(
+        "[tracing]\notlp_endpoint = \"https://collector.example:4317\"\n",
+        "tracing.otlp_endpoint",
+        "https is not supported",
+    );
+    assert_rejected(
+        "[tracing]\notlp_endpoint = \"127.0.0.1:4317\"\n",
+        "tracing.otlp_endpoint",
+        "http://",
+    );
+    let on = crate::config::parse("[tracing]\notlp_endpoint = \"http://127.0.0.1:4317\"\n")
+        .expect("a plain http endpoint is accepted");
+    assert_eq!(on.tracing.otlp_endpoint, "http://127.0.0.1:4317");
+    assert!(crate::config::parse("").is_ok_and(|c| c.tracing.otlp_endpoint.is_empty()));
+}
+
+#[test]
 fn openai_listen_must_be_an_address_of_its_own() {
     assert_rejected(
         "[openai]\nlisten = \"localhost:8000\"\n",

@@ -94,6 +94,17 @@ pub(super) fn check(config: &Config) -> Vec<Problem> {
             ),
         ));
     }
+    if !config.tracing.otlp_endpoint.is_empty() {
+        if let Err(why) = tt_serving_telemetry::check_endpoint(&config.tracing.otlp_endpoint) {
+            problems.push(problem(
+                "tracing.otlp_endpoint",
+                format!(
+                    "`{}`: {why}; or \"\" to turn traces off",
+                    config.tracing.otlp_endpoint
+                ),
+            ));
+        }
+    }
     if !config.openai.listen.is_empty() {
         match config.openai.listen.parse::<SocketAddr>() {
             Err(_) => problems.push(problem(

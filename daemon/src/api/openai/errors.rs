@@ -68,6 +68,11 @@ impl ApiError {
         )
     }
 
+    /// What the error says (the message a client reads).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     /// The error as the JSON of an SSE event, for a stream that already
     /// started (its status line is sent).
     pub fn event_json(&self) -> serde_json::Value {

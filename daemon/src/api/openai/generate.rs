@@ -20,6 +20,7 @@ use tt_openai_wire::chunk::{self, Head, Writer};
 use tt_openai_wire::request::{self, Echo, Parsed};
 use tt_openai_wire::{finish, logprobs, tool_calls, Endpoint, Usage};
 use tt_serving_proto::v1 as pb;
+use tt_serving_telemetry::{attr, Kind, Span};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -80,14 +81,22 @@ async fn answer(
     body: Result<Bytes, BytesRejection>,
     endpoint: Endpoint,
 ) -> Response {
+    // The request's span, a child of the client's trace when it sent one.
+    let trace = Span::from_http(endpoint.span_name(), Kind::Server, headers);
+    trace.set(attr::DOOR, "openai");
+    let refused = |e: ApiError| {
+        trace.fail(|| e.message().to_string());
+        e.into_response()
+    };
     let parsed = match parse(&front, body, endpoint) {
         Ok(parsed) => parsed,
-        Err(e) => return e.into_response(),
+        Err(e) => return refused(e),
     };
     let timeout = match deadline(headers) {
         Ok(timeout) => timeout,
-        Err(e) => return e.into_response(),
+        Err(e) => return refused(e),
     };
+    trace.set("tt.stream", parsed.stream);
     let head = Head {
         id: format!(
             "{}-{}-{}",
@@ -103,14 +112,14 @@ async fn answer(
         return match front
             .state
             .router()
-            .generate(parsed.request, timeout, key)
+            .generate(parsed.request, timeout, key, trace)
             .await
         {
             Ok(stream) => streamed(head, stream, parsed.include_usage).into_response(),
             Err(e) => ApiError::route(e, &head.model).into_response(),
         };
     }
-    collected(head, &front, parsed, timeout, key).await
+    collected(head, &front, parsed, timeout, key, trace).await
 }
 
 /// The body as the endpoint's request, or the error naming what is wrong.
@@ -286,6 +295,7 @@ async fn collected(
     parsed: Parsed,
     timeout: Option<Duration>,
     key: KeyName,
+    trace: Span,
 ) -> Response {
     let echo = parsed.echo;
     let requests: Vec<pb::GenerateRequest> =
@@ -301,9 +311,10 @@ async fn collected(
     for (i, request) in requests.into_iter().enumerate() {
         let state = front.state.clone();
         let key = key.clone();
+        let trace = trace.clone();
         tasks.spawn(async move {
             let model = request.model.clone();
-            let answer = match state.router().generate(request, timeout, key).await {
+            let answer = match state.router().generate(request, timeout, key, trace).await {
                 Ok(stream) => collect(stream, &model).await,
                 Err(e) => Err(ApiError::route(echo_refusal(e, echo), &model)),
             };
