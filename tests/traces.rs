@@ -98,11 +98,12 @@ fn stream_chat(address: &str, headers: &[String]) -> Value {
     assert!(out.status.success(), "{}", output_text(&out));
     let body = String::from_utf8_lossy(&out.stdout).to_string();
     body.lines()
+        .rev()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter(|d| *d != "[DONE]")
         .filter_map(|d| serde_json::from_str::<Value>(d).ok())
         .filter_map(|chunk| chunk.get("usage").filter(|u| !u.is_null()).cloned())
-        .last()
+        .next()
         .unwrap_or_else(|| panic!("no usage in the stream: {body}"))
 }
 
