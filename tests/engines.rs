@@ -10,7 +10,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tonic::Code;
 use tt_serving_tests::{
-    bin, generate, output_text, standin, ttnn_importable, wait_until, Daemon, DaemonOptions, FakeHw,
+    bin, generate, output_text, standin, ttnn_importable, wait_until, Daemon, DaemonOptions,
+    FakeHw, OtlpReceiver,
 };
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -710,15 +711,26 @@ fn the_real_vllm_serves_through_the_daemon_cancels_and_its_deaths_are_named() {
         return;
     };
     let hw = FakeHw::new(1);
+    // Traces on (when a Python can run the OTLP receiver): vLLM's own
+    // request span joins the request's trace.
+    let tmp = tempfile::tempdir().unwrap();
+    let receiver = OtlpReceiver::python().map(|py| OtlpReceiver::start(&py, tmp.path()));
     // VLLM_API_KEY in the engine's environment: every /v1 call needs the
     // bearer token, which the adapter must send.
     let mut daemon = start(
         &hw,
-        vllm_table(
-            &python,
-            &model,
-            "VLLM_CPU_KVCACHE_SPACE = \"1\", VLLM_API_KEY = \"k-test\"",
-            "",
+        format!(
+            "{}{}",
+            receiver
+                .as_ref()
+                .map(OtlpReceiver::tracing_section)
+                .unwrap_or_default(),
+            vllm_table(
+                &python,
+                &model,
+                "VLLM_CPU_KVCACHE_SPACE = \"1\", VLLM_API_KEY = \"k-test\"",
+                "",
+            )
         ),
     );
     let ready = wait_ready(&daemon, "v");
@@ -790,9 +802,12 @@ fn the_real_vllm_serves_through_the_daemon_cancels_and_its_deaths_are_named() {
     eprintln!("the repeated prompt: {prompt} tokens, {cached} from vLLM's prefix cache");
     assert!(cached >= 128, "{:?}", again.last);
 
-    // The OpenAI door, streamed: SSE chunks and a final [DONE].
+    // The OpenAI door, streamed: SSE chunks and a final [DONE]; sent in a
+    // client's trace.
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
     let out = Command::new("curl")
-        .args(["-sS", "-N", "--max-time", "120", "-H", "Content-Type: application/json", "-d"])
+        .args(["-sS", "-N", "--max-time", "120", "-H", "Content-Type: application/json"])
+        .args(["-H", &format!("traceparent: 00-{trace_id}-b7ad6b7169203331-01"), "-d"])
         .arg(r#"{"model":"v","messages":[{"role":"user","content":"Say hello."}],"max_tokens":12,"temperature":0,"stream":true}"#)
         .arg(format!("http://{openai}/v1/chat/completions"))
         .output()
@@ -800,6 +815,21 @@ fn the_real_vllm_serves_through_the_daemon_cancels_and_its_deaths_are_named() {
     let sse = String::from_utf8_lossy(&out.stdout);
     assert!(sse.matches("data: {").count() >= 2, "{sse}");
     assert!(sse.trim_end().ends_with("data: [DONE]"), "{sse}");
+    // The trace reaches vLLM: tt-worker-openai passed the traceparent on
+    // (and started vLLM with --otlp-traces-endpoint), so vLLM's own
+    // `llm_request` span is a child of the worker's.
+    if let Some(receiver) = &receiver {
+        let worker = receiver.wait_for("tt-worker-openai's span", |s| {
+            s["trace_id"] == trace_id && s["service"] == "tt-worker-openai"
+        });
+        let vllm = receiver.wait_for("vLLM's llm_request span", |s| {
+            s["trace_id"] == trace_id && s["name"] == "llm_request"
+        });
+        assert_eq!(
+            vllm["parent_span_id"], worker["span_id"],
+            "{vllm}\n{worker}"
+        );
+    }
 
     // Cancellation: a client that leaves mid-stream ends the request in
     // vLLM itself (its own num_requests_running gauge).

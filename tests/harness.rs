@@ -921,3 +921,85 @@ pub fn grpcio_python(imports: &str) -> Option<std::path::PathBuf> {
     );
     None
 }
+
+/// A real OTLP/gRPC trace receiver (`clients/otlp_receiver.py`: the
+/// OpenTelemetry protocol's own Python package behind grpcio), writing
+/// every span it receives as a JSON line; killed on drop.
+pub struct OtlpReceiver {
+    child: Child,
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    out: PathBuf,
+}
+
+impl OtlpReceiver {
+    /// A Python that can run the receiver (None: skipped, see
+    /// [`grpcio_python`]).
+    pub fn python() -> Option<PathBuf> {
+        grpcio_python("import grpc, opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc")
+    }
+
+    /// `[tracing]` pointing at this receiver, for a daemon's config.
+    pub fn tracing_section(&self) -> String {
+        format!(
+            "[tracing]\notlp_endpoint = \"http://127.0.0.1:{}\"\n",
+            self.port
+        )
+    }
+
+    /// The names of a span's events, in order.
+    pub fn event_names(span: &Value) -> Vec<String> {
+        span["events"]
+            .as_array()
+            .map(|events| {
+                events
+                    .iter()
+                    .filter_map(|e| e["name"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Starts it, its spans going to `dir`/spans.jsonl.
+    pub fn start(python: &Path, dir: &Path) -> OtlpReceiver {
+        let out = dir.join("spans.jsonl");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/otlp_receiver.py");
+        let mut child = Command::new(python)
+            .arg(&script)
+            .arg(&out)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the OTLP receiver");
+        let mut line = String::new();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("receiver stdout"));
+        std::io::BufRead::read_line(&mut stdout, &mut line).expect("read the receiver's port");
+        let port = line
+            .trim()
+            .strip_prefix("PORT ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("the receiver said {line:?}, not PORT <n>"));
+        OtlpReceiver { child, port, out }
+    }
+
+    /// Every span received so far.
+    pub fn spans(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("one JSON span per line"))
+            .collect()
+    }
+
+    /// Waits for a span that `matches`.
+    pub fn wait_for(&self, what: &str, matches: impl Fn(&Value) -> bool) -> Value {
+        wait_until(what, || self.spans().into_iter().find(|s| matches(s)))
+    }
+}
+
+impl Drop for OtlpReceiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -10,76 +10,10 @@
 //! ttctl on fake cards.
 
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use tt_serving_tests::{
-    grpcio_python, model_table, output_text, tiny_model, wait_until, Daemon, DaemonOptions, FakeHw,
+    model_table, output_text, tiny_model, Daemon, DaemonOptions, FakeHw, OtlpReceiver,
 };
-
-/// The receiver process, killed on drop.
-struct Receiver {
-    child: Child,
-    port: u16,
-    out: PathBuf,
-}
-
-impl Receiver {
-    fn start(python: &Path, dir: &Path) -> Receiver {
-        let out = dir.join("spans.jsonl");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/otlp_receiver.py");
-        let mut child = Command::new(python)
-            .arg(&script)
-            .arg(&out)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the OTLP receiver");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("receiver stdout"))
-            .read_line(&mut line)
-            .expect("read the receiver's port");
-        let port = line
-            .trim()
-            .strip_prefix("PORT ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("the receiver said {line:?}, not PORT <n>"));
-        Receiver { child, port, out }
-    }
-
-    /// Every span received so far.
-    fn spans(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.out)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("one JSON span per line"))
-            .collect()
-    }
-
-    /// Waits for a span that `matches`.
-    fn wait_for(&self, what: &str, matches: impl Fn(&Value) -> bool) -> Value {
-        wait_until(what, || self.spans().into_iter().find(|s| matches(s)))
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn event_names(span: &Value) -> Vec<String> {
-    span["events"]
-        .as_array()
-        .map(|events| {
-            events
-                .iter()
-                .filter_map(|e| e["name"].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// A streamed chat completion over the OpenAI door, with extra headers;
 /// returns the usage of its last chunk.
@@ -109,13 +43,11 @@ fn stream_chat(address: &str, headers: &[String]) -> Value {
 
 #[test]
 fn a_streamed_request_is_one_trace_from_the_client_through_the_worker() {
-    let Some(python) =
-        grpcio_python("import grpc, opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc")
-    else {
+    let Some(python) = OtlpReceiver::python() else {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let receiver = Receiver::start(&python, tmp.path());
+    let receiver = OtlpReceiver::start(&python, tmp.path());
     let hw = FakeHw::new(2);
     let model = tiny_model(tmp.path());
     let daemon = Daemon::start(
@@ -186,7 +118,11 @@ fn a_streamed_request_is_one_trace_from_the_client_through_the_worker() {
     );
     assert_eq!(call["parent_span_id"], request["span_id"], "{call}");
     assert_eq!(call["kind"], 3, "{call}");
-    assert_eq!(event_names(&call), ["first_token", "last_token"], "{call}");
+    assert_eq!(
+        OtlpReceiver::event_names(&call),
+        ["first_token", "last_token"],
+        "{call}"
+    );
 
     // ... and the worker's own span, exported by the worker process: a
     // child of the daemon's call, named by its slot.
@@ -198,7 +134,7 @@ fn a_streamed_request_is_one_trace_from_the_client_through_the_worker() {
     assert_eq!(worker["kind"], 2, "{worker}");
     assert_eq!(worker["resource"]["tt.slot"], "m", "{worker}");
     assert_eq!(
-        event_names(&worker),
+        OtlpReceiver::event_names(&worker),
         ["first_token", "last_token"],
         "{worker}"
     );
@@ -228,7 +164,7 @@ fn a_streamed_request_is_one_trace_from_the_client_through_the_worker() {
         s["name"] == "slot start" && s["attributes"]["tt.slot"] == "m"
     });
     assert!(
-        event_names(&start).contains(&"ready".to_string()),
+        OtlpReceiver::event_names(&start).contains(&"ready".to_string()),
         "{start}"
     );
 

@@ -189,7 +189,10 @@ impl EngineKind {
 /// its tensor parallelism (TT_WORKER_TP) and `{cache_dir}` the cache
 /// variant's directory (TT_CACHE_DIR); an argument that is exactly
 /// `{devices}` becomes `--device <node>` for each of the slot's cards
-/// (TT_WORKER_DEVICES), for `docker run`/`podman run`. The engine gets the worker's
+/// (TT_WORKER_DEVICES), for `docker run`/`podman run`. With traces on
+/// (TT_WORKER_OTLP_ENDPOINT), a vLLM command without
+/// `--otlp-traces-endpoint` gets it, so vLLM's spans join the request's
+/// trace (each request carries `traceparent`). The engine gets the worker's
 /// environment plus TT_CACHE_PATH={cache_dir}/weights (the tensor cache),
 /// TT_METAL_CACHE=<model cache dir>/kernels-<variant> (compiled kernels,
 /// outside the variant; an existing TT_METAL_CACHE is kept) and, on a cold
@@ -432,9 +435,23 @@ impl Settings {
                     .replace("{cache_dir}", &cache_dir),
             );
         }
+        // Traces on: vLLM exports its own request spans to the same
+        // collector, children of this worker's (it reads the traceparent
+        // header the worker sends; vllm/entrypoints/openai/... takes
+        // `--otlp-traces-endpoint`, vllm/config/observability.py in 0.32).
+        // A command that names the flag itself keeps its own value.
+        if let Some(endpoint) = &self.contract.otlp_endpoint {
+            if self.kind.is_vllm() && !argv.iter().any(|a| a.starts_with(VLLM_OTLP_FLAG)) {
+                argv.push(VLLM_OTLP_FLAG.to_string());
+                argv.push(endpoint.clone());
+            }
+        }
         argv
     }
 }
+
+/// vLLM's option that turns its OpenTelemetry export on.
+pub const VLLM_OTLP_FLAG: &str = "--otlp-traces-endpoint";
 
 /// Where compiled kernels go (`TT_METAL_CACHE`): beside the variant dir, in
 /// the model's cache dir, as `kernels-<variant>`.
@@ -516,6 +533,48 @@ mod tests {
         assert!(!s.engine_command(1).iter().any(|a| a == "64"));
         let s = tt(&["--tensor-parallel-size", "1"]).unwrap();
         assert_eq!(s.kind, EngineKind::VllmTt);
+    }
+
+    #[test]
+    fn with_traces_on_vllm_is_given_the_collector_unless_its_command_names_one() {
+        let run = |engine: &'static str, traced: bool, tail: &[&'static str]| {
+            let mut args = vec!["--engine", engine];
+            if traced {
+                args.extend(["--otlp-endpoint", "http://127.0.0.1:4317"]);
+            }
+            args.extend(with_contract(&["--", "serve", "--port", "{port}"]));
+            args.extend_from_slice(tail);
+            cli(&args).unwrap().engine_command(9)
+        };
+        let argv = run("vllm", true, &[]);
+        assert_eq!(
+            &argv[argv.len() - 2..],
+            ["--otlp-traces-endpoint", "http://127.0.0.1:4317"]
+        );
+        assert!(!run("vllm", false, &[]).iter().any(|a| a.contains("otlp")));
+        // llama-server has no such flag: it is never given one.
+        assert!(!run("llama-server", true, &[])
+            .iter()
+            .any(|a| a.contains("otlp")));
+        // The operator's own value stands.
+        let own = run(
+            "vllm",
+            true,
+            &["--otlp-traces-endpoint=http://10.0.0.1:4317"],
+        );
+        assert_eq!(
+            own.iter().filter(|a| a.contains("otlp")).count(),
+            1,
+            "{own:?}"
+        );
+        // An endpoint the exporter cannot use is refused before anything runs.
+        let mut args = vec!["--otlp-endpoint", "https://x:4317"];
+        args.extend(with_contract(&["--", "serve"]));
+        let e = cli(&args).unwrap_err();
+        assert!(
+            e.contains("TT_WORKER_OTLP_ENDPOINT") && e.contains("https"),
+            "{e}"
+        );
     }
 
     fn with_contract(extra: &[&'static str]) -> Vec<&'static str> {
