@@ -223,6 +223,8 @@ pub struct Daemon {
     pub lock_dir: PathBuf,
     /// Where the daemon's stderr goes.
     pub log: PathBuf,
+    /// The tt-servingd binary it runs.
+    binary: PathBuf,
     _tmp: Option<tempfile::TempDir>,
 }
 
@@ -244,6 +246,9 @@ pub struct DaemonOptions {
     /// `daemon.tick_ms`: 100 makes tests quick; benchmarks measuring the
     /// daemon's idle cost use the default, 1000.
     pub tick_ms: u64,
+    /// Another tt-servingd binary to run (a baseline build, for benchmarks
+    /// side by side); None: this tree's.
+    pub binary: Option<PathBuf>,
 }
 
 impl Default for DaemonOptions {
@@ -256,6 +261,7 @@ impl Default for DaemonOptions {
             daemon_extra: String::new(),
             env: Vec::new(),
             tick_ms: 100,
+            binary: None,
         }
     }
 }
@@ -323,6 +329,7 @@ backoff_ms = 50
         Daemon {
             child: None,
             log: dir.join("daemon.log"),
+            binary: opts.binary.clone().unwrap_or_else(|| bin("tt-servingd")),
             dir: dir.to_path_buf(),
             config,
             socket,
@@ -338,7 +345,7 @@ backoff_ms = 50
             .append(true)
             .open(&self.log)
             .expect("open daemon log");
-        let child = Command::new(bin("tt-servingd"))
+        let child = Command::new(&self.binary)
             .arg("run")
             .arg("--config")
             .arg(&self.config)

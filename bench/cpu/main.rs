@@ -109,6 +109,16 @@ struct Args {
     /// runs of the default. Recorded as `worker_binary`.
     #[arg(long)]
     worker: Option<PathBuf>,
+    /// The tt-servingd binary to run (default: the one built beside this
+    /// driver): a baseline build, to compare side by side. Recorded as
+    /// `daemon_binary`.
+    #[arg(long)]
+    daemon: Option<PathBuf>,
+    /// Turn the daemon's traces on, exporting to this OTLP/gRPC collector
+    /// (`[tracing] otlp_endpoint`, e.g. a receiver from
+    /// tests/clients/otlp_receiver.py). Recorded as `otlp_endpoint`.
+    #[arg(long)]
+    otlp_endpoint: Option<String>,
     /// Free text recorded as `label` in every record ("before", "after").
     #[arg(long)]
     label: Option<String>,
@@ -145,6 +155,10 @@ struct FastArgs {
     served_model_name: String,
     #[arg(long, default_value_t = 1000)]
     token_us: u64,
+    /// Taken as vLLM takes it (tt-worker-openai passes it to a vLLM engine
+    /// while traces are on); the zero-cost engine makes no spans.
+    #[arg(long)]
+    otlp_traces_endpoint: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -375,14 +389,18 @@ fn main() {
         eprintln!("bench-cpu: --engine llama-server needs a GGUF: give --model PATH or set TT_SMOLLM2_GGUF (scripts/fetch-smollm2.sh prints it)");
         std::process::exit(2);
     }
-    if let Some(worker) = &args.worker {
-        let runnable = std::fs::metadata(worker).is_ok_and(|m| {
+    for (option, binary, what) in [
+        ("--worker", &args.worker, "tt-worker-openai"),
+        ("--daemon", &args.daemon, "tt-servingd"),
+    ] {
+        let Some(binary) = binary else { continue };
+        let runnable = std::fs::metadata(binary).is_ok_and(|m| {
             m.is_file() && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
         });
         if !runnable {
             eprintln!(
-                "bench-cpu: --worker {} is not an executable file; give a tt-worker-openai binary (cargo build --release -p tt-worker-openai)",
-                worker.display()
+                "bench-cpu: {option} {} is not an executable file; give a {what} binary (cargo build --release -p {what})",
+                binary.display()
             );
             std::process::exit(2);
         }
@@ -397,10 +415,15 @@ fn main() {
             // Every stream comes from this host, one peer to the door: its
             // connection caps are raised above what the run holds.
             extra: format!(
-                "[openai]\nlisten = \"127.0.0.1:0\"\nmax_connections = {cap}\nmax_connections_per_peer = {cap}\n{}",
+                "[openai]\nlisten = \"127.0.0.1:0\"\nmax_connections = {cap}\nmax_connections_per_peer = {cap}\n{}{}",
+                args.otlp_endpoint
+                    .as_ref()
+                    .map(|e| format!("\n[tracing]\notlp_endpoint = \"{e}\"\n\n"))
+                    .unwrap_or_default(),
                 slot_table(&args, work.path()),
                 cap = (args.hold + 64).max(1024)
             ),
+            binary: args.daemon.clone(),
             // The default tick: the idle cost a production daemon has.
             tick_ms: 1000,
             daemon_extra: format!(
@@ -623,6 +646,8 @@ fn main() {
                 "daemon_runtime_threads": args.daemon_threads,
                 "daemon_relay_threads": args.relay_threads,
                 "worker_binary": args.worker().display().to_string(),
+                "daemon_binary": args.daemon.as_ref().map_or_else(|| tt_serving_tests::bin("tt-servingd"), |d| d.clone()).display().to_string(),
+                "otlp_endpoint": args.otlp_endpoint,
                 "label": args.label,
                 "host_at_end": host::record(),
                 "daemon_version": env!("CARGO_PKG_VERSION"),
