@@ -81,12 +81,15 @@ out = open("bench/cpu/features.jsonl", "a")
 print(f"{run}: daemon+worker CPU us per relayed token, medians")
 for (door, streams), by in sorted(rows.items()):
     med = {a: statistics.median(v) for a, v in by.items()}
-    line = {"bench": "relay_cpu_features", "run": run, "door": door, "streams": streams,
+    line = {"bench": "relay_cpu_features", "run": run, "git": recs[0].get("git"),
+            "baseline_daemon": next((r["daemon_binary"] for r in recs if r["label"].endswith(" baseline")), None),
+            "door": door, "streams": streams,
             "daemon_worker_us_per_token": med,
             "samples": {a: len(v) for a, v in by.items()},
-            "off_over_baseline": med.get("traces off", 0) / med["baseline"] if med.get("baseline") else None,
-            "on_over_off": med.get("traces on", 0) / med["traces off"] if med.get("traces off") else None}
+            "off_over_baseline": med["traces off"] / med["baseline"] if med.get("baseline") and "traces off" in med else None,
+            "on_over_off": med["traces on"] / med["traces off"] if med.get("traces off") and "traces on" in med else None}
     out.write(json.dumps(line) + "\n")
-    print(f"  {door:<7} {streams:>3} streams: " + "  ".join(f"{a} {v:.1f}" for a, v in med.items())
-          + f"  off/baseline {line['off_over_baseline']:.3f}  on/off {line['on_over_off']:.3f}")
+    ratio = lambda r: "-" if r is None else f"{r:.3f}"
+    print(f"  {door:<7} {streams:>3} streams: " + "  ".join(f"{a} {v:.1f}" for a, v in sorted(med.items()))
+          + f"  off/baseline {ratio(line['off_over_baseline'])}  on/off {ratio(line['on_over_off'])}")
 EOF
