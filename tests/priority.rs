@@ -9,7 +9,9 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use tt_serving_tests::chaos_support as chaos;
-use tt_serving_tests::{curl, model_table, tiny_model, wait_until, Daemon, DaemonOptions, FakeHw};
+use tt_serving_tests::{
+    curl, model_table, output_text, tiny_model, wait_until, Daemon, DaemonOptions, FakeHw,
+};
 
 /// Key A and C: the default limit (0); key B may ask down to -5.
 const A: &str = "sk-priority-a-0001";
@@ -166,6 +168,28 @@ fn a_more_urgent_request_is_served_before_a_burst_and_keys_at_one_priority_alter
         .to_string();
     assert!(message.contains("min_priority=0"), "{message}");
     assert!(message.contains("team-a"), "{message}");
+
+    // `ttctl generate --priority`: the control socket's request has no
+    // token, so it is key `anonymous`, limit 0: later is allowed, sooner
+    // refused naming the key and the limit.
+    let out = daemon.ttctl(&[
+        "generate",
+        "m",
+        "hello",
+        "--max-tokens",
+        "2",
+        "--priority",
+        "3",
+    ]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    let out = daemon.ttctl(&["generate", "m", "hello", "--priority", "-1"]);
+    let text = output_text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("priority: -1") && text.contains("min_priority=0"),
+        "{text}"
+    );
+    assert!(text.contains("`anonymous`"), "{text}");
 
     // The queue by priority while it waits.
     std::fs::write(&hold, "").expect("create the hold file");

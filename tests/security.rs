@@ -800,6 +800,19 @@ fn streams_beyond_the_per_connection_limit_are_resource_exhausted() {
             "{}",
             err.message()
         );
+        // Refused before routing, and counted under the key (anonymous:
+        // no tokens here) as the router counts RESOURCE_EXHAUSTED.
+        let m = tt_serving_tests::chaos_support::scrape(&daemon);
+        let full = |name: &str, key: &[(&str, &str)]| {
+            let mut labels = vec![("model", "m"), ("outcome", "queue_full")];
+            labels.extend_from_slice(key);
+            m.sum(name, &labels)
+        };
+        assert_eq!(
+            full("tt_serving_key_requests_total", &[("key", "anonymous")]),
+            1.0
+        );
+        assert_eq!(full("tt_serving_requests_total", &[]), 1.0);
         // The limit is per connection: another connection is served.
         let other = plain_channel(&address).await;
         let third = InferenceClient::new(other)

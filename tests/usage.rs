@@ -307,3 +307,122 @@ fn two_keys_at_once_are_counted_apart_across_restarts() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("team-a") && text.contains("team-b"), "{text}");
 }
+
+/// `curl` a completion with `token` and extra headers: the HTTP status.
+fn post_raw(base: &str, token: &str, headers: &[&str], body: &str) -> u16 {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("body");
+    std::fs::write(&file, body).expect("write body");
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--http1.1"])
+        .args(["--max-time", "60", "-X", "POST", "-H", "Expect:"])
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .args(["-H", "Content-Type: application/json"]);
+    for header in headers {
+        cmd.args(["-H", header]);
+    }
+    let out = cmd
+        .arg("--data-binary")
+        .arg(format!("@{}", file.display()))
+        .arg(format!("{base}/v1/completions"))
+        .output()
+        .expect("run curl");
+    assert!(out.status.success(), "curl: {}", output_text(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}: {}", output_text(&out)))
+}
+
+#[test]
+fn refusals_before_routing_count_under_the_key_once() {
+    let hw = FakeHw::new(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.extra.push_str("\n[limits]\nmax_prompt_bytes = 4096\n");
+    let daemon = Daemon::start(&hw, opts);
+    daemon.wait_slot_state("smol", "ready");
+    let base = base(&daemon);
+    let (token, key) = KEYS[0];
+
+    // The OpenAI door: a field of the wrong type, a body that is not JSON,
+    // a malformed deadline header, a body over the size limit, and a bad
+    // field naming a model that is not configured.
+    let bad_field = r#"{"model":"smol","prompt":"x","max_tokens":"many"}"#;
+    assert_eq!(post_raw(&base, token, &[], bad_field), 400);
+    assert_eq!(post_raw(&base, token, &[], "this is not JSON"), 400);
+    let fine = r#"{"model":"smol","prompt":"x","max_tokens":2}"#;
+    assert_eq!(
+        post_raw(&base, token, &["x-request-timeout-ms: soon"], fine),
+        400
+    );
+    let huge = format!(r#"{{"model":"smol","prompt":"{}"}}"#, "a".repeat(2 << 20));
+    assert_eq!(post_raw(&base, token, &[], &huge), 413);
+    let unknown = r#"{"model":"not-configured","prompt":"x","max_tokens":"many"}"#;
+    assert_eq!(post_raw(&base, token, &[], unknown), 400);
+    // A wrong token has no key: not counted at all.
+    assert_eq!(post_raw(&base, "sk-wrong-token", &[], bad_field), 401);
+
+    // The gRPC door: a message over the size limit, refused from its
+    // length prefix before it is read.
+    {
+        use tt_serving_proto::v1::inference_client::InferenceClient;
+        use tt_serving_proto::v1::{generate_request::Input, GenerateRequest};
+        let address = daemon.inference_address();
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        runtime.block_on(async {
+            let mut client = InferenceClient::connect(format!("http://{address}"))
+                .await
+                .expect("connect to the inference port");
+            let mut request = tonic::Request::new(GenerateRequest {
+                model: "smol".into(),
+                input: Some(Input::Prompt("x".repeat(2 << 20))),
+                max_tokens: 2,
+                ..Default::default()
+            });
+            request.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {token}").parse().expect("ASCII token"),
+            );
+            let err = client.generate(request).await.expect_err("a 2 MB message");
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+        });
+    }
+
+    // Each refusal once, under the key; the model only when configured.
+    let scraped = scrape(&daemon);
+    let invalid = |model: &str| {
+        counter(
+            &scraped,
+            &format!(
+                "tt_serving_key_requests_total{{key=\"{key}\",model=\"{model}\",outcome=\"invalid\"}}"
+            ),
+        )
+    };
+    assert_eq!(invalid("smol"), 2, "{scraped}");
+    assert_eq!(invalid(""), 4, "{scraped}");
+    assert!(!scraped.contains("not-configured"), "{scraped}");
+    let all_keys: u64 = scraped
+        .lines()
+        .filter(|l| l.starts_with("tt_serving_key_requests_total{") && l.contains("\"invalid\""))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum();
+    assert_eq!(all_keys, 6, "the 401 is no key's: {scraped}");
+    let by_model = |model: &str| {
+        counter(
+            &scraped,
+            &format!("tt_serving_requests_total{{model=\"{model}\",outcome=\"invalid\"}}"),
+        )
+    };
+    assert_eq!((by_model("smol"), by_model("")), (2, 4), "{scraped}");
+
+    // The ledger (flushed every 2 s) has them as refusals of the key.
+    let want = Sums {
+        requests: 6,
+        refused: 6,
+        ..Sums::default()
+    };
+    ledger_matches(&daemon, &BTreeMap::from([(key, want)]));
+    assert_eq!(ledger(&daemon, KEYS[1].1), Sums::default());
+}

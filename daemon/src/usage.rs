@@ -8,8 +8,9 @@
 //! [`KeyName::anonymous`]. Names, never tokens, appear in counters, logs
 //! and files.
 //!
-//! Each request is counted once, where it ends ([`request`]) and, when it
-//! finished, with its final usage ([`tokens`]): in the Prometheus counters
+//! Each request is counted once, where it ends ([`request`]; a door's own
+//! refusal before routing: [`refused_at_door`]) and, when it finished,
+//! with its final usage ([`tokens`]): in the Prometheus counters
 //! `tt_serving_key_requests_total` and `tt_serving_key_tokens_total`, and
 //! in an in-memory sum per (key, model) that the daemon flushes to the
 //! ledger every [`FLUSH_EVERY`] and at a clean stop ([`Ledger::flush`]).
@@ -124,6 +125,26 @@ pub fn request(key: &KeyName, model: &str, outcome: &str) {
             _ => {}
         }
     });
+}
+
+/// A request of `key` refused by its door before it reached the router (a
+/// body that is not a request, a bad deadline header, a message over the
+/// size limit, a connection with too many streams): counted as the router
+/// counts its own refusals, in `tt_serving_requests_total` and in the key's
+/// usage, once. `model`: see [`model_label`].
+pub fn refused_at_door(key: &KeyName, model: &str, outcome: crate::router::Outcome) {
+    crate::metrics::get().request(model, outcome.label());
+    request(key, model, outcome.label());
+}
+
+/// The model a request is counted under: its name when it is a configured
+/// model, else `""`, so that clients cannot grow the labels without bound.
+pub fn model_label<'a>(config: &crate::config::Config, model: &'a str) -> &'a str {
+    if config.models.contains_key(model) {
+        model
+    } else {
+        ""
+    }
 }
 
 /// A request of `key` for `model` finished with this usage.

@@ -688,6 +688,20 @@ pub struct GenerateArgs {
     /// Stop at this token id. Repeat for several.
     #[arg(long, value_name = "ID")]
     pub stop_token_id: Vec<u32>,
+
+    /// The request's priority while the model's queue is full: lower is
+    /// served sooner (as in vLLM; may be negative). A priority more urgent
+    /// than the key's `min_priority` (inference.tokens_file) is refused,
+    /// never clamped; through the control socket the request has no token
+    /// and counts as key `anonymous`, whose limit is 0, so only 0 or more
+    /// is accepted here.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub priority: i32,
 }
 
 /// Options of `ttctl logs`.

@@ -48,6 +48,7 @@ pub(super) fn request(args: &GenerateArgs, prompt: String) -> GenerateRequest {
         frequency_penalty: args.frequency_penalty.unwrap_or(0.0),
         repetition_penalty: args.repetition_penalty.unwrap_or(0.0),
         stop_token_ids: args.stop_token_id.clone(),
+        priority: args.priority,
         ..Default::default()
     }
 }

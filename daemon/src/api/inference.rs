@@ -1,8 +1,10 @@
 //! The public `Inference` service: requests go through the router to a
 //! Ready slot of the named model (see `router.rs`).
 
+use crate::router::Outcome;
 use crate::slots::SlotState;
 use crate::state::DaemonState;
+use crate::usage::KeyName;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio_stream::Stream;
@@ -33,7 +35,15 @@ impl Inference for InferenceService {
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let max = self.state.config().limits.max_streams_per_connection;
-        let place = super::limits::admit(&request, max)?;
+        let place = super::limits::admit(&request, max).inspect_err(|_| {
+            // Refused before routing: counted under the key the token check
+            // named, as the router counts a full queue (RESOURCE_EXHAUSTED).
+            if let Some(key) = request.extensions().get::<KeyName>() {
+                let config = self.state.config();
+                let model = crate::usage::model_label(&config, &request.get_ref().model);
+                crate::usage::refused_at_door(key, model, Outcome::QueueFull);
+            }
+        })?;
         super::route::generate(&self.state, "grpc", request, move |stream| {
             // The place is held for as long as the client's stream lives.
             let stream = tokio_stream::StreamExt::map(stream, move |chunk| {

@@ -9,7 +9,10 @@
 //! `limits.max_prompt_bytes`, which tonic's decoder hands to the client as
 //! it is. Nothing is buffered here, and the message is refused from its
 //! prefix, before its bytes arrive, so memory stays bounded by the limit.
+//! A refused Generate on the public port counts under its key (`invalid`,
+//! model `""`), as the router counts its own refusals.
 
+use crate::usage::KeyName;
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -66,10 +69,21 @@ where
 
     fn call(&mut self, request: hyper::Request<tonic::body::Body>) -> Self::Future {
         let max_prompt_bytes = self.max_prompt_bytes;
+        // A Generate whose key the public port's token check named is
+        // counted under it when refused here; the control socket checks
+        // its caller only after the message is read, so nothing is known
+        // to count its refusals under.
+        let count = request
+            .uri()
+            .path()
+            .ends_with("/Generate")
+            .then(|| request.extensions().get::<KeyName>().cloned())
+            .flatten();
         self.inner.call(request.map(|body| {
             tonic::body::Body::new(LimitedBody {
                 inner: body,
                 framing: Framing::new(max_prompt_bytes),
+                count,
             })
         }))
     }
@@ -80,6 +94,9 @@ where
 struct LimitedBody {
     inner: tonic::body::Body,
     framing: Framing,
+    /// The key a refusal counts under (usage per key, `invalid`, model
+    /// `""`: the message is not read), taken when counted.
+    count: Option<KeyName>,
 }
 
 impl Body for LimitedBody {
@@ -99,6 +116,9 @@ impl Body for LimitedBody {
         };
         if let Some(data) = frame.data_ref() {
             if let Err(status) = self.framing.feed(data) {
+                if let Some(key) = self.count.take() {
+                    crate::usage::refused_at_door(&key, "", crate::router::Outcome::Invalid);
+                }
                 return Poll::Ready(Some(Err(status)));
             }
         }

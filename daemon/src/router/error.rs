@@ -100,11 +100,13 @@ impl RouteError {
 pub enum Outcome {
     /// Answered to its final chunk.
     Ok,
-    /// Refused as sent.
+    /// Refused as sent (by the router, or by its door before routing: a
+    /// body that is not a request, a message over the size limit).
     Invalid,
     /// No such model.
     UnknownModel,
-    /// The model's queue (or the worker's batch) was full.
+    /// The model's queue (or the worker's batch, or the gRPC connection's
+    /// `limits.max_streams_per_connection`) was full: RESOURCE_EXHAUSTED.
     QueueFull,
     /// No Ready slot in time.
     Unavailable,

@@ -30,7 +30,7 @@ mod queue;
 mod relay;
 mod validate;
 
-pub use error::RouteError;
+pub use error::{Outcome, RouteError};
 pub use relay::ChunkStream;
 #[cfg(any(test, feature = "fuzzing"))]
 pub use validate::CHAT_ROLES;
@@ -246,11 +246,7 @@ impl Router {
                 Attribute::new(attr::PRIORITY, i64::from(request.priority)),
             ]
         });
-        let model = if self.slots.config().models.contains_key(&request.model) {
-            request.model.clone()
-        } else {
-            String::new()
-        };
+        let model = crate::usage::model_label(&self.slots.config(), &request.model).to_string();
         // A client that goes away while its request waits for admission
         // (or gRPC's own deadline firing first) drops this future; the guard
         // still counts the request.

@@ -104,6 +104,25 @@ async fn generate_sends_sampling_stop_strings_and_chat() {
 }
 
 #[tokio::test]
+async fn generate_sends_the_priority_negative_included() {
+    let daemon = fake();
+    let seen = daemon.seen.clone();
+    let h = serve(daemon);
+    let (_, failure) = ttctl(&h.socket, &["generate", "qwen", "x"]).await;
+    assert!(failure.is_none(), "{failure:?}");
+    assert_eq!(seen_generate(&seen).priority, 0, "the default");
+    for (given, sent) in [("5", 5), ("-3", -3)] {
+        let (_, failure) = ttctl(&h.socket, &["generate", "qwen", "x", "--priority", given]).await;
+        assert!(failure.is_none(), "{given}: {failure:?}");
+        assert_eq!(seen_generate(&seen).priority, sent, "--priority {given}");
+    }
+    // The form with `=` too.
+    let (_, failure) = ttctl(&h.socket, &["generate", "qwen", "x", "--priority=-7"]).await;
+    assert!(failure.is_none(), "{failure:?}");
+    assert_eq!(seen_generate(&seen).priority, -7);
+}
+
+#[tokio::test]
 async fn generate_prints_each_delta_as_it_arrives() {
     let daemon = fake();
     let release = daemon.release.clone();

@@ -5,7 +5,7 @@
 
 use super::errors::ApiError;
 use super::Front;
-use crate::router::{ChunkStream, RouteError};
+use crate::router::{ChunkStream, Outcome, RouteError};
 use crate::usage::KeyName;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -84,17 +84,33 @@ async fn answer(
     // The request's span, a child of the client's trace when it sent one.
     let trace = Span::from_http(endpoint.span_name(), Kind::Server, headers);
     trace.set(attr::DOOR, "openai");
-    let refused = |e: ApiError| {
+    // Refused here, before routing: counted under the key as the router
+    // counts its refusals (`invalid`), with the body's model when it names
+    // a configured one.
+    let refused = |e: ApiError, model: &str| {
+        let model = crate::usage::model_label(&front.state.config(), model).to_string();
+        crate::usage::refused_at_door(&key, &model, Outcome::Invalid);
+        trace.set(attr::KEY, key.to_string());
+        trace.set(attr::OUTCOME, Outcome::Invalid.label());
         trace.fail(|| e.message().to_string());
         e.into_response()
     };
-    let parsed = match parse(&front, body, endpoint) {
+    let value = match json_body(&front, body) {
+        Ok(value) => value,
+        Err(e) => return refused(e, ""),
+    };
+    let model = value
+        .get("model")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let parsed = match request::read(value, endpoint) {
         Ok(parsed) => parsed,
-        Err(e) => return refused(e),
+        Err(e) => return refused(e.into(), &model),
     };
     let timeout = match deadline(headers) {
         Ok(timeout) => timeout,
-        Err(e) => return refused(e),
+        Err(e) => return refused(e, &parsed.request.model),
     };
     trace.set("tt.stream", parsed.stream);
     let head = Head {
@@ -122,12 +138,12 @@ async fn answer(
     collected(head, &front, parsed, timeout, key, trace).await
 }
 
-/// The body as the endpoint's request, or the error naming what is wrong.
-fn parse(
+/// The body as JSON (the endpoint's request is read from it), or the error
+/// naming what is wrong.
+fn json_body(
     front: &Front,
     body: Result<Bytes, BytesRejection>,
-    endpoint: Endpoint,
-) -> Result<Parsed, ApiError> {
+) -> Result<serde_json::Value, ApiError> {
     let body = body.map_err(|rejection| {
         if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(front.state.config().limits.max_prompt_bytes)
@@ -135,15 +151,14 @@ fn parse(
             ApiError::invalid("", format!("cannot read the request body: {rejection}"))
         }
     })?;
-    let value: serde_json::Value = serde_json::from_slice(&body).map_err(|e| {
+    serde_json::from_slice(&body).map_err(|e| {
         ApiError::invalid(
             "",
             format!(
                 "the body is not valid JSON ({e}); send a JSON object as the OpenAI API defines it"
             ),
         )
-    })?;
-    Ok(request::read(value, endpoint)?)
+    })
 }
 
 /// Server-Sent Events as OpenAI sends them, rendered as the connection
