@@ -190,6 +190,8 @@ fn a_more_urgent_request_is_served_before_a_burst_and_keys_at_one_priority_alter
         "{text}"
     );
     assert!(text.contains("`anonymous`"), "{text}");
+    // No tokens file line to change for a request without a token.
+    assert!(text.contains("with the token of a key"), "{text}");
 
     // The queue by priority while it waits.
     std::fs::write(&hold, "").expect("create the hold file");

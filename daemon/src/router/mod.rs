@@ -395,8 +395,15 @@ impl Router {
         // refused, never clamped (the client would believe it was served
         // as asked).
         if request.priority < caller.min_priority() {
+            // Requests without a token (the control socket's too) have no
+            // line in the tokens file to change: only a key's may be lowered.
+            let fix = if caller.as_str() == crate::usage::ANONYMOUS {
+                "send the request with the token of a key whose min_priority allows it"
+            } else {
+                "ask the operator to lower the key's min_priority"
+            };
             return Err(RouteError::Invalid(format!(
-                "priority: {} is more urgent than key `{caller}` may ask (lower is sooner; its limit is min_priority={} in the daemon's inference.tokens_file); ask {} or more, or ask the operator to lower the key's min_priority",
+                "priority: {} is more urgent than key `{caller}` may ask (lower is sooner; its limit is min_priority={} in the daemon's inference.tokens_file); ask {} or more, or {fix}",
                 request.priority,
                 caller.min_priority(),
                 caller.min_priority()
