@@ -17,8 +17,14 @@
 //! [`hostfs::open_append`]: a planted link, a hard link or a file someone
 //! else owns there is refused and the refusal logged as an error; the
 //! action itself goes on (the trail records, it does not gate), and the
-//! same record still reaches the journal as the `tt_servingd::audit` log
-//! event with its fields.
+//! same record still reaches the log as the `tt_servingd::audit` event
+//! with its fields.
+//!
+//! The log: each record is the event `audit: control action: <what>
+//! by <who>: <outcome>` of target [`TARGET`], one field per record field.
+//! Under systemd it reaches the journal as one entry with native fields
+//! (`TT_AUDIT_OPERATION`, `TT_AUDIT_UID`, `TT_AUDIT_OUTCOME`, ...:
+//! `crate::logging`), elsewhere as a line on stderr.
 //!
 //! Records are written once the outcome is known, before the call's last
 //! reply where there is one, so a client that saw its answer finds the
@@ -36,6 +42,21 @@ use tt_serving_proto::time::{now_unix_ms, parse_rfc3339, rfc3339};
 
 /// The trail's file name under `daemon.state_dir`.
 pub const FILE: &str = "audit.jsonl";
+
+/// The target of a record's log event, and of nothing else: under
+/// systemd, `crate::logging` sends the events of this target, and only
+/// them, to the journal as native fields ([`is_record`]).
+pub const TARGET: &str = "tt_servingd::audit";
+
+/// The target of what the daemon logs about the trail's file itself (an
+/// append refused, lines that cannot be read): a prefix of it is
+/// [`TARGET`], so `RUST_LOG=tt_servingd::audit=...` still names both.
+pub const FILE_TARGET: &str = "tt_servingd::audit::file";
+
+/// Whether `meta` is a record's log event (target [`TARGET`] exactly).
+pub fn is_record(meta: &tracing::Metadata<'_>) -> bool {
+    meta.is_event() && meta.target() == TARGET
+}
 
 /// A detail longer than this is cut (a cache verification lists a verdict
 /// per variant): the trail is for who did what, the log has the rest.
@@ -126,6 +147,22 @@ impl Record {
         line
     }
 
+    /// Who did what and how it ended, in words (the record's log message;
+    /// no client text: the operation is a ttctl command, the user a name
+    /// from the password database).
+    pub fn summary(&self) -> String {
+        let who = match (self.uid, self.user.as_deref()) {
+            (Some(uid), Some(user)) => format!("uid {uid} ({user})"),
+            (Some(uid), None) => format!("uid {uid}"),
+            (None, _) => "an unknown uid".to_string(),
+        };
+        format!(
+            "audit: control action: {} by {who}: {}",
+            self.operation,
+            self.outcome.word()
+        )
+    }
+
     /// One line of the file read back; None for a malformed or partly
     /// written line, or one whose time cannot be read.
     pub fn parse(line: &str) -> Option<(u64, Record)> {
@@ -174,8 +211,11 @@ impl Trail {
     /// an error; the caller's action is not held up by it.
     pub fn append(&self, record: &Record) {
         let args = serde_json::to_string(&record.args).unwrap_or_default();
+        // Each field a field of its own (a journal field under systemd:
+        // `TT_AUDIT_UID`, ...; `crate::logging`); `uid` and `pid` are left
+        // out when unknown.
         tracing::info!(
-            target: "tt_servingd::audit",
+            target: TARGET,
             uid = record.uid,
             user = record.user.as_deref().unwrap_or(""),
             pid = record.pid,
@@ -185,7 +225,8 @@ impl Trail {
             outcome = record.outcome.word(),
             detail = %record.detail,
             took_ms = record.took_ms,
-            "audit: control action"
+            "{}",
+            record.summary()
         );
         let line = record.line();
         // A poisoned lock only means another append panicked; the file
@@ -195,11 +236,11 @@ impl Trail {
             hostfs::open_append(&self.path, 0o600).and_then(|mut f| f.write_all(line.as_bytes()));
         if let Err(e) = written {
             tracing::error!(
-                target: "tt_servingd::audit",
+                target: FILE_TARGET,
                 path = %self.path.display(),
                 error = %e,
                 operation = %record.operation,
-                "cannot append to the audit trail; the action was not held up, and the log line before this one is its record"
+                "cannot append to the audit trail; the action was not held up, and the log entry before this one is its record"
             );
         }
     }
@@ -345,6 +386,27 @@ mod tests {
             )
         );
         assert_eq!(Record::parse(&line), Some((1_796_484_303_042, sample())));
+    }
+
+    #[test]
+    fn the_summary_says_who_did_what_and_how_it_ended() {
+        assert_eq!(
+            sample().summary(),
+            "audit: control action: ttctl card reset by uid 0 (root): ok"
+        );
+        let mut nameless = sample();
+        nameless.uid = Some(1234);
+        nameless.user = None;
+        nameless.outcome = Outcome::Refused;
+        assert_eq!(
+            nameless.summary(),
+            "audit: control action: ttctl card reset by uid 1234: refused"
+        );
+        nameless.uid = None;
+        assert_eq!(
+            nameless.summary(),
+            "audit: control action: ttctl card reset by an unknown uid: refused"
+        );
     }
 
     #[test]

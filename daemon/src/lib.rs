@@ -46,9 +46,10 @@
 //!    health and reflection on the public port), the OpenAI door, the
 //!    metrics endpoint; [`preflight`]: `check-config`'s checks of the host.
 //! 9. [`daemon`]: startup order, the tick loop, signals and clean
-//!    shutdown; [`demo`]: `tt-servingd demo`; `fuzzing` (tests and the
-//!    `fuzzing` feature only): the fuzz targets' properties over `config`
-//!    and `router`.
+//!    shutdown; [`demo`]: `tt-servingd demo`; [`logging`]: the log on
+//!    stderr and, under systemd, the audit records as journal fields;
+//!    `fuzzing` (tests and the `fuzzing` feature only): the fuzz targets'
+//!    properties over `config` and `router`.
 //!
 //! `ttctl`, the operator's client, is its own crate (`ttctl/`): it needs
 //! only the protocols, the card lock (`tt-card-lock`) and the contract's
@@ -69,6 +70,7 @@ pub mod demo;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod listen;
+pub mod logging;
 pub mod preflight;
 pub mod relay_runtime;
 mod reload;

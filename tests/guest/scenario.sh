@@ -162,6 +162,22 @@ if timed reload-unchanged systemctl reload $unit; then
 else
     fail reload-unchanged "returned non-zero: $(journal | tail -n 3 | tr '\n' ' ')"
 fi
+# The reload was a destructive call made through ttctl (ExecReload, as
+# root): its audit record is one journal entry with native fields
+# (docs/ARCHITECTURE.md, "The audit trail").
+audit_entry() { # the reload's record as the journal has it, or nothing
+    journalctl -u $unit -o json --no-pager 2>/dev/null | jq -c 'select(.TT_AUDIT_OPERATION == "ttctl reload"
+        and .TT_AUDIT_UID == "0" and .TT_AUDIT_OUTCOME == "ok")
+        | {TT_AUDIT_OPERATION, TT_AUDIT_UID, TT_AUDIT_OUTCOME, TT_AUDIT_ADMITTED, SYSLOG_IDENTIFIER, _SYSTEMD_UNIT, _TRANSPORT, MESSAGE}' 2>/dev/null | head -n 1
+}
+wait_for 10 sh -c "test -n \"\$(journalctl -u $unit --no-pager -o cat TT_AUDIT_OPERATION='ttctl reload')\""
+entry=$(audit_entry)
+check audit-journal-fields "journalctl -u $unit -o json: ${entry:-no entry with TT_AUDIT_OPERATION=ttctl reload, TT_AUDIT_UID=0, TT_AUDIT_OUTCOME=ok}" \
+    test -n "$entry"
+by_field=$(journalctl -u $unit --no-pager -o cat TT_AUDIT_OUTCOME=ok TT_AUDIT_OPERATION='ttctl reload' | wc -l)
+by_text=$(journal | grep -c 'audit: control action: ttctl reload by uid 0 (root): ok')
+check audit-journal-once "entries of the reload's record: $by_field by its fields (journalctl -u $unit TT_AUDIT_OPERATION=...), $by_text by its text" \
+    test "$by_field/$by_text" = 1/1
 cp /etc/tt-serving/config.toml /etc/tt-serving/config.good
 model_key() { sed -i "/^\[models\.smollm2\]\$/a $1" /etc/tt-serving/config.toml; }
 model_key 'memory_max_mib = 1'

@@ -629,7 +629,7 @@ impl Control for ControlService {
                 ))
             })?;
         if reading.skipped > 0 {
-            tracing::warn!(target: "tt_servingd::audit", path = %self.trail.path().display(), skipped = reading.skipped, "audit trail lines that cannot be read were left out");
+            tracing::warn!(target: crate::audit::FILE_TARGET, path = %self.trail.path().display(), skipped = reading.skipped, "audit trail lines that cannot be read were left out");
         }
         Ok(Response::new(pb::AuditResponse {
             records: reading

@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tt_servingd::config::{self, ConfigError, LogFormat};
+use tt_servingd::config::{self, ConfigError};
 
 /// Serve language models on Tenstorrent cards: owns the cards (locks, resets
 /// with proof), supervises model workers and routes gRPC inference to them.
@@ -250,20 +250,6 @@ fn check_config(file: &std::path::Path, offline: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Plain => builder.init(),
-    }
-}
-
 fn run(config_path: &std::path::Path) -> ExitCode {
     let config = match config::load(config_path) {
         Ok(c) => c,
@@ -272,7 +258,7 @@ fn run(config_path: &std::path::Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_logging(config.daemon.log_format);
+    tt_servingd::logging::init(config.daemon.log_format);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if config.daemon.runtime_threads > 0 {
         // Validated to at most 1024.
