@@ -8,8 +8,8 @@
 //! [`KeyName::anonymous`]. Names, never tokens, appear in counters, logs
 //! and files.
 //!
-//! Each request is counted once, where it ends ([`request`]; a door's own
-//! refusal before routing: [`refused_at_door`]) and, when it finished,
+//! Each request is counted once, where it ends ([`request`], by the router
+//! or by a door that refused it before routing) and, when it finished,
 //! with its final usage ([`tokens`]): in the Prometheus counters
 //! `tt_serving_key_requests_total` and `tt_serving_key_tokens_total`, and
 //! in an in-memory sum per (key, model) that the daemon flushes to the
@@ -114,8 +114,14 @@ fn count(key: &KeyName, model: &str, f: impl FnOnce(&mut Counts)) {
 }
 
 /// A request of `key` for `model` ended with `outcome` (the label of
-/// `tt_serving_requests_total`).
+/// `tt_serving_requests_total`): counted there, in the key's counter and
+/// in its usage, once. Every place a request ends calls this: the router
+/// (refused, finished, cut short) and a door that refused a request
+/// before routing (a body that is not a request, a bad deadline header, a
+/// message over the size limit, a connection with too many streams).
+/// `model`: see [`model_label`].
 pub fn request(key: &KeyName, model: &str, outcome: &str) {
+    crate::metrics::get().request(model, outcome);
     crate::metrics::get().key_request(key.as_str(), model, outcome);
     count(key, model, |c| {
         c.requests += 1;
@@ -125,16 +131,6 @@ pub fn request(key: &KeyName, model: &str, outcome: &str) {
             _ => {}
         }
     });
-}
-
-/// A request of `key` refused by its door before it reached the router (a
-/// body that is not a request, a bad deadline header, a message over the
-/// size limit, a connection with too many streams): counted as the router
-/// counts its own refusals, in `tt_serving_requests_total` and in the key's
-/// usage, once. `model`: see [`model_label`].
-pub fn refused_at_door(key: &KeyName, model: &str, outcome: crate::router::Outcome) {
-    crate::metrics::get().request(model, outcome.label());
-    request(key, model, outcome.label());
 }
 
 /// The model a request is counted under: its name when it is a configured

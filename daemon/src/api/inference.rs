@@ -41,7 +41,7 @@ impl Inference for InferenceService {
             if let Some(key) = request.extensions().get::<KeyName>() {
                 let config = self.state.config();
                 let model = crate::usage::model_label(&config, &request.get_ref().model);
-                crate::usage::refused_at_door(key, model, Outcome::QueueFull);
+                crate::usage::request(key, model, Outcome::QueueFull.label());
             }
         })?;
         super::route::generate(&self.state, "grpc", request, move |stream| {

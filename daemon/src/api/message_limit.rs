@@ -117,7 +117,7 @@ impl Body for LimitedBody {
         if let Some(data) = frame.data_ref() {
             if let Err(status) = self.framing.feed(data) {
                 if let Some(key) = self.count.take() {
-                    crate::usage::refused_at_door(&key, "", crate::router::Outcome::Invalid);
+                    crate::usage::request(&key, "", crate::router::Outcome::Invalid.label());
                 }
                 return Poll::Ready(Some(Err(status)));
             }

@@ -260,7 +260,6 @@ impl Router {
         let result = self.admit(request, timeout, key.clone(), &trace).await;
         unanswered.armed = false;
         if let Err(e) = &result {
-            crate::metrics::get().request(&model, e.outcome().label());
             crate::usage::request(&key, &model, e.outcome().label());
             trace.set(attr::OUTCOME, e.outcome().label());
             trace.fail(|| e.message().to_string());
@@ -563,7 +562,6 @@ impl Drop for Unanswered<'_> {
             } else {
                 "cancelled"
             };
-            crate::metrics::get().request(self.model, outcome);
             crate::usage::request(self.key, self.model, outcome);
         }
     }

@@ -229,7 +229,6 @@ impl Drop for ChunkStream {
         } else {
             Outcome::Cancelled
         });
-        self.metrics.request(&self.model, outcome.label());
         crate::usage::request(&self.key, &self.model, outcome.label());
         if self.trace.is_recording() {
             self.trace.set(attr::OUTCOME, outcome.label());

@@ -59,7 +59,7 @@ impl Lifecycle {
             self.start = Span::root("slot start", Kind::Internal, None, None);
             named(&self.start);
         }
-        let state = |s: SlotState| format!("{s:?}");
+        let state = SlotState::word;
         self.start.event("state", || {
             vec![
                 Attribute::new("tt.slot.state", state(to)),

@@ -89,7 +89,7 @@ async fn answer(
     // a configured one.
     let refused = |e: ApiError, model: &str| {
         let model = crate::usage::model_label(&front.state.config(), model).to_string();
-        crate::usage::refused_at_door(&key, &model, Outcome::Invalid);
+        crate::usage::request(&key, &model, Outcome::Invalid.label());
         trace.set(attr::KEY, key.to_string());
         trace.set(attr::OUTCOME, Outcome::Invalid.label());
         trace.fail(|| e.message().to_string());
