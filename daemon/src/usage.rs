@@ -54,10 +54,14 @@ pub struct Counts {
     /// Generated tokens of finished requests.
     pub completion_tokens: u64,
     /// Requests refused before generating (invalid, unknown model, queue
-    /// full, unavailable).
+    /// full, unavailable, overloaded, over the key's `max_in_flight`).
     pub refused: u64,
     /// Requests that failed (the worker's error, the deadline).
     pub errors: u64,
+    /// Requests cut because their client took nothing of the stream for
+    /// the door's `write_timeout_secs` (absent from older lines: 0).
+    #[serde(default)]
+    pub stalled: u64,
 }
 
 impl Counts {
@@ -73,6 +77,7 @@ impl Counts {
             .saturating_add(other.completion_tokens);
         self.refused = self.refused.saturating_add(other.refused);
         self.errors = self.errors.saturating_add(other.errors);
+        self.stalled = self.stalled.saturating_add(other.stalled);
     }
 }
 
@@ -126,8 +131,10 @@ pub fn request(key: &KeyName, model: &str, outcome: &str) {
     count(key, model, |c| {
         c.requests += 1;
         match outcome {
-            "invalid" | "unknown_model" | "queue_full" | "unavailable" => c.refused += 1,
+            "invalid" | "unknown_model" | "queue_full" | "unavailable" | "overloaded"
+            | "key_limit" => c.refused += 1,
             "deadline" | "worker_error" => c.errors += 1,
+            "client_stalled" => c.stalled += 1,
             _ => {}
         }
     });
@@ -304,6 +311,19 @@ pub struct KeyName {
     name: Arc<str>,
     /// The lowest (most urgent) `priority` this key's requests may ask.
     min_priority: i32,
+    /// Its `max_in_flight` and the requests it has admitted now, shared by
+    /// every request of the key; None: no cap.
+    cap: Option<Arc<InFlightCap>>,
+}
+
+/// A key's cap on requests admitted at once (`max_in_flight=<N>` in the
+/// tokens file) and its count; the router takes and frees places.
+#[derive(Debug)]
+pub struct InFlightCap {
+    /// The cap.
+    pub max: u32,
+    /// Requests of the key admitted and not yet ended.
+    pub now: std::sync::atomic::AtomicU32,
 }
 
 impl PartialEq for KeyName {
@@ -343,6 +363,7 @@ impl KeyName {
         valid(name).then(|| KeyName {
             name: name.into(),
             min_priority: DEFAULT_MIN_PRIORITY,
+            cap: None,
         })
     }
 
@@ -351,6 +372,7 @@ impl KeyName {
         KeyName {
             name: ANONYMOUS.into(),
             min_priority: DEFAULT_MIN_PRIORITY,
+            cap: None,
         }
     }
 
@@ -358,6 +380,17 @@ impl KeyName {
     pub fn with_min_priority(mut self, min_priority: i32) -> KeyName {
         self.min_priority = min_priority;
         self
+    }
+
+    /// The same key with this cap (shared with its other clones).
+    pub fn with_cap(mut self, cap: Option<Arc<InFlightCap>>) -> KeyName {
+        self.cap = cap;
+        self
+    }
+
+    /// Its cap on requests admitted at once, if it has one.
+    pub fn cap(&self) -> Option<&Arc<InFlightCap>> {
+        self.cap.as_ref()
     }
 
     /// The lowest (most urgent) priority this key may ask.
@@ -450,7 +483,8 @@ mod tests {
                 cached_prompt_tokens: 4,
                 completion_tokens: 7,
                 refused: 1,
-                errors: 0
+                errors: 0,
+                stalled: 0,
             }
         );
         assert_eq!(

@@ -689,6 +689,7 @@ impl Control for ControlService {
                     completion_tokens: c.completion_tokens,
                     refused: c.refused,
                     errors: c.errors,
+                    stalled: c.stalled,
                 })
                 .collect(),
             skipped: u32::try_from(sum.skipped).unwrap_or(u32::MAX),

@@ -3,7 +3,7 @@
 //! hint as `grpc-retry-pushback-ms`, gRFC A6). Both the public Inference
 //! service and the control socket's Generate route through here.
 
-use crate::router::RouteError;
+use crate::router::{Client, RouteError};
 use crate::state::DaemonState;
 use crate::usage::KeyName;
 use std::time::Duration;
@@ -46,11 +46,23 @@ pub async fn generate<S>(
         request.metadata(),
     );
     trace.set(attr::DOOR, door);
+    let peer = request.remote_addr().map(|a| a.ip());
     let stream = state
         .router()
         .generate(request.into_inner(), timeout, key, trace)
         .await
         .map_err(status)?;
+    // The engine's pace never waits on this client's HTTP/2 window: the
+    // stream is buffered (`router::buffer`).
+    let config = state.config();
+    let client = Client {
+        door,
+        timeout_key: "inference.write_timeout_secs",
+        write_timeout: Duration::from_secs(config.inference.write_timeout_secs),
+        peer,
+        cut_by_door: None,
+    };
+    let stream = crate::router::buffer(stream, config.limits.stream_buffer_chunks as usize, client);
     let sampling = stream.host_sampling().join(",");
     let mut response =
         tonic::Response::new(respond(Box::pin(stream.map(|chunk| chunk.map_err(status)))));
@@ -69,7 +81,10 @@ pub fn status(error: RouteError) -> Status {
     let code = match &error {
         RouteError::Invalid(_) => Code::InvalidArgument,
         RouteError::UnknownModel(_) => Code::NotFound,
-        RouteError::QueueFull(_) => Code::ResourceExhausted,
+        RouteError::QueueFull(_)
+        | RouteError::Overloaded { .. }
+        | RouteError::KeyLimit(_)
+        | RouteError::ClientStalled(_) => Code::ResourceExhausted,
         RouteError::Unavailable { .. } => Code::Unavailable,
         RouteError::Deadline { .. } => Code::DeadlineExceeded,
         RouteError::Worker { code, .. } => *code,

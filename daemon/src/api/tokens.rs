@@ -17,9 +17,12 @@
 //! request `priority` the key may ask (lower is sooner, as vLLM's); without
 //! it, 0. A request asking more urgent is refused, naming the key and its
 //! limit, never clamped. Names cannot contain `=`, so older files load as
-//! before.
+//! before. It may also end with `max_in_flight=<N>` (#54): the key's
+//! requests admitted at once, every model together (`router/keys.rs`).
 
-use crate::usage::{KeyName, ANONYMOUS, DEFAULT_MIN_PRIORITY};
+use crate::usage::{InFlightCap, KeyName, ANONYMOUS, DEFAULT_MIN_PRIORITY};
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU32;
 
 use crate::secrets;
 use sha2::{Digest, Sha256};
@@ -79,15 +82,20 @@ impl Tokens {
             let (attributes, plain): (Vec<&str>, Vec<&str>) = words.partition(|w| w.contains('='));
             if plain.len() > 1 {
                 anyhow::bail!(
-                    "{source} ({KEY}) line {}: more than a token and its name; write `<token>`, `<token> <name>` or `<token> <name> min_priority=<N>` per line",
+                    "{source} ({KEY}) line {}: more than a token and its name; write `<token>`, `<token> <name>` or `<token> <name> min_priority=<N> max_in_flight=<N>` per line",
                     i + 1
                 );
             }
             let name = plain.first().copied();
             let mut min_priority = DEFAULT_MIN_PRIORITY;
+            let mut max_in_flight = None;
             for attribute in attributes {
-                min_priority = min_priority_of(attribute)
-                    .map_err(|why| anyhow::anyhow!("{source} ({KEY}) line {}: {why}", i + 1))?;
+                match attribute_of(attribute)
+                    .map_err(|why| anyhow::anyhow!("{source} ({KEY}) line {}: {why}", i + 1))?
+                {
+                    Attribute::MinPriority(n) => min_priority = n,
+                    Attribute::MaxInFlight(n) => max_in_flight = Some(n),
+                }
             }
             // Tokens travel in an HTTP/2 header after `Bearer `: visible
             // ASCII without spaces is what every client can send.
@@ -112,8 +120,33 @@ impl Tokens {
                 })?,
             };
             digests.push(d);
-            names.push(name.with_min_priority(min_priority));
+            names.push((name.with_min_priority(min_priority), max_in_flight));
         }
+        // Lines of one name are one key: they share one cap and one count
+        // (the last cap given for the name holds).
+        let mut caps: HashMap<&str, u32> = HashMap::new();
+        for (name, max) in &names {
+            if let Some(max) = max {
+                caps.insert(name.as_str(), *max);
+            }
+        }
+        let caps: HashMap<String, Arc<InFlightCap>> = caps
+            .into_iter()
+            .map(|(name, max)| {
+                let cap = InFlightCap {
+                    max,
+                    now: AtomicU32::new(0),
+                };
+                (name.to_string(), Arc::new(cap))
+            })
+            .collect();
+        let names = names
+            .into_iter()
+            .map(|(name, _)| {
+                let cap = caps.get(name.as_str()).cloned();
+                name.with_cap(cap)
+            })
+            .collect();
         if digests.is_empty() {
             anyhow::bail!(
                 "{source} ({KEY}) has no tokens; add one per line (e.g. `openssl rand -hex 32 >> {source}`) or remove {KEY} to serve without authentication"
@@ -197,14 +230,30 @@ impl Tokens {
 /// The attribute `min_priority=<N>`: the most urgent (lowest) `priority`
 /// the key may ask. The error says what is wrong without quoting the line
 /// (a mistyped line may hold a token).
-fn min_priority_of(attribute: &str) -> Result<i32, String> {
+/// An attribute after a token and its name.
+enum Attribute {
+    /// `min_priority=<N>`.
+    MinPriority(i32),
+    /// `max_in_flight=<N>`.
+    MaxInFlight(u32),
+}
+
+fn attribute_of(attribute: &str) -> Result<Attribute, String> {
     let (name, value) = attribute.split_once('=').unwrap_or((attribute, ""));
-    if name != "min_priority" {
-        return Err("an unknown attribute; the only one is `min_priority=<N>` (the most urgent priority the key may ask; lower is sooner), after the token and its name".into());
+    match name {
+        "min_priority" => value.parse::<i32>().map(Attribute::MinPriority).map_err(|_| {
+            "min_priority must be a whole number within a 32-bit integer (lower is sooner, e.g. min_priority=-5); fix the limit on that line".to_string()
+        }),
+        "max_in_flight" => value
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (1..=1_000_000).contains(n))
+            .map(Attribute::MaxInFlight)
+            .ok_or_else(|| {
+                "max_in_flight must be a whole number from 1 to 1000000 (the key's requests admitted at once, e.g. max_in_flight=4); fix the cap on that line, or remove it for no cap".to_string()
+            }),
+        _ => Err("an unknown attribute; the known ones are `min_priority=<N>` (the most urgent priority the key may ask; lower is sooner) and `max_in_flight=<N>` (the key's requests admitted at once), after the token and its name".into()),
     }
-    value.parse::<i32>().map_err(|_| {
-        "min_priority must be a whole number within a 32-bit integer (lower is sooner, e.g. min_priority=-5); fix the limit on that line".to_string()
-    })
 }
 
 fn digest(token: &str) -> [u8; 32] {

@@ -17,6 +17,22 @@ pub enum RouteError {
     UnknownModel(String),
     /// The model's queue is full (`max_queue`).
     QueueFull(String),
+    /// The request would wait longer for a place than it may (its deadline
+    /// or the model's `max_queue_wait_secs`), or did: refused with when to
+    /// try again.
+    Overloaded {
+        /// The wait expected or waited, and the bound.
+        message: String,
+        /// When a place is expected.
+        hint: Option<RetryHint>,
+    },
+    /// The API key has as many requests admitted as its `max_in_flight`
+    /// (the tokens file).
+    KeyLimit(String),
+    /// The client took nothing of its stream for its door's
+    /// `write_timeout_secs` while the stream's buffer was full: the request
+    /// was cancelled in its engine.
+    ClientStalled(String),
     /// No slot can serve now (none Ready, the wait for a recovery is off or
     /// over, or a worker died under the request); with the retry hint.
     Unavailable {
@@ -55,7 +71,11 @@ impl RouteError {
     /// The retry hint, if the error carries one.
     pub fn hint(&self) -> Option<RetryHint> {
         match self {
-            RouteError::Unavailable { hint, .. } | RouteError::Deadline { hint, .. } => *hint,
+            RouteError::Unavailable { hint, .. }
+            | RouteError::Deadline { hint, .. }
+            | RouteError::Overloaded { hint, .. } => *hint,
+            // A place of the key's frees when one of its requests ends.
+            RouteError::KeyLimit(_) => Some(RetryHint::After(std::time::Duration::from_secs(1))),
             _ => None,
         }
     }
@@ -63,12 +83,14 @@ impl RouteError {
     /// The message a client reads: the hint's words follow it.
     pub fn message(&self) -> String {
         let (text, hint) = match self {
-            RouteError::Invalid(m) | RouteError::UnknownModel(m) | RouteError::QueueFull(m) => {
-                (m.as_str(), None)
-            }
-            RouteError::Unavailable { message, hint } | RouteError::Deadline { message, hint } => {
-                (message.as_str(), *hint)
-            }
+            RouteError::Invalid(m)
+            | RouteError::UnknownModel(m)
+            | RouteError::QueueFull(m)
+            | RouteError::KeyLimit(m)
+            | RouteError::ClientStalled(m) => (m.as_str(), None),
+            RouteError::Unavailable { message, hint }
+            | RouteError::Deadline { message, hint }
+            | RouteError::Overloaded { message, hint } => (message.as_str(), *hint),
             RouteError::Worker { message, .. } => (message.as_str(), None),
         };
         match hint {
@@ -83,6 +105,9 @@ impl RouteError {
             RouteError::Invalid(_) => Outcome::Invalid,
             RouteError::UnknownModel(_) => Outcome::UnknownModel,
             RouteError::QueueFull(_) => Outcome::QueueFull,
+            RouteError::Overloaded { .. } => Outcome::Overloaded,
+            RouteError::KeyLimit(_) => Outcome::KeyLimit,
+            RouteError::ClientStalled(_) => Outcome::ClientStalled,
             RouteError::Unavailable { .. } => Outcome::Unavailable,
             RouteError::Deadline { .. } => Outcome::Deadline,
             RouteError::Worker { code, .. } => match code {
@@ -116,6 +141,14 @@ pub enum Outcome {
     WorkerError,
     /// The client went away first.
     Cancelled,
+    /// Refused for want of a place in time: the expected wait (or the
+    /// wait) was past the request's deadline or `max_queue_wait_secs`.
+    Overloaded,
+    /// Refused: its API key had `max_in_flight` requests admitted.
+    KeyLimit,
+    /// Cut: the client took nothing for `write_timeout_secs` with its
+    /// stream's buffer full; cancelled in the engine.
+    ClientStalled,
 }
 
 impl Outcome {
@@ -130,6 +163,9 @@ impl Outcome {
             Outcome::Deadline => "deadline",
             Outcome::WorkerError => "worker_error",
             Outcome::Cancelled => "cancelled",
+            Outcome::Overloaded => "overloaded",
+            Outcome::KeyLimit => "key_limit",
+            Outcome::ClientStalled => "client_stalled",
         }
     }
 }

@@ -25,11 +25,14 @@
 //! restart may follow, or not).
 
 mod affinity;
+mod buffer;
 mod error;
+mod keys;
 mod queue;
 mod relay;
 mod validate;
 
+pub use buffer::{buffer, Buffered, Client, Item};
 pub use error::{Outcome, RouteError};
 pub use relay::ChunkStream;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -60,15 +63,19 @@ pub struct Router {
     next_id: AtomicU64,
 }
 
-/// Decrements a slot's in-flight count when the request ends, however it ends.
+/// Decrements a slot's in-flight count when the request ends, however it
+/// ends, and tells the model's queue how long the place was held.
 struct InFlight {
     counter: Arc<std::sync::atomic::AtomicU32>,
     slots: Arc<SlotManager>,
+    queue: Arc<Queue>,
+    since: Instant,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.counter.fetch_sub(1, Ordering::Relaxed);
+        self.queue.held(self.since.elapsed());
         self.slots.changed.notify_waiters();
     }
 }
@@ -303,6 +310,9 @@ impl Router {
         deadline: Option<tokio::time::Instant>,
         ticket: Option<(&Queue, &Ticket)>,
     ) -> Result<(crate::slots::Route, Option<Placement>), RouteError> {
+        // A place must come within the model's queue wait, if it sets one.
+        let queue_end = (m.max_queue_wait_secs > 0)
+            .then(|| started + Duration::from_secs(m.max_queue_wait_secs));
         loop {
             let notified = self.slots.changed.notified();
             // The head leaving (routed, refused, gone) makes another the
@@ -350,19 +360,31 @@ impl Router {
             let availability = self.slots.availability(model, None);
             let wait = self.plan_wait(model, m, availability, started, deadline)?;
             let until = match wait {
-                Wait::ForPlace(until) => until,
+                Wait::ForPlace(until) => earliest(until, queue_end),
                 Wait::ForRecovery(until) => Some(until),
             };
             let Some(until) = until else {
                 notified.await;
                 continue;
             };
-            // Woken by any slot change; at `until` either the deadline has
-            // passed (below) or the recovery wait is over, which the next
-            // round's plan refuses, saying what the request waited for.
-            if tokio::time::timeout_at(until, notified).await.is_ok()
-                || deadline.is_none_or(|d| tokio::time::Instant::now() < d)
-            {
+            // Woken by any slot change; at `until` the deadline has passed
+            // or the queue wait is over (both below), or the recovery wait
+            // is, which the next round's plan refuses, saying what the
+            // request waited for.
+            if tokio::time::timeout_at(until, notified).await.is_ok() {
+                continue;
+            }
+            let now = tokio::time::Instant::now();
+            if deadline.is_none_or(|d| now < d) {
+                if matches!(wait, Wait::ForPlace(_)) && queue_end.is_some_and(|q| now >= q) {
+                    return Err(RouteError::Overloaded {
+                        message: format!(
+                            "model `{model}` had no free place for this request within {} s (models.{model}.max_queue_wait_secs); its slots are saturated",
+                            m.max_queue_wait_secs
+                        ),
+                        hint: Some(RetryHint::After(Duration::from_secs(1))),
+                    });
+                }
                 continue;
             }
             return Err(match wait {
@@ -441,6 +463,10 @@ impl Router {
             standing.ready_engines.iter().map(|e| &**e),
             by_context,
         )?;
+        // One key cannot take every place: over its cap it is refused at
+        // once, never queued behind its own requests.
+        let key_place = keys::take(&caller)?;
+        shed(&model, m, &queue, &standing, request.priority, timeout)?;
         // Admission to routed: the wait in the model's queue (and for a
         // recovering slot), ended by the routing decision.
         let queued = trace.child("queue", Kind::Internal);
@@ -476,6 +502,8 @@ impl Router {
             let guard = InFlight {
                 counter: route.in_flight.clone(),
                 slots: self.slots.clone(),
+                queue: queue.clone(),
+                since: Instant::now(),
             };
             // Replicas may run different engines: the chosen one decides.
             check_engines(&request, [&*route.engine_facts], by_context)?;
@@ -533,8 +561,82 @@ impl Router {
             key: caller,
             trace: trace.clone(),
             call,
+            key_place,
         }))
     }
+}
+
+/// The earlier of two optional instants (None: no bound).
+fn earliest(
+    a: Option<tokio::time::Instant>,
+    b: Option<tokio::time::Instant>,
+) -> Option<tokio::time::Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Refuse at once a request that the model is not expected to start
+/// within its deadline or the model's `max_queue_wait_secs`: overload is
+/// answered, with when to come back, rather than held until the client
+/// gives up. The expected wait is the departures it must wait for (those
+/// ahead of it in the queue, and itself, beyond the free places) at the
+/// pace the places free: `places` at a time, each held about as long as
+/// requests of the model held theirs lately. Before any request ended
+/// nothing is known, and nothing is refused.
+fn shed(
+    model: &str,
+    m: &ModelConfig,
+    queue: &Queue,
+    standing: &crate::slots::Standing,
+    priority: i32,
+    timeout: Option<Duration>,
+) -> Result<(), RouteError> {
+    let places = u32::try_from(standing.ready_engines.len())
+        .unwrap_or(u32::MAX)
+        .saturating_mul(m.max_in_flight);
+    let Some(hold) = queue.hold().filter(|_| places > 0) else {
+        return Ok(());
+    };
+    let ahead = queue.ahead_of(priority);
+    let need = (ahead + standing.in_flight + 1).saturating_sub(places);
+    if need == 0 {
+        return Ok(());
+    }
+    let expected = hold.mul_f64(f64::from(need) / f64::from(places));
+    let queue_wait =
+        (m.max_queue_wait_secs > 0).then(|| Duration::from_secs(m.max_queue_wait_secs));
+    let (bound, what) = match (timeout, queue_wait) {
+        (Some(t), Some(q)) if q < t => (
+            q,
+            format!(
+                "models.{model}.max_queue_wait_secs = {}",
+                m.max_queue_wait_secs
+            ),
+        ),
+        (Some(t), _) => (t, format!("this request's deadline ({} ms)", t.as_millis())),
+        (None, Some(q)) => (
+            q,
+            format!(
+                "models.{model}.max_queue_wait_secs = {}",
+                m.max_queue_wait_secs
+            ),
+        ),
+        (None, None) => return Ok(()),
+    };
+    if expected <= bound {
+        return Ok(());
+    }
+    Err(RouteError::Overloaded {
+        message: format!(
+            "model `{model}` is not expected to start this request for about {:.1} s ({ahead} waiting ahead of it, {} running on {places} places, each held about {:.1} s lately), past {what}",
+            expected.as_secs_f64(),
+            standing.in_flight,
+            hold.as_secs_f64()
+        ),
+        hint: Some(RetryHint::After(expected)),
+    })
 }
 
 /// Counts a request whose admission never finished because its future was

@@ -15,7 +15,9 @@
 
 use crate::usage::KeyName;
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::Notify;
 
 /// One model's queue.
@@ -25,6 +27,10 @@ pub struct Queue {
     state: Mutex<State>,
     /// Woken whenever a request leaves (the head may have changed).
     pub moved: Notify,
+    /// How long a request of the model held its place lately, in µs (an
+    /// exponential average; 0: none has ended yet): what the expected wait
+    /// of a newcomer is reckoned from.
+    hold_us: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -65,7 +71,41 @@ impl Queue {
                 ..State::default()
             }),
             moved: Notify::new(),
+            hold_us: AtomicU64::new(0),
         })
+    }
+
+    /// A request held its place this long.
+    pub fn held(&self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1);
+        // Weight 1/4 to the newest: a few requests move it, one odd one
+        // does not.
+        let _ = self
+            .hold_us
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                Some(if old == 0 { us } else { old - old / 4 + us / 4 })
+            });
+    }
+
+    /// How long a request holds its place, lately; None before any ended.
+    pub fn hold(&self) -> Option<Duration> {
+        match self.hold_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(Duration::from_micros(us)),
+        }
+    }
+
+    /// How many wait that a request at `priority` would wait behind (those
+    /// of its priority or more urgent; within a priority keys take turns,
+    /// so this can be more than are served first, never fewer).
+    pub fn ahead_of(&self, priority: i32) -> u32 {
+        self.state()
+            .levels
+            .range(..=priority)
+            .map(|(_, level)| level.waiting.values().map(VecDeque::len).sum::<usize>())
+            .sum::<usize>()
+            .try_into()
+            .unwrap_or(u32::MAX)
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {

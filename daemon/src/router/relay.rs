@@ -52,6 +52,8 @@ pub struct ChunkStream {
     /// (both empty while traces are off).
     trace: Span,
     call: Span,
+    /// The request's place among its key's `max_in_flight`.
+    _key_place: Option<super::keys::KeyPlace>,
 }
 
 /// What `ChunkStream::new` needs of the routing.
@@ -69,6 +71,7 @@ pub(super) struct Routed {
     pub key: KeyName,
     pub trace: Span,
     pub call: Span,
+    pub key_place: Option<super::keys::KeyPlace>,
 }
 
 impl ChunkStream {
@@ -93,6 +96,20 @@ impl ChunkStream {
             key: r.key,
             trace: r.trace,
             call: r.call,
+            _key_place: r.key_place,
+        }
+    }
+
+    /// The model it was routed to.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// End it here with `outcome` (it is dropped next), unless it was
+    /// answered already.
+    pub fn end_as(&mut self, outcome: Outcome) {
+        if !self.finished && self.outcome.is_none() {
+            self.outcome = Some(outcome);
         }
     }
 

@@ -343,6 +343,8 @@ pub struct Standing {
     pub availability: Availability,
     /// What the engines of its Ready slots honour.
     pub ready_engines: Vec<Arc<EngineFacts>>,
+    /// Requests its Ready slots serve now.
+    pub in_flight: u32,
 }
 
 /// [`SlotManager::availability`] over a table already locked.
@@ -834,6 +836,11 @@ impl SlotManager {
                 .filter(|e| e.view.model == model && e.view.state == SlotState::Ready)
                 .map(|e| e.view.engine_facts.clone())
                 .collect(),
+            in_flight: table
+                .values()
+                .filter(|e| e.view.model == model && e.view.state == SlotState::Ready)
+                .map(|e| e.in_flight.load(Ordering::Relaxed))
+                .sum(),
         }
     }
     /// The Ready slot of `model` that `choose` picks among the candidates

@@ -10,6 +10,7 @@ pub const LIVE_KEYS: &[&str] = &[
     "max_queue",
     "max_in_flight",
     "recovery_wait_secs",
+    "max_queue_wait_secs",
     "rollback_on_failure",
     "prefix_affinity",
 ];

@@ -238,6 +238,14 @@ pub struct OpenaiConfig {
     /// the host itself (every loopback address is one peer). Clients
     /// behind one proxy share it.
     pub max_connections_per_peer: u32,
+    /// Seconds a request's body may take to arrive, counted from the end
+    /// of its head; one that has not is answered 408 and the connection
+    /// closed.
+    pub body_read_timeout_secs: u64,
+    /// Seconds a client may take nothing the door writes to it (its
+    /// socket full) before it is cut: a streamed request is cancelled in
+    /// its engine and counted `client_stalled`.
+    pub write_timeout_secs: u64,
 }
 
 impl Default for OpenaiConfig {
@@ -258,12 +266,19 @@ impl Default for OpenaiConfig {
             // 64 leaves room for a benchmark from one host while keeping
             // 16 such peers from taking the whole door.
             max_connections_per_peer: 64,
+            // A body is sent right behind its head; even a 4 MiB prompt
+            // on a slow link arrives within seconds.
+            body_read_timeout_secs: 30,
+            // A client that reads nothing for half a minute has gone away
+            // or means harm; one that reads slowly but steadily is never
+            // cut (any byte taken restarts the clock).
+            write_timeout_secs: 30,
         }
     }
 }
 
 /// The public inference port's authentication and transport.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct InferenceConfig {
     /// File of bearer tokens, one per line (`#` comments and blank lines
@@ -276,6 +291,22 @@ pub struct InferenceConfig {
     /// PEM private key for TLS on the public port (with `tls_cert`); must
     /// not be readable by every user.
     pub tls_key: Option<PathBuf>,
+    /// Seconds a Generate stream's client may take nothing while the
+    /// stream's buffer (`limits.stream_buffer_chunks`) is full before the
+    /// request is cancelled in its engine and counted `client_stalled`.
+    pub write_timeout_secs: u64,
+}
+
+impl Default for InferenceConfig {
+    fn default() -> Self {
+        InferenceConfig {
+            tokens_file: None,
+            tls_cert: None,
+            tls_key: None,
+            // As the OpenAI door's `write_timeout_secs`.
+            write_timeout_secs: 30,
+        }
+    }
 }
 
 /// Request limits, checked by the daemon before a request reaches a worker.
@@ -299,6 +330,12 @@ pub struct LimitsConfig {
     pub max_stop_strings: u32,
     /// Longest stop string in bytes.
     pub max_stop_bytes: u32,
+    /// Chunks of a streamed answer the daemon holds for a client that has
+    /// not taken them yet (both doors). While there is room the engine
+    /// generates at its own pace, whatever the client's; a full buffer
+    /// holds the request back, and a client that then takes nothing for
+    /// the door's `write_timeout_secs` is cut.
+    pub stream_buffer_chunks: u32,
 }
 
 impl Default for LimitsConfig {
@@ -312,6 +349,10 @@ impl Default for LimitsConfig {
             max_streams_per_connection: 16,
             max_stop_strings: 16,
             max_stop_bytes: 256,
+            // A chunk is a token or a few (some 100-300 bytes as SSE):
+            // seconds of decode at any engine's pace, and at most a few
+            // hundred KiB per stream.
+            stream_buffer_chunks: 1024,
         }
     }
 }
@@ -620,6 +661,14 @@ pub struct ModelConfig {
     /// takes minutes).
     #[serde(default = "default_recovery_wait_secs")]
     pub recovery_wait_secs: u64,
+    /// The longest a request may wait in the queue for a place, in
+    /// seconds: one the model is expected not to start within it (or
+    /// within its own deadline) is refused at once, one that waited it out
+    /// is refused then; both with 503 and `Retry-After` (gRPC:
+    /// RESOURCE_EXHAUSTED with a pushback). 0: no bound but the request's
+    /// own deadline.
+    #[serde(default = "default_max_queue_wait_secs")]
+    pub max_queue_wait_secs: u64,
     /// With several Ready replicas, send requests that start alike (a
     /// chat's leading messages, a prompt's first 2 KiB) to the same
     /// replica, where its engine's prefix cache likely holds them, within a
@@ -691,6 +740,11 @@ fn default_max_queue() -> u32 {
 
 fn default_max_in_flight() -> u32 {
     8
+}
+
+fn default_max_queue_wait_secs() -> u64 {
+    // Past two minutes in a queue an answer is worth more than a place.
+    120
 }
 
 fn default_recovery_wait_secs() -> u64 {

@@ -281,6 +281,14 @@ fn check_inference(i: &InferenceConfig, problems: &mut Vec<Problem>) {
         )),
         _ => {}
     }
+    range(
+        problems,
+        "inference.write_timeout_secs",
+        i.write_timeout_secs,
+        1,
+        3600,
+        "s",
+    );
 }
 
 /// The gRPC message limit of the public port is sized from
@@ -330,6 +338,14 @@ fn check_limits(l: &LimitsConfig, problems: &mut Vec<Problem>) {
         65_536,
         "bytes",
     );
+    range(
+        problems,
+        "limits.stream_buffer_chunks",
+        l.stream_buffer_chunks.into(),
+        1,
+        1_000_000,
+        "chunks",
+    );
 }
 
 /// The OpenAI door's timeouts and connection caps (see [`OpenaiConfig`]).
@@ -348,6 +364,22 @@ fn check_openai_connections(o: &OpenaiConfig, problems: &mut Vec<Problem>) {
         o.idle_timeout_secs,
         1,
         86_400,
+        "s",
+    );
+    range(
+        problems,
+        "openai.body_read_timeout_secs",
+        o.body_read_timeout_secs,
+        1,
+        3600,
+        "s",
+    );
+    range(
+        problems,
+        "openai.write_timeout_secs",
+        o.write_timeout_secs,
+        1,
+        3600,
         "s",
     );
     range(
@@ -810,6 +842,14 @@ fn check_model(
         m.recovery_wait_secs,
         0,
         3600,
+        "s",
+    );
+    range(
+        problems,
+        &key("max_queue_wait_secs"),
+        m.max_queue_wait_secs,
+        0,
+        86_400,
         "s",
     );
     range(

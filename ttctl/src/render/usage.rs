@@ -19,6 +19,7 @@ pub fn usage_table(usage: &[KeyUsage]) -> String {
         "COMPLETION",
         "REFUSED",
         "ERRORS",
+        "STALLED",
     ]);
     for u in usage {
         table.row(vec![
@@ -30,6 +31,7 @@ pub fn usage_table(usage: &[KeyUsage]) -> String {
             u.completion_tokens.to_string(),
             u.refused.to_string(),
             u.errors.to_string(),
+            u.stalled.to_string(),
         ]);
     }
     table.render()
@@ -50,6 +52,7 @@ mod tests {
             completion_tokens: 45,
             refused: 1,
             errors: 0,
+            stalled: 2,
         }]);
         assert!(text.starts_with("KEY"), "{text}");
         assert!(text.contains("team-a"), "{text}");

@@ -21,10 +21,11 @@ use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::TokioIo;
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -59,6 +60,10 @@ pub struct Limits {
     max_connections: u32,
     /// `max_connections_per_peer`.
     max_per_peer: u32,
+    /// `body_read_timeout_secs`.
+    body_read: Duration,
+    /// `write_timeout_secs`.
+    write: Duration,
 }
 
 impl Limits {
@@ -69,6 +74,8 @@ impl Limits {
             idle: Duration::from_secs(config.idle_timeout_secs),
             max_connections: config.max_connections,
             max_per_peer: config.max_connections_per_peer,
+            body_read: Duration::from_secs(config.body_read_timeout_secs),
+            write: Duration::from_secs(config.write_timeout_secs),
         }
     }
 }
@@ -120,13 +127,19 @@ pub async fn serve(
             let _place = place;
             let _alive = alive;
             let activity = Arc::new(Activity::new(accepted_at));
+            let connection = Connection {
+                peer: peer.ip(),
+                cut: Arc::new(AtomicBool::new(false)),
+            };
             match tls {
-                None => run(tcp, app, activity, limits, shutdown).await,
+                None => run(tcp, app, activity, connection, limits, shutdown).await,
                 Some(tls) => {
                     // The handshake counts against the first head's deadline.
                     let deadline = accepted_at + limits.header_read;
                     match tokio::time::timeout_at(deadline, tls.accept(tcp)).await {
-                        Ok(Ok(stream)) => run(stream, app, activity, limits, shutdown).await,
+                        Ok(Ok(stream)) => {
+                            run(stream, app, activity, connection, limits, shutdown).await
+                        }
                         Ok(Err(e)) => {
                             tracing::debug!(%peer, error = %e, "OpenAI front door: TLS handshake failed")
                         }
@@ -150,6 +163,7 @@ async fn run<IO>(
     io: IO,
     app: axum::Router,
     activity: Arc<Activity>,
+    connection: Connection,
     limits: Limits,
     shutdown: Shutdown,
 ) where
@@ -157,9 +171,18 @@ async fn run<IO>(
 {
     let service = hyper::service::service_fn({
         let activity = activity.clone();
+        let connection = connection.clone();
         move |request: hyper::Request<Incoming>| {
             let busy = activity.begin();
             let app = app.clone();
+            // The body's deadline runs from the end of its head.
+            let mut request = request.map(|body| {
+                axum::body::Body::new(TimedBody {
+                    body,
+                    deadline: Box::pin(tokio::time::sleep(limits.body_read)),
+                })
+            });
+            request.extensions_mut().insert(connection.clone());
             async move {
                 let response = match app.oneshot(request).await {
                     Ok(response) => response,
@@ -172,6 +195,9 @@ async fn run<IO>(
     let watched = Watched {
         io,
         activity: activity.clone(),
+        write_timeout: limits.write,
+        stalled: None,
+        cut: connection.cut.clone(),
     };
     // hyper's own header timer is off: `Activity` keeps both deadlines
     // (see the module's docs).
@@ -334,10 +360,49 @@ impl hyper::body::Body for Tracked {
     }
 }
 
-/// The connection's stream, telling its [`Activity`] when bytes arrive.
+/// The connection's stream, telling its [`Activity`] when bytes arrive,
+/// and cutting a client that takes nothing for `write_timeout`: a write
+/// that has waited that long on a full socket fails, which ends the
+/// connection (and with it the response body, whose buffer's pump then
+/// cancels the request in its engine). Any byte taken restarts the clock.
 struct Watched<IO> {
     io: IO,
     activity: Arc<Activity>,
+    write_timeout: Duration,
+    /// Running while a write waits on the socket.
+    stalled: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Set when this connection was cut so.
+    cut: Arc<AtomicBool>,
+}
+
+impl<IO> Watched<IO> {
+    /// After the socket answered a write: `Pending` starts (or goes on
+    /// with) the stall clock, anything else stops it.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled = None;
+            return polled;
+        }
+        let timeout = self.write_timeout;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if stalled.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.cut.store(true, Ordering::Release);
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the client took nothing for {} s (openai.write_timeout_secs)",
+                timeout.as_secs()
+            ),
+        )))
+    }
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
@@ -362,11 +427,15 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.watch(cx, polled)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_flush(cx);
+        this.watch(cx, polled)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -378,12 +447,84 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.watch(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
     }
+}
+
+/// What a request's handler knows of its connection (a request
+/// extension): the client's address, and whether the connection was cut
+/// for taking nothing.
+#[derive(Debug, Clone)]
+pub struct Connection {
+    /// The client's address.
+    pub peer: IpAddr,
+    /// Set when the connection was cut by `openai.write_timeout_secs`.
+    pub cut: Arc<AtomicBool>,
+}
+
+/// A request body with a deadline (`openai.body_read_timeout_secs`, from
+/// the end of the head): one that has not arrived by then fails with
+/// [`BodyTimedOut`], which the handler answers with 408.
+struct TimedBody {
+    body: Incoming,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+/// The error of a body that did not arrive in time.
+#[derive(Debug)]
+pub struct BodyTimedOut;
+
+impl std::fmt::Display for BodyTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the request body did not arrive within openai.body_read_timeout_secs")
+    }
+}
+
+impl std::error::Error for BodyTimedOut {}
+
+impl hyper::body::Body for TimedBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
+            Poll::Pending if this.deadline.as_mut().poll(cx).is_ready() => {
+                Poll::Ready(Some(Err(Box::new(BodyTimedOut))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Whether a body failed for want of arriving in time.
+pub fn is_body_timeout(rejection: &axum::extract::rejection::BytesRejection) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(e) = source {
+        if e.is::<BodyTimedOut>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// Which cap a connection met.
@@ -591,6 +732,8 @@ mod tests {
             idle: Duration::from_secs(5),
             max_connections: max,
             max_per_peer: per_peer,
+            body_read: Duration::from_secs(30),
+            write: Duration::from_secs(30),
         }
     }
 

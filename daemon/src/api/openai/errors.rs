@@ -26,6 +26,9 @@ pub struct ApiError {
     param: Option<String>,
     code: Option<&'static str>,
     retry_after_secs: Option<u64>,
+    /// Close the connection after the answer (the request's body was not
+    /// read to its end).
+    close: bool,
 }
 
 impl ApiError {
@@ -38,6 +41,23 @@ impl ApiError {
             param: None,
             code: None,
             retry_after_secs: None,
+            close: false,
+        }
+    }
+
+    /// 408, closing the connection: the body did not arrive within
+    /// `openai.body_read_timeout_secs`.
+    pub fn body_timed_out(secs: u64) -> ApiError {
+        ApiError {
+            code: Some("body_read_timeout"),
+            close: true,
+            ..ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "timeout_error",
+                format!(
+                    "the request body did not arrive within {secs} s of its head (openai.body_read_timeout_secs); send the body right behind the headers"
+                ),
+            )
         }
     }
 
@@ -117,6 +137,23 @@ impl ApiError {
                 retry_after_secs: Some(1),
                 ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
             },
+            RouteError::KeyLimit(_) => ApiError {
+                code: Some("key_in_flight_limit"),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)
+            },
+            RouteError::Overloaded { .. } => ApiError {
+                code: Some("overloaded"),
+                ..ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable_error",
+                    message,
+                )
+            },
+            // Its status line went out long ago: only a stream's last event
+            // can carry it, if the client ever reads again.
+            RouteError::ClientStalled(_) => {
+                ApiError::new(StatusCode::REQUEST_TIMEOUT, "timeout_error", message)
+            }
             RouteError::Unavailable { .. } => {
                 tracing::debug!(%model, detail = %message, "OpenAI front door: 503, no slot could serve the request");
                 ApiError::new(
@@ -159,6 +196,11 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, axum::Json(self.body())).into_response();
         set_retry_after(&mut response, self.retry_after_secs);
+        if self.close {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         response
     }
 }

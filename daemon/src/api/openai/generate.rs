@@ -3,9 +3,10 @@
 //! `data: {chunk}` lines, an optional usage chunk, `data: [DONE]`) or
 //! collected into one JSON body.
 
+use super::connections::Connection;
 use super::errors::ApiError;
 use super::Front;
-use crate::router::{ChunkStream, Outcome, RouteError};
+use crate::router::{Buffered, ChunkStream, Client, Outcome, RouteError};
 use crate::usage::KeyName;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -28,20 +29,40 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub async fn completions(
     State(front): State<Front>,
     key: Option<Extension<KeyName>>,
+    connection: Option<Extension<Connection>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer(front, key_name(key), &headers, body, Endpoint::Completions).await
+    let connection = connection.map(|Extension(c)| c);
+    answer(
+        front,
+        key_name(key),
+        connection,
+        &headers,
+        body,
+        Endpoint::Completions,
+    )
+    .await
 }
 
 /// `POST /v1/chat/completions`.
 pub async fn chat(
     State(front): State<Front>,
     key: Option<Extension<KeyName>>,
+    connection: Option<Extension<Connection>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer(front, key_name(key), &headers, body, Endpoint::Chat).await
+    let connection = connection.map(|Extension(c)| c);
+    answer(
+        front,
+        key_name(key),
+        connection,
+        &headers,
+        body,
+        Endpoint::Chat,
+    )
+    .await
 }
 
 /// The key the token check named (anonymous without one).
@@ -77,6 +98,7 @@ fn deadline(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
 async fn answer(
     front: Front,
     key: KeyName,
+    connection: Option<Connection>,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     endpoint: Endpoint,
@@ -131,7 +153,23 @@ async fn answer(
             .generate(parsed.request, timeout, key, trace)
             .await
         {
-            Ok(stream) => streamed(head, stream, parsed.include_usage).into_response(),
+            Ok(stream) => {
+                let config = front.state.config();
+                let client = Client {
+                    door: "openai",
+                    timeout_key: "openai.write_timeout_secs",
+                    write_timeout: Duration::from_secs(config.openai.write_timeout_secs),
+                    peer: connection.as_ref().map(|c| c.peer),
+                    cut_by_door: connection.map(|c| c.cut.clone()),
+                };
+                let capacity = config.limits.stream_buffer_chunks as usize;
+                streamed(
+                    head,
+                    crate::router::buffer(stream, capacity, client),
+                    parsed.include_usage,
+                )
+                .into_response()
+            }
             Err(e) => ApiError::route(e, &head.model).into_response(),
         };
     }
@@ -145,7 +183,9 @@ fn json_body(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<serde_json::Value, ApiError> {
     let body = body.map_err(|rejection| {
-        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        if super::connections::is_body_timeout(&rejection) {
+            ApiError::body_timed_out(front.state.config().openai.body_read_timeout_secs)
+        } else if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(front.state.config().limits.max_prompt_bytes)
         } else {
             ApiError::invalid("", format!("cannot read the request body: {rejection}"))
@@ -162,11 +202,12 @@ fn json_body(
 }
 
 /// Server-Sent Events as OpenAI sends them, rendered as the connection
-/// takes them from the router's stream: no task or channel of its own
-/// between the router and the socket. When the client goes away the
-/// connection drops the body, with it the router's stream, and the worker
-/// cancels the sequence.
-fn streamed(head: Head, stream: ChunkStream, include_usage: bool) -> Response {
+/// takes them from the request's buffer (`router::buffer`: the engine's
+/// pace never waits on this socket), every chunk that is ready in one
+/// piece of the body. When the client goes away the connection drops the
+/// body, the buffer's pump sees it at once, and the worker cancels the
+/// sequence.
+fn streamed(head: Head, stream: Buffered, include_usage: bool) -> Response {
     let sampling = sampling_header(stream.host_sampling());
     let writer = Writer::new(head);
     // A chat stream opens with the assistant's role.
@@ -175,23 +216,14 @@ fn streamed(head: Head, stream: ChunkStream, include_usage: bool) -> Response {
         writer.role(&mut out);
         Bytes::from(out)
     });
-    let mut text_len = 0;
-    let events = stream.filter_map(move |chunk| {
-        let bytes = match chunk {
-            Ok(chunk) => chunk_events(&writer, chunk, include_usage, &mut text_len),
-            // The status line is sent: the error goes in the stream, as
-            // OpenAI's SDKs read it, and the stream ends without [DONE]
-            // (the router's stream ends after an error).
-            Err(e) => Bytes::from(chunk::event(
-                &ApiError::route(e, &writer.head().model).event_json(),
-            )),
-        };
-        // An empty piece would read as the body's end in chunked framing.
-        (!bytes.is_empty()).then_some(Ok::<_, std::convert::Infallible>(bytes))
+    let body = axum::body::Body::from_stream(Events {
+        stream,
+        writer,
+        include_usage,
+        text_len: 0,
+        opening,
+        ready: Vec::new(),
     });
-    let body = axum::body::Body::from_stream(
-        tokio_stream::iter(opening.map(Ok::<_, std::convert::Infallible>)).chain(events),
-    );
     let mut response = (
         [
             (axum::http::header::CONTENT_TYPE, "text/event-stream"),
@@ -202,6 +234,73 @@ fn streamed(head: Head, stream: ChunkStream, include_usage: bool) -> Response {
         .into_response();
     add_sampling_header(&mut response, sampling);
     response
+}
+
+/// Most chunks rendered into one piece of the body: a client far behind
+/// gets a few writes of some KiB, not one of megabytes.
+const CHUNKS_PER_WRITE: usize = 64;
+
+/// The SSE body of a streamed answer.
+struct Events {
+    stream: Buffered,
+    writer: Writer,
+    include_usage: bool,
+    /// Text sent so far (logprobs' offsets count from it).
+    text_len: usize,
+    /// The chat role's event, sent first.
+    opening: Option<Bytes>,
+    /// The chunks taken from the buffer by this poll (kept to reuse).
+    ready: Vec<crate::router::Item>,
+}
+
+impl tokio_stream::Stream for Events {
+    type Item = Result<Bytes, std::convert::Infallible>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        if let Some(opening) = this.opening.take() {
+            return Poll::Ready(Some(Ok(opening)));
+        }
+        loop {
+            this.ready.clear();
+            match this
+                .stream
+                .poll_ready_chunks(cx, &mut this.ready, CHUNKS_PER_WRITE)
+            {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(0) => return Poll::Ready(None),
+                Poll::Ready(_) => {}
+            }
+            let mut out = Vec::new();
+            for chunk in this.ready.drain(..) {
+                match chunk {
+                    Ok(chunk) => chunk_events(
+                        &this.writer,
+                        chunk,
+                        this.include_usage,
+                        &mut this.text_len,
+                        &mut out,
+                    ),
+                    // The status line is sent: the error goes in the
+                    // stream, as OpenAI's SDKs read it, and the stream ends
+                    // without [DONE] (the router's stream ends after an
+                    // error).
+                    Err(e) => out.extend_from_slice(&chunk::event(
+                        &ApiError::route(e, &this.writer.head().model).event_json(),
+                    )),
+                }
+            }
+            // An empty piece would read as the body's end in chunked
+            // framing.
+            if !out.is_empty() {
+                return Poll::Ready(Some(Ok(Bytes::from(out))));
+            }
+        }
+    }
 }
 
 /// The response header that marks a request its engine served on the host
@@ -222,15 +321,15 @@ fn add_sampling_header(response: &mut Response, value: Option<axum::http::Header
     }
 }
 
-/// The events of one router chunk, in one piece of the body: a text delta,
-/// or the finish (then the usage chunk when asked for, then `[DONE]`).
+/// The events of one router chunk, appended to `out`: a text delta, or
+/// the finish (then the usage chunk when asked for, then `[DONE]`).
 fn chunk_events(
     writer: &Writer,
     chunk: pb::GenerateResponse,
     include_usage: bool,
     text_len: &mut usize,
-) -> Bytes {
-    let mut out = Vec::new();
+    out: &mut Vec<u8>,
+) {
     match chunk.chunk {
         Some(pb::generate_response::Chunk::Delta(d))
             if !d.text.is_empty()
@@ -238,19 +337,18 @@ fn chunk_events(
                 || !d.reasoning.is_empty()
                 || !d.tool_calls.is_empty() =>
         {
-            writer.delta(&mut out, &d, *text_len);
+            writer.delta(out, &d, *text_len);
             *text_len += d.text.len();
         }
         Some(pb::generate_response::Chunk::Final(f)) => {
-            writer.finish(&mut out, f.finish_reason);
+            writer.finish(out, f.finish_reason);
             if include_usage {
-                writer.usage(&mut out, &Usage::of(&f));
+                writer.usage(out, &Usage::of(&f));
             }
-            Writer::done(&mut out);
+            Writer::done(out);
         }
         _ => {}
     }
-    Bytes::from(out)
 }
 
 /// One prompt's answer, read to its end.
