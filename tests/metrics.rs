@@ -4,6 +4,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use tonic::Code;
+use tt_serving_tests::chaos_support::PROMETHEUS_ACCEPT;
 use tt_serving_tests::{
     generate, model_table, output_text, tiny_model, wait_until, Daemon, DaemonOptions, FakeHw,
 };
@@ -12,17 +13,25 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("tokio runtime")
 }
 
-/// GET `path` from the daemon's metrics endpoint: (status line, headers and
-/// body as one text).
+/// GET `path` from the daemon's metrics endpoint as `curl` does (no
+/// `Accept`): status line, headers and body as one text.
 fn http_get(daemon: &Daemon, path: &str) -> String {
+    http_get_with(daemon, path, None)
+}
+
+/// GET `path` with `accept` as the `Accept` header.
+fn http_get_with(daemon: &Daemon, path: &str, accept: Option<&str>) -> String {
     let address = daemon.status()["daemon"]["metrics_address"]
         .as_str()
         .expect("metrics address in status")
         .to_string();
     let mut stream = TcpStream::connect(&address).expect("connect to the metrics endpoint");
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\n{accept}Connection: close\r\n\r\n"
     )
     .expect("send request");
     let mut response = String::new();
@@ -80,7 +89,8 @@ fn metrics_count_requests_tokens_latency_states_restarts_resets_and_builds() {
     let reset = daemon.ttctl(&["card", "reset", "1"]);
     assert!(reset.status.success(), "{}", output_text(&reset));
 
-    let response = http_get(&daemon, "/metrics");
+    // As Prometheus scrapes it: OpenMetrics.
+    let response = http_get_with(&daemon, "/metrics", Some(PROMETHEUS_ACCEPT));
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(
         response.contains("application/openmetrics-text"),
