@@ -274,7 +274,7 @@ pub struct Scrape {
 }
 
 impl Scrape {
-    /// Parse the OpenMetrics text.
+    /// Parse the text (OpenMetrics or 0.0.4: their sample lines agree).
     pub fn parse(text: &str) -> Scrape {
         let samples = text
             .lines()
@@ -312,8 +312,19 @@ impl Scrape {
     }
 }
 
-/// GET /metrics from the daemon, parsed.
+/// The `Accept` Prometheus 2.43 and later send with a scrape (OpenMetrics
+/// first, the 0.0.4 text format as a fallback).
+pub const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+/// GET /metrics from the daemon as `curl` does (the 0.0.4 text format),
+/// parsed.
 pub fn scrape(daemon: &Daemon) -> Scrape {
+    scrape_with(daemon, None)
+}
+
+/// GET /metrics from the daemon with `accept` as its `Accept` header (e.g.
+/// [`PROMETHEUS_ACCEPT`]), parsed.
+pub fn scrape_with(daemon: &Daemon, accept: Option<&str>) -> Scrape {
     let address = daemon.status()["daemon"]["metrics_address"]
         .as_str()
         .expect("metrics address in status")
@@ -322,9 +333,12 @@ pub fn scrape(daemon: &Daemon) -> Scrape {
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .expect("read timeout");
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
     write!(
         stream,
-        "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        "GET /metrics HTTP/1.1\r\nHost: {address}\r\n{accept}Connection: close\r\n\r\n"
     )
     .expect("send the metrics request");
     let mut response = String::new();

@@ -1,9 +1,15 @@
 //! Operating signals end to end: `/metrics` scraped over real HTTP from a
-//! real daemon with real workers on fake cards, and `ttctl top`.
+//! real daemon with real workers on fake cards, in both its formats and
+//! through Prometheus's own linter (`promtool check metrics`), and `ttctl
+//! top`.
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use tonic::Code;
+use tt_serving_tests::chaos_support::PROMETHEUS_ACCEPT;
 use tt_serving_tests::{
     generate, model_table, output_text, tiny_model, wait_until, Daemon, DaemonOptions, FakeHw,
 };
@@ -12,17 +18,25 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().expect("tokio runtime")
 }
 
-/// GET `path` from the daemon's metrics endpoint: (status line, headers and
-/// body as one text).
+/// GET `path` from the daemon's metrics endpoint as `curl` does (no
+/// `Accept`): status line, headers and body as one text.
 fn http_get(daemon: &Daemon, path: &str) -> String {
+    http_get_with(daemon, path, None)
+}
+
+/// GET `path` with `accept` as the `Accept` header.
+fn http_get_with(daemon: &Daemon, path: &str, accept: Option<&str>) -> String {
     let address = daemon.status()["daemon"]["metrics_address"]
         .as_str()
         .expect("metrics address in status")
         .to_string();
     let mut stream = TcpStream::connect(&address).expect("connect to the metrics endpoint");
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\n{accept}Connection: close\r\n\r\n"
     )
     .expect("send request");
     let mut response = String::new();
@@ -80,7 +94,8 @@ fn metrics_count_requests_tokens_latency_states_restarts_resets_and_builds() {
     let reset = daemon.ttctl(&["card", "reset", "1"]);
     assert!(reset.status.success(), "{}", output_text(&reset));
 
-    let response = http_get(&daemon, "/metrics");
+    // As Prometheus scrapes it: OpenMetrics.
+    let response = http_get_with(&daemon, "/metrics", Some(PROMETHEUS_ACCEPT));
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(
         response.contains("application/openmetrics-text"),
@@ -279,5 +294,255 @@ fn metrics_show_the_hosts_hugepages_and_memory() {
     assert_eq!(
         sample(&scrape, "tt_serving_host_memory_bytes{kind=\"total\"}"),
         Some(15728640.0 * 1024.0)
+    );
+}
+
+/// Prometheus's `promtool` (Debian's `prometheus` package), or None:
+/// skipped loudly; CI installs it and requires it.
+fn promtool() -> Option<PathBuf> {
+    let found = Command::new("promtool")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if found {
+        return Some("promtool".into());
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("CI must provide promtool: .ci/run installs the Debian package prometheus");
+    }
+    eprintln!(
+        "SKIPPED: the promtool checks: promtool is not installed (apt-get install prometheus)"
+    );
+    None
+}
+
+/// `promtool check metrics` on `page` (what `curl -s .../metrics |
+/// promtool check metrics` does): its exit status and what it printed.
+fn promtool_check(promtool: &PathBuf, page: &str) -> (bool, String) {
+    let mut child = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start promtool");
+    child
+        .stdin
+        .take()
+        .expect("promtool's stdin")
+        .write_all(page.as_bytes())
+        .expect("write the page to promtool");
+    let out = child.wait_with_output().expect("promtool ends");
+    (out.status.success(), output_text(&out))
+}
+
+/// The body of a response, and its `Content-Type`.
+fn body_and_type(response: &str) -> (String, String) {
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((response, ""));
+    let content_type = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_string())
+        })
+        .unwrap_or_default();
+    (body.to_string(), content_type)
+}
+
+/// `(name, type)` of each `# TYPE` line, and the names with a `# HELP`.
+fn metadata(page: &str) -> (BTreeSet<(String, String)>, BTreeSet<String>) {
+    let mut typed = BTreeSet::new();
+    let mut helped = BTreeSet::new();
+    for line in page.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            helped.insert(rest.split(' ').next().unwrap_or("").to_string());
+        } else if let Some((name, kind)) =
+            line.strip_prefix("# TYPE ").and_then(|r| r.split_once(' '))
+        {
+            typed.insert((name.to_string(), kind.trim().to_string()));
+        }
+    }
+    (typed, helped)
+}
+
+/// The plain page passes `promtool check metrics` and gives every family
+/// its `# HELP` and `# TYPE`: `what` says when it was scraped.
+fn check_plain_page(daemon: &Daemon, promtool: Option<&PathBuf>, what: &str) -> String {
+    let (page, content_type) = body_and_type(&http_get(daemon, "/metrics"));
+    assert_eq!(
+        content_type, "text/plain; version=0.0.4; charset=utf-8",
+        "{what}"
+    );
+    let (typed, helped) = metadata(&page);
+    for (name, _) in &typed {
+        assert!(
+            helped.contains(name),
+            "{what}: {name} has no # HELP:\n{page}"
+        );
+    }
+    // Every sample belongs to a family a # TYPE line names.
+    for line in page
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let name = line.split(['{', ' ']).next().unwrap_or("");
+        let family = typed.iter().any(|(family, kind)| {
+            name == family
+                || (kind == "histogram"
+                    && ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .any(|suffix| name.strip_suffix(suffix) == Some(family)))
+        });
+        assert!(family, "{what}: `{line}` has no # TYPE of its own:\n{page}");
+    }
+    if let Some(promtool) = promtool {
+        let (ok, printed) = promtool_check(promtool, &page);
+        assert!(
+            ok && printed.trim().is_empty(),
+            "{what}: promtool check metrics: {printed}\npage:\n{page}"
+        );
+    }
+    page
+}
+
+/// The metrics table of docs/METRICS.md: `(name, type)` of each row.
+fn documented() -> BTreeSet<(String, String)> {
+    include_str!("../docs/METRICS.md")
+        .lines()
+        .filter_map(|l| {
+            let mut cells = l.strip_prefix("| `tt_serving_")?.split('|');
+            let name = cells.next()?.trim().trim_end_matches('`');
+            let kind = cells.next()?.trim();
+            Some((format!("tt_serving_{name}"), kind.to_string()))
+        })
+        .collect()
+}
+
+/// The page `curl -s .../metrics | promtool check metrics` lints, from a
+/// daemon before any request, while requests wait (the by-priority gauge
+/// appears), and after it served requests, refused one for an unknown
+/// model, restarted nothing but reset a card by hand and built its cache
+/// cold: promtool finds nothing each time, every family has its `# HELP`
+/// and `# TYPE` whether it has samples or not, and they are the families
+/// and types docs/METRICS.md lists. Prometheus, which asks for
+/// OpenMetrics, still gets OpenMetrics with the same families.
+#[test]
+fn promtool_accepts_the_page_before_requests_while_they_wait_and_after_resets_and_refusals() {
+    let promtool = promtool();
+    let hw = FakeHw::new(2);
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let hold = dir.path().join("hold");
+    let extra = format!(
+        "max_in_flight = 1\nenv = {{ TTW_TEST_FAULTS = \"1\", TTW_FAULT_HOLD_FILE = \"{}\" }}\n",
+        hold.display()
+    );
+    let daemon = Daemon::start(
+        &hw,
+        DaemonOptions {
+            extra: model_table("m", 1, &[0], &model, &extra),
+            ..Default::default()
+        },
+    );
+    daemon.wait_slot_state("m", "ready");
+
+    // No request yet: the request counters have metadata and no samples.
+    let page = check_plain_page(&daemon, promtool.as_ref(), "before any request");
+    assert!(
+        page.contains("# TYPE tt_serving_requests_total counter\n"),
+        "{page}"
+    );
+    assert!(!page.contains("tt_serving_requests_total{"), "{page}");
+    let (typed, _) = metadata(&page);
+    assert_eq!(
+        typed,
+        documented(),
+        "the families on the page (left) and in docs/METRICS.md's table (right)"
+    );
+
+    let address = daemon.inference_address();
+    let rt = runtime();
+    rt.block_on(generate(&address, "m", "hello world", 4))
+        .expect("answered");
+    let err = rt
+        .block_on(generate(&address, "nope", "hello", 4))
+        .expect_err("unknown model");
+    assert_eq!(err.code(), Code::NotFound);
+    let reset = daemon.ttctl(&["card", "reset", "1"]);
+    assert!(reset.status.success(), "{}", output_text(&reset));
+
+    // The slot held: one request running, one waiting.
+    std::fs::write(&hold, "").expect("create the hold file");
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let address = address.clone();
+            rt.spawn(async move { generate(&address, "m", "wait for me", 2).await })
+        })
+        .collect();
+    wait_until("a request waiting", || {
+        let page = http_get(&daemon, "/metrics");
+        page.contains("tt_serving_num_requests_waiting_by_priority{")
+            .then_some(())
+    });
+    let page = check_plain_page(&daemon, promtool.as_ref(), "while a request waits");
+    assert!(
+        page.contains("tt_serving_num_requests_waiting_by_priority{model=\"m\",priority=\"0\"} 1"),
+        "{page}"
+    );
+    std::fs::remove_file(&hold).expect("release the hold");
+    for request in held {
+        rt.block_on(request)
+            .expect("the request's task")
+            .expect("answered once released");
+    }
+
+    let page = check_plain_page(
+        &daemon,
+        promtool.as_ref(),
+        "after requests, a refusal, a reset and a cold build",
+    );
+    for sample in [
+        "tt_serving_requests_total{model=\"m\",outcome=\"ok\"} 3",
+        "tt_serving_requests_total{model=\"\",outcome=\"unknown_model\"} 1",
+        "tt_serving_cache_builds_total{model=\"m\",outcome=\"ok\"} 1",
+        "tt_serving_slot_starts_total{slot=\"m\",model=\"m\",mode=\"cold\"} 1",
+    ] {
+        assert!(
+            page.lines().any(|l| l == sample),
+            "no `{sample}` in:\n{page}"
+        );
+    }
+    let reset_line = format!(
+        "tt_serving_card_resets_total{{card=\"{}\",outcome=\"proven\"}} 1",
+        FakeHw::bdf(1)
+    );
+    assert!(page.lines().any(|l| l == reset_line), "{page}");
+    let (typed, _) = metadata(&page);
+    assert_eq!(typed, documented(), "after the events");
+
+    // Prometheus asks for OpenMetrics and gets it: the same families, a
+    // counter's named without `_total`, and the page ends in `# EOF`.
+    let (openmetrics, content_type) =
+        body_and_type(&http_get_with(&daemon, "/metrics", Some(PROMETHEUS_ACCEPT)));
+    assert_eq!(
+        content_type,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    assert!(openmetrics.trim_end().ends_with("# EOF"), "{openmetrics}");
+    let (om_typed, om_helped) = metadata(&openmetrics);
+    let as_plain: BTreeSet<(String, String)> = om_typed
+        .iter()
+        .map(|(name, kind)| match kind.as_str() {
+            "counter" => (format!("{name}_total"), kind.clone()),
+            _ => (name.clone(), kind.clone()),
+        })
+        .collect();
+    assert_eq!(as_plain, typed, "{openmetrics}");
+    assert!(
+        om_typed.iter().all(|(n, _)| om_helped.contains(n)),
+        "{openmetrics}"
     );
 }

@@ -8,13 +8,26 @@
 //! RSS, card temperature and power) are read from the slot and card tables
 //! at each scrape, so they can never drift from what `ttctl status` shows,
 //! and slots or cards that went away disappear from the output.
+//!
+//! The page comes in two formats, chosen by the scraper's `Accept`
+//! ([`Format::negotiate`]): OpenMetrics for a scraper that asks for it
+//! (Prometheus does, first), the Prometheus text format 0.0.4 for every
+//! other client (`curl`, `promtool check metrics`, agents that parse only
+//! 0.0.4). They differ in how a counter's `# HELP` and `# TYPE` name it:
+//! OpenMetrics names the family (`tt_serving_requests`), 0.0.4 the samples
+//! (`tt_serving_requests_total`); a parser of one reading the other finds
+//! samples without metadata. Both pages give every registered family its
+//! `# HELP` and `# TYPE`, with or without samples ([`Metrics::render`]).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Metric, Registry, Unit};
+use std::collections::HashSet;
+use std::fmt::Write as _;
 use std::sync::atomic::AtomicU64;
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -207,6 +220,8 @@ type FloatGauge = Gauge<f64, AtomicU64>;
 /// Every metric the daemon exports.
 pub struct Metrics {
     registry: Registry,
+    /// Every family registered, in order, for its metadata.
+    families: Vec<Described>,
     requests: Family<OutcomeLabels, Counter>,
     key_requests: Family<KeyOutcomeLabels, Counter>,
     key_tokens: Family<KeyTokenLabels, Counter>,
@@ -259,7 +274,10 @@ fn slow_histogram() -> Histogram {
 
 impl Metrics {
     fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("tt_serving");
+        let mut registrar = Registrar {
+            registry: Registry::with_prefix(PREFIX),
+            families: Vec::new(),
+        };
         let m = Metrics {
             requests: Family::default(),
             key_requests: Family::default(),
@@ -295,8 +313,9 @@ impl Metrics {
             card_temperature: Family::default(),
             card_power: Family::default(),
             registry: Registry::default(),
+            families: Vec::new(),
         };
-        let r = &mut registry;
+        let r = &mut registrar;
         r.register(
             "requests",
             "Inference requests by model and outcome (ok, cancelled, invalid, unknown_model, unavailable, queue_full, deadline, worker_error)",
@@ -471,7 +490,11 @@ impl Metrics {
             "Board power from hwmon",
             m.card_power.clone(),
         );
-        Metrics { registry, ..m }
+        Metrics {
+            registry: registrar.registry,
+            families: registrar.families,
+            ..m
+        }
     }
 
     /// A request ended.
@@ -760,15 +783,184 @@ impl Metrics {
         }
     }
 
-    /// The text exposition (OpenMetrics) with the state gauges set from
+    /// The text exposition in `format`, with the state gauges set from
     /// `now`.
-    pub fn render(&self, now: &Snapshot) -> String {
+    pub fn render(&self, now: &Snapshot, format: Format) -> String {
         self.refresh(now);
         let mut out = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.registry) {
+        if let Err(e) = self.encode(&mut out, format) {
             tracing::error!(error = %e, "cannot encode metrics");
         }
         out
+    }
+
+    fn encode(&self, out: &mut String, format: Format) -> std::fmt::Result {
+        use prometheus_client::encoding::{prometheus_text, text};
+        match format {
+            Format::OpenMetrics => {
+                text::encode_registry(out, &self.registry)?;
+                self.describe_the_rest(out, format)?;
+                text::encode_eof(out)
+            }
+            Format::Prometheus => {
+                prometheus_text::encode(out, &self.registry)?;
+                self.describe_the_rest(out, format)
+            }
+        }
+    }
+
+    /// The library's encoders write the families that have samples, each
+    /// with its `# HELP` and `# TYPE`, and leave out those without (a
+    /// labelled counter before its first event, the priority gauge while
+    /// nothing waits). This is the one place that writes the metadata of
+    /// those, from what was registered, so that every family is named on
+    /// the page with its type whether it has samples yet or not, and keeps
+    /// that metadata when its samples come.
+    fn describe_the_rest(&self, out: &mut String, format: Format) -> std::fmt::Result {
+        let written: HashSet<String> = out
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+            .map(str::to_string)
+            .collect();
+        for family in &self.families {
+            let name = family.name(format);
+            if written.contains(&name) {
+                continue;
+            }
+            writeln!(out, "# HELP {name} {}", escape_help(&family.help, format))?;
+            writeln!(out, "# TYPE {name} {}", family.kind(format))?;
+            if let (Format::OpenMetrics, Some(unit)) = (format, &family.unit) {
+                writeln!(out, "# UNIT {name} {unit}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The prefix of every family's name.
+const PREFIX: &str = "tt_serving";
+
+/// The registry being filled, and what each family registered in it is.
+struct Registrar {
+    registry: Registry,
+    families: Vec<Described>,
+}
+
+impl Registrar {
+    fn register(&mut self, name: &str, help: &str, metric: impl Metric) {
+        self.describe(name, help, None, metric.metric_type());
+        self.registry.register(name, help, metric);
+    }
+
+    fn register_with_unit(&mut self, name: &str, help: &str, unit: Unit, metric: impl Metric) {
+        self.describe(name, help, Some(&unit), metric.metric_type());
+        self.registry.register_with_unit(name, help, unit, metric);
+    }
+
+    /// Named and helped as the library's encoders name and help it.
+    fn describe(&mut self, name: &str, help: &str, unit: Option<&Unit>, kind: MetricType) {
+        let unit = unit.map(|u| u.as_str().to_string());
+        let family = match &unit {
+            Some(unit) => format!("{PREFIX}_{name}_{unit}"),
+            None => format!("{PREFIX}_{name}"),
+        };
+        self.families.push(Described {
+            family,
+            help: format!("{help}."),
+            unit,
+            kind,
+        });
+    }
+}
+
+/// One registered family's metadata.
+#[derive(Debug)]
+struct Described {
+    /// The family's name as OpenMetrics has it (a counter without
+    /// `_total`).
+    family: String,
+    help: String,
+    unit: Option<String>,
+    kind: MetricType,
+}
+
+impl Described {
+    /// The name `# HELP` and `# TYPE` give it in `format`.
+    fn name(&self, format: Format) -> String {
+        match (format, self.kind) {
+            (Format::Prometheus, MetricType::Counter) => format!("{}_total", self.family),
+            _ => self.family.clone(),
+        }
+    }
+
+    /// Its type as `format` words it.
+    fn kind(&self, format: Format) -> &'static str {
+        match (format, self.kind) {
+            (_, MetricType::Counter) => "counter",
+            (_, MetricType::Gauge) => "gauge",
+            (_, MetricType::Histogram) => "histogram",
+            (Format::OpenMetrics, MetricType::Info) => "info",
+            (Format::Prometheus, MetricType::Info) => "gauge",
+            (Format::OpenMetrics, _) => "unknown",
+            (Format::Prometheus, _) => "untyped",
+        }
+    }
+}
+
+/// `# HELP` text escaped as `format` escapes it.
+fn escape_help(help: &str, format: Format) -> String {
+    let help = help.replace('\\', "\\\\").replace('\n', "\\n");
+    match format {
+        Format::OpenMetrics => help.replace('"', "\\\""),
+        Format::Prometheus => help,
+    }
+}
+
+/// The text formats of `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics 1.0.0: a counter's family is named without `_total`,
+    /// units have a `# UNIT` line, the page ends in `# EOF`.
+    OpenMetrics,
+    /// The Prometheus text format 0.0.4: a counter's `# HELP` and `# TYPE`
+    /// name its samples, `..._total`.
+    Prometheus,
+}
+
+impl Format {
+    /// OpenMetrics when `accept` (the request's `Accept` values, joined
+    /// by commas) lists `application/openmetrics-text` with a weight above
+    /// 0 and no lower than any `text/plain` (or wildcard) range it lists;
+    /// 0.0.4 otherwise, as without an `Accept` or with `*/*` only.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        let (mut openmetrics, mut text) = (0.0_f64, 0.0_f64);
+        for range in accept.unwrap_or("").split(',') {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+            let weight = parts
+                .filter_map(|p| p.trim().strip_prefix("q="))
+                .map(|q| q.trim().parse::<f64>().unwrap_or(0.0))
+                .next()
+                .unwrap_or(1.0);
+            match media.as_str() {
+                "application/openmetrics-text" => openmetrics = openmetrics.max(weight),
+                "text/plain" | "text/*" | "*/*" => text = text.max(weight),
+                _ => {}
+            }
+        }
+        if openmetrics > 0.0 && openmetrics >= text {
+            Format::OpenMetrics
+        } else {
+            Format::Prometheus
+        }
+    }
+
+    /// The response's `Content-Type`.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Prometheus => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+        }
     }
 }
 
@@ -908,7 +1100,7 @@ mod tests {
             ],
             ..Snapshot::default()
         };
-        let text = metrics.render(&snapshot);
+        let text = metrics.render(&snapshot, Format::OpenMetrics);
         for line in [
             "tt_serving_prefix_cache_queries_total{slot=\"m/0\",model=\"m\"} 1240",
             "tt_serving_prefix_cache_hits_total{slot=\"m/0\",model=\"m\"} 592",
@@ -923,7 +1115,103 @@ mod tests {
         }
         assert!(!text.contains("kv_cache_blocks{slot=\"m/1\""), "{text}");
         // A slot that left Ready (or went away) loses its gauges.
-        let text = metrics.render(&Snapshot::default());
+        let text = metrics.render(&Snapshot::default(), Format::OpenMetrics);
         assert!(!text.contains("kv_cache_blocks{"), "{text}");
+    }
+
+    /// `(name, type)` of every `# TYPE` line, and whether each has a
+    /// `# HELP` line of the same name before it.
+    fn typed(page: &str) -> Vec<(String, String, bool)> {
+        let mut helped = HashSet::new();
+        let mut out = Vec::new();
+        for line in page.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                helped.insert(rest.split(' ').next().unwrap_or("").to_string());
+            } else if let Some((name, kind)) =
+                line.strip_prefix("# TYPE ").and_then(|r| r.split_once(' '))
+            {
+                out.push((name.to_string(), kind.to_string(), helped.contains(name)));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn both_formats_describe_every_family_with_samples_or_without() {
+        let metrics = Metrics::new();
+        // One family with samples, the rest without.
+        metrics.request("m", "ok");
+        let snapshot = Snapshot::default();
+        let openmetrics = metrics.render(&snapshot, Format::OpenMetrics);
+        let prometheus = metrics.render(&snapshot, Format::Prometheus);
+        let om = typed(&openmetrics);
+        let text = typed(&prometheus);
+        assert_eq!(om.len(), metrics.families.len(), "{openmetrics}");
+        assert!(metrics.families.len() > 30);
+        assert!(om.iter().all(|(_, _, help)| *help), "{openmetrics}");
+        assert!(text.iter().all(|(_, _, help)| *help), "{prometheus}");
+        // The same families and types, a counter named by its samples in
+        // 0.0.4.
+        let mut expected: Vec<(String, String)> = om
+            .iter()
+            .map(|(name, kind, _)| match kind.as_str() {
+                "counter" => (format!("{name}_total"), kind.clone()),
+                _ => (name.clone(), kind.clone()),
+            })
+            .collect();
+        let mut got: Vec<(String, String)> = text
+            .into_iter()
+            .map(|(name, kind, _)| (name, kind))
+            .collect();
+        expected.sort();
+        got.sort();
+        assert_eq!(got, expected, "{prometheus}");
+        let lines: Vec<&str> = prometheus.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| *l == "# TYPE tt_serving_requests_total counter")
+            .unwrap_or_else(|| panic!("{prometheus}"));
+        assert_eq!(
+            lines.get(at + 1),
+            Some(&"tt_serving_requests_total{model=\"m\",outcome=\"ok\"} 1"),
+            "{prometheus}"
+        );
+        assert!(
+            prometheus.contains("# TYPE tt_serving_worker_restarts_total counter\n"),
+            "a counter without samples: {prometheus}"
+        );
+        assert!(!prometheus.contains("# EOF"), "{prometheus}");
+        assert!(openmetrics.trim_end().ends_with("# EOF"), "{openmetrics}");
+    }
+
+    #[test]
+    fn openmetrics_goes_to_scrapers_that_ask_for_it_and_0_0_4_to_the_rest() {
+        let prometheus_2 = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        // Before Prometheus 2.43 (OpenMetrics 1.0.0 came then).
+        let prometheus_2_42 =
+            "application/openmetrics-text; version=0.0.1,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        for (accept, format) in [
+            (Some(prometheus_2), Format::OpenMetrics),
+            (Some(prometheus_2_42), Format::OpenMetrics),
+            (Some("application/openmetrics-text"), Format::OpenMetrics),
+            (
+                Some("text/plain;version=0.0.4;q=0.5,*/*;q=0.1"),
+                Format::Prometheus,
+            ),
+            (Some("*/*"), Format::Prometheus),
+            (Some(""), Format::Prometheus),
+            (None, Format::Prometheus),
+            (
+                Some("application/openmetrics-text;q=0,text/plain"),
+                Format::Prometheus,
+            ),
+            (
+                Some("text/plain;q=0.9,application/openmetrics-text;q=0.5"),
+                Format::Prometheus,
+            ),
+            (Some("application/openmetrics-text;q=x"), Format::Prometheus),
+        ] {
+            assert_eq!(Format::negotiate(accept), format, "{accept:?}");
+        }
     }
 }

@@ -1,10 +1,11 @@
 //! The HTTP endpoint Prometheus scrapes: `GET /metrics` on `metrics.listen`.
 //! Read-only; nothing else is served on it.
 
+use crate::metrics::Format;
 use crate::shutdown::Shutdown;
 use crate::state::DaemonState;
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -14,8 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-/// The OpenMetrics text format, which Prometheus negotiates.
-const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const TEXT: &str = "text/plain; charset=utf-8";
 
 /// Serve until shutdown. The routes are axum's; each connection is
@@ -51,9 +50,17 @@ pub async fn serve(listener: TcpListener, state: Arc<DaemonState>, shutdown: Shu
     }
 }
 
-async fn metrics(State(state): State<Arc<DaemonState>>) -> Response {
-    let text = crate::metrics::get().render(&snapshot(&state));
-    ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response()
+/// The page in the format the scraper's `Accept` asks for: OpenMetrics
+/// for Prometheus, the 0.0.4 text format for `curl` and `promtool`.
+async fn metrics(State(state): State<Arc<DaemonState>>, headers: HeaderMap) -> Response {
+    let accept: Vec<&str> = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let format = Format::negotiate(Some(&accept.join(",")));
+    let text = crate::metrics::get().render(&snapshot(&state), format);
+    ([(header::CONTENT_TYPE, format.content_type())], text).into_response()
 }
 
 async fn only_get() -> Response {
