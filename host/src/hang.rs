@@ -19,8 +19,9 @@ use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
+use tt_worker_contract::subprocess::{self, Keep, RunError};
 
 /// What the runtime prints when it gives up on a hung device: the log
 /// line before the capture command runs, and the three exceptions
@@ -378,57 +379,39 @@ fn kernel_messages(out: &mut Bounded, cards: &[String]) {
     kept.into_iter().for_each(|l| out.line(l));
 }
 
-/// Tenstorrent's triage on the slot's cards only, when it is installed.
+/// Tenstorrent's triage on the slot's cards only, when it is installed:
+/// both pipes read as it prints (a triage printing more than a pipe holds
+/// would otherwise stall until the deadline), what fits the capture kept.
 fn triage(out: &mut Bounded, spec: &CaptureSpec, deadline: Instant) {
     let Some(program) = spec.triage.first() else {
         return out.line("(hang.triage_command is empty)");
     };
-    let found = if program.contains('/') {
-        Path::new(program).is_file().then(|| PathBuf::from(program))
-    } else {
-        std::env::var_os("PATH").and_then(|path| {
-            std::env::split_paths(&path)
-                .map(|d| d.join(program))
-                .find(|p| p.is_file())
-        })
+    let found = match subprocess::find_program(program) {
+        Ok(found) => found,
+        Err(why) => return out.line(format!("({program} is not installed: {why})")),
     };
-    let Some(found) = found else {
-        return out.line(format!("({program} is not installed)"));
-    };
-    let child = Command::new(&found)
-        .args(&spec.triage[1..])
-        .env("TT_VISIBLE_DEVICES", spec.cards.join(","))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
-    let mut child = match child {
-        Ok(c) => c,
+    let mut cmd = Command::new(&found);
+    cmd.args(&spec.triage[1..])
+        .env("TT_VISIBLE_DEVICES", spec.cards.join(","));
+    subprocess::die_with_parent(&mut cmd, libc::SIGKILL);
+    let left = deadline.saturating_duration_since(Instant::now());
+    let keep = Keep::First(spec.max_bytes);
+    let (stdout, stderr) = match subprocess::run_blocking(cmd, left, keep) {
+        Ok(done) => (done.stdout, done.stderr),
+        Err(RunError::TimedOut { stdout, stderr, .. }) => {
+            out.line(format!(
+                "({} did not finish within hang.capture_timeout_secs; killed with its process group)",
+                found.display()
+            ));
+            (stdout, stderr)
+        }
         Err(e) => return out.line(format!("(cannot run {}: {e})", found.display())),
     };
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if Instant::now() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                out.line(format!(
-                    "({} did not finish within hang.capture_timeout_secs; killed)",
-                    found.display()
-                ));
-                break;
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-            Err(_) => break,
-        }
-    }
-    if let Ok(output) = child.wait_with_output() {
-        let text = String::from_utf8_lossy(&output.stdout);
-        text.lines().for_each(|l| out.line(l));
-        String::from_utf8_lossy(&output.stderr)
-            .lines()
-            .for_each(|l| out.line(format!("stderr: {l}")));
-    }
+    stdout.text().lines().for_each(|l| out.line(l));
+    stderr
+        .text()
+        .lines()
+        .for_each(|l| out.line(format!("stderr: {l}")));
 }
 
 /// Keep the newest [`KEEP`] captures.
@@ -504,7 +487,9 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("(no-such-triage-program is not installed)"),
+            text.contains(
+                "(no-such-triage-program is not installed: `no-such-triage-program` is not on PATH"
+            ),
             "{text}"
         );
         assert!(!in_progress(&spec.dir));
@@ -527,6 +512,45 @@ mod tests {
         }
         let kept = fs::read_dir(&spec.dir).unwrap().count();
         assert_eq!(kept, KEEP);
+    }
+
+    #[test]
+    fn a_triage_printing_a_mebibyte_ends_the_capture_at_once_bounded() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let triage = dir.path().join("tt-triage");
+        // 1 MiB in lines of 100, far more than a pipe holds.
+        fs::write(
+            &triage,
+            "#!/bin/sh\necho \"triage of $TT_VISIBLE_DEVICES\"\nhead -c 1048576 /dev/zero | tr '\\0' x | fold -w 100\n",
+        )
+        .unwrap();
+        fs::set_permissions(&triage, fs::Permissions::from_mode(0o755)).unwrap();
+        let spec = CaptureSpec {
+            slot: "m".into(),
+            dir: dir.path().join("captures/m"),
+            cards: vec!["0000:01:00.0".into()],
+            pid: None,
+            sys_root: dir.path().join("sys"),
+            why: "a test".into(),
+            timeout: Duration::from_secs(60),
+            max_bytes: 64 * 1024,
+            triage: vec![triage.display().to_string()],
+        };
+        let began = Instant::now();
+        let text = fs::read_to_string(capture(&spec).unwrap()).unwrap();
+        // Read only after its exit, the triage would block on a full pipe
+        // and be killed at the 60 s deadline.
+        assert!(
+            began.elapsed() < Duration::from_secs(15),
+            "{:?}",
+            began.elapsed()
+        );
+        assert!(!text.contains("did not finish"), "{text}");
+        assert!(text.contains("triage of 0000:01:00.0\n"), "{text}");
+        assert!(text.contains(&format!("{}\n", "x".repeat(100))));
+        assert!(text.contains("cut at its size bound"));
+        assert!(text.len() <= 64 * 1024 + 100, "{}", text.len());
     }
 
     #[test]

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use tt_worker_contract::subprocess;
 
 /// The engine's process group, for the parent watch's last act (it kills
 /// the group before the worker `_exit`s); 0 before the spawn.
@@ -141,29 +142,9 @@ impl Engine {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        let parent = std::process::id();
-        // SAFETY: between fork and exec only async-signal-safe calls:
-        // prctl, getppid and _exit.
-        unsafe {
-            command.pre_exec(move || {
-                if libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The worker died between fork and prctl: no signal will
-                // come, so do not start at all.
-                if libc::getppid() as u32 != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
-        }
+        // Spawned from the thread that runs `main` (see `worker::run`):
+        // the kernel ties the signal to it.
+        subprocess::die_with_parent(&mut command, libc::SIGKILL);
         let mut child = command.spawn().map_err(error)?;
         let pid = child.id() as i32;
         ENGINE_GROUP.store(pid, Ordering::Release);

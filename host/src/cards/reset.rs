@@ -29,16 +29,11 @@
 use super::discovery::HardwareRoot;
 use super::driver::{self, Driver};
 use crate::config::ResetConfig;
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
 use std::future::Future;
 use std::path::PathBuf;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
-use tt_card_lock::procs;
+use tt_worker_contract::subprocess::{self, Captured, Keep, RunError as SubprocessError};
 
 /// The phase of a reset attempt, as reported to the operator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -984,10 +979,6 @@ impl RunError {
     }
 }
 
-/// How long a killed process group may take to be gone, and a command's
-/// pipes to close after it exits.
-const KILL_GRACE: Duration = Duration::from_secs(5);
-
 /// The attempt's reason when tt-smi did not return by its deadline.
 fn hung_reason(secs: u64, targets: &ResetTargets, left: Option<&str>) -> String {
     let mut reason = format!(
@@ -1001,187 +992,33 @@ fn hung_reason(secs: u64, targets: &ResetTargets, left: Option<&str>) -> String 
     reason
 }
 
-/// Run a command in its own process group, collecting stdout and stderr;
-/// at the deadline the whole group is killed (what tt-smi started with it),
-/// so nothing of a hung command stays behind.
+/// Run a command in its own process group, collecting the tail of stdout
+/// and stderr; at the deadline the whole group is killed (what tt-smi
+/// started with it), so nothing of a hung command stays behind
+/// (tt-worker-contract's one runner, [`subprocess::run`]).
 async fn run_with_deadline(
-    mut cmd: Command,
+    cmd: Command,
     deadline: Duration,
 ) -> Result<(Option<i32>, String), RunError> {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|e| {
-        RunError::Failed(format!(
-            "cannot start it: {e}; check the path in the config"
-        ))
-    })?;
-    // process_group(0): the group's id is the child's pid.
-    let group = child
-        .id()
-        .and_then(|pid| i32::try_from(pid).ok())
-        .map(Pid::from_raw);
-    // Armed until the command is over: a reset abandoned midway (the
-    // daemon stopping) kills the group too.
-    let mut guard = GroupGuard(group);
-    let mut stdout = Collector::start(child.stdout.take());
-    let mut stderr = Collector::start(child.stderr.take());
-    let finished = async {
-        let status = child.wait().await;
-        stdout.closed().await;
-        stderr.closed().await;
-        status
+    let text = |out: &Captured, err: &Captured| {
+        tail(&without_escapes(&(out.text() + &err.text())), OUTPUT_LIMIT)
     };
-    let result = tokio::time::timeout(deadline, finished).await;
-    match result {
-        Ok(Err(e)) => Err(RunError::Failed(format!("waiting for it failed: {e}"))),
-        Ok(Ok(status)) => {
-            guard.0 = None;
-            let text = without_escapes(&(stdout.text() + &stderr.text()));
-            Ok((status.code(), tail(&text, OUTPUT_LIMIT)))
-        }
-        Err(_) => {
-            let left = match guard.0.take() {
-                Some(group) => kill_group(group, &mut child).await,
-                None => {
-                    let _ = child.start_kill();
-                    None
-                }
-            };
-            // Killed, its pipes close: read what it printed last.
-            let _ = tokio::time::timeout(KILL_GRACE, async {
-                stdout.closed().await;
-                stderr.closed().await;
-            })
-            .await;
-            let text = without_escapes(&(stdout.text() + &stderr.text()));
-            Err(RunError::TimedOut {
-                after: deadline,
-                output: tail(&text, OUTPUT_LIMIT),
-                left,
-            })
-        }
-    }
-}
-
-/// SIGKILL to the process group, before the leader is reaped (so the id
-/// cannot name another group yet), then reap the leader and wait up to
-/// [`KILL_GRACE`] until nothing of it runs. A process stuck in the kernel
-/// (an ioctl in uninterruptible sleep) does not die even to SIGKILL: say so
-/// rather than wait on it; dropping the child leaves it to tokio to reap.
-async fn kill_group(group: Pid, child: &mut tokio::process::Child) -> Option<String> {
-    // What runs of it, read before the kill, while parent links still lead
-    // from tt-smi to what it started; with start times, so that a reused
-    // pid is not taken for one of them. Its process group cannot be polled
-    // instead: an orphan's zombie stays in it until an init reaps it, and
-    // some inits (in containers) take seconds or never do.
-    let leader = u32::try_from(group.as_raw()).unwrap_or(0);
-    let members: Vec<procs::Proc> = tokio::task::spawn_blocking(move || {
-        procs::tree(leader)
-            .into_iter()
-            .filter_map(procs::stat)
-            .collect()
-    })
-    .await
-    .unwrap_or_default();
-    let _ = killpg(group, Signal::SIGKILL);
-    let began = Instant::now();
-    let reaped = tokio::time::timeout(KILL_GRACE, child.wait()).await.is_ok();
-    loop {
-        let left: Vec<String> = members
-            .iter()
-            .filter(|p| still_runs(p))
-            .map(procs::Proc::words)
-            .collect();
-        if reaped && left.is_empty() {
-            return None;
-        }
-        if began.elapsed() >= KILL_GRACE {
-            let who = if left.is_empty() {
-                format!("tt-smi (pid {leader})")
-            } else {
-                left.join(", ")
-            };
-            return Some(format!(
-                "{who} still ran {}s after SIGKILL to its process group: stuck in the kernel, which only a reboot ends",
-                KILL_GRACE.as_secs()
-            ));
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-/// Whether this process (the same one: same start time) still runs; a
-/// zombie has ended.
-fn still_runs(p: &procs::Proc) -> bool {
-    procs::stat(p.pid).is_some_and(|now| now.start == p.start && !now.is_zombie())
-}
-
-/// Kills a process group with SIGKILL when dropped, unless disarmed.
-struct GroupGuard(Option<Pid>);
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        if let Some(group) = self.0.take() {
-            let _ = killpg(group, Signal::SIGKILL);
-        }
-    }
-}
-
-/// What a pipe delivered so far, read as it arrives: a command killed at
-/// its deadline still shows what it printed. Keeps a bounded tail.
-struct Collector {
-    text: Arc<Mutex<Vec<u8>>>,
-    task: tokio::task::JoinHandle<()>,
-    done: bool,
-}
-
-impl Collector {
-    fn start(pipe: Option<impl AsyncRead + Unpin + Send + 'static>) -> Collector {
-        let text = Arc::new(Mutex::new(Vec::new()));
-        let sink = text.clone();
-        let task = tokio::spawn(async move {
-            let Some(mut pipe) = pipe else {
-                return;
-            };
-            let mut chunk = [0u8; 4096];
-            while let Ok(n @ 1..) = pipe.read(&mut chunk).await {
-                let mut buf = sink.lock().unwrap_or_else(|e| e.into_inner());
-                buf.extend_from_slice(&chunk[..n]);
-                if buf.len() > 2 * OUTPUT_LIMIT {
-                    let cut = buf.len() - OUTPUT_LIMIT;
-                    buf.drain(..cut);
-                }
-            }
-        });
-        Collector {
-            text,
-            task,
-            done: false,
-        }
-    }
-
-    /// Returns once the pipe is closed (every holder of its write end
-    /// gone).
-    async fn closed(&mut self) {
-        if !self.done {
-            let _ = (&mut self.task).await;
-            self.done = true;
-        }
-    }
-
-    fn text(&self) -> String {
-        let buf = self.text.lock().unwrap_or_else(|e| e.into_inner());
-        String::from_utf8_lossy(&buf).into_owned()
-    }
-}
-
-impl Drop for Collector {
-    fn drop(&mut self) {
-        // A pipe a stuck process still holds is never closed.
-        self.task.abort();
+    match subprocess::run(cmd, deadline, Keep::Last(OUTPUT_LIMIT)).await {
+        Ok(done) => Ok((done.status.code(), text(&done.stdout, &done.stderr))),
+        Err(SubprocessError::TimedOut {
+            after,
+            stdout,
+            stderr,
+            left,
+        }) => Err(RunError::TimedOut {
+            after,
+            output: text(&stdout, &stderr),
+            left,
+        }),
+        Err(e @ SubprocessError::Spawn(_)) => Err(RunError::Failed(format!(
+            "{e}; check the path in the config"
+        ))),
+        Err(e) => Err(RunError::Failed(e.to_string())),
     }
 }
 
@@ -1400,7 +1237,7 @@ mod tests {
         let err = run_with_deadline(cmd, Duration::from_secs(1))
             .await
             .unwrap_err();
-        assert!(began.elapsed() < Duration::from_secs(1) + KILL_GRACE);
+        assert!(began.elapsed() < Duration::from_secs(1) + subprocess::KILL_GRACE);
         let RunError::TimedOut { output, left, .. } = &err else {
             panic!("{err:?}");
         };

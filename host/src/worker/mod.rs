@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
+use tt_worker_contract::subprocess;
 
 /// Environment variables passed through from the daemon (everything else is
 /// cleared so a worker's behaviour depends only on the config).
@@ -357,13 +358,11 @@ impl Worker {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .process_group(0);
-        // SAFETY: write and prctl are async-signal-safe and touch no memory
-        // of ours but a static byte. Writing "0" to the slot's cgroup.procs
-        // (opened before the fork, close-on-exec) moves the child itself
-        // into the slot's cgroup before it runs any of the worker's code, so
-        // nothing it starts is outside. PDEATHSIG fires when the spawning
-        // thread exits; tokio's worker threads live as long as the runtime,
-        // which is the daemon's life.
+        // SAFETY: write is async-signal-safe and touches no memory of ours
+        // but a static byte. Writing "0" to the slot's cgroup.procs (opened
+        // before the fork, close-on-exec) moves the child itself into the
+        // slot's cgroup before it runs any of the worker's code, so nothing
+        // it starts is outside.
         unsafe {
             cmd.pre_exec(move || {
                 if let Some(fd) = join {
@@ -371,12 +370,13 @@ impl Worker {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
                 Ok(())
             });
         }
+        // After the join (pre-exec steps run in order). PDEATHSIG fires
+        // when the spawning thread exits; tokio's worker threads live as
+        // long as the runtime, which is the daemon's life.
+        subprocess::die_with_parent(cmd.as_std_mut(), libc::SIGKILL);
         // Before the spawn: its files are no older than this.
         let leftovers = spec
             .leftovers
