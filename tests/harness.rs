@@ -837,6 +837,17 @@ impl Answer {
 /// `curl -sS -N -i` with a bearer token (when given) and a JSON body from a
 /// file (when given), on HTTP/1.1.
 pub fn curl(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> Answer {
+    curl_with(method, url, token, body, &[])
+}
+
+/// [`curl`] with extra request headers (`name`, `value`).
+pub fn curl_with(
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Answer {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut cmd = Command::new("curl");
     // `Expect:` off: curl's `100 Continue` for big bodies would come first.
@@ -853,6 +864,9 @@ pub fn curl(method: &str, url: &str, token: Option<&str>, body: Option<&str>) ->
     cmd.args(["-H", "Expect:"]);
     if let Some(token) = token {
         cmd.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    for (name, value) in headers {
+        cmd.args(["-H", &format!("{name}: {value}")]);
     }
     if let Some(body) = body {
         let file = dir.path().join("body.json");
