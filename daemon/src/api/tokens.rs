@@ -436,6 +436,37 @@ mod tests {
     }
 
     #[test]
+    fn an_in_flight_cap_follows_the_name_and_lines_of_one_name_share_it() {
+        let t = tokens(
+            "batch-1 batch max_in_flight=2\nbatch-2 batch\nchat-token chat min_priority=-1 max_in_flight=1\nfree-token free\n",
+        );
+        let cap = |token: &str| t.accepts(token).unwrap().cap().map(|c| c.max);
+        assert_eq!(cap("batch-1"), Some(2));
+        // The same name on another line is the same key: one cap, one count.
+        assert_eq!(cap("batch-2"), Some(2));
+        let one = t.accepts("batch-1").unwrap().cap().unwrap();
+        let other = t.accepts("batch-2").unwrap().cap().unwrap();
+        assert!(Arc::ptr_eq(one, other), "two caps for one key");
+        assert_eq!(cap("chat-token"), Some(1));
+        assert_eq!(t.accepts("chat-token").unwrap().min_priority(), -1);
+        assert_eq!(cap("free-token"), None);
+    }
+
+    #[test]
+    fn a_bad_in_flight_cap_is_refused_by_line_number() {
+        for value in ["0", "-1", "many", "1000001", ""] {
+            let text = format!("ok\nsecretpart ops max_in_flight={value}\n");
+            let err = Tokens::parse(&text, "/x/tokens").unwrap_err().to_string();
+            assert!(
+                err.contains("max_in_flight must be a whole number"),
+                "{err}"
+            );
+            assert!(err.contains("line 2"), "{err}");
+            assert!(!err.contains("secretpart"), "{err}");
+        }
+    }
+
+    #[test]
     fn the_interceptor_attaches_the_key_name() {
         let mut check = TokenCheck::new(Some(tokens("alpha-123 team-a\n")));
         let passed = check.call(request(Some("Bearer alpha-123"))).unwrap();

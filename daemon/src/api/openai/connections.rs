@@ -364,7 +364,11 @@ impl hyper::body::Body for Tracked {
 /// and cutting a client that takes nothing for `write_timeout`: a write
 /// that has waited that long on a full socket fails, which ends the
 /// connection (and with it the response body, whose buffer's pump then
-/// cancels the request in its engine). Any byte taken restarts the clock.
+/// cancels the request in its engine). Any write the socket takes restarts
+/// the clock. The kernel wakes a waiting writer only once a third of the
+/// socket's send buffer is free, so a client is cut when it takes less
+/// than that in `write_timeout` (with a buffer autotuned to megabytes,
+/// tens of KB/s at 30 s; the router's buffer in front absorbs the rest).
 struct Watched<IO> {
     io: IO,
     activity: Arc<Activity>,
@@ -735,6 +739,83 @@ mod tests {
             body_read: Duration::from_secs(30),
             write: Duration::from_secs(30),
         }
+    }
+
+    /// The server's end of a real loopback connection, watched with
+    /// `write_timeout`, and the client's end with a small receive buffer.
+    async fn watched_pair(write_timeout: Duration) -> (Watched<TcpStream>, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let (client, accepted) = tokio::join!(
+            socket.connect(listener.local_addr().unwrap()),
+            listener.accept()
+        );
+        let accepted = accepted.unwrap().0;
+        // A fixed small send buffer: the kernel wakes a waiting writer when
+        // a third of it is free, so the clock measures the client's pace,
+        // not how much an autotuned buffer holds.
+        nix::sys::socket::setsockopt(&accepted, nix::sys::socket::sockopt::SndBuf, &16384).unwrap();
+        let watched = Watched {
+            io: accepted,
+            activity: Arc::new(Activity::new(Instant::now())),
+            write_timeout,
+            stalled: None,
+            cut: Arc::new(AtomicBool::new(false)),
+        };
+        (watched, client.unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_client_that_takes_nothing_is_cut_after_the_write_timeout() {
+        let (mut server, _client) = watched_pair(Duration::from_millis(300)).await;
+        let chunk = vec![b'x'; 64 * 1024];
+        let started = std::time::Instant::now();
+        // The socket's buffers fill, then a write waits 300 ms and fails.
+        let err = loop {
+            match tokio::time::timeout(Duration::from_secs(20), server.write_all(&chunk)).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => break e,
+                Err(_) => panic!("a write to a client that reads nothing was never cut"),
+            }
+        };
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(
+            err.to_string().contains("openai.write_timeout_secs"),
+            "{err}"
+        );
+        assert!(server.cut.load(Ordering::Acquire), "the cut was not marked");
+        assert!(started.elapsed() >= Duration::from_millis(300));
+    }
+
+    #[tokio::test]
+    async fn a_client_that_reads_slowly_is_not_cut() {
+        let (mut server, mut client) = watched_pair(Duration::from_millis(300)).await;
+        // 1 MiB, far more than the socket holds, taken at about 3 MiB/s
+        // (16 KiB reads, a 5 ms pause each): the writer waits often, never
+        // 300 ms at once.
+        const TOTAL: usize = 1024 * 1024;
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0; 16 * 1024];
+            let mut got = 0;
+            while got < TOTAL {
+                match client.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n,
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            got
+        });
+        let chunk = vec![b'x'; 64 * 1024];
+        for _ in 0..TOTAL / chunk.len() {
+            server
+                .write_all(&chunk)
+                .await
+                .expect("a reading client is not cut");
+        }
+        assert_eq!(reader.await.unwrap(), TOTAL);
+        assert!(!server.cut.load(Ordering::Acquire));
     }
 
     #[test]
